@@ -1,0 +1,32 @@
+// What GPUs this process can use, without exposing CUDA types.
+//
+// Compiled against the CUDA runtime when the build has CUDA (src/gpu); otherwise the list is
+// always empty and cuda_build() is false.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hslide {
+
+/// One visible GPU.
+struct gpu_device {
+    int index = 0;
+    std::string name;
+    int compute_major = 0, compute_minor = 0;
+    uint64_t total_memory = 0;  ///< bytes
+    uint64_t free_memory = 0;   ///< bytes
+};
+
+/// True when this binary was built with the CUDA backend.
+bool cuda_build();
+
+/// The GPUs the CUDA runtime sees (empty without CUDA or without a device). Never throws:
+/// a driver problem is reported in `problem` when given.
+std::vector<gpu_device> list_gpus(std::string* problem = nullptr);
+
+/// The CUDA runtime and driver versions as "runtime X.Y, driver X.Y" ("" without CUDA).
+std::string cuda_versions();
+
+}  // namespace hslide

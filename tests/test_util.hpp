@@ -1,0 +1,52 @@
+// Helpers shared by the tests: the shared data folder, temporary directories, running the
+// hslide binary.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace hslide::testing {
+
+/// The ../shared/data folder beside the checkout, or "" when this clone has none.
+std::string shared_data_dir();
+
+/// Skips the current test with a message when ../shared/data is absent (a user's clone).
+#define HSLIDE_REQUIRE_SHARED_DATA()                                                        \
+    do {                                                                                    \
+        if (::hslide::testing::shared_data_dir().empty())                                   \
+            GTEST_SKIP() << "../shared/data not found beside the checkout; this test needs " \
+                            "the real datasets (CI has them)";                              \
+    } while (0)
+
+/// A fresh, empty directory removed when the object dies.
+class temp_dir {
+public:
+    temp_dir();
+    ~temp_dir();
+    temp_dir(const temp_dir&) = delete;
+    temp_dir& operator=(const temp_dir&) = delete;
+    const std::string& path() const { return path_; }
+    /// path() + "/" + name
+    std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+private:
+    std::string path_;
+};
+
+/// Writes `text` to `path` verbatim (binary mode, so CRLF stays CRLF).
+void write_text(const std::string& path, const std::string& text);
+
+/// Reads a whole file.
+std::string read_text(const std::string& path);
+
+/// The result of running the hslide binary.
+struct command_result {
+    int exit_code;
+    std::string output;  // stdout and stderr together
+};
+
+/// Runs `build/hslide <args>` through the shell and captures its output.
+command_result run_hslide(const std::string& args);
+
+}  // namespace hslide::testing
