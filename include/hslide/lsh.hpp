@@ -4,22 +4,38 @@
 // A hash family maps a vector (a neuron's weight row, or a layer's input activation) to L
 // bucket codes, one per table. Each code concatenates K hash values of `bits_per_hash` bits
 // (an explicit parameter: published SLIDE code silently used 2 bits where it meant 3), so a
-// code has K * bits_per_hash bits and is < 2^(K * bits_per_hash) <= 2^32.
+// code has K * bits_per_hash bits and is < 2^(K * bits_per_hash) <= 2^32. Hash k of table t
+// (k < K) is hash number t * K + k of the family, and sits in the code at bit offset
+// (K - 1 - k) * bits_per_hash (the first hash in the highest bits).
 //
 // Families (all deterministic functions of (config, dim, seed), so a checkpoint stores the
-// seed and gets back the same functions):
-//  - dwta:    densified winner-take-all. Each hash looks at a random bin of 2^bits_per_hash
-//             coordinates and returns the position of the largest; an empty bin (all zero, as
-//             with sparse vectors) borrows the value of another hash (densification).
-//  - wta:     winner-take-all without densification (an all-zero bin hashes to 0).
-//  - simhash: signed random projections; each hash is bits_per_hash sign bits of sparse
-//             +-1 projections (one third of the coordinates nonzero).
+// seed and gets back the same functions; bucket_capacity and policy do not affect them):
+//  - dwta:    densified winner-take-all. Each hash looks at a bin of w = min(2^bits_per_hash,
+//             dim) coordinates (bins are consecutive slices of random permutations of the
+//             dimensions, as in SLIDE, so a bin never repeats a coordinate) and returns the
+//             position in the bin of the largest nonzero value (ties: the first position;
+//             zeros, NaN and -inf never win). A bin with no such value is empty (all zero, as
+//             with sparse vectors) and borrows the value of another hash (densification: the
+//             hashes probed are a fixed pseudo-random sequence per hash; after 100 empty
+//             probes the value is 0).
+//  - wta:     winner-take-all without densification (an empty bin hashes to 0).
+//  - simhash: signed random projections; each hash is bits_per_hash sign bits (1 when the
+//             projection is > 0) of sparse +-1 projections (ceil(dim / 3) random coordinates
+//             of each projection are nonzero), so K * bits_per_hash projections per table.
+//             Memory: dim * K * L * bits_per_hash bytes.
 //  - minhash: densified one-permutation MinHash over the set {i : x_i > 0}; each hash is the
-//             low bits_per_hash bits of the minimum permuted index in its bin.
+//             low bits_per_hash bits of the minimum permuted index in its bin (the offset in
+//             the bin of the first member). Bins are min(2^bits_per_hash, dim) wide, or
+//             dim / (K * L) wide (one permutation) when that is larger, so very sparse
+//             high-dimensional inputs still see non-empty bins. Densified as dwta.
+//
+// Every family's codes_dense and codes_sparse give the same codes for the same vector, and
+// both are safe to call from many threads at once (scratch memory is per thread).
 #pragma once
 
 #include "hslide/rng.hpp"
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -44,22 +60,24 @@ const char* to_string(insertion_policy policy);
 /// Parameters of one layer's LSH.
 struct lsh_config {
     hash_kind kind = hash_kind::dwta;
-    int K = 6;                   ///< hashes concatenated into one bucket code
-    int L = 50;                  ///< number of tables
-    int bits_per_hash = 3;       ///< bits each hash contributes; DWTA/WTA bins hold 2^bits
-    int bucket_capacity = 128;   ///< items kept per bucket
+    int K = 6;                  ///< hashes concatenated into one bucket code
+    int L = 50;                 ///< number of tables
+    int bits_per_hash = 3;      ///< bits each hash contributes; DWTA/WTA bins hold 2^bits
+    int bucket_capacity = 128;  ///< items kept per bucket
     insertion_policy policy = insertion_policy::fifo;
 };
 
-/// Throws hslide::error when a configuration cannot work (K*bits > 32, L < 1, ...).
+/// Throws hslide::error when a configuration cannot work: K < 1, L < 1, bits_per_hash < 1,
+/// K * bits_per_hash > 32, bucket_capacity < 1.
 void validate(const lsh_config& config);
 
 /// A family of K*L hash functions over vectors of a fixed dimension.
 class hash_family {
-public:
+  public:
     virtual ~hash_family() = default;
 
-    /// Builds the family `config.kind` for vectors of length `dim`, drawn from `seed`.
+    /// Builds the family `config.kind` for vectors of length `dim` (>= 1), drawn from `seed`.
+    /// Validates `config` (throws hslide::error).
     static std::unique_ptr<hash_family> create(const lsh_config& config, uint32_t dim,
                                                uint64_t seed);
 
@@ -71,11 +89,17 @@ public:
     virtual void codes_sparse(const uint32_t* ids, const float* values, uint32_t nnz,
                               uint32_t* codes) const = 0;
 
+    /// Codes of n_rows dense rows: row r is rows[r * row_stride .. + dim), its codes go to
+    /// codes[r * L .. + L) (the layout lsh_tables::build reads). Parallel over rows with
+    /// OpenMP (serial when called inside a parallel region).
+    void codes_dense_rows(const float* rows, uint32_t n_rows, size_t row_stride,
+                          uint32_t* codes) const;
+
     const lsh_config& config() const { return config_; }
     uint32_t dim() const { return dim_; }
     uint64_t seed() const { return seed_; }
 
-protected:
+  protected:
     hash_family(const lsh_config& config, uint32_t dim, uint64_t seed)
         : config_(config), dim_(dim), seed_(seed) {}
     lsh_config config_;
@@ -93,29 +117,39 @@ struct bucket_view {
 /// into compact per-table CSR buckets plus an open-addressing index from code to bucket, so
 /// memory is proportional to what is stored (never 2^(K*bits) slots per table).
 class lsh_tables {
-public:
+  public:
     lsh_tables() = default;
     explicit lsh_tables(const lsh_config& config);
 
-    /// Rebuilds every table from codes[item * L + table] for item < n_items. Items are offered
-    /// to the buckets in a random order drawn from `seed` (so FIFO does not favour high ids);
-    /// buckets over capacity apply the insertion policy. Tables are built in parallel
-    /// (OpenMP, one table per task), and the result does not depend on the thread count.
+    /// Rebuilds every table from codes[item * L + table] for item < n_items (each code must
+    /// be < 2^(K * bits_per_hash); throws hslide::error otherwise). Items are offered to the
+    /// buckets in a random order (so FIFO does not favour high ids): table t offers them in
+    /// the order hslide::shuffle(0..n_items-1, rng(derive_seed(seed, t))) leaves, and the
+    /// reservoir draws continue from that generator. Buckets over capacity apply the
+    /// insertion policy. Tables are built in parallel (OpenMP, one table per task), and the
+    /// result does not depend on the thread count. Memory: 4 bytes per stored item, 4 per
+    /// bucket, 8 per index slot (2 to 4 slots per bucket).
     void build(const uint32_t* codes, uint32_t n_items, uint64_t seed);
 
-    /// The bucket of `code` in `table` (empty when no item hashed there).
+    /// The bucket of `code` in `table` (empty when no item hashed there). Items are listed
+    /// oldest offered first for FIFO, in reservoir-slot order for reservoir. Thread-safe.
     bucket_view bucket(int table, uint32_t code) const;
+
+    /// Number of non-empty buckets in `table`.
+    uint32_t n_buckets(int table) const;
 
     const lsh_config& config() const { return config_; }
     uint32_t n_items() const { return n_items_; }
     /// Bytes held by the tables (for memory reports and tests).
     size_t memory_bytes() const;
 
-private:
+  private:
     struct table {
-        std::vector<uint32_t> slot_codes;    // open addressing: code per slot
-        std::vector<uint32_t> slot_buckets;  // bucket index per slot, UINT32_MAX when empty
-        std::vector<uint32_t> offsets;       // bucket b holds items[offsets[b]..offsets[b+1])
+        // Open addressing, linear probing, power-of-two size >= 2x the buckets: slot holds
+        // (code << 32) | bucket index, or UINT64_MAX when empty.
+        std::vector<uint64_t> slots;
+        int shift = 64;                 // slot of a code = mix(code) >> shift
+        std::vector<uint32_t> offsets;  // bucket b holds items[offsets[b]..offsets[b+1])
         std::vector<uint32_t> items;
     };
     lsh_config config_;
@@ -125,31 +159,41 @@ private:
 
 /// How a sample's active set is formed from its buckets.
 struct active_set_config {
-    uint32_t min_active = 0;      ///< random fill up to this many
-    uint32_t max_active = 0;      ///< cap (0 = no cap); labels are never dropped
-    uint32_t hit_threshold = 1;   ///< keep only items found in at least this many tables
+    uint32_t min_active = 0;     ///< random fill up to this many (clamped to max_active > 0)
+    uint32_t max_active = 0;     ///< cap (0 = no cap); labels are never dropped
+    uint32_t hit_threshold = 1;  ///< keep only items found in at least this many tables (0 = 1)
 };
 
 /// Per-thread scratch for active-set queries: a stamp array over the items, so no memset of
-/// n_items per query.
+/// n_items per query. One builder per thread; it grows to tables.n_items() on first use.
 class active_set_builder {
-public:
+  public:
     explicit active_set_builder(uint32_t n_items = 0);
 
     /// Fills `out` with: the `forced` ids first (labels in training), then the union of the
     /// items in the L buckets `codes[0..L)` that were hit at least `hit_threshold` times
     /// (first-seen order), then uniformly random other items up to `min_active`. When over
     /// `max_active`, the union is cut to the items with the most hits (ties: first seen);
-    /// forced ids are never dropped. Every id appears once.
+    /// forced ids are never dropped. Every id appears once (repeated forced ids are kept once).
+    /// The kept union items stay in first-seen order. The random fill draws from `gen` by
+    /// rejection against the stamps, or by a partial shuffle of the unchosen items when more
+    /// than half of them are needed (the only case with O(n_items) work). Throws
+    /// hslide::error when a forced id is >= tables.n_items().
     void build(const lsh_tables& tables, const uint32_t* codes, const uint32_t* forced,
                uint32_t n_forced, const active_set_config& config, rng& gen,
                std::vector<uint32_t>& out);
 
-private:
-    std::vector<uint32_t> stamp_;
-    std::vector<uint32_t> hits_;
+  private:
+    struct mark {
+        uint32_t stamp = 0;  // == current_: the id is in `out`; == current_ - 1: seen in a
+                             // bucket this query, not (yet) kept
+        uint32_t hits = 0;   // tables that listed the id this query (when seen)
+    };
+    std::vector<mark> marks_;  // per item: one cache miss for both fields
     uint32_t current_ = 0;
-    std::vector<uint32_t> scratch_;
+    std::vector<uint32_t> scratch_;   // union in first-seen order
+    std::vector<uint32_t> hist_;      // union items per hit count, for the max_active cut
+    std::vector<bucket_view> views_;  // the query's non-empty buckets
 };
 
 }  // namespace hslide

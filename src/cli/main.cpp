@@ -1,3 +1,55 @@
-// The `hslide` command (placeholder until the CLI lands).
+// The `hslide` command: dispatches to train | eval | predict | gen | info. Each subcommand is
+// its own CLI11 app, so its --config file can mirror its flags with flat keys.
+#include "cli_common.hpp"
+#include "hslide/error.hpp"
+
+#include <spdlog/spdlog.h>
+
 #include <cstdio>
-int main() { std::puts("hslide"); return 0; }
+#include <cstring>
+#include <exception>
+#include <new>
+#include <string>
+
+namespace {
+
+const char* usage =
+    "hslide: sub-linear (LSH-sparse) training of wide networks on CPU and GPU\n"
+    "\n"
+    "usage: hslide <command> [options]   (hslide <command> --help for its options)\n"
+    "\n"
+    "commands:\n"
+    "  train     train a model (on the built-in synthetic data when no --train is given)\n"
+    "  eval      evaluate a saved model on a test set (P@k, nDCG@k, PSP@k)\n"
+    "  predict   write the top-k labels of every point of a data file\n"
+    "  gen       write a synthetic dataset (train.txt, test.txt) in XC format\n"
+    "  info      show the CPU, SIMD levels, threads and GPUs this build can use\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+        std::fputs(usage, argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    const std::string command = argv[1];
+    try {
+        using namespace hslide::cli;
+        if (command == "train") return run_train(argc - 1, argv + 1);
+        if (command == "eval") return run_eval(argc - 1, argv + 1);
+        if (command == "predict") return run_predict(argc - 1, argv + 1);
+        if (command == "gen") return run_gen(argc - 1, argv + 1);
+        if (command == "info") return run_info(argc - 1, argv + 1);
+        std::fprintf(stderr, "hslide: unknown command '%s'\n\n%s", command.c_str(), usage);
+        return 2;
+    } catch (const hslide::error& e) {
+        std::fprintf(stderr, "hslide %s: error: %s\n", command.c_str(), e.what());
+        return e.exit_code();
+    } catch (const std::bad_alloc&) {
+        std::fprintf(stderr, "hslide %s: error: out of memory\n", command.c_str());
+        return 1;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "hslide %s: error: %s\n", command.c_str(), e.what());
+        return 1;
+    }
+}

@@ -1,0 +1,98 @@
+// The Backend interface: what the trainer and the hybrid scheduler may ask of a device.
+//
+// A backend owns one replica of the model (parameters, optimizer state, LSH tables) in its
+// own memory. It trains on batches of rows of a dataset, rebuilds its tables when asked,
+// predicts, and exports/imports its parameters so replicas can be merged. The CPU backend
+// (src/cpu) and the CUDA backend (src/gpu) implement it; nothing above this header knows
+// which one it talks to. Calls on one backend are not concurrent; different backends may be
+// driven from different threads.
+#pragma once
+
+#include "hslide/config.hpp"
+#include "hslide/dataset.hpp"
+#include "hslide/model.hpp"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace hslide {
+
+/// A batch: `size` row indices into `data`.
+struct batch_view {
+    const dataset* data = nullptr;
+    const uint32_t* rows = nullptr;
+    uint32_t size = 0;
+};
+
+/// Seconds spent in each stage of a step (for breakdowns and benchmarks).
+struct stage_times {
+    double hashing = 0;     ///< LSH codes of the layer inputs and active-set queries
+    double forward = 0;     ///< forward pass (dot products, softmax, loss)
+    double backward = 0;    ///< backpropagation of deltas
+    double update = 0;      ///< gradient reduction and the optimizer
+    double rebuild = 0;     ///< table rebuilds
+    double transfer = 0;    ///< host<->device copies (GPU backends)
+
+    stage_times& operator+=(const stage_times& o);
+    double total() const { return hashing + forward + backward + update + rebuild + transfer; }
+};
+
+/// What one training step did.
+struct step_report {
+    uint32_t samples = 0;
+    double loss_sum = 0;                      ///< summed over the batch's samples
+    std::vector<uint64_t> active_per_layer;   ///< neurons computed, summed over samples
+    stage_times times;
+    double seconds = 0;                       ///< wall time of the step
+};
+
+/// What a backend is and has.
+struct backend_info {
+    std::string kind;       ///< "cpu" or "gpu"
+    std::string device;     ///< e.g. CPU model with thread count, or GPU name
+    std::string precision;  ///< "fp32" or "bf16"
+    uint64_t memory_bytes = 0;       ///< bytes the model replica holds
+    uint64_t free_memory_bytes = 0;  ///< free device memory (0 when not applicable)
+};
+
+class backend {
+public:
+    virtual ~backend() = default;
+
+    /// One SGD step on the batch: sparse forward, backward, Adam update of the touched rows.
+    virtual step_report train_batch(const batch_view& batch, float learning_rate) = 0;
+
+    /// Recomputes every sparse layer's tables; with `new_functions`, first draws new hash
+    /// functions (from the seed stream it was created with).
+    virtual void rebuild_tables(bool new_functions) = 0;
+
+    /// Top-k labels per sample: labels[s*k + i], scores[s*k + i], best first; padded with
+    /// UINT32_MAX / -inf when fewer than k are scored.
+    virtual void predict(const batch_view& batch, uint32_t k, scoring_mode scoring,
+                         uint32_t* labels, float* scores) = 0;
+
+    /// Copies the replica into `out` (parameters; with `with_optimizer`, Adam state too).
+    virtual void export_state(model_state& out, bool with_optimizer) const = 0;
+
+    /// Replaces the replica's parameters (and Adam state when `with_optimizer`) with `in`,
+    /// then rebuilds the tables with the hash seeds in `in`.
+    virtual void import_state(const model_state& in, bool with_optimizer) = 0;
+
+    virtual backend_info info() const = 0;
+};
+
+/// Options for creating a backend.
+struct backend_options {
+    std::string kind = "cpu";  ///< "cpu" | "gpu"
+    int threads = 0;           ///< CPU threads (0 = all)
+    int device = 0;            ///< GPU index
+};
+
+/// Creates a backend holding `initial` (copied) and builds its tables. Throws hslide::error
+/// (unsupported) when the kind cannot run in this build or on this machine.
+std::unique_ptr<backend> create_backend(const backend_options& options, const model_state& initial,
+                                        const train_config& train);
+
+}  // namespace hslide

@@ -1,0 +1,109 @@
+// The network and training configuration: every knob `hslide train` has, as plain structs.
+//
+// The CLI fills these from flags and from a config file (which mirrors every flag); the
+// backends and the trainer only read them. `validate` rejects what cannot work, with a
+// message that names the setting.
+#pragma once
+
+#include "hslide/lsh.hpp"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hslide {
+
+/// Whether a layer computes all its neurons or only an LSH-chosen active set.
+enum class sparsity_mode {
+    automatic,  ///< LSH when the layer has more than `auto_sparse_min` neurons, else dense
+    lsh,        ///< always LSH-sparse
+    dense,      ///< always every neuron
+};
+sparsity_mode parse_sparsity(const std::string& name);
+const char* to_string(sparsity_mode mode);
+
+/// How each input point's feature values are scaled before the first layer.
+enum class input_normalization {
+    none,  ///< values as given
+    l2,    ///< each point scaled to unit L2 norm (the usual XC practice; the default)
+};
+input_normalization parse_input_normalization(const std::string& name);
+const char* to_string(input_normalization mode);
+
+/// One fully connected layer: `size` neurons over the previous layer's output.
+struct layer_config {
+    uint32_t size = 0;
+    sparsity_mode sparsity = sparsity_mode::dense;
+    lsh_config lsh;            ///< used when the layer is sparse
+    active_set_config active;  ///< used when the layer is sparse
+};
+
+/// The network: sparse input of `input_dim` features, ReLU hidden layers, a softmax output
+/// layer of `output_dim` neurons (one per label). layers.back() is the output layer.
+/// The first layer (whose input is the sparse features) is always dense in its outputs: its
+/// weights are stored feature-major (a row per input feature), so its forward pass is a
+/// weighted sum of the sample's feature rows.
+struct model_config {
+    uint32_t input_dim = 0;
+    std::vector<layer_config> layers;
+    uint32_t auto_sparse_min = 4096;  ///< `automatic` layers with more neurons use LSH
+    /// Part of the model, so evaluation and prediction scale inputs as training did. Backends
+    /// take inputs already scaled: callers apply it with normalize_inputs (dataset.hpp).
+    input_normalization input_norm = input_normalization::l2;
+
+    uint32_t output_dim() const { return layers.empty() ? 0 : layers.back().size; }
+    /// True when layer `l` is computed on an LSH active set.
+    bool is_sparse(size_t l) const;
+};
+
+/// How Adam treats rows a batch did not touch.
+enum class adam_mode {
+    sparse,  ///< update only the touched rows (default; lazy Adam with the global step count)
+    dense,   ///< SLIDE's behaviour: every row every batch, untouched rows with a zero gradient
+};
+adam_mode parse_adam_mode(const std::string& name);
+const char* to_string(adam_mode mode);
+
+/// How predictions score the output layer.
+enum class scoring_mode {
+    automatic,  ///< LSH for sparse output layers, exact for dense ones
+    exact,      ///< every output neuron
+    lsh,        ///< the LSH active set only
+};
+scoring_mode parse_scoring(const std::string& name);
+const char* to_string(scoring_mode mode);
+
+/// Optimisation and schedule settings.
+struct train_config {
+    uint32_t epochs = 10;
+    uint32_t batch_size = 128;
+    float learning_rate = 2e-3f;
+    float adam_beta1 = 0.9f;
+    float adam_beta2 = 0.999f;
+    float adam_epsilon = 1e-8f;
+    adam_mode adam = adam_mode::sparse;
+    /// Samples between LSH table rebuilds at the start; the period then grows by
+    /// exp(rebuild_decay) after every rebuild (SLIDE's exponential decay of the rebuild rate).
+    uint64_t rebuild_every = 6400;
+    double rebuild_decay = 0.05;
+    /// Samples between draws of new hash functions (0 = never).
+    uint64_t rehash_every = 128000;
+    int threads = 0;  ///< 0 = all OpenMP threads
+    uint64_t seed = 1;
+    bool deterministic = false;  ///< bit-identical runs (fixed thread count, ordered reductions)
+};
+
+/// Throws hslide::error naming the setting when a configuration cannot work.
+void validate(const model_config& model);
+void validate(const train_config& train);
+
+}  // namespace hslide
+
+namespace hslide {
+
+/// The model configuration as a JSON text (for checkpoints and --print-config), and back.
+/// from_json throws hslide::error naming the missing or bad key.
+std::string model_config_to_json(const model_config& config);
+model_config model_config_from_json(const std::string& json_text);
+
+}  // namespace hslide

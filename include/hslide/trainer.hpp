@@ -1,0 +1,91 @@
+// The training loop every backend shares: epochs over a fresh seeded shuffle, batches,
+// the table rebuild/rehash schedule, evaluation, metrics records and checkpoints.
+#pragma once
+
+#include "hslide/backend.hpp"
+#include "hslide/config.hpp"
+#include "hslide/dataset.hpp"
+#include "hslide/metrics.hpp"
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace hslide {
+
+/// How to evaluate a model on a test set.
+struct evaluation_options {
+    scoring_mode scoring = scoring_mode::automatic;
+    size_t max_points = 0;        ///< evaluate on the first max_points test points (0 = all)
+    uint32_t batch_size = 512;    ///< points per predict() call
+    metrics_config metrics;
+    bool show_progress = true;
+};
+
+/// Evaluates `model` on `test`: P@k, nDCG@k, and PSP@k when `inverse_propensities` is given.
+metrics_result evaluate(backend& model, const dataset& test, const evaluation_options& options,
+                        const std::vector<double>& inverse_propensities = {});
+
+/// The trainer's own state: what a checkpoint needs besides the model to resume exactly.
+struct trainer_state {
+    uint32_t epochs_done = 0;
+    uint64_t samples_seen = 0;
+    uint64_t next_rebuild = 0;      ///< samples_seen at which tables are next rebuilt
+    double rebuild_period = 0;      ///< current period (grows by exp(rebuild_decay))
+    uint64_t next_rehash = 0;       ///< samples_seen at which new hash functions are drawn
+    uint64_t shuffle_rng[4] = {0, 0, 0, 0};
+    double seconds = 0;             ///< training wall time so far (evaluation excluded)
+};
+
+/// One evaluation record (one line of --metrics-out).
+struct epoch_record {
+    uint32_t epoch = 0;
+    double seconds = 0;         ///< training wall time since training began
+    double epoch_seconds = 0;   ///< this epoch's training wall time
+    double samples_per_s = 0;
+    double loss = 0;            ///< mean training loss over the epoch
+    double mean_active_output = 0;
+    stage_times times;          ///< summed over the epoch
+    bool evaluated = false;
+    metrics_result metrics;
+    double eval_seconds = 0;
+};
+
+/// Options of a training run.
+struct trainer_options {
+    train_config train;
+    evaluation_options eval;
+    uint32_t eval_every = 1;        ///< evaluate every this many epochs (0 = only at the end)
+    std::string metrics_out;        ///< JSONL file, one record per evaluation ("" = none)
+    std::string save_path;          ///< checkpoint written after every epoch ("" = none)
+    std::string resume_path;        ///< checkpoint to resume from ("" = fresh start)
+    std::string backend_name = "cpu";
+    bool show_progress = true;
+};
+
+/// Runs training on `model` (a backend holding the initial replica).
+class trainer {
+public:
+    trainer(backend& model, const dataset& train, const dataset* test, trainer_options options);
+
+    /// Trains up to options.train.epochs epochs in total (counting resumed ones); returns one
+    /// record per epoch run. `on_epoch` (optional) sees each record as it is made.
+    std::vector<epoch_record> run(const std::function<void(const epoch_record&)>& on_epoch = {});
+
+    const trainer_state& state() const { return state_; }
+
+private:
+    epoch_record run_epoch();
+    void write_metrics_record(const epoch_record& record);
+    void save_checkpoint_now();
+
+    backend& model_;
+    const dataset& train_;
+    const dataset* test_;
+    trainer_options options_;
+    trainer_state state_;
+    std::vector<double> inverse_propensities_;
+};
+
+}  // namespace hslide

@@ -1,0 +1,178 @@
+// Shared option groups and data loading of the `hslide` subcommands.
+#include "cli_common.hpp"
+
+#include "hslide/error.hpp"
+#include "hslide/progress.hpp"
+#include "hslide/synthetic.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+
+namespace hslide::cli {
+
+void add_data_options(CLI::App& app, data_options& o, bool with_train) {
+    if (with_train) {
+        app.add_option("--train", o.train, "training data file (XC or LibSVM); none: synthetic data");
+        app.add_option("--train-split", o.train_split, "XC split file selecting the training rows of --train");
+        app.add_option("--preset", o.preset, "synthetic preset when no --train is given")->capture_default_str();
+        app.add_option("--scale", o.scale, "synthetic: multiplies the preset's point counts")
+            ->check(CLI::PositiveNumber)
+            ->capture_default_str();
+        app.add_option("--labels", o.labels, "synthetic: number of labels (0 = the preset's)");
+        app.add_option("--features", o.features, "synthetic: number of features (0 = the preset's)");
+        app.add_option("--data-seed", o.data_seed, "synthetic: generator seed")->capture_default_str();
+    }
+    app.add_option("--test", o.test, "test data file (default with --test-split: the --train file)");
+    app.add_option("--test-split", o.test_split, "XC split file selecting the test rows");
+    app.add_option("--split-column", o.split_column, "which column (1-based) of the split files")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    app.add_option("--format", o.format, "input format")
+        ->check(CLI::IsMember({"auto", "xc", "libsvm"}))
+        ->capture_default_str();
+    app.add_flag("--no-cache", o.no_cache, "do not read or write the binary cache of parsed files");
+}
+
+dataset load_file(const data_options& o, const std::string& path) {
+    load_options lo;
+    lo.format = o.format == "xc" ? data_format::xc : o.format == "libsvm" ? data_format::libsvm : data_format::automatic;
+    lo.use_cache = !o.no_cache;
+    const auto t0 = std::chrono::steady_clock::now();
+    dataset d = load_dataset(path, lo);
+    spdlog::info("loaded {}: {} points, {} features, {} labels ({:.2f} s)", path, d.size(), d.n_features,
+                 d.n_labels, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return d;
+}
+
+loaded_data load_data(const data_options& o) {
+    loaded_data out;
+    if (o.train.empty()) {
+        HSLIDE_CHECK(o.test.empty() && o.test_split.empty() && o.train_split.empty(),
+                     "--test/--test-split/--train-split need --train (without --train, synthetic data is used)");
+        synthetic_config sc;
+        sc.preset = o.preset;
+        sc.scale = o.scale;
+        sc.n_labels = o.labels;
+        sc.n_features = o.features;
+        sc.seed = o.data_seed;
+        const auto t0 = std::chrono::steady_clock::now();
+        synthetic_data data = generate_synthetic(sc);
+        spdlog::info("synthetic '{}' (scale {}): {} train / {} test points, {} features, {} labels ({:.1f} s)",
+                     o.preset, o.scale, data.train.size(), data.test.size(), data.train.n_features,
+                     data.train.n_labels,
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        out.train = std::move(data.train);
+        out.test = std::move(data.test);
+        return out;
+    }
+    dataset train_file = load_file(o, o.train);
+    const std::string test_path = !o.test.empty() ? o.test : (!o.test_split.empty() ? o.train : "");
+    dataset test_file;
+    if (!test_path.empty()) test_file = test_path == o.train ? train_file : load_file(o, test_path);
+    if (!o.train_split.empty()) {
+        out.train = subset(train_file, read_split(o.train_split, o.split_column, train_file.size()));
+    } else {
+        out.train = std::move(train_file);
+    }
+    if (!o.test_split.empty())
+        out.test = subset(test_file, read_split(o.test_split, o.split_column, test_file.size()));
+    else
+        out.test = std::move(test_file);
+    // Files without a header (LibSVM) only know the largest id they saw: use one size for both.
+    const uint64_t d = std::max(out.train.n_features, out.test.n_features);
+    const uint64_t l = std::max(out.train.n_labels, out.test.n_labels);
+    out.train.n_features = out.test.n_features = d;
+    out.train.n_labels = out.test.n_labels = l;
+    return out;
+}
+
+void add_model_options(CLI::App& app, model_options& o) {
+    app.add_option("--hidden", o.hidden, "hidden layer sizes, e.g. 128 or 256,128")
+        ->delimiter(',')
+        ->capture_default_str();
+    app.add_option("--normalize", o.normalize, "input scaling per point: l2 (unit norm) or none")
+        ->check(CLI::IsMember({"l2", "none"}))
+        ->capture_default_str();
+    app.add_option("--output-sparsity", o.output_sparsity, "output layer: auto (LSH above --auto-sparse-min neurons), lsh or dense")
+        ->check(CLI::IsMember({"auto", "lsh", "dense"}))
+        ->capture_default_str();
+    app.add_option("--hidden-sparsity", o.hidden_sparsity, "hidden layers after the first: auto, lsh or dense")
+        ->check(CLI::IsMember({"auto", "lsh", "dense"}))
+        ->capture_default_str();
+    app.add_option("--auto-sparse-min", o.auto_sparse_min, "'auto' layers with more neurons than this use LSH")
+        ->capture_default_str();
+    app.add_option("--hash", o.hash, "LSH family")
+        ->check(CLI::IsMember({"dwta", "wta", "simhash", "minhash"}))
+        ->capture_default_str();
+    app.add_option("--K", o.K, "hashes per bucket code")->check(CLI::Range(1, 32))->capture_default_str();
+    app.add_option("--L", o.L, "hash tables")->check(CLI::Range(1, 4096))->capture_default_str();
+    app.add_option("--bits", o.bits, "bits per hash (DWTA/WTA bins hold 2^bits coordinates)")
+        ->check(CLI::Range(1, 16))
+        ->capture_default_str();
+    app.add_option("--bucket-capacity", o.bucket_capacity, "neurons kept per bucket")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    app.add_option("--insertion", o.insertion, "policy of a full bucket")
+        ->check(CLI::IsMember({"fifo", "reservoir"}))
+        ->capture_default_str();
+    app.add_option("--min-active", o.min_active, "random fill of an active set up to this many neurons")
+        ->capture_default_str();
+    app.add_option("--max-active", o.max_active, "cap of an active set (0 = none; labels always kept)")
+        ->capture_default_str();
+    app.add_option("--hit-threshold", o.hit_threshold, "keep neurons found in at least this many tables")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+}
+
+model_config make_model_config(const model_options& o, uint32_t input_dim, uint32_t output_dim) {
+    HSLIDE_CHECK(!o.hidden.empty(), "--hidden needs at least one layer size");
+    model_config config;
+    config.input_dim = input_dim;
+    config.auto_sparse_min = o.auto_sparse_min;
+    config.input_norm = parse_input_normalization(o.normalize);
+    layer_config base;
+    base.lsh.kind = parse_hash_kind(o.hash);
+    base.lsh.K = o.K;
+    base.lsh.L = o.L;
+    base.lsh.bits_per_hash = o.bits;
+    base.lsh.bucket_capacity = o.bucket_capacity;
+    base.lsh.policy = parse_insertion_policy(o.insertion);
+    base.active.min_active = o.min_active;
+    base.active.max_active = o.max_active;
+    base.active.hit_threshold = o.hit_threshold;
+    for (size_t i = 0; i < o.hidden.size(); ++i) {
+        layer_config layer = base;
+        layer.size = o.hidden[i];
+        layer.sparsity = i == 0 ? sparsity_mode::dense : parse_sparsity(o.hidden_sparsity);
+        config.layers.push_back(layer);
+    }
+    layer_config out = base;
+    out.size = output_dim;
+    out.sparsity = parse_sparsity(o.output_sparsity);
+    config.layers.push_back(out);
+    validate(config);
+    return config;
+}
+
+void normalize_inputs(dataset& data, const model_config& config) {
+    if (config.input_norm == input_normalization::l2) normalize_rows_l2(data);
+}
+
+void add_output_options(CLI::App& app, output_options& o) {
+    app.add_flag("-q,--quiet", o.quiet, "only warnings and errors on stderr");
+    app.add_flag("--no-progress", o.no_progress, "no progress bars or progress lines");
+    app.add_option("--log-level", o.log_level, "trace, debug, info, warn, error")
+        ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
+        ->capture_default_str();
+}
+
+bool apply_output_options(const output_options& o) {
+    setup_logging(o.log_level, o.quiet);
+    return !o.quiet && !o.no_progress;
+}
+
+}  // namespace hslide::cli

@@ -1,0 +1,70 @@
+// Pieces the `hslide` subcommands share: data options and loading, model options, logging.
+#pragma once
+
+#include "hslide/config.hpp"
+#include "hslide/dataset.hpp"
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+#include <vector>
+
+namespace hslide::cli {
+
+/// Where the training and test data come from: files (XC or LibSVM, optionally with XC split
+/// files) or, when no --train is given, the built-in synthetic generator.
+struct data_options {
+    std::string train, train_split, test, test_split;
+    int split_column = 1;
+    std::string format = "auto";
+    bool no_cache = false;
+    std::string preset = "amazon670k";
+    double scale = 0.05;
+    uint64_t labels = 0, features = 0;
+    uint64_t data_seed = 2024;
+};
+
+struct loaded_data {
+    dataset train, test;
+};
+
+void add_data_options(CLI::App& app, data_options& options, bool with_train);
+loaded_data load_data(const data_options& options);
+/// Loads one file with the options' format and cache settings.
+dataset load_file(const data_options& options, const std::string& path);
+
+/// Network settings as flags (the output layer's LSH settings apply to every sparse layer).
+struct model_options {
+    std::vector<uint32_t> hidden{256};
+    std::string normalize = "l2";
+    std::string output_sparsity = "auto";
+    std::string hidden_sparsity = "dense";
+    uint32_t auto_sparse_min = 4096;
+    std::string hash = "dwta";
+    int K = 6, L = 50, bits = 3, bucket_capacity = 128;
+    std::string insertion = "fifo";
+    uint32_t min_active = 1024, max_active = 0, hit_threshold = 1;
+};
+
+void add_model_options(CLI::App& app, model_options& options);
+model_config make_model_config(const model_options& options, uint32_t input_dim, uint32_t output_dim);
+/// Scales `data`'s feature values as the model's input normalization says.
+void normalize_inputs(dataset& data, const model_config& config);
+
+/// --quiet / --log-level / --no-progress.
+struct output_options {
+    bool quiet = false;
+    bool no_progress = false;
+    std::string log_level = "info";
+};
+void add_output_options(CLI::App& app, output_options& options);
+/// Configures logging; returns whether progress bars should be drawn.
+bool apply_output_options(const output_options& options);
+
+int run_train(int argc, char** argv);
+int run_eval(int argc, char** argv);
+int run_predict(int argc, char** argv);
+int run_gen(int argc, char** argv);
+int run_info(int argc, char** argv);
+
+}  // namespace hslide::cli

@@ -1,0 +1,170 @@
+// `hslide eval` and `hslide predict`: load a checkpoint, score a data file.
+#include "cli_common.hpp"
+
+#include "hslide/backend.hpp"
+#include "hslide/checkpoint.hpp"
+#include "hslide/error.hpp"
+#include "hslide/metrics.hpp"
+#include "hslide/progress.hpp"
+#include "hslide/trainer.hpp"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <omp.h>
+
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+
+namespace hslide::cli {
+
+namespace {
+
+struct scoring_options {
+    std::string model_path;
+    std::string scoring = "auto";
+    int threads = 0;
+};
+
+void add_scoring_options(CLI::App& app, scoring_options& o) {
+    app.add_option("--model", o.model_path, "checkpoint written by `hslide train --save`")
+        ->required();
+    app.add_option("--scoring", o.scoring, "auto, exact (every label) or lsh")
+        ->check(CLI::IsMember({"auto", "exact", "lsh"}))
+        ->capture_default_str();
+    app.add_option("--threads", o.threads, "CPU threads (0 = all)")->check(CLI::NonNegativeNumber);
+}
+
+/// The checkpoint's model on a CPU backend, checked against the data's dimensions.
+std::unique_ptr<backend> open_model(const scoring_options& o, const dataset& data, checkpoint_contents& ck) {
+    ck = load_checkpoint(o.model_path);
+    HSLIDE_CHECK(data.n_features <= ck.model.config.input_dim,
+                 "{} has {} features but the model {} takes {}", data.source, data.n_features, o.model_path,
+                 ck.model.config.input_dim);
+    HSLIDE_CHECK(data.n_labels <= ck.model.config.output_dim(), "{} has {} labels but the model {} has {}",
+                 data.source, data.n_labels, o.model_path, ck.model.config.output_dim());
+    if (o.threads > 0) omp_set_num_threads(o.threads);
+    backend_options bo;
+    bo.threads = o.threads;
+    train_config tc;
+    return create_backend(bo, ck.model, tc);
+}
+
+}  // namespace
+
+int run_eval(int argc, char** argv) {
+    CLI::App app{"Evaluate a saved model: P@k, nDCG@k and PSP@k (k = 1..5).", "hslide eval"};
+    app.set_config("--config", "", "config file mirroring these flags");
+    scoring_options so;
+    add_scoring_options(app, so);
+    data_options data;
+    add_data_options(app, data, false);
+    evaluation_options eo;
+    std::string metrics_out;
+    app.add_option("--eval-max", eo.max_points, "evaluate on at most this many points (0 = all)");
+    app.add_option("--propensity-a", eo.metrics.propensity_a, "PSP@k propensity A")->capture_default_str();
+    app.add_option("--propensity-b", eo.metrics.propensity_b, "PSP@k propensity B")->capture_default_str();
+    app.add_option("--metrics-out", metrics_out, "append the result as one JSON record to this file");
+    output_options oo;
+    add_output_options(app, oo);
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        return app.exit(e) == 0 ? 0 : 2;
+    }
+    eo.show_progress = apply_output_options(oo);
+    eo.scoring = parse_scoring(so.scoring);
+    HSLIDE_CHECK(!data.test.empty(), "hslide eval needs --test FILE");
+    dataset file = load_file(data, data.test);
+    dataset test = data.test_split.empty() ? std::move(file)
+                                           : subset(file, read_split(data.test_split, data.split_column, file.size()));
+    checkpoint_contents ck;
+    auto model = open_model(so, test, ck);
+    normalize_inputs(test, ck.model.config);
+    std::vector<double> inv_prop;
+    if (!ck.label_counts.empty() && ck.train_points > 0)
+        inv_prop = inverse_propensities(ck.label_counts, ck.train_points, eo.metrics.propensity_a,
+                                        eo.metrics.propensity_b);
+    const metrics_result r = evaluate(*model, test, eo, inv_prop);
+    std::printf("%s  (%zu points)\n", format_metrics(r).c_str(), r.n);
+    if (!metrics_out.empty()) {
+        std::ofstream out(metrics_out, std::ios::app);
+        out << "{\"model\":\"" << so.model_path << "\",\"points\":" << r.n;
+        for (int k = 1; k <= int(r.precision.size()); ++k) {
+            out << fmt::format(",\"p@{}\":{},\"ndcg@{}\":{}", k, r.p_at(k), k, r.ndcg_at(k));
+            if (!r.psp.empty()) out << fmt::format(",\"psp@{}\":{}", k, r.psp_at(k));
+        }
+        out << "}\n";
+        HSLIDE_CHECK_KIND(bool(out), error_kind::io, "cannot write {}", metrics_out);
+    }
+    return 0;
+}
+
+int run_predict(int argc, char** argv) {
+    CLI::App app{"Write the top-k labels of every point: one line per point, `label:score ...` best first.",
+                 "hslide predict"};
+    app.set_config("--config", "", "config file mirroring these flags");
+    scoring_options so;
+    add_scoring_options(app, so);
+    data_options data;
+    std::string input, out_path;
+    uint32_t topk = 5;
+    app.add_option("--data", input, "data file to predict for (XC or LibSVM; labels are ignored)")
+        ->required();
+    app.add_option("--format", data.format, "input format")
+        ->check(CLI::IsMember({"auto", "xc", "libsvm"}))
+        ->capture_default_str();
+    app.add_flag("--no-cache", data.no_cache, "do not use the binary cache");
+    app.add_option("--topk", topk, "labels per point")->check(CLI::PositiveNumber)->capture_default_str();
+    app.add_option("--out", out_path, "output file")->required();
+    output_options oo;
+    add_output_options(app, oo);
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        return app.exit(e) == 0 ? 0 : 2;
+    }
+    const bool show_progress = apply_output_options(oo);
+    dataset points = load_file(data, input);
+    checkpoint_contents ck;
+    auto model = open_model(so, points, ck);
+    normalize_inputs(points, ck.model.config);
+    const scoring_mode scoring = parse_scoring(so.scoring);
+
+    const std::string tmp = out_path + ".tmp";
+    std::FILE* out = std::fopen(tmp.c_str(), "wb");
+    HSLIDE_CHECK_KIND(out, error_kind::io, "cannot write {}", out_path);
+    const uint32_t batch = 1024;
+    std::vector<uint32_t> rows, labels;
+    std::vector<float> scores;
+    progress bar("predict", points.size(), "points", show_progress);
+    fmt::memory_buffer line;
+    for (size_t begin = 0; begin < points.size(); begin += batch) {
+        const uint32_t size = uint32_t(std::min<size_t>(batch, points.size() - begin));
+        rows.resize(size);
+        std::iota(rows.begin(), rows.end(), uint32_t(begin));
+        labels.resize(size_t(size) * topk);
+        scores.resize(size_t(size) * topk);
+        model->predict({&points, rows.data(), size}, topk, scoring, labels.data(), scores.data());
+        for (uint32_t s = 0; s < size; ++s) {
+            line.clear();
+            for (uint32_t i = 0; i < topk; ++i) {
+                const uint32_t label = labels[size_t(s) * topk + i];
+                if (label == UINT32_MAX) break;
+                fmt::format_to(std::back_inserter(line), "{}{}:{:.6g}", i ? " " : "", label, scores[size_t(s) * topk + i]);
+            }
+            line.push_back('\n');
+            std::fwrite(line.data(), 1, line.size(), out);
+        }
+        bar.add(size);
+    }
+    bar.finish();
+    const bool ok = std::fflush(out) == 0 && !std::ferror(out);
+    std::fclose(out);
+    HSLIDE_CHECK_KIND(ok && std::rename(tmp.c_str(), out_path.c_str()) == 0, error_kind::io, "cannot write {}", out_path);
+    spdlog::info("wrote the top {} labels of {} points to {}", topk, points.size(), out_path);
+    return 0;
+}
+
+}  // namespace hslide::cli

@@ -1,0 +1,73 @@
+// `hslide gen` (synthetic XC files) and `hslide info` (what this machine and build offer).
+#include "cli_common.hpp"
+
+#include "hslide/error.hpp"
+#include "hslide/gpu_devices.hpp"
+#include "hslide/progress.hpp"
+#include "hslide/synthetic.hpp"
+#include "hslide/system_info.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <omp.h>
+
+#include <chrono>
+#include <cstdio>
+
+namespace hslide::cli {
+
+int run_gen(int argc, char** argv) {
+    CLI::App app{"Write a synthetic multi-label dataset as DIR/train.txt and DIR/test.txt (XC format).",
+                 "hslide gen"};
+    app.set_config("--config", "", "config file mirroring these flags");
+    synthetic_config sc;
+    std::string out_dir;
+    int threads = 0;
+    app.add_option("--preset", sc.preset, "amazon670k, delicious200k, wikilshtc325k or tiny")->capture_default_str();
+    app.add_option("--scale", sc.scale, "multiplies the preset's point counts")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    app.add_option("--labels", sc.n_labels, "number of labels (0 = the preset's)");
+    app.add_option("--features", sc.n_features, "number of features (0 = the preset's)");
+    app.add_option("--seed", sc.seed, "generator seed")->capture_default_str();
+    app.add_option("--out", out_dir, "output folder")->required();
+    app.add_option("--threads", threads, "threads (0 = all)")->check(CLI::NonNegativeNumber);
+    output_options oo;
+    add_output_options(app, oo);
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        return app.exit(e) == 0 ? 0 : 2;
+    }
+    apply_output_options(oo);
+    if (threads > 0) omp_set_num_threads(threads);
+    const auto t0 = std::chrono::steady_clock::now();
+    generate_synthetic_files(sc, out_dir);
+    spdlog::info("wrote {}/train.txt and {}/test.txt ({:.1f} s)", out_dir, out_dir,
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return 0;
+}
+
+int run_info(int argc, char** argv) {
+    CLI::App app{"Show the CPU, SIMD levels, threads and GPUs this build can use.", "hslide info"};
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        return app.exit(e) == 0 ? 0 : 2;
+    }
+    const system_info si = read_system_info();
+    std::printf("%s\n", describe(si).c_str());
+    std::printf("cpu kernels: scalar (SIMD kernels: see the CPU fast-path issue)\n");
+    std::printf("cuda backend in this build: %s\n", cuda_build() ? "yes" : "no");
+    std::string problem;
+    const auto gpus = list_gpus(&problem);
+    if (cuda_build()) std::printf("cuda: %s\n", cuda_versions().c_str());
+    if (gpus.empty()) std::printf("gpus: none (%s)\n", problem.c_str());
+    for (const auto& g : gpus)
+        std::printf("gpu %d: %s, compute %d.%d, %s total, %s free\n", g.index, g.name.c_str(), g.compute_major,
+                    g.compute_minor, human_bytes(double(g.total_memory)).c_str(),
+                    human_bytes(double(g.free_memory)).c_str());
+    return 0;
+}
+
+}  // namespace hslide::cli

@@ -1,0 +1,42 @@
+// Creates backends by name: the one place that knows which backends this build has.
+#include "hslide/backend.hpp"
+
+#include "cpu/cpu_backend.hpp"
+#include "hslide/error.hpp"
+#include "hslide/gpu_devices.hpp"
+
+namespace hslide {
+
+stage_times& stage_times::operator+=(const stage_times& o) {
+    hashing += o.hashing;
+    forward += o.forward;
+    backward += o.backward;
+    update += o.update;
+    rebuild += o.rebuild;
+    transfer += o.transfer;
+    return *this;
+}
+
+std::unique_ptr<backend> create_backend(const backend_options& options, const model_state& initial,
+                                        const train_config& train) {
+    if (options.kind == "cpu") return std::make_unique<cpu::cpu_backend>(initial, train, options.threads);
+    if (options.kind == "gpu") {
+#if HSLIDE_HAVE_CUDA
+        std::string problem;
+        const auto gpus = list_gpus(&problem);
+        HSLIDE_CHECK_KIND(!gpus.empty(), error_kind::unsupported,
+                          "--backend=gpu: no usable GPU on this machine ({})", problem);
+        throw error(error_kind::unsupported,
+                    "--backend=gpu: this build has CUDA and sees " + gpus.front().name +
+                        ", but the GPU backend is not implemented yet (issue: GPU backend)");
+#else
+        throw error(error_kind::unsupported,
+                    "--backend=gpu: this build of hslide has no CUDA backend (rebuild with nvcc "
+                    "available and -DHSLIDE_CUDA=ON)");
+#endif
+    }
+    throw error(error_kind::invalid_argument,
+                "unknown backend '" + options.kind + "' (valid: cpu, gpu, hybrid)");
+}
+
+}  // namespace hslide

@@ -1,0 +1,114 @@
+// Model checkpoints on top of checkpoint_file (see checkpoint.hpp).
+#include "hslide/checkpoint.hpp"
+
+#include "hslide/checkpoint_file.hpp"
+#include "hslide/error.hpp"
+
+#include <nlohmann/json.hpp>
+
+namespace hslide {
+
+namespace {
+std::string section(size_t layer, const char* what) {
+    return fmt::format("layer{}.{}", layer, what);
+}
+
+void add_floats(checkpoint_writer& w, const std::string& name, const aligned_floats& values) {
+    w.add_unowned(name, values.data(), values.size() * sizeof(float));
+}
+
+void read_floats(const checkpoint_reader& r, const std::string& name, aligned_floats& out,
+                 size_t expected) {
+    const auto view = r.get(name);
+    if (view.size != expected * sizeof(float))
+        throw input_error(r.path(), 0,
+                          fmt::format("section '{}' holds {} bytes, the model needs {}", name,
+                                      view.size, expected * sizeof(float)));
+    out.resize(expected);
+    std::memcpy(out.data(), view.data, view.size);
+}
+
+void read_floats(const checkpoint_reader& r, const std::string& name, std::vector<float>& out,
+                 size_t expected) {
+    out = r.get_vector<float>(name);
+    if (out.size() != expected)
+        throw input_error(r.path(), 0,
+                          fmt::format("section '{}' holds {} floats, the model needs {}", name,
+                                      out.size(), expected));
+}
+}  // namespace
+
+void save_checkpoint(const std::string& path, const model_state& model,
+                     const trainer_state& trainer, const std::vector<uint32_t>& label_counts,
+                     uint64_t train_points) {
+    checkpoint_writer w(path);
+    nlohmann::json meta;
+    meta["model"] = nlohmann::json::parse(model_config_to_json(model.config));
+    meta["adam_step"] = model.adam_step;
+    meta["hash_seeds"] = model.hash_seeds;
+    meta["trainer"] = {
+        {"epochs_done", trainer.epochs_done},
+        {"samples_seen", trainer.samples_seen},
+        {"next_rebuild", trainer.next_rebuild},
+        {"rebuild_period", trainer.rebuild_period},
+        {"next_rehash", trainer.next_rehash},
+        {"seconds", trainer.seconds},
+        {"shuffle_rng", std::vector<uint64_t>(trainer.shuffle_rng, trainer.shuffle_rng + 4)}};
+    meta["train_points"] = train_points;
+    w.add_json("meta", meta);
+    for (size_t l = 0; l < model.layers.size(); ++l) {
+        const layer_state& layer = model.layers[l];
+        add_floats(w, section(l, "weights"), layer.weights);
+        add_floats(w, section(l, "adam_m"), layer.adam_m);
+        add_floats(w, section(l, "adam_v"), layer.adam_v);
+        w.add_vector(section(l, "bias"), layer.bias);
+        w.add_vector(section(l, "bias_m"), layer.bias_m);
+        w.add_vector(section(l, "bias_v"), layer.bias_v);
+    }
+    if (!label_counts.empty()) w.add_vector("label_counts", label_counts);
+    w.commit();
+}
+
+checkpoint_contents load_checkpoint(const std::string& path) {
+    checkpoint_reader r(path);
+    checkpoint_contents c;
+    const nlohmann::json meta = r.get_json("meta");
+    try {
+        const model_config config = model_config_from_json(meta.at("model").dump());
+        c.model = model_state::create(config, 0);
+        c.model.adam_step = meta.at("adam_step").get<uint64_t>();
+        c.model.hash_seeds = meta.at("hash_seeds").get<std::vector<uint64_t>>();
+        const auto& t = meta.at("trainer");
+        c.trainer.epochs_done = t.at("epochs_done").get<uint32_t>();
+        c.trainer.samples_seen = t.at("samples_seen").get<uint64_t>();
+        c.trainer.next_rebuild = t.at("next_rebuild").get<uint64_t>();
+        c.trainer.rebuild_period = t.at("rebuild_period").get<double>();
+        c.trainer.next_rehash = t.at("next_rehash").get<uint64_t>();
+        c.trainer.seconds = t.at("seconds").get<double>();
+        const auto rng_state = t.at("shuffle_rng").get<std::vector<uint64_t>>();
+        if (rng_state.size() != 4)
+            throw input_error(path, 0, "trainer RNG state must have 4 words");
+        std::copy(rng_state.begin(), rng_state.end(), c.trainer.shuffle_rng);
+        c.train_points = meta.value("train_points", uint64_t(0));
+    } catch (const nlohmann::json::exception& e) {
+        throw input_error(path, 0, fmt::format("bad checkpoint metadata: {}", e.what()));
+    } catch (const error& e) {
+        throw input_error(path, 0, e.what());
+    }
+    if (c.model.hash_seeds.size() != c.model.layers.size())
+        throw input_error(path, 0, "hash seeds do not match the number of layers");
+    for (size_t l = 0; l < c.model.layers.size(); ++l) {
+        layer_state& layer = c.model.layers[l];
+        const size_t n = size_t(layer.rows) * layer.stride;
+        read_floats(r, section(l, "weights"), layer.weights, n);
+        read_floats(r, section(l, "adam_m"), layer.adam_m, n);
+        read_floats(r, section(l, "adam_v"), layer.adam_v, n);
+        read_floats(r, section(l, "bias"), layer.bias, layer.bias.size());
+        read_floats(r, section(l, "bias_m"), layer.bias_m, layer.bias.size());
+        read_floats(r, section(l, "bias_v"), layer.bias_v, layer.bias.size());
+    }
+    if (r.has("label_counts")) c.label_counts = r.get_vector<uint32_t>("label_counts");
+    return c;
+}
+
+}  // namespace hslide

@@ -1,0 +1,173 @@
+// Parsing of the enum settings and validation of the configuration.
+#include "hslide/config.hpp"
+
+#include "hslide/error.hpp"
+
+#include <cmath>
+
+namespace hslide {
+
+namespace {
+template <class Enum, size_t N>
+Enum parse_named(const std::string& name, const char* what,
+                 const std::pair<const char*, Enum> (&table)[N]) {
+    std::string valid;
+    for (const auto& [n, v] : table) {
+        if (name == n) return v;
+        valid += valid.empty() ? n : std::string(", ") + n;
+    }
+    throw error(error_kind::invalid_argument,
+                fmt::format("unknown {} '{}' (valid: {})", what, name, valid));
+}
+template <class Enum, size_t N>
+const char* name_of(Enum value, const std::pair<const char*, Enum> (&table)[N]) {
+    for (const auto& [n, v] : table)
+        if (v == value) return n;
+    return "?";
+}
+
+const std::pair<const char*, sparsity_mode> sparsity_names[] = {{"auto", sparsity_mode::automatic},
+                                                                {"lsh", sparsity_mode::lsh},
+                                                                {"dense", sparsity_mode::dense}};
+const std::pair<const char*, adam_mode> adam_names[] = {{"sparse", adam_mode::sparse},
+                                                        {"dense", adam_mode::dense}};
+const std::pair<const char*, scoring_mode> scoring_names[] = {
+    {"auto", scoring_mode::automatic}, {"exact", scoring_mode::exact}, {"lsh", scoring_mode::lsh}};
+const std::pair<const char*, input_normalization> normalization_names[] = {
+    {"none", input_normalization::none}, {"l2", input_normalization::l2}};
+}  // namespace
+
+input_normalization parse_input_normalization(const std::string& name) {
+    return parse_named(name, "input normalization", normalization_names);
+}
+const char* to_string(input_normalization mode) {
+    return name_of(mode, normalization_names);
+}
+
+sparsity_mode parse_sparsity(const std::string& name) {
+    return parse_named(name, "sparsity", sparsity_names);
+}
+const char* to_string(sparsity_mode mode) {
+    return name_of(mode, sparsity_names);
+}
+adam_mode parse_adam_mode(const std::string& name) {
+    return parse_named(name, "adam mode", adam_names);
+}
+const char* to_string(adam_mode mode) {
+    return name_of(mode, adam_names);
+}
+scoring_mode parse_scoring(const std::string& name) {
+    return parse_named(name, "scoring mode", scoring_names);
+}
+const char* to_string(scoring_mode mode) {
+    return name_of(mode, scoring_names);
+}
+
+bool model_config::is_sparse(size_t l) const {
+    HSLIDE_ASSERT(l < layers.size());
+    if (l == 0) return false;  // the sparse-input layer is always dense in its outputs
+    switch (layers[l].sparsity) {
+        case sparsity_mode::lsh:
+            return true;
+        case sparsity_mode::dense:
+            return false;
+        case sparsity_mode::automatic:
+            return layers[l].size > auto_sparse_min;
+    }
+    return false;
+}
+
+void validate(const model_config& model) {
+    HSLIDE_CHECK(model.input_dim > 0, "the input dimension (number of features) must be positive");
+    HSLIDE_CHECK(model.layers.size() >= 2,
+                 "the network needs at least one hidden layer and the output layer");
+    for (size_t l = 0; l < model.layers.size(); ++l) {
+        const auto& layer = model.layers[l];
+        HSLIDE_CHECK(layer.size > 0, "layer {} has no neurons", l);
+        HSLIDE_CHECK(!(l == 0 && layer.sparsity == sparsity_mode::lsh),
+                     "the first layer (over the sparse input features) cannot be LSH-sparse; "
+                     "make a later layer sparse instead");
+        if (model.is_sparse(l)) {
+            validate(layer.lsh);
+            HSLIDE_CHECK(
+                layer.active.max_active == 0 || layer.active.max_active >= layer.active.min_active,
+                "layer {}: max-active ({}) is below min-active ({})", l, layer.active.max_active,
+                layer.active.min_active);
+            HSLIDE_CHECK(layer.active.hit_threshold >= 1 &&
+                             layer.active.hit_threshold <= static_cast<uint32_t>(layer.lsh.L),
+                         "layer {}: hit-threshold must be in [1, L={}], got {}", l, layer.lsh.L,
+                         layer.active.hit_threshold);
+        }
+    }
+}
+
+void validate(const train_config& train) {
+    HSLIDE_CHECK(train.batch_size > 0, "batch-size must be positive");
+    HSLIDE_CHECK(train.learning_rate > 0 && std::isfinite(train.learning_rate),
+                 "learning rate must be a positive number, got {}", train.learning_rate);
+    HSLIDE_CHECK(train.adam_beta1 >= 0 && train.adam_beta1 < 1, "adam beta1 must be in [0, 1)");
+    HSLIDE_CHECK(train.adam_beta2 >= 0 && train.adam_beta2 < 1, "adam beta2 must be in [0, 1)");
+    HSLIDE_CHECK(train.adam_epsilon > 0, "adam epsilon must be positive");
+    HSLIDE_CHECK(train.rebuild_every > 0, "rebuild must be a positive number of samples");
+    HSLIDE_CHECK(train.rebuild_decay >= 0, "rebuild-decay must not be negative");
+    HSLIDE_CHECK(train.threads >= 0, "threads must not be negative");
+}
+
+}  // namespace hslide
+
+// --- JSON ------------------------------------------------------------------------------------
+
+#include <nlohmann/json.hpp>
+
+namespace hslide {
+
+std::string model_config_to_json(const model_config& config) {
+    nlohmann::json j;
+    j["input_dim"] = config.input_dim;
+    j["auto_sparse_min"] = config.auto_sparse_min;
+    j["input_norm"] = to_string(config.input_norm);
+    for (const auto& layer : config.layers) {
+        j["layers"].push_back({{"size", layer.size},
+                               {"sparsity", to_string(layer.sparsity)},
+                               {"hash", to_string(layer.lsh.kind)},
+                               {"K", layer.lsh.K},
+                               {"L", layer.lsh.L},
+                               {"bits_per_hash", layer.lsh.bits_per_hash},
+                               {"bucket_capacity", layer.lsh.bucket_capacity},
+                               {"insertion", to_string(layer.lsh.policy)},
+                               {"min_active", layer.active.min_active},
+                               {"max_active", layer.active.max_active},
+                               {"hit_threshold", layer.active.hit_threshold}});
+    }
+    return j.dump();
+}
+
+model_config model_config_from_json(const std::string& json_text) {
+    try {
+        const nlohmann::json j = nlohmann::json::parse(json_text);
+        model_config config;
+        config.input_dim = j.at("input_dim").get<uint32_t>();
+        config.auto_sparse_min = j.at("auto_sparse_min").get<uint32_t>();
+        config.input_norm = parse_input_normalization(j.at("input_norm").get<std::string>());
+        for (const auto& jl : j.at("layers")) {
+            layer_config layer;
+            layer.size = jl.at("size").get<uint32_t>();
+            layer.sparsity = parse_sparsity(jl.at("sparsity").get<std::string>());
+            layer.lsh.kind = parse_hash_kind(jl.at("hash").get<std::string>());
+            layer.lsh.K = jl.at("K").get<int>();
+            layer.lsh.L = jl.at("L").get<int>();
+            layer.lsh.bits_per_hash = jl.at("bits_per_hash").get<int>();
+            layer.lsh.bucket_capacity = jl.at("bucket_capacity").get<int>();
+            layer.lsh.policy = parse_insertion_policy(jl.at("insertion").get<std::string>());
+            layer.active.min_active = jl.at("min_active").get<uint32_t>();
+            layer.active.max_active = jl.at("max_active").get<uint32_t>();
+            layer.active.hit_threshold = jl.at("hit_threshold").get<uint32_t>();
+            config.layers.push_back(layer);
+        }
+        return config;
+    } catch (const nlohmann::json::exception& e) {
+        throw error(error_kind::bad_input, fmt::format("bad model configuration: {}", e.what()));
+    }
+}
+
+}  // namespace hslide

@@ -1,0 +1,455 @@
+// The binary cache of parsed datasets, load_dataset and cache_path_for (see
+// hslide/dataset.hpp).
+//
+// Cache file layout (host byte order; the endianness tag rejects a file from a machine of the
+// other order): a 128-byte cache_header, then feature_offsets (N+1 x u64), label_offsets
+// (N+1 x u64), feature_ids (nnz x u32), feature_values (nnz x f32), label_ids (lnnz x u32).
+#include "hslide/dataset.hpp"
+
+#include "common/dataset_io.hpp"
+#include "hslide/error.hpp"
+
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <system_error>
+#include <thread>
+
+namespace hslide {
+
+namespace {
+
+constexpr char cache_magic[8] = {'H', 'S', 'L', 'C', 'A', 'C', 'H', 'E'};
+constexpr uint32_t cache_version = 1;
+constexpr uint32_t endian_tag = 0x01020304;
+// Pieces for streaming reads: big enough for few system calls, small enough that the hash
+// finds the bytes still in cache.
+constexpr size_t io_chunk = size_t{256} << 10;
+
+struct cache_header {
+    char magic[8];
+    uint32_t version;
+    uint32_t endian;
+    uint64_t source_size;
+    int64_t source_mtime_ns;
+    uint64_t source_xxh3;
+    uint32_t format;  // 1 = XC, 2 = LibSVM
+    uint32_t reserved;
+    uint64_t min_features;  // LibSVM only, else 0
+    uint64_t min_labels;
+    uint64_t n_points;
+    uint64_t n_features;
+    uint64_t n_labels;
+    uint64_t feature_nnz;
+    uint64_t label_nnz;
+    uint64_t payload_xxh3;
+    uint64_t reserved2;    // 0; pads the header to 128 bytes
+    uint64_t header_xxh3;  // of every byte before this field
+};
+static_assert(sizeof(cache_header) == 128, "the cache header is 128 bytes");
+
+uint64_t header_hash(const cache_header& h) {
+    return XXH3_64bits(&h, offsetof(cache_header, header_xxh3));
+}
+
+uint32_t format_code(data_format f) {
+    return f == data_format::xc ? 1 : 2;
+}
+
+struct fd_guard {
+    int fd = -1;
+    ~fd_guard() {
+        if (fd >= 0) ::close(fd);
+    }
+};
+
+int64_t mtime_ns(const struct stat& st) {
+    return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec;
+}
+
+// Reads exactly n bytes (false on error or early end of file).
+bool read_exact(int fd, void* dst, size_t n) {
+    auto* p = static_cast<char*>(dst);
+    while (n > 0) {
+        const ssize_t r = ::read(fd, p, std::min(n, io_chunk));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return false;
+        p += r;
+        n -= static_cast<size_t>(r);
+    }
+    return true;
+}
+
+// Appends `count` elements read from fd to the (empty) vector `v`, feeding the bytes to
+// `state` and then to `check(elements, k)` piece by piece. The pieces go through a small
+// typed buffer: reading straight into v would need resize(), whose zero fill costs as much
+// as the read itself.
+template <class T, class Check>
+bool read_array(int fd, std::vector<T>& v, size_t count, XXH3_state_t* state, Check&& check) {
+    detail::reserve_huge(v, count);
+    std::vector<T> piece(std::min(count, io_chunk / sizeof(T)));
+    while (count > 0) {
+        const size_t k = std::min(count, piece.size());
+        if (!read_exact(fd, piece.data(), k * sizeof(T))) return false;
+        XXH3_64bits_update(state, piece.data(), k * sizeof(T));
+        v.insert(v.end(), piece.begin(), piece.begin() + static_cast<std::ptrdiff_t>(k));
+        check(v.data() + v.size() - k, k);
+        count -= k;
+    }
+    return true;
+}
+
+bool write_exact(int fd, const void* src, size_t n) {
+    const auto* p = static_cast<const char*>(src);
+    while (n > 0) {
+        const ssize_t r = ::write(fd, p, n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return false;
+        p += r;
+        n -= static_cast<size_t>(r);
+    }
+    return true;
+}
+
+struct xxh3_state {
+    XXH3_state_t* s = XXH3_createState();
+    xxh3_state() {
+        if (!s) throw std::bad_alloc();
+        XXH3_64bits_reset(s);
+    }
+    ~xxh3_state() { XXH3_freeState(s); }
+    xxh3_state(const xxh3_state&) = delete;
+    xxh3_state& operator=(const xxh3_state&) = delete;
+};
+
+// XXH3-64 of a whole open file, read from offset 0 (false on a read error).
+bool hash_file(int fd, uint64_t& hash) {
+    xxh3_state st;
+    std::unique_ptr<char[]> buf(new char[io_chunk]);
+    for (uint64_t off = 0;;) {
+        const ssize_t r = ::pread(fd, buf.get(), io_chunk, static_cast<off_t>(off));
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return false;
+        if (r == 0) break;
+        XXH3_64bits_update(st.s, buf.get(), static_cast<size_t>(r));
+        off += static_cast<uint64_t>(r);
+    }
+    hash = XXH3_64bits_digest(st.s);
+    return true;
+}
+
+dataset parse_text(std::string_view text, const std::string& path, data_format format,
+                   const load_options& options) {
+    if (text.empty()) throw input_error(path, 0, "empty file");
+    if (format == data_format::xc) return parse_xc(text, path);
+    return parse_libsvm(text, path, options.min_features, options.min_labels);
+}
+
+// Loads the cache at `cache_path` when it matches `expect` (source size, mtime, format and
+// minima; format 0 = any) and the source's checksum. On a miss returns false and sets `why`
+// (empty when there simply is no cache).
+bool try_load_cache(const std::string& cache_path, const cache_header& expect, int source_fd,
+                    dataset& out, std::string& why) {
+    fd_guard cache{::open(cache_path.c_str(), O_RDONLY | O_CLOEXEC)};
+    if (cache.fd < 0) {
+        if (errno != ENOENT) why = fmt::format("cannot open it: {}", std::strerror(errno));
+        return false;
+    }
+    struct stat st {};
+    if (::fstat(cache.fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        why = "not a regular file";
+        return false;
+    }
+    const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+    cache_header h{};
+    if (file_size < sizeof h || !read_exact(cache.fd, &h, sizeof h)) {
+        why = "truncated header";
+        return false;
+    }
+    if (std::memcmp(h.magic, cache_magic, sizeof h.magic) != 0 || h.endian != endian_tag ||
+        h.header_xxh3 != header_hash(h)) {
+        why = "not an hslide cache, or a corrupt header";
+        return false;
+    }
+    if (h.version != cache_version) {
+        why =
+            fmt::format("cache format version {} (this build writes {})", h.version, cache_version);
+        return false;
+    }
+    if ((expect.format != 0 && h.format != expect.format) || (h.format != 1 && h.format != 2)) {
+        why = "written for another format";
+        return false;
+    }
+    if (h.format == 2 &&
+        (h.min_features != expect.min_features || h.min_labels != expect.min_labels)) {
+        why = "written for other LibSVM minima";
+        return false;
+    }
+    if (h.source_size != expect.source_size || h.source_mtime_ns != expect.source_mtime_ns) {
+        why = "the source's size or modification time changed";
+        return false;
+    }
+    // Sizes, checked piece by piece so that a corrupt count cannot overflow the sum.
+    const uint64_t payload = file_size - sizeof h;
+    if (h.n_points >= payload / 16 || h.feature_nnz > payload / 8 || h.label_nnz > payload / 4 ||
+        (h.n_points + 1) * 16 + h.feature_nnz * 8 + h.label_nnz * 4 != payload ||
+        h.n_features > (uint64_t{1} << 32) || h.n_labels > (uint64_t{1} << 32)) {
+        why = "truncated or corrupt (sizes disagree)";
+        return false;
+    }
+    // The source's checksum and the payload are independent reads: hash the source on a
+    // second thread while this one reads the payload (two memory streams instead of one in
+    // a row; a cached load is bound by memory traffic, not by arithmetic).
+    uint64_t source_hash = 0;
+    bool source_read = false;
+    auto hash_source = [&] {
+        try {
+            source_read = hash_file(source_fd, source_hash);
+        } catch (...) {  // only bad_alloc can get here; report it as an unreadable source
+            source_read = false;
+        }
+    };
+    std::thread hasher;
+    try {
+        hasher = std::thread(hash_source);
+    } catch (const std::system_error&) {
+        hash_source();  // no threads to be had: hash first, then read
+    }
+    struct joiner {
+        std::thread& t;
+        ~joiner() {
+            if (t.joinable()) t.join();
+        }
+    } join_on_return{hasher};
+
+    dataset d;
+    const size_t n = h.n_points;
+    d.n_features = h.n_features;
+    d.n_labels = h.n_labels;
+    d.feature_offsets.clear();
+    d.label_offsets.clear();
+    xxh3_state state;
+    // The checksum catches accidental damage; the range checks keep a deliberately forged
+    // cache from making later code index out of bounds. Both run on each piece while it is
+    // in cache, right after it is read.
+    uint64_t max_f = 0, max_l = 0;
+    bool monotone = true;
+    auto max_of = [](uint64_t& m) {
+        return [&m](const uint32_t* p, size_t k) {
+            uint32_t x = 0;
+            for (size_t i = 0; i < k; ++i) x = std::max(x, p[i]);
+            m = std::max<uint64_t>(m, x);
+        };
+    };
+    auto monotone_check = [&monotone](const std::vector<uint64_t>& v) {
+        return [&monotone, &v](const uint64_t* p, size_t k) {
+            uint64_t prev = v.size() > k ? v[v.size() - k - 1] : 0;
+            for (size_t i = 0; i < k; ++i) {
+                monotone &= p[i] >= prev;
+                prev = p[i];
+            }
+        };
+    };
+    auto no_check = [](const float*, size_t) {};
+    const bool read_ok =
+        read_array(cache.fd, d.feature_offsets, n + 1, state.s,
+                   monotone_check(d.feature_offsets)) &&
+        read_array(cache.fd, d.label_offsets, n + 1, state.s, monotone_check(d.label_offsets)) &&
+        read_array(cache.fd, d.feature_ids, h.feature_nnz, state.s, max_of(max_f)) &&
+        read_array(cache.fd, d.feature_values, h.feature_nnz, state.s, no_check) &&
+        read_array(cache.fd, d.label_ids, h.label_nnz, state.s, max_of(max_l));
+    if (!read_ok) {
+        why = "truncated payload";
+        return false;
+    }
+    if (hasher.joinable()) hasher.join();
+    if (!source_read) {
+        why = "cannot read the source";
+        return false;
+    }
+    if (source_hash != h.source_xxh3) {
+        why = "the source's content changed";
+        return false;
+    }
+    if (XXH3_64bits_digest(state.s) != h.payload_xxh3) {
+        why = "corrupt payload (checksum mismatch)";
+        return false;
+    }
+    const bool ok = monotone && d.feature_offsets[0] == 0 && d.label_offsets[0] == 0 &&
+                    d.feature_offsets[n] == h.feature_nnz && d.label_offsets[n] == h.label_nnz &&
+                    (h.feature_nnz == 0 || max_f < d.n_features) &&
+                    (h.label_nnz == 0 || max_l < d.n_labels);
+    if (!ok) {
+        why = "inconsistent payload";
+        return false;
+    }
+    out = std::move(d);
+    return true;
+}
+
+// Writes the cache through a temporary file and a rename; returns "" or what went wrong.
+std::string write_cache(const std::string& cache_path, cache_header h, const dataset& d) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const fs::path dir = fs::path(cache_path).parent_path();
+    if (!dir.empty()) fs::create_directories(dir, ec);
+    if (ec) return fmt::format("cannot create {}: {}", dir.string(), ec.message());
+
+    std::memcpy(h.magic, cache_magic, sizeof h.magic);
+    h.version = cache_version;
+    h.endian = endian_tag;
+    h.n_points = d.size();
+    h.n_features = d.n_features;
+    h.n_labels = d.n_labels;
+    h.feature_nnz = d.feature_ids.size();
+    h.label_nnz = d.label_ids.size();
+    struct piece {
+        const void* p;
+        size_t n;
+    };
+    const piece pieces[] = {
+        {d.feature_offsets.data(), d.feature_offsets.size() * 8},
+        {d.label_offsets.data(), d.label_offsets.size() * 8},
+        {d.feature_ids.data(), d.feature_ids.size() * 4},
+        {d.feature_values.data(), d.feature_values.size() * 4},
+        {d.label_ids.data(), d.label_ids.size() * 4},
+    };
+    {
+        xxh3_state state;
+        for (const auto& pc : pieces) XXH3_64bits_update(state.s, pc.p, pc.n);
+        h.payload_xxh3 = XXH3_64bits_digest(state.s);
+    }
+    h.header_xxh3 = header_hash(h);
+
+    std::string tmp = cache_path + ".tmpXXXXXX";
+    fd_guard out{::mkstemp(tmp.data())};
+    if (out.fd < 0) return fmt::format("cannot create {}: {}", tmp, std::strerror(errno));
+    bool ok = ::fchmod(out.fd, 0644) == 0 && write_exact(out.fd, &h, sizeof h);
+    for (const auto& pc : pieces) ok = ok && write_exact(out.fd, pc.p, pc.n);
+    const int write_errno = errno;
+    ok = (::close(out.fd) == 0) && ok;
+    out.fd = -1;
+    if (!ok || ::rename(tmp.c_str(), cache_path.c_str()) != 0) {
+        const std::string why = std::strerror(ok ? errno : write_errno);
+        ::unlink(tmp.c_str());
+        return fmt::format("cannot write {}: {}", cache_path, why);
+    }
+    return "";
+}
+
+// A directory counts as writable only when access(2) says so and its mode has a write bit:
+// root passes access() on a deliberately read-only (r-x) folder such as the shared data.
+bool dir_writable(const std::string& dir) {
+    struct stat st {};
+    if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return false;
+    if ((st.st_mode & (S_IWUSR | S_IWGRP | S_IWOTH)) == 0) return false;
+    return ::access(dir.c_str(), W_OK) == 0;
+}
+
+std::string hashed_cache_name(const std::string& path) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    fs::path abs = fs::weakly_canonical(fs::absolute(path, ec), ec);
+    if (ec) abs = fs::absolute(path, ec).lexically_normal();
+    const std::string a = abs.string();
+    return fmt::format("{}-{:016x}.hscache", fs::path(path).filename().string(),
+                       XXH3_64bits(a.data(), a.size()));
+}
+
+}  // namespace
+
+std::string cache_path_for(const std::string& path, const load_options& options) {
+    namespace fs = std::filesystem;
+    if (!options.cache_dir.empty()) {
+        return (fs::path(options.cache_dir) / hashed_cache_name(path)).string();
+    }
+    fs::path dir = fs::path(path).parent_path();
+    if (dir.empty()) dir = ".";
+    if (dir_writable(dir.string())) return path + ".hscache";
+    fs::path base;
+    const char* xdg = std::getenv("XDG_CACHE_HOME");
+    const char* home = std::getenv("HOME");
+    if (xdg && xdg[0] == '/') {
+        base = xdg;
+    } else if (home && home[0] != '\0') {
+        base = fs::path(home) / ".cache";
+    } else {
+        base = fs::temp_directory_path();
+    }
+    return (base / "hslide" / hashed_cache_name(path)).string();
+}
+
+dataset load_dataset(const std::string& path, const load_options& options) {
+    fd_guard src{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+    if (src.fd < 0)
+        throw input_error(path, 0, fmt::format("cannot open: {}", std::strerror(errno)));
+    struct stat st {};
+    if (::fstat(src.fd, &st) != 0) {
+        throw input_error(path, 0, fmt::format("cannot stat: {}", std::strerror(errno)));
+    }
+    const bool regular = S_ISREG(st.st_mode);
+    if (regular && st.st_size == 0) throw input_error(path, 0, "empty file");
+
+    if (!options.use_cache || !regular) {
+        // Pipes and devices have no stable identity to cache against.
+        const detail::text_buffer text =
+            detail::read_all(src.fd, path, regular ? static_cast<size_t>(st.st_size) : 0);
+        const data_format f =
+            options.format == data_format::automatic ? detect_format(text.view()) : options.format;
+        return parse_text(text.view(), path, f, options);
+    }
+
+    const std::string cpath = cache_path_for(path, options);
+    cache_header expect{};
+    expect.source_size = static_cast<uint64_t>(st.st_size);
+    expect.source_mtime_ns = mtime_ns(st);
+    expect.format = options.format == data_format::automatic ? 0 : format_code(options.format);
+    expect.min_features = options.min_features;
+    expect.min_labels = options.min_labels;
+    {
+        dataset cached;
+        std::string why;
+        if (try_load_cache(cpath, expect, src.fd, cached, why)) {
+            cached.source = path;
+            spdlog::debug("{}: loaded from cache {}", path, cpath);
+            return cached;
+        }
+        if (!why.empty()) spdlog::info("{}: ignoring cache {}: {}; re-parsing", path, cpath, why);
+    }
+
+    const detail::text_buffer buf = detail::read_all(src.fd, path, static_cast<size_t>(st.st_size));
+    const std::string_view text = buf.view();
+    const data_format f =
+        options.format == data_format::automatic ? detect_format(text) : options.format;
+    dataset data = parse_text(text, path, f, options);
+
+    // Record what was parsed; skip the cache when the file changed while it was read.
+    struct stat after {};
+    if (::fstat(src.fd, &after) != 0 || after.st_size != st.st_size ||
+        mtime_ns(after) != mtime_ns(st) || text.size() != static_cast<size_t>(st.st_size)) {
+        spdlog::warn("{}: changed while being read; not caching it", path);
+        return data;
+    }
+    cache_header h{};
+    h.source_size = text.size();
+    h.source_mtime_ns = mtime_ns(st);
+    h.source_xxh3 = XXH3_64bits(text.data(), text.size());
+    h.format = format_code(f);
+    h.min_features = f == data_format::libsvm ? options.min_features : 0;
+    h.min_labels = f == data_format::libsvm ? options.min_labels : 0;
+    const std::string failure = write_cache(cpath, h, data);
+    if (!failure.empty()) spdlog::warn("{}: binary cache not written: {}", path, failure);
+    return data;
+}
+
+}  // namespace hslide

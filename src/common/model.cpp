@@ -1,0 +1,105 @@
+// Allocation and initialisation of model_state.
+#include "hslide/model.hpp"
+
+#include "hslide/error.hpp"
+#include "hslide/rng.hpp"
+
+#include <sys/mman.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace hslide {
+
+void aligned_floats::deleter::operator()(float* p) const {
+    std::free(p);
+}
+
+void aligned_floats::resize(size_t n) {
+    data_.reset();
+    size_ = 0;
+    if (n == 0) return;
+    // Round the byte count to 2 MiB for big blocks so they can sit on huge pages.
+    constexpr size_t huge = size_t(2) << 20;
+    size_t bytes = n * sizeof(float);
+    const bool big = bytes >= 4 * huge;
+    const size_t alignment = big ? huge : 64;
+    bytes = (bytes + alignment - 1) / alignment * alignment;
+    void* p = std::aligned_alloc(alignment, bytes);
+    if (!p) throw std::bad_alloc();
+    if (big) madvise(p, bytes, MADV_HUGEPAGE);  // a refusal is harmless: normal pages then
+    std::memset(p, 0, bytes);
+    data_.reset(static_cast<float*>(p));
+    size_ = n;
+}
+
+aligned_floats::aligned_floats(const aligned_floats& other) {
+    *this = other;
+}
+
+aligned_floats& aligned_floats::operator=(const aligned_floats& other) {
+    if (this == &other) return *this;
+    resize(other.size_);
+    if (size_) std::memcpy(data_.get(), other.data_.get(), size_ * sizeof(float));
+    return *this;
+}
+
+model_state model_state::create(const model_config& config, uint64_t seed) {
+    validate(config);
+    model_state m;
+    m.config = config;
+    m.layers.resize(config.layers.size());
+    m.hash_seeds.resize(config.layers.size());
+    for (size_t l = 0; l < config.layers.size(); ++l) {
+        layer_state& layer = m.layers[l];
+        const uint32_t fan_in = l == 0 ? config.input_dim : config.layers[l - 1].size;
+        const uint32_t neurons = config.layers[l].size;
+        layer.rows = l == 0 ? fan_in : neurons;
+        layer.width = l == 0 ? neurons : fan_in;
+        layer.stride = padded_stride(layer.width);
+        const size_t total = static_cast<size_t>(layer.rows) * layer.stride;
+        layer.weights.resize(total);
+        layer.adam_m.resize(total);
+        layer.adam_v.resize(total);
+        layer.bias.assign(neurons, 0.0f);
+        layer.bias_m.assign(neurons, 0.0f);
+        layer.bias_v.assign(neurons, 0.0f);
+
+        const bool output = l + 1 == config.layers.size();
+        // Layer 0 sums a handful of feature rows, so its scale follows the typical number of
+        // nonzeros rather than D; He-style for ReLU layers, smaller for the softmax layer.
+        const double std_dev = l == 0 ? 0.1 : (output ? 1.0 : 2.0) / std::sqrt(double(fan_in));
+        const uint32_t rows = layer.rows;
+        const uint32_t width = layer.width;
+        const uint64_t layer_seed = derive_seed(seed, 1000 + l);
+#pragma omp parallel for schedule(static)
+        for (int64_t block = 0; block < (int64_t(rows) + 1023) / 1024; ++block) {
+            // Each block of rows has its own stream: the result does not depend on threads.
+            rng gen(derive_seed(layer_seed, block));
+            const uint32_t end = std::min<uint32_t>(rows, uint32_t(block + 1) * 1024);
+            for (uint32_t r = uint32_t(block) * 1024; r < end; ++r) {
+                float* w = layer.row(r);
+                for (uint32_t i = 0; i < width; ++i) w[i] = float(gen.normal() * std_dev);
+            }
+        }
+        m.hash_seeds[l] = derive_seed(seed, 2000 + l);
+    }
+    return m;
+}
+
+size_t model_state::parameter_count() const {
+    size_t n = 0;
+    for (const auto& layer : layers) n += size_t(layer.rows) * layer.width + layer.bias.size();
+    return n;
+}
+
+size_t model_state::memory_bytes() const {
+    size_t n = 0;
+    for (const auto& layer : layers)
+        n += 3 * (layer.weights.size() + layer.bias.size()) * sizeof(float);
+    return n;
+}
+
+}  // namespace hslide

@@ -1,0 +1,192 @@
+// The shared training loop (see trainer.hpp).
+#include "hslide/trainer.hpp"
+
+#include "hslide/checkpoint.hpp"
+#include "hslide/error.hpp"
+#include "hslide/progress.hpp"
+#include "hslide/rng.hpp"
+#include "hslide/system_info.hpp"
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <numeric>
+
+namespace hslide {
+
+namespace {
+using clock_type = std::chrono::steady_clock;
+double seconds_since(clock_type::time_point t0) {
+    return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+}  // namespace
+
+metrics_result evaluate(backend& model, const dataset& test, const evaluation_options& options,
+                        const std::vector<double>& inverse_propensities) {
+    const size_t n = options.max_points ? std::min(options.max_points, test.size()) : test.size();
+    const uint32_t k = uint32_t(options.metrics.max_k);
+    metrics_accumulator acc(options.metrics.max_k, inverse_propensities);
+    std::vector<uint32_t> rows, labels;
+    std::vector<float> scores;
+    progress bar("evaluate", n, "points", options.show_progress);
+    for (size_t begin = 0; begin < n; begin += options.batch_size) {
+        const uint32_t size = uint32_t(std::min<size_t>(options.batch_size, n - begin));
+        rows.resize(size);
+        std::iota(rows.begin(), rows.end(), uint32_t(begin));
+        labels.resize(size_t(size) * k);
+        scores.resize(size_t(size) * k);
+        model.predict({&test, rows.data(), size}, k, options.scoring, labels.data(), scores.data());
+        for (uint32_t s = 0; s < size; ++s) {
+            const label_row y = test.labels(rows[s]);
+            const uint32_t* top = labels.data() + size_t(s) * k;
+            uint32_t n_pred = 0;
+            while (n_pred < k && top[n_pred] != UINT32_MAX) ++n_pred;
+            acc.add(top, n_pred, y.ids, y.count);
+        }
+        bar.add(size);
+    }
+    bar.finish();
+    return acc.result();
+}
+
+trainer::trainer(backend& model, const dataset& train, const dataset* test, trainer_options options)
+    : model_(model), train_(train), test_(test), options_(std::move(options)) {
+    validate(options_.train);
+    HSLIDE_CHECK(train_.size() > 0, "the training set {} has no points", train_.source);
+    rng shuffle_gen(derive_seed(options_.train.seed, 0x5407f1e));
+    std::copy(shuffle_gen.state(), shuffle_gen.state() + 4, state_.shuffle_rng);
+    state_.rebuild_period = double(options_.train.rebuild_every);
+    state_.next_rebuild = options_.train.rebuild_every;
+    state_.next_rehash = options_.train.rehash_every;
+    if (test_ && test_->size() > 0)
+        inverse_propensities_ = inverse_propensities(train_, options_.eval.metrics.propensity_a,
+                                                     options_.eval.metrics.propensity_b);
+    if (!options_.resume_path.empty()) {
+        checkpoint_contents ck = load_checkpoint(options_.resume_path);
+        model_.import_state(ck.model, /*with_optimizer=*/true);
+        state_ = ck.trainer;
+        spdlog::info("resumed from {} after epoch {} ({} samples)", options_.resume_path, state_.epochs_done,
+                     state_.samples_seen);
+    }
+}
+
+epoch_record trainer::run_epoch() {
+    const train_config& tc = options_.train;
+    epoch_record record;
+    record.epoch = state_.epochs_done + 1;
+
+    // A fresh shuffle every epoch, from a generator whose state the checkpoint keeps.
+    rng shuffle_gen;
+    shuffle_gen.set_state(state_.shuffle_rng);
+    std::vector<uint32_t> order(train_.size());
+    std::iota(order.begin(), order.end(), 0u);
+    shuffle(order.begin(), order.end(), shuffle_gen);
+    std::copy(shuffle_gen.state(), shuffle_gen.state() + 4, state_.shuffle_rng);
+
+    const auto t_epoch = clock_type::now();
+    if (state_.epochs_done > 0) {
+        // Tables are rebuilt from the current weights at every epoch start, so a run resumed
+        // from an end-of-epoch checkpoint continues exactly as an uninterrupted one.
+        const auto t0 = clock_type::now();
+        model_.rebuild_tables(false);
+        record.times.rebuild += seconds_since(t0);
+    }
+    progress bar(fmt::format("epoch {}/{}", record.epoch, tc.epochs), order.size(), "samples",
+                 options_.show_progress);
+    double loss_sum = 0;
+    uint64_t active_output = 0;
+    for (size_t begin = 0; begin < order.size(); begin += tc.batch_size) {
+        const uint32_t size = uint32_t(std::min<size_t>(tc.batch_size, order.size() - begin));
+        const step_report report = model_.train_batch({&train_, order.data() + begin, size}, tc.learning_rate);
+        HSLIDE_CHECK_KIND(std::isfinite(report.loss_sum), error_kind::runtime,
+                          "training diverged at epoch {}, sample {} (loss is {}); lower the learning rate",
+                          record.epoch, begin, report.loss_sum);
+        loss_sum += report.loss_sum;
+        active_output += report.active_per_layer.back();
+        record.times += report.times;
+        state_.samples_seen += size;
+        if (state_.samples_seen >= state_.next_rebuild) {
+            const bool rehash = tc.rehash_every > 0 && state_.samples_seen >= state_.next_rehash;
+            if (rehash) state_.next_rehash = state_.samples_seen + tc.rehash_every;
+            const auto t0 = clock_type::now();
+            model_.rebuild_tables(rehash);
+            record.times.rebuild += seconds_since(t0);
+            state_.rebuild_period *= std::exp(tc.rebuild_decay);
+            state_.next_rebuild = state_.samples_seen + uint64_t(std::llround(state_.rebuild_period));
+        }
+        bar.add(size);
+        bar.set_suffix(fmt::format("loss {:.4f}", loss_sum / double(begin + size)));
+    }
+    bar.finish();
+    record.epoch_seconds = seconds_since(t_epoch);
+    state_.seconds += record.epoch_seconds;
+    state_.epochs_done += 1;
+    record.seconds = state_.seconds;
+    record.samples_per_s = double(order.size()) / record.epoch_seconds;
+    record.loss = loss_sum / double(order.size());
+    record.mean_active_output = double(active_output) / double(order.size());
+    return record;
+}
+
+void trainer::write_metrics_record(const epoch_record& r) {
+    if (options_.metrics_out.empty()) return;
+    nlohmann::json j;
+    j["epoch"] = r.epoch;
+    j["seconds"] = r.seconds;
+    j["epoch_seconds"] = r.epoch_seconds;
+    j["samples_per_s"] = r.samples_per_s;
+    j["loss"] = r.loss;
+    j["mean_active_output"] = r.mean_active_output;
+    j["backend"] = options_.backend_name;
+    j["peak_rss_bytes"] = peak_rss_bytes();
+    j["stage_seconds"] = {{"hashing", r.times.hashing}, {"forward", r.times.forward},
+                          {"backward", r.times.backward}, {"update", r.times.update},
+                          {"rebuild", r.times.rebuild},   {"transfer", r.times.transfer}};
+    if (r.evaluated) {
+        for (int k = 1; k <= int(r.metrics.precision.size()); ++k) {
+            j[fmt::format("p@{}", k)] = r.metrics.p_at(k);
+            j[fmt::format("ndcg@{}", k)] = r.metrics.ndcg_at(k);
+            if (!r.metrics.psp.empty()) j[fmt::format("psp@{}", k)] = r.metrics.psp_at(k);
+        }
+        j["eval_seconds"] = r.eval_seconds;
+        j["eval_points"] = r.metrics.n;
+    }
+    std::ofstream out(options_.metrics_out, std::ios::app);
+    out << j.dump() << '\n';
+    HSLIDE_CHECK_KIND(bool(out), error_kind::io, "cannot write metrics to {}", options_.metrics_out);
+}
+
+void trainer::save_checkpoint_now() {
+    model_state snapshot;
+    model_.export_state(snapshot, /*with_optimizer=*/true);
+    std::vector<uint32_t> label_counts(train_.n_labels, 0);
+    for (uint32_t label : train_.label_ids) ++label_counts[label];
+    save_checkpoint(options_.save_path, snapshot, state_, label_counts, train_.size());
+}
+
+std::vector<epoch_record> trainer::run(const std::function<void(const epoch_record&)>& on_epoch) {
+    std::vector<epoch_record> records;
+    const uint32_t total = options_.train.epochs;
+    while (state_.epochs_done < total) {
+        epoch_record record = run_epoch();
+        const bool last = state_.epochs_done == total;
+        const bool due = options_.eval_every > 0 && record.epoch % options_.eval_every == 0;
+        if (test_ && test_->size() > 0 && (due || last)) {
+            const auto t0 = clock_type::now();
+            record.metrics = evaluate(model_, *test_, options_.eval, inverse_propensities_);
+            record.eval_seconds = seconds_since(t0);
+            record.evaluated = true;
+        }
+        if (!options_.save_path.empty()) save_checkpoint_now();
+        write_metrics_record(record);
+        if (on_epoch) on_epoch(record);
+        records.push_back(std::move(record));
+    }
+    return records;
+}
+
+}  // namespace hslide

@@ -1,0 +1,519 @@
+// The CPU backend (see cpu_backend.hpp for the shape of a step).
+#include "cpu_backend.hpp"
+
+#include "hslide/error.hpp"
+#include "hslide/rng.hpp"
+#include "hslide/system_info.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+
+namespace hslide::cpu {
+
+namespace {
+using clock_type = std::chrono::steady_clock;
+double seconds_since(clock_type::time_point t0) {
+    return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+/// Writes the k best (score, id) pairs, best first, ties to the smaller id; pads the rest.
+void select_top_k(const float* scores, const uint32_t* ids, uint32_t n, uint32_t k,
+                  uint32_t* out_labels, float* out_scores, std::vector<std::pair<float, uint32_t>>& heap) {
+    // A min-heap of the best k so far: O(n log k), and exact scoring over 670k labels stays cheap.
+    heap.clear();
+    auto worse = [](const std::pair<float, uint32_t>& a, const std::pair<float, uint32_t>& b) {
+        return a.first > b.first || (a.first == b.first && a.second < b.second);
+    };
+    for (uint32_t i = 0; i < n; ++i) {
+        const float s = scores[i];
+        if (std::isnan(s)) continue;
+        const uint32_t id = ids ? ids[i] : i;
+        if (heap.size() < k) {
+            heap.emplace_back(s, id);
+            std::push_heap(heap.begin(), heap.end(), worse);
+        } else if (worse({s, id}, heap.front())) {
+            std::pop_heap(heap.begin(), heap.end(), worse);
+            heap.back() = {s, id};
+            std::push_heap(heap.begin(), heap.end(), worse);
+        }
+    }
+    std::sort_heap(heap.begin(), heap.end(), worse);
+    for (uint32_t i = 0; i < k; ++i) {
+        if (i < heap.size()) {
+            out_labels[i] = heap[i].second;
+            out_scores[i] = heap[i].first;
+        } else {
+            out_labels[i] = std::numeric_limits<uint32_t>::max();
+            out_scores[i] = -std::numeric_limits<float>::infinity();
+        }
+    }
+}
+}  // namespace
+
+cpu_backend::cpu_backend(const model_state& initial, const train_config& train, int threads,
+                         const kernel_table& kernels)
+    : model_(initial), train_(train), threads_(threads > 0 ? threads : omp_get_max_threads()),
+      k_(kernels) {
+    validate(model_.config);
+    const size_t n_layers = model_.layers.size();
+    lsh_.resize(n_layers);
+    groups_.resize(n_layers);
+    uint32_t max_sparse = 0, max_width = 0, max_L = 0;
+    for (size_t l = 0; l < n_layers; ++l) {
+        max_width = std::max(max_width, model_.layers[l].width);
+        groups_[l].slot.assign(model_.layers[l].rows, -1);
+        if (model_.config.is_sparse(l)) {
+            max_sparse = std::max(max_sparse, model_.neurons(l));
+            max_L = std::max<uint32_t>(max_L, model_.config.layers[l].lsh.L);
+        }
+    }
+    scratch_.resize(threads_);
+    for (auto& s : scratch_) {
+        s.builder = active_set_builder(max_sparse);
+        s.codes.resize(max_L);
+        s.grad.resize(padded_stride(max_width));
+    }
+    for (size_t l = 0; l < n_layers; ++l)
+        if (model_.config.is_sparse(l)) build_layer_tables(l);
+}
+
+void cpu_backend::build_layer_tables(size_t l) {
+    const lsh_config& cfg = model_.config.layers[l].lsh;
+    const layer_state& layer = model_.layers[l];
+    sparse_layer& sl = lsh_[l];
+    if (!sl.hash || sl.hash->seed() != model_.hash_seeds[l])
+        sl.hash = hash_family::create(cfg, layer.width, model_.hash_seeds[l]);
+    const uint32_t n = layer.rows, L = uint32_t(cfg.L);
+    std::vector<uint32_t> codes(size_t(n) * L);
+    const hash_family& hash = *sl.hash;
+#pragma omp parallel for schedule(dynamic, 256) num_threads(threads_)
+    for (int64_t j = 0; j < int64_t(n); ++j) hash.codes_dense(layer.row(uint32_t(j)), &codes[size_t(j) * L]);
+    if (sl.tables.n_items() == 0) sl.tables = lsh_tables(cfg);
+    // The insertion order depends on the step count, so a resumed run rebuilds identically.
+    sl.tables.build(codes.data(), n, derive_seed(model_.hash_seeds[l], model_.adam_step));
+}
+
+void cpu_backend::rebuild_tables(bool new_functions) {
+    for (size_t l = 0; l < model_.layers.size(); ++l) {
+        if (!model_.config.is_sparse(l)) continue;
+        if (new_functions) model_.hash_seeds[l] = derive_seed(model_.hash_seeds[l], model_.adam_step + 1);
+        build_layer_tables(l);
+    }
+}
+
+void cpu_backend::ensure_buffers(uint32_t batch_size) {
+    if (samples_.size() < batch_size) samples_.resize(batch_size);
+    for (auto& s : samples_)
+        if (s.layers.size() != model_.layers.size()) s.layers.resize(model_.layers.size());
+}
+
+void cpu_backend::forward_sample(const dataset& data, uint32_t point, uint32_t s, bool training,
+                                 bool exact_output, uint64_t sample_seed, thread_scratch& scratch) {
+    sample_buffers& sb = samples_[s];
+    const size_t n_layers = model_.layers.size();
+    const feature_row x = data.features(point);
+    const label_row y = data.labels(point);
+    auto t0 = clock_type::now();
+
+    // Layer 0: the weighted sum of the sample's feature rows, then ReLU.
+    {
+        const layer_state& layer = model_.layers[0];
+        layer_buffers& out = sb.layers[0];
+        out.ids.clear();
+        out.act.assign(layer.bias.begin(), layer.bias.end());
+        for (uint32_t i = 0; i < x.count; ++i) {
+            HSLIDE_CHECK(x.ids[i] < layer.rows, "{}: point {} has feature {} but the model has {} inputs",
+                         data.source, point, x.ids[i], layer.rows);
+            k_.axpy(x.values[i], layer.row(x.ids[i]), out.act.data(), layer.width);
+        }
+        for (float& a : out.act) a = a > 0.0f ? a : 0.0f;
+    }
+    scratch.times.forward += seconds_since(t0);
+
+    rng gen(sample_seed);
+    for (size_t l = 1; l < n_layers; ++l) {
+        const layer_state& layer = model_.layers[l];
+        const layer_buffers& in = sb.layers[l - 1];
+        layer_buffers& out = sb.layers[l];
+        const bool output = l + 1 == n_layers;
+        const bool sparse = model_.config.is_sparse(l) && !(output && exact_output);
+
+        t0 = clock_type::now();
+        out.ids.clear();
+        if (sparse) {
+            const hash_family& hash = *lsh_[l].hash;
+            if (in.ids.empty())
+                hash.codes_dense(in.act.data(), scratch.codes.data());
+            else
+                hash.codes_sparse(in.ids.data(), in.act.data(), uint32_t(in.ids.size()), scratch.codes.data());
+            const bool force_labels = output && training;
+            scratch.builder.build(lsh_[l].tables, scratch.codes.data(), force_labels ? y.ids : nullptr,
+                                  force_labels ? y.count : 0, model_.config.layers[l].active, gen, out.ids);
+        }
+        scratch.times.hashing += seconds_since(t0);
+
+        t0 = clock_type::now();
+        const uint32_t n_active = sparse ? uint32_t(out.ids.size()) : layer.rows;
+        out.act.resize(n_active);
+        for (uint32_t a = 0; a < n_active; ++a) {
+            const uint32_t j = sparse ? out.ids[a] : a;
+            const float* w = layer.row(j);
+            const float z = in.ids.empty()
+                                ? k_.dot(w, in.act.data(), layer.width)
+                                : k_.gather_dot(w, in.ids.data(), in.act.data(), uint32_t(in.ids.size()));
+            out.act[a] = z + layer.bias[j];
+        }
+        if (!output)
+            for (float& a : out.act) a = a > 0.0f ? a : 0.0f;
+        scratch.times.forward += seconds_since(t0);
+    }
+
+    if (!training) return;
+
+    // Softmax over the output active set, against the label distribution 1/|y| per label.
+    t0 = clock_type::now();
+    layer_buffers& out = sb.layers[n_layers - 1];
+    sb.trained = y.count > 0;
+    sb.loss = 0;
+    out.delta.assign(out.act.size(), 0.0f);
+    if (sb.trained) {
+        float max_logit = -std::numeric_limits<float>::infinity();
+        for (float z : out.act) max_logit = std::max(max_logit, z);
+        double sum = 0;
+        for (size_t a = 0; a < out.act.size(); ++a) {
+            out.delta[a] = std::exp(out.act[a] - max_logit);
+            sum += out.delta[a];
+        }
+        const float inv_sum = float(1.0 / sum);
+        for (float& d : out.delta) d *= inv_sum;
+        const float target = 1.0f / float(y.count);
+        const double log_sum = std::log(sum) + max_logit;
+        if (out.ids.empty()) {
+            for (uint32_t i = 0; i < y.count; ++i) {
+                sb.loss -= target * (out.act[y.ids[i]] - log_sum);
+                out.delta[y.ids[i]] -= target;
+            }
+        } else {
+            // Forced labels come first in a sparse output active set.
+            HSLIDE_ASSERT(out.ids.size() >= y.count);
+            for (uint32_t i = 0; i < y.count; ++i) {
+                HSLIDE_ASSERT(out.ids[i] == y.ids[i]);
+                sb.loss -= target * (out.act[i] - log_sum);
+                out.delta[i] -= target;
+            }
+        }
+    }
+    scratch.times.forward += seconds_since(t0);
+}
+
+void cpu_backend::backward_sample(const dataset& data, uint32_t point, uint32_t s, thread_scratch& scratch) {
+    sample_buffers& sb = samples_[s];
+    const auto t0 = clock_type::now();
+    for (size_t l = model_.layers.size() - 1; l >= 1; --l) {
+        const layer_state& layer = model_.layers[l];
+        const layer_buffers& out = sb.layers[l];
+        layer_buffers& in = sb.layers[l - 1];
+        // dL/d a_{l-1} = W_l^T delta_l over the active neurons, then the ReLU mask.
+        scratch.dense.assign(layer.width, 0.0f);
+        const uint32_t n_active = out.ids.empty() ? layer.rows : uint32_t(out.ids.size());
+        for (uint32_t a = 0; a < n_active; ++a) {
+            const float d = out.delta[a];
+            if (d == 0.0f) continue;
+            const uint32_t j = out.ids.empty() ? a : out.ids[a];
+            k_.axpy(d, layer.row(j), scratch.dense.data(), layer.width);
+        }
+        in.delta.resize(in.act.size());
+        for (size_t i = 0; i < in.act.size(); ++i) {
+            const uint32_t unit = in.ids.empty() ? uint32_t(i) : in.ids[i];
+            in.delta[i] = in.act[i] > 0.0f ? scratch.dense[unit] : 0.0f;
+        }
+    }
+    scratch.times.backward += seconds_since(t0);
+}
+
+void cpu_backend::run_forward_backward(const batch_view& batch, step_report& report) {
+    ensure_buffers(batch.size);
+    for (auto& s : scratch_) s.times = {};
+    const dataset& data = *batch.data;
+    const uint64_t step_seed = derive_seed(train_.seed ^ 0x5eedf111ULL, model_.adam_step);
+#pragma omp parallel num_threads(threads_)
+    {
+        thread_scratch& scratch = scratch_[omp_get_thread_num()];
+#pragma omp for schedule(dynamic, 2)
+        for (int64_t s = 0; s < int64_t(batch.size); ++s) {
+            const uint32_t point = batch.rows[s];
+            forward_sample(data, point, uint32_t(s), true, false, derive_seed(step_seed, uint64_t(s)), scratch);
+            if (samples_[s].trained) backward_sample(data, point, uint32_t(s), scratch);
+        }
+    }
+    report.samples = batch.size;
+    report.active_per_layer.assign(model_.layers.size(), 0);
+    for (uint32_t s = 0; s < batch.size; ++s) {
+        report.loss_sum += samples_[s].loss;
+        for (size_t l = 0; l < model_.layers.size(); ++l) {
+            const auto& lb = samples_[s].layers[l];
+            report.active_per_layer[l] += lb.ids.empty() ? model_.neurons(l) : lb.ids.size();
+        }
+    }
+    // Per-thread CPU seconds, averaged: the share of the parallel phase each stage took.
+    for (const auto& s : scratch_) {
+        report.times.hashing += s.times.hashing / threads_;
+        report.times.forward += s.times.forward / threads_;
+        report.times.backward += s.times.backward / threads_;
+    }
+}
+
+void cpu_backend::group_rows(const batch_view& batch, size_t l) {
+    row_groups& g = groups_[l];
+    g.touched.clear();
+    g.offsets.clear();
+    // Pass 1: the touched rows in order of first touch, and how many entries each has.
+    auto visit_entries = [&](auto&& on_entry) {
+        for (uint32_t s = 0; s < batch.size; ++s) {
+            if (!samples_[s].trained) continue;
+            if (l == 0) {
+                const feature_row x = batch.data->features(batch.rows[s]);
+                for (uint32_t k = 0; k < x.count; ++k) on_entry(x.ids[k], s, k);
+            } else {
+                const auto& ids = samples_[s].layers[l].ids;
+                for (uint32_t k = 0; k < ids.size(); ++k) on_entry(ids[k], s, k);
+            }
+        }
+    };
+    visit_entries([&](uint32_t row, uint32_t, uint32_t) {
+        int32_t& slot = g.slot[row];
+        if (slot < 0) {
+            slot = int32_t(g.touched.size());
+            g.touched.push_back(row);
+            g.offsets.push_back(0);
+        }
+        ++g.offsets[slot];
+    });
+    // Exclusive prefix sum, then pass 2 places entries in sample order.
+    uint32_t total = 0;
+    for (auto& o : g.offsets) {
+        const uint32_t c = o;
+        o = total;
+        total += c;
+    }
+    g.offsets.push_back(total);
+    g.entry_sample.resize(total);
+    g.entry_index.resize(total);
+    std::vector<uint32_t> cursor(g.offsets.begin(), g.offsets.end() - 1);
+    visit_entries([&](uint32_t row, uint32_t s, uint32_t k) {
+        const uint32_t pos = cursor[g.slot[row]]++;
+        g.entry_sample[pos] = s;
+        g.entry_index[pos] = k;
+    });
+}
+
+template <class Visit>
+void cpu_backend::for_each_row_gradient(const batch_view& batch, size_t l, Visit&& visit) {
+    const layer_state& layer = model_.layers[l];
+    const float inv_batch = 1.0f / float(batch.size);
+    const bool all_rows = l > 0 && !model_.config.is_sparse(l);
+    const row_groups& g = groups_[l];
+    const int64_t n_rows = all_rows ? int64_t(layer.rows) : int64_t(g.touched.size());
+#pragma omp parallel num_threads(threads_)
+    {
+        thread_scratch& scratch = scratch_[omp_get_thread_num()];
+        float* grad = scratch.grad.data();
+#pragma omp for schedule(dynamic, 16)
+        for (int64_t t = 0; t < n_rows; ++t) {
+            std::fill(grad, grad + layer.stride, 0.0f);
+            float bias_grad = 0.0f;
+            const uint32_t row = all_rows ? uint32_t(t) : g.touched[t];
+            auto add_entry = [&](uint32_t s, uint32_t k) {
+                const sample_buffers& sb = samples_[s];
+                if (l == 0) {
+                    // Row f of layer 0 gets x_f times the sample's layer-0 delta.
+                    const float xf = batch.data->features(batch.rows[s]).values[k];
+                    k_.axpy(xf, sb.layers[0].delta.data(), grad, layer.width);
+                } else {
+                    const float d = sb.layers[l].delta[k];
+                    const layer_buffers& in = sb.layers[l - 1];
+                    if (in.ids.empty())
+                        k_.axpy(d, in.act.data(), grad, layer.width);
+                    else
+                        k_.scatter_axpy(d, in.ids.data(), in.act.data(), grad, uint32_t(in.ids.size()));
+                    bias_grad += d;
+                }
+            };
+            if (all_rows) {
+                for (uint32_t s = 0; s < batch.size; ++s)
+                    if (samples_[s].trained) add_entry(s, row);
+            } else {
+                for (uint32_t e = g.offsets[t]; e < g.offsets[t + 1]; ++e) add_entry(g.entry_sample[e], g.entry_index[e]);
+            }
+            for (uint32_t i = 0; i < layer.width; ++i) grad[i] *= inv_batch;
+            visit(row, grad, bias_grad * inv_batch);
+        }
+    }
+}
+
+step_report cpu_backend::train_batch(const batch_view& batch, float learning_rate) {
+    HSLIDE_CHECK(batch.size > 0 && batch.data, "empty batch");
+    const auto t_start = clock_type::now();
+    step_report report;
+    run_forward_backward(batch, report);
+
+    auto t0 = clock_type::now();
+    model_.adam_step += 1;
+    const double t = double(model_.adam_step);
+    const adam_step step{learning_rate, train_.adam_beta1, train_.adam_beta2, train_.adam_epsilon,
+                         float(1.0 / (1.0 - std::pow(double(train_.adam_beta1), t))),
+                         float(1.0 / (1.0 - std::pow(double(train_.adam_beta2), t)))};
+    const bool dense_adam = train_.adam == adam_mode::dense;
+    for (size_t l = 0; l < model_.layers.size(); ++l) {
+        layer_state& layer = model_.layers[l];
+        const bool all_rows = l > 0 && !model_.config.is_sparse(l);
+        if (!all_rows) group_rows(batch, l);
+        for_each_row_gradient(batch, l, [&](uint32_t row, const float* grad, float bias_grad) {
+            const size_t off = size_t(row) * layer.stride;
+            k_.adam(layer.weights.data() + off, layer.adam_m.data() + off, layer.adam_v.data() + off,
+                    grad, layer.width, step);
+            if (l > 0) k_.adam(&layer.bias[row], &layer.bias_m[row], &layer.bias_v[row], &bias_grad, 1, step);
+        });
+        row_groups& g = groups_[l];
+        if (dense_adam && !all_rows) {
+            // SLIDE's behaviour: rows the batch did not touch still move with their momentum.
+            const std::vector<float> zero(layer.stride, 0.0f);
+#pragma omp parallel for schedule(static) num_threads(threads_)
+            for (int64_t r = 0; r < int64_t(layer.rows); ++r) {
+                if (g.slot[r] >= 0) continue;
+                const size_t off = size_t(r) * layer.stride;
+                k_.adam(layer.weights.data() + off, layer.adam_m.data() + off, layer.adam_v.data() + off,
+                        zero.data(), layer.width, step);
+                if (l > 0) k_.adam(&layer.bias[r], &layer.bias_m[r], &layer.bias_v[r], zero.data(), 1, step);
+            }
+        }
+        for (uint32_t row : g.touched) g.slot[row] = -1;
+        g.touched.clear();
+    }
+    // Layer 0's bias is one dense vector: the mean of the samples' layer-0 deltas.
+    {
+        layer_state& layer = model_.layers[0];
+        layer0_bias_grad_.assign(layer.width, 0.0f);
+        for (uint32_t s = 0; s < batch.size; ++s)
+            if (samples_[s].trained) k_.axpy(1.0f / float(batch.size), samples_[s].layers[0].delta.data(),
+                                            layer0_bias_grad_.data(), layer.width);
+        k_.adam(layer.bias.data(), layer.bias_m.data(), layer.bias_v.data(), layer0_bias_grad_.data(),
+                layer.width, step);
+    }
+    report.times.update = seconds_since(t0);
+    report.seconds = seconds_since(t_start);
+    return report;
+}
+
+double cpu_backend::compute_gradient(const batch_view& batch, model_state& gradient) {
+    step_report report;
+    run_forward_backward(batch, report);
+    gradient = model_state{};
+    gradient.config = model_.config;
+    gradient.layers.resize(model_.layers.size());
+    for (size_t l = 0; l < model_.layers.size(); ++l) {
+        const layer_state& src = model_.layers[l];
+        layer_state& dst = gradient.layers[l];
+        dst.rows = src.rows;
+        dst.width = src.width;
+        dst.stride = src.stride;
+        dst.weights.resize(size_t(src.rows) * src.stride);
+        dst.bias.assign(src.bias.size(), 0.0f);
+        const bool all_rows = l > 0 && !model_.config.is_sparse(l);
+        if (!all_rows) group_rows(batch, l);
+        for_each_row_gradient(batch, l, [&](uint32_t row, const float* grad, float bias_grad) {
+            std::memcpy(dst.row(row), grad, src.width * sizeof(float));
+            if (l > 0) dst.bias[row] = bias_grad;
+        });
+        for (uint32_t row : groups_[l].touched) groups_[l].slot[row] = -1;
+        groups_[l].touched.clear();
+    }
+    for (uint32_t s = 0; s < batch.size; ++s)
+        if (samples_[s].trained)
+            k_.axpy(1.0f / float(batch.size), samples_[s].layers[0].delta.data(), gradient.layers[0].bias.data(),
+                    gradient.layers[0].width);
+    return report.loss_sum / batch.size;
+}
+
+void cpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scoring, uint32_t* labels,
+                          float* scores) {
+    HSLIDE_CHECK(k > 0, "top-k must be positive");
+    ensure_buffers(batch.size);
+    const bool exact = scoring == scoring_mode::exact || (scoring == scoring_mode::automatic && !output_is_sparse());
+    const uint64_t predict_seed = derive_seed(train_.seed ^ 0x9e3d1c7ULL, model_.adam_step);
+    const size_t out_layer = model_.layers.size() - 1;
+#pragma omp parallel num_threads(threads_)
+    {
+        thread_scratch& scratch = scratch_[omp_get_thread_num()];
+        std::vector<std::pair<float, uint32_t>> heap;
+#pragma omp for schedule(dynamic, 4)
+        for (int64_t s = 0; s < int64_t(batch.size); ++s) {
+            forward_sample(*batch.data, batch.rows[s], uint32_t(s), false, exact, derive_seed(predict_seed, uint64_t(s)),
+                           scratch);
+            const layer_buffers& out = samples_[s].layers[out_layer];
+            select_top_k(out.act.data(), out.ids.empty() ? nullptr : out.ids.data(), uint32_t(out.act.size()), k,
+                         labels + size_t(s) * k, scores + size_t(s) * k, heap);
+        }
+    }
+}
+
+void cpu_backend::export_state(model_state& out, bool with_optimizer) const {
+    if (with_optimizer) {
+        out = model_;
+        return;
+    }
+    out.config = model_.config;
+    out.adam_step = model_.adam_step;
+    out.hash_seeds = model_.hash_seeds;
+    out.layers.resize(model_.layers.size());
+    for (size_t l = 0; l < model_.layers.size(); ++l) {
+        const layer_state& src = model_.layers[l];
+        layer_state& dst = out.layers[l];
+        dst.rows = src.rows;
+        dst.width = src.width;
+        dst.stride = src.stride;
+        dst.weights = src.weights;
+        dst.bias = src.bias;
+    }
+}
+
+void cpu_backend::import_state(const model_state& in, bool with_optimizer) {
+    HSLIDE_CHECK(in.layers.size() == model_.layers.size(), "imported model has {} layers, this one {}",
+                 in.layers.size(), model_.layers.size());
+    for (size_t l = 0; l < in.layers.size(); ++l) {
+        layer_state& dst = model_.layers[l];
+        const layer_state& src = in.layers[l];
+        HSLIDE_CHECK(src.rows == dst.rows && src.width == dst.width && src.stride == dst.stride,
+                     "imported layer {} is {}x{}, this model's is {}x{}", l, src.rows, src.width, dst.rows,
+                     dst.width);
+        dst.weights = src.weights;
+        dst.bias = src.bias;
+        if (with_optimizer) {
+            dst.adam_m = src.adam_m;
+            dst.adam_v = src.adam_v;
+            dst.bias_m = src.bias_m;
+            dst.bias_v = src.bias_v;
+        }
+    }
+    if (with_optimizer) model_.adam_step = in.adam_step;
+    model_.hash_seeds = in.hash_seeds;
+    for (size_t l = 0; l < model_.layers.size(); ++l)
+        if (model_.config.is_sparse(l)) build_layer_tables(l);
+}
+
+backend_info cpu_backend::info() const {
+    backend_info bi;
+    bi.kind = "cpu";
+    bi.device = read_system_info().cpu_model + " (" + std::to_string(threads_) + " threads, " + k_.name + ")";
+    bi.precision = "fp32";
+    bi.memory_bytes = model_.memory_bytes();
+    return bi;
+}
+
+}  // namespace hslide::cpu

@@ -1,0 +1,103 @@
+// The CPU backend: OpenMP data parallelism over the samples of a batch, LSH active sets,
+// and a race-free row-sparse update.
+//
+// A step has three phases:
+//  1. per sample, in parallel: forward through every layer (LSH query for sparse layers,
+//     labels forced into the output active set), softmax + loss, backward of the deltas.
+//     Results go to per-sample buffers; nothing shared is written.
+//  2. grouping: for each layer, the (row, sample) pairs the batch touched are grouped by row
+//     in sample order (sequential, O(entries), no O(rows) clearing).
+//  3. per touched row, in parallel: the row's gradient is summed over its samples in sample
+//     order and Adam is applied. Each row has one owner, so there are no races, and the
+//     result does not depend on the number of threads.
+#pragma once
+
+#include "hslide/backend.hpp"
+#include "hslide/lsh.hpp"
+#include "kernels.hpp"
+
+#include <memory>
+#include <vector>
+
+namespace hslide::cpu {
+
+class cpu_backend final : public backend {
+public:
+    cpu_backend(const model_state& initial, const train_config& train, int threads,
+                const kernel_table& kernels = best_kernels());
+
+    step_report train_batch(const batch_view& batch, float learning_rate) override;
+    void rebuild_tables(bool new_functions) override;
+    void predict(const batch_view& batch, uint32_t k, scoring_mode scoring, uint32_t* labels,
+                 float* scores) override;
+    void export_state(model_state& out, bool with_optimizer) const override;
+    void import_state(const model_state& in, bool with_optimizer) override;
+    backend_info info() const override;
+
+    /// Forward and backward on `batch` without updating: writes the batch-mean gradient of
+    /// the loss into `gradient` (shaped like the model; zero where the batch did not touch)
+    /// and returns the mean loss. For gradient checks.
+    double compute_gradient(const batch_view& batch, model_state& gradient);
+
+    /// The active neuron ids of `sample` (index in the last batch) in layer `l`; empty means
+    /// every neuron.
+    const std::vector<uint32_t>& last_active(uint32_t sample, size_t l) const {
+        return samples_[sample].layers[l].ids;
+    }
+
+    const model_state& model() const { return model_; }
+    int threads() const { return threads_; }
+
+private:
+    struct layer_buffers {
+        std::vector<uint32_t> ids;  // active neurons; empty = all
+        std::vector<float> act;     // activations (logits for the output layer)
+        std::vector<float> delta;   // dLoss/d pre-activation
+    };
+    struct sample_buffers {
+        std::vector<layer_buffers> layers;
+        double loss = 0;
+        bool trained = false;  // false for points without labels
+    };
+    struct thread_scratch {
+        active_set_builder builder;
+        std::vector<uint32_t> codes;
+        std::vector<float> dense;
+        std::vector<float> grad;
+        stage_times times;
+    };
+    struct sparse_layer {
+        std::unique_ptr<hash_family> hash;
+        lsh_tables tables;
+    };
+    /// Rows touched by a batch, grouped: entries of touched[t] are [offsets[t], offsets[t+1]).
+    struct row_groups {
+        std::vector<int32_t> slot;  // per row: index in touched, or -1
+        std::vector<uint32_t> touched, offsets, entry_sample, entry_index;
+    };
+
+    void ensure_buffers(uint32_t batch_size);
+    void forward_sample(const dataset& data, uint32_t point, uint32_t s, bool training,
+                        bool exact_output, uint64_t sample_seed, thread_scratch& scratch);
+    void backward_sample(const dataset& data, uint32_t point, uint32_t s, thread_scratch& scratch);
+    void run_forward_backward(const batch_view& batch, step_report& report);
+    void group_rows(const batch_view& batch, size_t l);
+    /// Calls visit(row, grad_row, bias_grad) for every row of layer l the batch touched,
+    /// in parallel, with the batch-mean gradient (bias_grad unused for layer 0).
+    template <class Visit>
+    void for_each_row_gradient(const batch_view& batch, size_t l, Visit&& visit);
+    void build_layer_tables(size_t l);
+    bool output_is_sparse() const { return model_.config.is_sparse(model_.layers.size() - 1); }
+
+    model_state model_;
+    train_config train_;
+    int threads_;
+    const kernel_table& k_;
+    std::vector<sparse_layer> lsh_;  // per layer; hash == nullptr for dense layers
+    std::vector<thread_scratch> scratch_;
+    std::vector<sample_buffers> samples_;
+    std::vector<row_groups> groups_;  // per layer
+    std::vector<float> layer0_bias_grad_;
+};
+
+}  // namespace hslide::cpu

@@ -1,0 +1,194 @@
+// End-to-end tests of the `hslide` command: train/eval/predict/gen, checkpoints and exact
+// resume, the config file, error reporting, and accuracy on the real Bibtex data.
+#include "hslide/checkpoint_file.hpp"
+#include "test_util.hpp"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+using hslide::testing::run_hslide;
+using hslide::testing::temp_dir;
+
+namespace {
+
+/// A small synthetic dataset, generated once per test binary.
+const std::string& tiny_data_dir() {
+    static temp_dir dir;
+    static bool made = false;
+    if (!made) {
+        const auto r = run_hslide("gen --preset tiny --seed 5 --out " + dir.path() + " -q");
+        EXPECT_EQ(r.exit_code, 0) << r.output;
+        made = true;
+    }
+    return dir.path();
+}
+
+std::string tiny_args() {
+    return " --train " + tiny_data_dir() + "/train.txt --test " + tiny_data_dir() +
+           "/test.txt --no-cache --no-progress --threads 2 ";
+}
+
+/// Every section but the metadata (which holds wall times) must be equal byte for byte.
+void expect_same_model(const std::string& a, const std::string& b) {
+    hslide::checkpoint_reader ra(a), rb(b);
+    ASSERT_EQ(ra.names(), rb.names());
+    int compared = 0;
+    for (const auto& name : ra.names()) {
+        if (name == "meta") continue;
+        EXPECT_EQ(ra.get_bytes(name), rb.get_bytes(name)) << "section " << name;
+        ++compared;
+    }
+    EXPECT_GT(compared, 6);
+    const auto ma = ra.get_json("meta"), mb = rb.get_json("meta");
+    EXPECT_EQ(ma["adam_step"], mb["adam_step"]);
+    EXPECT_EQ(ma["hash_seeds"], mb["hash_seeds"]);
+    EXPECT_EQ(ma["trainer"]["shuffle_rng"], mb["trainer"]["shuffle_rng"]);
+    EXPECT_EQ(ma["trainer"]["samples_seen"], mb["trainer"]["samples_seen"]);
+}
+
+}  // namespace
+
+TEST(Cli, TrainEvalPredictOnSyntheticData) {
+    temp_dir dir;
+    const std::string model = dir.file("model.ckpt"), metrics = dir.file("m.jsonl");
+    auto r = run_hslide("train" + tiny_args() +
+                        "--epochs 3 --output-sparsity lsh --K 2 --min-active 64 --save " + model +
+                        " --metrics-out " + metrics);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("final: P@1"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("(LSH)"), std::string::npos) << r.output;
+
+    // One JSON record per epoch with the documented keys.
+    std::ifstream in(metrics);
+    std::string line;
+    int records = 0;
+    double last_p1 = -1;
+    while (std::getline(in, line)) {
+        const auto j = nlohmann::json::parse(line);
+        for (const char* key : {"epoch", "seconds", "samples_per_s", "loss", "p@1", "p@3", "p@5"})
+            EXPECT_TRUE(j.contains(key)) << key << " missing in " << line;
+        EXPECT_EQ(j["epoch"].get<int>(), records + 1);
+        last_p1 = j["p@1"].get<double>();
+        ++records;
+    }
+    EXPECT_EQ(records, 3);
+    EXPECT_GT(last_p1, 0.2);  // the tiny preset is learnable; chance is ~0.01
+
+    r = run_hslide("eval --model " + model + " --test " + tiny_data_dir() + "/test.txt --no-cache -q --scoring exact");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("P@1"), std::string::npos);
+    EXPECT_NE(r.output.find("PSP@1"), std::string::npos) << "label counts travel in the checkpoint";
+
+    const std::string preds = dir.file("preds.txt");
+    r = run_hslide("predict --model " + model + " --data " + tiny_data_dir() + "/test.txt --no-cache -q --topk 3 --out " + preds);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    std::ifstream p(preds);
+    int lines = 0;
+    while (std::getline(p, line)) {
+        std::istringstream ss(line);
+        std::string item;
+        int items = 0;
+        while (ss >> item) {
+            EXPECT_NE(item.find(':'), std::string::npos) << line;
+            ++items;
+        }
+        EXPECT_EQ(items, 3) << line;
+        ++lines;
+    }
+    EXPECT_EQ(lines, 500);  // the tiny preset's test points
+}
+
+TEST(Cli, ResumedTrainingEqualsUninterruptedTraining) {
+    temp_dir dir;
+    const std::string common = tiny_args() + "--deterministic --output-sparsity lsh --min-active 32 --rebuild 300 --rehash 900 -q ";
+    auto r = run_hslide("train" + common + "--epochs 2 --save " + dir.file("straight.ckpt"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = run_hslide("train" + common + "--epochs 1 --save " + dir.file("half.ckpt"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = run_hslide("train" + common + "--epochs 2 --resume " + dir.file("half.ckpt") + " --save " + dir.file("resumed.ckpt"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    expect_same_model(dir.file("straight.ckpt"), dir.file("resumed.ckpt"));
+    // And two identical runs are identical.
+    r = run_hslide("train" + common + "--epochs 2 --save " + dir.file("again.ckpt"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    expect_same_model(dir.file("straight.ckpt"), dir.file("again.ckpt"));
+}
+
+TEST(Cli, ConfigFileMirrorsFlagsAndFlagsOverrideIt) {
+    temp_dir dir;
+    hslide::testing::write_text(dir.file("c.toml"), "epochs = 7\nlr = 0.005\nhidden = [64, 32]\nbatch-size = 64\n");
+    auto r = run_hslide("train --config " + dir.file("c.toml") + " --lr 0.002 --print-config");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("epochs=7"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("lr=0.002"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("hidden=[64, 32]"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("batch-size=64"), std::string::npos) << r.output;
+    // The printed config is itself a valid config.
+    hslide::testing::write_text(dir.file("printed.toml"), r.output);
+    auto again = run_hslide("train --config " + dir.file("printed.toml") + " --print-config");
+    ASSERT_EQ(again.exit_code, 0) << again.output;
+    EXPECT_EQ(again.output, r.output);
+    // An unknown key is an error, not silently ignored.
+    hslide::testing::write_text(dir.file("bad.toml"), "epoch = 3\n");
+    r = run_hslide("train --config " + dir.file("bad.toml") + " --print-config");
+    EXPECT_NE(r.exit_code, 0) << r.output;
+}
+
+TEST(Cli, BadInputIsAClearErrorWithExitCode2) {
+    temp_dir dir;
+    hslide::testing::write_text(dir.file("bad.txt"), "2 10 5\n1 3:1.0\n7 2:0.5\n");
+    auto r = run_hslide("train --train " + dir.file("bad.txt") + " --no-cache -q");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("bad.txt:3"), std::string::npos) << r.output;
+
+    r = run_hslide("train --train " + dir.file("missing.txt"));
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("missing.txt"), std::string::npos) << r.output;
+
+    r = run_hslide("train --epochs nope");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+
+    hslide::testing::write_text(dir.file("junk.ckpt"), "this is not a checkpoint");
+    r = run_hslide("eval --model " + dir.file("junk.ckpt") + " --test " + tiny_data_dir() + "/test.txt -q");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("junk.ckpt"), std::string::npos) << r.output;
+
+    r = run_hslide("frobnicate");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+}
+
+TEST(Cli, UnavailableBackendsSaySo) {
+    auto r = run_hslide("train --backend gpu --preset tiny -q");
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("--backend=gpu"), std::string::npos) << r.output;
+    r = run_hslide("train --backend hybrid --preset tiny -q");
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("hybrid"), std::string::npos) << r.output;
+}
+
+TEST(Cli, InfoReportsTheMachine) {
+    const auto r = run_hslide("info");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("cpu"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("gpus"), std::string::npos) << r.output;
+}
+
+TEST(Cli, BibtexWithDefaultsReachesP1OfAtLeast060) {
+    HSLIDE_REQUIRE_SHARED_DATA();
+    const std::string dir = hslide::testing::shared_data_dir() + "/bibtex/";
+    temp_dir out;
+    const auto r = run_hslide("train --train " + dir + "Bibtex_data.txt --train-split " + dir +
+                              "bibtex_trSplit.txt --test-split " + dir +
+                              "bibtex_tstSplit.txt --split-column 1 --threads 2 --no-progress --metrics-out " +
+                              out.file("m.jsonl"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    std::ifstream in(out.file("m.jsonl"));
+    std::string line, last;
+    while (std::getline(in, line)) last = line;
+    const double p1 = nlohmann::json::parse(last)["p@1"].get<double>();
+    EXPECT_GE(p1, 0.60) << r.output;
+}

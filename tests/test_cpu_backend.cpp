@@ -1,0 +1,379 @@
+// Tests of the CPU backend: gradients against finite differences of an independent
+// double-precision reference, thread-count invariance, Adam against a hand-computed step,
+// export/import, prediction.
+#include "cpu/cpu_backend.hpp"
+#include "hslide/backend.hpp"
+#include "hslide/model.hpp"
+#include "hslide/rng.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+using namespace hslide;
+
+namespace {
+
+/// A random dataset: `n` points, 2..6 features with random values, 1..3 labels.
+dataset random_dataset(uint32_t n, uint32_t features, uint32_t labels, uint64_t seed) {
+    dataset d;
+    d.source = "random";
+    d.n_features = features;
+    d.n_labels = labels;
+    rng gen(seed);
+    for (uint32_t p = 0; p < n; ++p) {
+        std::vector<uint32_t> f(features);
+        std::iota(f.begin(), f.end(), 0u);
+        shuffle(f.begin(), f.end(), gen);
+        f.resize(2 + gen.below(5));
+        std::sort(f.begin(), f.end());
+        std::vector<float> v(f.size());
+        for (auto& x : v) x = 0.2f + gen.uniform();
+        std::vector<uint32_t> y(labels);
+        std::iota(y.begin(), y.end(), 0u);
+        shuffle(y.begin(), y.end(), gen);
+        y.resize(1 + gen.below(3));
+        d.push_back(f.data(), v.data(), uint32_t(f.size()), y.data(), uint32_t(y.size()));
+    }
+    return d;
+}
+
+/// input 20 -> 12 (dense) -> 10 (hidden, given sparsity) -> 30 (output, given sparsity).
+model_config small_config(sparsity_mode hidden, sparsity_mode output) {
+    model_config c;
+    c.input_dim = 20;
+    layer_config l;
+    l.lsh.K = 2;
+    l.lsh.L = 4;
+    l.lsh.bits_per_hash = 2;
+    l.lsh.bucket_capacity = 8;
+    l.active.min_active = 5;
+    l.size = 12;
+    l.sparsity = sparsity_mode::dense;
+    c.layers.push_back(l);
+    l.size = 10;
+    l.sparsity = hidden;
+    c.layers.push_back(l);
+    l.size = 30;
+    l.sparsity = output;
+    l.active.min_active = 8;
+    c.layers.push_back(l);
+    return c;
+}
+
+/// Parameters as doubles, for the reference.
+struct ref_params {
+    std::vector<std::vector<double>> w, b;  // w[l][row * width + i]
+    std::vector<uint32_t> width;
+};
+
+ref_params to_ref(const model_state& m) {
+    ref_params p;
+    for (const auto& layer : m.layers) {
+        std::vector<double> w(size_t(layer.rows) * layer.width);
+        for (uint32_t r = 0; r < layer.rows; ++r)
+            for (uint32_t i = 0; i < layer.width; ++i) w[size_t(r) * layer.width + i] = layer.row(r)[i];
+        p.w.push_back(std::move(w));
+        p.b.emplace_back(layer.bias.begin(), layer.bias.end());
+        p.width.push_back(layer.width);
+    }
+    return p;
+}
+
+/// The mean loss of the batch with the given active sets (empty = all), written from the
+/// definition: ReLU hidden layers, softmax over the output active set, target 1/|y|.
+double reference_loss(const ref_params& p, const model_config& c, const dataset& d,
+                      const std::vector<uint32_t>& rows,
+                      const std::vector<std::vector<std::vector<uint32_t>>>& active) {
+    double total = 0;
+    for (size_t s = 0; s < rows.size(); ++s) {
+        const feature_row x = d.features(rows[s]);
+        const label_row y = d.labels(rows[s]);
+        std::vector<double> a(c.layers[0].size);
+        for (uint32_t j = 0; j < a.size(); ++j) {
+            double z = p.b[0][j];
+            for (uint32_t k = 0; k < x.count; ++k) z += x.values[k] * p.w[0][size_t(x.ids[k]) * p.width[0] + j];
+            a[j] = std::max(0.0, z);
+        }
+        for (size_t l = 1; l < c.layers.size(); ++l) {
+            std::vector<uint32_t> ids = active[s][l];
+            if (ids.empty()) {
+                ids.resize(c.layers[l].size);
+                std::iota(ids.begin(), ids.end(), 0u);
+            }
+            std::vector<double> next(c.layers[l].size, 0.0);  // inactive neurons output 0
+            std::vector<double> z(ids.size());
+            for (size_t t = 0; t < ids.size(); ++t) {
+                double sum = p.b[l][ids[t]];
+                for (uint32_t i = 0; i < p.width[l]; ++i) sum += p.w[l][size_t(ids[t]) * p.width[l] + i] * a[i];
+                z[t] = sum;
+            }
+            if (l + 1 < c.layers.size()) {
+                for (size_t t = 0; t < ids.size(); ++t) next[ids[t]] = std::max(0.0, z[t]);
+                a = next;
+            } else {
+                const double m = *std::max_element(z.begin(), z.end());
+                double sum = 0;
+                for (double v : z) sum += std::exp(v - m);
+                const double log_sum = std::log(sum) + m;
+                for (uint32_t k = 0; k < y.count; ++k) {
+                    const auto it = std::find(ids.begin(), ids.end(), y.ids[k]);
+                    EXPECT_NE(it, ids.end()) << "label missing from the active set";
+                    total -= (z[it - ids.begin()] - log_sum) / y.count;
+                }
+            }
+        }
+    }
+    return total / rows.size();
+}
+
+void check_gradient(sparsity_mode hidden, sparsity_mode output, uint64_t seed) {
+    const model_config config = small_config(hidden, output);
+    const dataset data = random_dataset(40, 20, 30, seed);
+    const model_state initial = model_state::create(config, seed);
+    train_config tc;
+    tc.seed = seed;
+    cpu::cpu_backend be(initial, tc, 1);
+    // A few steps first so weights, biases and ReLU patterns are not at their initial values.
+    std::vector<uint32_t> all(data.size());
+    std::iota(all.begin(), all.end(), 0u);
+    for (int step = 0; step < 3; ++step) be.train_batch({&data, all.data() + step * 8, 8}, 0.01f);
+
+    const std::vector<uint32_t> rows = {3, 17, 25, 31, 8, 12};
+    model_state grad;
+    const double loss = be.compute_gradient({&data, rows.data(), uint32_t(rows.size())}, grad);
+    std::vector<std::vector<std::vector<uint32_t>>> active(rows.size());
+    for (size_t s = 0; s < rows.size(); ++s)
+        for (size_t l = 0; l < config.layers.size(); ++l) active[s].push_back(be.last_active(uint32_t(s), l));
+
+    ref_params p = to_ref(be.model());
+    EXPECT_NEAR(reference_loss(p, config, data, rows, active), loss, 1e-5 * std::max(1.0, std::abs(loss)));
+
+    // Central differences on every weight and bias of every layer.
+    const double eps = 1e-5;
+    int checked = 0, nonzero = 0;
+    for (size_t l = 0; l < config.layers.size(); ++l) {
+        const layer_state& g = grad.layers[l];
+        for (uint32_t r = 0; r < g.rows; ++r) {
+            for (uint32_t i = 0; i <= g.width; ++i) {
+                const bool is_bias = i == g.width;  // i == width: the row's bias
+                if (is_bias && l == 0) continue;      // layer 0's biases are per column: below
+                double& param = is_bias ? p.b[l][r] : p.w[l][size_t(r) * g.width + i];
+                const double saved = param;
+                param = saved + eps;
+                const double up = reference_loss(p, config, data, rows, active);
+                param = saved - eps;
+                const double down = reference_loss(p, config, data, rows, active);
+                param = saved;
+                const double numeric = (up - down) / (2 * eps);
+                const double analytic = is_bias ? g.bias[r] : g.row(r)[i];
+                ASSERT_NEAR(analytic, numeric, 2e-4 + 2e-3 * std::abs(numeric))
+                    << "layer " << l << " row " << r << (is_bias ? " bias" : " col ") << i;
+                ++checked;
+                nonzero += analytic != 0.0;
+            }
+        }
+        if (l == 0) {
+            for (uint32_t j = 0; j < g.width; ++j) {
+                const double saved = p.b[0][j];
+                p.b[0][j] = saved + eps;
+                const double up = reference_loss(p, config, data, rows, active);
+                p.b[0][j] = saved - eps;
+                const double down = reference_loss(p, config, data, rows, active);
+                p.b[0][j] = saved;
+                ASSERT_NEAR(g.bias[j], (up - down) / (2 * eps), 2e-4 + 2e-3 * std::abs((up - down) / (2 * eps)))
+                    << "layer 0 bias " << j;
+            }
+        }
+    }
+    EXPECT_GT(checked, 600);
+    EXPECT_GT(nonzero, 100);  // the check is not vacuous
+}
+
+bool same_parameters(const model_state& a, const model_state& b) {
+    if (a.layers.size() != b.layers.size()) return false;
+    for (size_t l = 0; l < a.layers.size(); ++l) {
+        const auto& x = a.layers[l];
+        const auto& y = b.layers[l];
+        if (x.weights.size() != y.weights.size() || x.bias != y.bias) return false;
+        if (std::memcmp(x.weights.data(), y.weights.data(), x.weights.size() * sizeof(float)) != 0) return false;
+    }
+    return true;
+}
+
+}  // namespace
+
+TEST(CpuBackendGradient, DenseLayersMatchFiniteDifferences) {
+    check_gradient(sparsity_mode::dense, sparsity_mode::dense, 11);
+}
+
+TEST(CpuBackendGradient, SparseOutputMatchesFiniteDifferences) {
+    check_gradient(sparsity_mode::dense, sparsity_mode::lsh, 12);
+}
+
+TEST(CpuBackendGradient, SparseHiddenAndOutputMatchFiniteDifferences) {
+    check_gradient(sparsity_mode::lsh, sparsity_mode::lsh, 13);
+}
+
+TEST(CpuBackend, SparseOutputActiveSetHoldsLabelsFirstAndIsSparse) {
+    const model_config config = small_config(sparsity_mode::dense, sparsity_mode::lsh);
+    const dataset data = random_dataset(16, 20, 30, 5);
+    cpu::cpu_backend be(model_state::create(config, 5), train_config{}, 1);
+    std::vector<uint32_t> rows(16);
+    std::iota(rows.begin(), rows.end(), 0u);
+    model_state grad;
+    be.compute_gradient({&data, rows.data(), 16}, grad);
+    for (uint32_t s = 0; s < 16; ++s) {
+        const auto& ids = be.last_active(s, 2);
+        const label_row y = data.labels(s);
+        ASSERT_GE(ids.size(), std::max<size_t>(y.count, 8));
+        EXPECT_LT(ids.size(), 30u);
+        for (uint32_t k = 0; k < y.count; ++k) EXPECT_EQ(ids[k], y.ids[k]);
+    }
+}
+
+TEST(CpuBackend, TwoThreadsGiveTheSameModelAsOneThread) {
+    const model_config config = small_config(sparsity_mode::lsh, sparsity_mode::lsh);
+    const dataset data = random_dataset(200, 20, 30, 21);
+    const model_state initial = model_state::create(config, 21);
+    train_config tc;
+    cpu::cpu_backend one(initial, tc, 1), two(initial, tc, 2);
+    std::vector<uint32_t> rows(data.size());
+    std::iota(rows.begin(), rows.end(), 0u);
+    for (uint32_t b = 0; b + 16 <= rows.size(); b += 16) {
+        const auto r1 = one.train_batch({&data, rows.data() + b, 16}, 0.01f);
+        const auto r2 = two.train_batch({&data, rows.data() + b, 16}, 0.01f);
+        EXPECT_EQ(r1.loss_sum, r2.loss_sum);
+        if (b == 96) {
+            one.rebuild_tables(true);
+            two.rebuild_tables(true);
+        }
+    }
+    model_state a, b;
+    one.export_state(a, true);
+    two.export_state(b, true);
+    // Per-row reductions in sample order make the result independent of the thread count:
+    // not merely within tolerance, but bit for bit.
+    EXPECT_TRUE(same_parameters(a, b));
+    EXPECT_FALSE(same_parameters(a, initial));
+}
+
+TEST(CpuBackend, AdamStepMatchesHandComputation) {
+    const model_config config = small_config(sparsity_mode::dense, sparsity_mode::lsh);
+    const dataset data = random_dataset(8, 20, 30, 31);
+    const model_state initial = model_state::create(config, 31);
+    train_config tc;
+    tc.adam_beta1 = 0.8f;
+    tc.adam_beta2 = 0.95f;
+    tc.adam_epsilon = 1e-6f;
+    const float lr = 0.05f;
+    std::vector<uint32_t> rows = {0, 1, 2, 3}, rows2 = {4, 5, 6, 7};
+    cpu::cpu_backend be(initial, tc, 1);
+    // compute_gradient does not change the model, so the step that follows sees the same
+    // active sets and the same gradient.
+    model_state grad, grad2;
+    be.compute_gradient({&data, rows.data(), 4}, grad);
+    be.train_batch({&data, rows.data(), 4}, lr);
+    // First step: m = (1-b1) g, v = (1-b2) g^2, m_hat = g, v_hat = g^2,
+    // so w' = w - lr * g / (|g| + eps).
+    const model_state after = be.model();  // a copy: be moves on below
+    int moved = 0;
+    for (size_t l = 0; l < config.layers.size(); ++l) {
+        for (uint32_t r = 0; r < initial.layers[l].rows; ++r) {
+            for (uint32_t i = 0; i < initial.layers[l].width; ++i) {
+                const double g = grad.layers[l].row(r)[i];
+                const double expected = initial.layers[l].row(r)[i] - lr * g / (std::abs(g) + 1e-6);
+                ASSERT_NEAR(after.layers[l].row(r)[i], expected, 1e-6) << l << " " << r << " " << i;
+                moved += g != 0.0;
+            }
+        }
+    }
+    EXPECT_GT(moved, 50);
+    // Second step: the Adam recursion written out, for every weight of layer 0 column 0.
+    be.compute_gradient({&data, rows2.data(), 4}, grad2);
+    be.train_batch({&data, rows2.data(), 4}, lr);
+    int both = 0;
+    for (uint32_t r = 0; r < initial.layers[0].rows; ++r) {
+        const double g1 = grad.layers[0].row(r)[0], g2 = grad2.layers[0].row(r)[0];
+        const double m = 0.8 * (0.2 * g1) + 0.2 * g2;
+        const double v = 0.95 * (0.05 * g1 * g1) + 0.05 * g2 * g2;
+        // Sparse Adam: a row the second batch did not touch stays; a touched one moves even
+        // when its gradient is zero (its momentum carries it).
+        bool touched = false;
+        for (uint32_t p : rows2) {
+            const feature_row x = data.features(p);
+            touched = touched || std::find(x.ids, x.ids + x.count, r) != x.ids + x.count;
+        }
+        double expected = after.layers[0].row(r)[0];
+        if (touched) expected -= lr * (m / (1 - 0.64)) / (std::sqrt(v / (1 - 0.9025)) + 1e-6);
+        EXPECT_NEAR(be.model().layers[0].row(r)[0], expected, 1e-6) << "row " << r;
+        both += g1 != 0.0 && g2 != 0.0;
+    }
+    EXPECT_GT(both, 0);
+}
+
+TEST(CpuBackend, SparseAdamLeavesUntouchedRowsDenseAdamMovesThem) {
+    const model_config config = small_config(sparsity_mode::dense, sparsity_mode::lsh);
+    const dataset data = random_dataset(8, 20, 30, 41);
+    const model_state initial = model_state::create(config, 41);
+    std::vector<uint32_t> first = {0, 1}, second = {2};
+    for (adam_mode mode : {adam_mode::sparse, adam_mode::dense}) {
+        train_config tc;
+        tc.adam = mode;
+        cpu::cpu_backend be(initial, tc, 1);
+        be.train_batch({&data, first.data(), 2}, 0.01f);
+        const model_state after_first = be.model();
+        model_state grad;
+        cpu::cpu_backend probe(after_first, tc, 1);
+        probe.compute_gradient({&data, second.data(), 1}, grad);
+        be.train_batch({&data, second.data(), 1}, 0.01f);
+        // Input rows touched by the first batch only: gradient zero in the second.
+        const feature_row x0 = data.features(0);
+        int compared = 0;
+        for (uint32_t k = 0; k < x0.count; ++k) {
+            const uint32_t f = x0.ids[k];
+            if (grad.layers[0].row(f)[0] != 0.0f) continue;
+            const float before = after_first.layers[0].row(f)[0], now = be.model().layers[0].row(f)[0];
+            if (mode == adam_mode::sparse)
+                EXPECT_EQ(now, before) << "row " << f;
+            else
+                EXPECT_NE(now, before) << "row " << f;
+            ++compared;
+        }
+        EXPECT_GT(compared, 0);
+    }
+}
+
+TEST(CpuBackend, ExportImportRoundTripAndPredict) {
+    const model_config config = small_config(sparsity_mode::dense, sparsity_mode::dense);
+    const dataset data = random_dataset(64, 20, 30, 51);
+    train_config tc;
+    cpu::cpu_backend be(model_state::create(config, 51), tc, 2);
+    std::vector<uint32_t> rows(64);
+    std::iota(rows.begin(), rows.end(), 0u);
+    for (int e = 0; e < 30; ++e)
+        for (uint32_t b = 0; b < 64; b += 16) be.train_batch({&data, rows.data() + b, 16}, 0.02f);
+    model_state state;
+    be.export_state(state, true);
+    cpu::cpu_backend copy(model_state::create(config, 99), tc, 1);
+    copy.import_state(state, true);
+    const uint32_t k = 5;
+    std::vector<uint32_t> l1(64 * k), l2(64 * k);
+    std::vector<float> s1(64 * k), s2(64 * k);
+    be.predict({&data, rows.data(), 64}, k, scoring_mode::exact, l1.data(), s1.data());
+    copy.predict({&data, rows.data(), 64}, k, scoring_mode::exact, l2.data(), s2.data());
+    EXPECT_EQ(l1, l2);
+    EXPECT_EQ(s1, s2);
+    // Scores come best first, and after 30 epochs on 64 points the top label is a true label.
+    int hits = 0;
+    for (uint32_t s = 0; s < 64; ++s) {
+        for (uint32_t i = 1; i < k; ++i) EXPECT_GE(s1[s * k + i - 1], s1[s * k + i]);
+        const label_row y = data.labels(s);
+        hits += std::find(y.ids, y.ids + y.count, l1[s * k]) != y.ids + y.count;
+    }
+    EXPECT_GT(hits, 56);
+}
