@@ -90,9 +90,10 @@ struct backend_options {
     int device = 0;            ///< GPU index
 };
 
-/// Creates a backend holding `initial` (copied) and builds its tables. Throws hslide::error
-/// (unsupported) when the kind cannot run in this build or on this machine.
-std::unique_ptr<backend> create_backend(const backend_options& options, const model_state& initial,
+/// Creates a backend holding `initial` and builds its tables. Pass the state with std::move
+/// where the caller no longer needs it: a copy doubles the peak memory of a large model.
+/// Throws hslide::error (unsupported) when the kind cannot run in this build or machine.
+std::unique_ptr<backend> create_backend(const backend_options& options, model_state initial,
                                         const train_config& train);
 
 }  // namespace hslide

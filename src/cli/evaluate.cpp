@@ -36,8 +36,9 @@ void add_scoring_options(CLI::App& app, scoring_options& o) {
     app.add_option("--threads", o.threads, "CPU threads (0 = all)")->check(CLI::NonNegativeNumber);
 }
 
-/// The checkpoint's model on a CPU backend, checked against the data's dimensions.
-std::unique_ptr<backend> open_model(const scoring_options& o, const dataset& data, checkpoint_contents& ck) {
+/// The checkpoint's model on a CPU backend, checked against the data's dimensions; scales
+/// `data` as the model's training inputs were.
+std::unique_ptr<backend> open_model(const scoring_options& o, dataset& data, checkpoint_contents& ck) {
     ck = load_checkpoint(o.model_path);
     HSLIDE_CHECK(data.n_features <= ck.model.config.input_dim,
                  "{} has {} features but the model {} takes {}", data.source, data.n_features, o.model_path,
@@ -48,7 +49,8 @@ std::unique_ptr<backend> open_model(const scoring_options& o, const dataset& dat
     backend_options bo;
     bo.threads = o.threads;
     train_config tc;
-    return create_backend(bo, ck.model, tc);
+    normalize_inputs(data, ck.model.config);
+    return create_backend(bo, std::move(ck.model), tc);
 }
 
 }  // namespace
@@ -81,7 +83,6 @@ int run_eval(int argc, char** argv) {
                                            : subset(file, read_split(data.test_split, data.split_column, file.size()));
     checkpoint_contents ck;
     auto model = open_model(so, test, ck);
-    normalize_inputs(test, ck.model.config);
     std::vector<double> inv_prop;
     if (!ck.label_counts.empty() && ck.train_points > 0)
         inv_prop = inverse_propensities(ck.label_counts, ck.train_points, eo.metrics.propensity_a,
@@ -129,7 +130,6 @@ int run_predict(int argc, char** argv) {
     dataset points = load_file(data, input);
     checkpoint_contents ck;
     auto model = open_model(so, points, ck);
-    normalize_inputs(points, ck.model.config);
     const scoring_mode scoring = parse_scoring(so.scoring);
 
     const std::string tmp = out_path + ".tmp";

@@ -132,8 +132,7 @@ int run_train(int argc, char** argv) {
     backend_options bo;
     bo.kind = backend_name;
     bo.threads = tc.threads;
-    auto model = create_backend(bo, initial, tc);
-    initial = model_state{};  // the backend holds its own replica
+    auto model = create_backend(bo, std::move(initial), tc);
     const backend_info bi = model->info();
     spdlog::info("backend: {} on {}, {}", bi.kind, bi.device, bi.precision);
 

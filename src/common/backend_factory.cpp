@@ -17,9 +17,10 @@ stage_times& stage_times::operator+=(const stage_times& o) {
     return *this;
 }
 
-std::unique_ptr<backend> create_backend(const backend_options& options, const model_state& initial,
+std::unique_ptr<backend> create_backend(const backend_options& options, model_state initial,
                                         const train_config& train) {
-    if (options.kind == "cpu") return std::make_unique<cpu::cpu_backend>(initial, train, options.threads);
+    if (options.kind == "cpu")
+        return std::make_unique<cpu::cpu_backend>(std::move(initial), train, options.threads);
     if (options.kind == "gpu") {
 #if HSLIDE_HAVE_CUDA
         std::string problem;

@@ -56,9 +56,9 @@ void select_top_k(const float* scores, const uint32_t* ids, uint32_t n, uint32_t
 }
 }  // namespace
 
-cpu_backend::cpu_backend(const model_state& initial, const train_config& train, int threads,
+cpu_backend::cpu_backend(model_state initial, const train_config& train, int threads,
                          const kernel_table& kernels)
-    : model_(initial), train_(train), threads_(threads > 0 ? threads : omp_get_max_threads()),
+    : model_(std::move(initial)), train_(train), threads_(threads > 0 ? threads : omp_get_max_threads()),
       k_(kernels) {
     validate(model_.config);
     const size_t n_layers = model_.layers.size();
@@ -444,19 +444,21 @@ double cpu_backend::compute_gradient(const batch_view& batch, model_state& gradi
 void cpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scoring, uint32_t* labels,
                           float* scores) {
     HSLIDE_CHECK(k > 0, "top-k must be positive");
-    ensure_buffers(batch.size);
+    // One buffer set per thread, not per sample: exact scores of 670k labels are 2.7 MB a point.
+    ensure_buffers(uint32_t(threads_));
     const bool exact = scoring == scoring_mode::exact || (scoring == scoring_mode::automatic && !output_is_sparse());
     const uint64_t predict_seed = derive_seed(train_.seed ^ 0x9e3d1c7ULL, model_.adam_step);
     const size_t out_layer = model_.layers.size() - 1;
 #pragma omp parallel num_threads(threads_)
     {
-        thread_scratch& scratch = scratch_[omp_get_thread_num()];
+        const int thread = omp_get_thread_num();
+        thread_scratch& scratch = scratch_[thread];
         std::vector<std::pair<float, uint32_t>> heap;
 #pragma omp for schedule(dynamic, 4)
         for (int64_t s = 0; s < int64_t(batch.size); ++s) {
-            forward_sample(*batch.data, batch.rows[s], uint32_t(s), false, exact, derive_seed(predict_seed, uint64_t(s)),
-                           scratch);
-            const layer_buffers& out = samples_[s].layers[out_layer];
+            forward_sample(*batch.data, batch.rows[s], uint32_t(thread), false, exact,
+                           derive_seed(predict_seed, uint64_t(s)), scratch);
+            const layer_buffers& out = samples_[thread].layers[out_layer];
             select_top_k(out.act.data(), out.ids.empty() ? nullptr : out.ids.data(), uint32_t(out.act.size()), k,
                          labels + size_t(s) * k, scores + size_t(s) * k, heap);
         }

@@ -23,7 +23,7 @@ namespace hslide::cpu {
 
 class cpu_backend final : public backend {
 public:
-    cpu_backend(const model_state& initial, const train_config& train, int threads,
+    cpu_backend(model_state initial, const train_config& train, int threads,
                 const kernel_table& kernels = best_kernels());
 
     step_report train_batch(const batch_view& batch, float learning_rate) override;
