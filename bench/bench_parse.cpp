@@ -4,8 +4,7 @@
 // point, D = 135909, L = 670091, values printed like the XC files: `0.123456`), writes it to
 // a temporary folder, and times: parse_xc from memory, read_xc from the file, LibSVM parsing
 // of the same points, load_dataset without a cache (parse + checksum + cache write) and
-// load_dataset from the cache, and the floor under a verified cache hit (reading and hashing
-// the source). Every benchmark reports bytes/s of *source text*, so the two load_dataset
+// load_dataset from the cache. Every benchmark reports bytes/s of *source text*, so the two load_dataset
 // figures divide into the cache's speed-up.
 //
 // Environment: HSLIDE_BENCH_POINTS overrides the point count.
@@ -155,34 +154,11 @@ void BM_load_dataset_cached(benchmark::State& state) {
     state.counters["text_MB"] = static_cast<double>(c.xc_text.size()) / 1e6;
 }
 
-// The floor under any cache hit that verifies the source: reading and hashing the source
-// (XXH3-64 through pread, as load_dataset does).
-void BM_source_checksum(benchmark::State& state) {
-    const auto& c = get_corpus();
-    std::vector<char> buf(256 << 10);
-    for (auto _ : state) {
-        const int fd = ::open(c.xc_path.c_str(), O_RDONLY);
-        XXH3_state_t* st = XXH3_createState();
-        XXH3_64bits_reset(st);
-        off_t off = 0;
-        ssize_t n;
-        while ((n = ::pread(fd, buf.data(), buf.size(), off)) > 0) {
-            XXH3_64bits_update(st, buf.data(), static_cast<size_t>(n));
-            off += n;
-        }
-        benchmark::DoNotOptimize(XXH3_64bits_digest(st));
-        XXH3_freeState(st);
-        ::close(fd);
-    }
-    set_bytes(state, c.xc_text.size());
-}
-
 BENCHMARK(BM_parse_xc_memory)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_read_xc_file)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_parse_libsvm_memory)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_load_dataset_first)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_load_dataset_cached)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_source_checksum)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 

@@ -80,6 +80,11 @@ public:
     /// then rebuilds the tables with the hash seeds in `in`.
     virtual void import_state(const model_state& in, bool with_optimizer) = 0;
 
+    /// The replica itself when it is held in host memory as a model_state (the CPU backend),
+    /// so a checkpoint can be written without a copy the size of the model; nullptr when
+    /// export_state is the only way to read it.
+    virtual const model_state* host_state() const { return nullptr; }
+
     virtual backend_info info() const = 0;
 };
 

@@ -71,6 +71,11 @@ struct model_state {
     /// (He-normal for ReLU layers, a smaller normal for the softmax layer; biases zero).
     static model_state create(const model_config& config, uint64_t seed);
 
+    /// The shapes of every layer for `config` (rows, width, stride) with nothing allocated:
+    /// for loaders that fill the buffers themselves (a checkpoint), so a large model is
+    /// neither initialised nor held twice.
+    static model_state layout(const model_config& config);
+
     /// Neurons in layer l.
     uint32_t neurons(size_t l) const { return config.layers[l].size; }
     /// Total number of weights and biases.

@@ -115,12 +115,14 @@ struct synthetic_data {
 };
 
 /// Generates the train and test splits (OpenMP-parallel, deterministic in the config).
-/// Both datasets have source "synthetic:<preset>".
-synthetic_data generate_synthetic(const synthetic_config& config);
+/// Both datasets have source "synthetic:<preset>". `show_progress`: a progress bar (or log
+/// lines) over the points generated.
+synthetic_data generate_synthetic(const synthetic_config& config, bool show_progress = false);
 
 /// Generates and writes `dir`/train.txt and `dir`/test.txt in XC format (creating `dir`).
 /// Throws hslide::error(io) naming the path when a directory or file cannot be written.
-void generate_synthetic_files(const synthetic_config& config, const std::string& dir);
+void generate_synthetic_files(const synthetic_config& config, const std::string& dir,
+                              bool show_progress = false);
 
 /// Statistics of a train/test pair and P@1 of simple baselines, used to check that data is
 /// learnable but not trivially (tests, bench/bench_synthetic.cpp).

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,13 +36,13 @@ struct trainer_state {
     double rebuild_period = 0;      ///< current period (grows by exp(rebuild_decay))
     uint64_t next_rehash = 0;       ///< samples_seen at which new hash functions are drawn
     uint64_t shuffle_rng[4] = {0, 0, 0, 0};
-    double seconds = 0;             ///< training wall time so far (evaluation excluded)
+    double seconds = 0;             ///< wall time of training and evaluation so far
 };
 
 /// One evaluation record (one line of --metrics-out).
 struct epoch_record {
     uint32_t epoch = 0;
-    double seconds = 0;         ///< training wall time since training began
+    double seconds = 0;         ///< wall time since training began (evaluations included)
     double epoch_seconds = 0;   ///< this epoch's training wall time
     double samples_per_s = 0;
     double loss = 0;            ///< mean training loss over the epoch
@@ -59,7 +60,9 @@ struct trainer_options {
     uint32_t eval_every = 1;        ///< evaluate every this many epochs (0 = only at the end)
     std::string metrics_out;        ///< JSONL file, one record per evaluation ("" = none)
     std::string save_path;          ///< checkpoint written after every epoch ("" = none)
-    std::string resume_path;        ///< checkpoint to resume from ("" = fresh start)
+    /// Where a resumed run starts (from its checkpoint; the backend already holds the
+    /// checkpoint's model). Unset: a fresh start.
+    std::optional<trainer_state> resume;
     std::string backend_name = "cpu";
     bool show_progress = true;
 };

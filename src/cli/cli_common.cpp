@@ -26,7 +26,9 @@ void add_data_options(CLI::App& app, data_options& o, bool with_train) {
         app.add_option("--features", o.features, "synthetic: number of features (0 = the preset's)");
         app.add_option("--data-seed", o.data_seed, "synthetic: generator seed")->capture_default_str();
     }
-    app.add_option("--test", o.test, "test data file (default with --test-split: the --train file)");
+    app.add_option("--test", o.test,
+                   with_train ? "test data file (default with --test-split: the --train file)"
+                              : "data file to evaluate on");
     app.add_option("--test-split", o.test_split, "XC split file selecting the test rows");
     app.add_option("--split-column", o.split_column, "which column (1-based) of the split files")
         ->check(CLI::PositiveNumber)
@@ -41,6 +43,7 @@ dataset load_file(const data_options& o, const std::string& path) {
     load_options lo;
     lo.format = o.format == "xc" ? data_format::xc : o.format == "libsvm" ? data_format::libsvm : data_format::automatic;
     lo.use_cache = !o.no_cache;
+    lo.show_progress = o.show_progress;
     const auto t0 = std::chrono::steady_clock::now();
     dataset d = load_dataset(path, lo);
     spdlog::info("loaded {}: {} points, {} features, {} labels ({:.2f} s)", path, d.size(), d.n_features,
@@ -60,7 +63,7 @@ loaded_data load_data(const data_options& o) {
         sc.n_features = o.features;
         sc.seed = o.data_seed;
         const auto t0 = std::chrono::steady_clock::now();
-        synthetic_data data = generate_synthetic(sc);
+        synthetic_data data = generate_synthetic(sc, o.show_progress);
         spdlog::info("synthetic '{}' (scale {}): {} train / {} test points, {} features, {} labels ({:.1f} s)",
                      o.preset, o.scale, data.train.size(), data.test.size(), data.train.n_features,
                      data.train.n_labels,

@@ -22,6 +22,7 @@ struct data_options {
     double scale = 0.05;
     uint64_t labels = 0, features = 0;
     uint64_t data_seed = 2024;
+    bool show_progress = false;  ///< set from the output options, not a flag of its own
 };
 
 struct loaded_data {

@@ -58,6 +58,7 @@ std::unique_ptr<backend> open_model(const scoring_options& o, dataset& data, che
 int run_eval(int argc, char** argv) {
     CLI::App app{"Evaluate a saved model: P@k, nDCG@k and PSP@k (k = 1..5).", "hslide eval"};
     app.set_config("--config", "", "config file mirroring these flags");
+    app.allow_config_extras(CLI::config_extras_mode::error);
     scoring_options so;
     add_scoring_options(app, so);
     data_options data;
@@ -76,6 +77,7 @@ int run_eval(int argc, char** argv) {
         return app.exit(e) == 0 ? 0 : 2;
     }
     eo.show_progress = apply_output_options(oo);
+    data.show_progress = eo.show_progress;
     eo.scoring = parse_scoring(so.scoring);
     HSLIDE_CHECK(!data.test.empty(), "hslide eval needs --test FILE");
     dataset file = load_file(data, data.test);
@@ -106,6 +108,7 @@ int run_predict(int argc, char** argv) {
     CLI::App app{"Write the top-k labels of every point: one line per point, `label:score ...` best first.",
                  "hslide predict"};
     app.set_config("--config", "", "config file mirroring these flags");
+    app.allow_config_extras(CLI::config_extras_mode::error);
     scoring_options so;
     add_scoring_options(app, so);
     data_options data;
@@ -127,6 +130,7 @@ int run_predict(int argc, char** argv) {
         return app.exit(e) == 0 ? 0 : 2;
     }
     const bool show_progress = apply_output_options(oo);
+    data.show_progress = show_progress;
     dataset points = load_file(data, input);
     checkpoint_contents ck;
     auto model = open_model(so, points, ck);

@@ -20,6 +20,7 @@ int run_gen(int argc, char** argv) {
     CLI::App app{"Write a synthetic multi-label dataset as DIR/train.txt and DIR/test.txt (XC format).",
                  "hslide gen"};
     app.set_config("--config", "", "config file mirroring these flags");
+    app.allow_config_extras(CLI::config_extras_mode::error);
     synthetic_config sc;
     std::string out_dir;
     int threads = 0;
@@ -39,10 +40,10 @@ int run_gen(int argc, char** argv) {
     } catch (const CLI::ParseError& e) {
         return app.exit(e) == 0 ? 0 : 2;
     }
-    apply_output_options(oo);
+    const bool show_progress = apply_output_options(oo);
     if (threads > 0) omp_set_num_threads(threads);
     const auto t0 = std::chrono::steady_clock::now();
-    generate_synthetic_files(sc, out_dir);
+    generate_synthetic_files(sc, out_dir, show_progress);
     spdlog::info("wrote {}/train.txt and {}/test.txt ({:.1f} s)", out_dir, out_dir,
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return 0;

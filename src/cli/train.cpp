@@ -67,7 +67,8 @@ int run_train(int argc, char** argv) {
     app.add_option("--propensity-b", to.eval.metrics.propensity_b, "PSP@k propensity B")->capture_default_str();
     app.add_option("--metrics-out", to.metrics_out, "append one JSON record per epoch to this JSONL file");
     app.add_option("--save", to.save_path, "write a checkpoint here after every epoch (atomically)");
-    app.add_option("--resume", to.resume_path, "resume from this checkpoint");
+    std::string resume_path;
+    app.add_option("--resume", resume_path, "resume from this checkpoint (its model replaces the model flags)");
 
     output_options oo;
     add_output_options(app, oo);
@@ -84,6 +85,7 @@ int run_train(int argc, char** argv) {
         return 0;
     }
     const bool show_progress = apply_output_options(oo);
+    data.show_progress = show_progress;
     tc.adam = parse_adam_mode(adam);
     to.eval.scoring = parse_scoring(scoring);
     to.eval.show_progress = show_progress;
@@ -102,13 +104,15 @@ int run_train(int argc, char** argv) {
     HSLIDE_CHECK(d.train.n_labels <= UINT32_MAX && d.train.n_features <= UINT32_MAX, "too many labels or features");
 
     model_state initial;
-    if (!to.resume_path.empty()) {
-        checkpoint_contents ck = load_checkpoint(to.resume_path);
+    if (!resume_path.empty()) {
+        checkpoint_contents ck = load_checkpoint(resume_path);
         HSLIDE_CHECK(ck.model.config.input_dim >= d.train.n_features && ck.model.config.output_dim() >= d.train.n_labels,
                      "{}: the checkpoint's model ({} features, {} labels) does not fit the data ({} features, {} labels)",
-                     to.resume_path, ck.model.config.input_dim, ck.model.config.output_dim(), d.train.n_features,
+                     resume_path, ck.model.config.input_dim, ck.model.config.output_dim(), d.train.n_features,
                      d.train.n_labels);
         initial = std::move(ck.model);
+        to.resume = ck.trainer;
+        spdlog::info("resuming from {}", resume_path);
     } else {
         initial = model_state::create(make_model_config(mopt, uint32_t(d.train.n_features), uint32_t(d.train.n_labels)),
                                       tc.seed);
@@ -150,7 +154,7 @@ int run_train(int argc, char** argv) {
     });
     for (auto it = records.rbegin(); it != records.rend(); ++it) {
         if (!it->evaluated) continue;
-        std::printf("final: %s  (%.1f s training, peak memory %s)\n", format_metrics(it->metrics).c_str(),
+        std::printf("final: %s  (%.1f s, peak memory %s)\n", format_metrics(it->metrics).c_str(),
                     it->seconds, human_bytes(double(peak_rss_bytes())).c_str());
         break;
     }

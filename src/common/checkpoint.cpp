@@ -75,7 +75,7 @@ checkpoint_contents load_checkpoint(const std::string& path) {
     const nlohmann::json meta = r.get_json("meta");
     try {
         const model_config config = model_config_from_json(meta.at("model").dump());
-        c.model = model_state::create(config, 0);
+        c.model = model_state::layout(config);
         c.model.adam_step = meta.at("adam_step").get<uint64_t>();
         c.model.hash_seeds = meta.at("hash_seeds").get<std::vector<uint64_t>>();
         const auto& t = meta.at("trainer");
@@ -103,9 +103,10 @@ checkpoint_contents load_checkpoint(const std::string& path) {
         read_floats(r, section(l, "weights"), layer.weights, n);
         read_floats(r, section(l, "adam_m"), layer.adam_m, n);
         read_floats(r, section(l, "adam_v"), layer.adam_v, n);
-        read_floats(r, section(l, "bias"), layer.bias, layer.bias.size());
-        read_floats(r, section(l, "bias_m"), layer.bias_m, layer.bias.size());
-        read_floats(r, section(l, "bias_v"), layer.bias_v, layer.bias.size());
+        const size_t neurons = c.model.neurons(l);
+        read_floats(r, section(l, "bias"), layer.bias, neurons);
+        read_floats(r, section(l, "bias_m"), layer.bias_m, neurons);
+        read_floats(r, section(l, "bias_v"), layer.bias_v, neurons);
     }
     if (r.has("label_counts")) c.label_counts = r.get_vector<uint32_t>("label_counts");
     return c;

@@ -4,6 +4,7 @@
 
 #include "common/dataset_io.hpp"
 #include "hslide/error.hpp"
+#include "hslide/progress.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -486,7 +487,10 @@ data_format detect_format(std::string_view text) {
     return data_format::libsvm;
 }
 
-dataset parse_xc(std::string_view text, const std::string& name) {
+// Points between progress updates: rare enough to cost nothing against the parse.
+constexpr size_t progress_points = 8192;
+
+dataset parse_xc(std::string_view text, const std::string& name, progress* bar) {
     text = skip_bom(text);
     const char* p = text.data();
     const char* end = p + text.size();
@@ -538,7 +542,9 @@ dataset parse_xc(std::string_view text, const std::string& name) {
         }
         parser.parse(lv.begin, lv.end, line_no);
         ++points;
+        if (bar && points % progress_points == 0) bar->update(uint64_t(p - text.data()));
     }
+    if (bar) bar->update(text.size());
     if (points != n) {
         throw input_error(name, header_line,
                           fmt::format("point count mismatch: the header declares N = {} points "
@@ -549,7 +555,7 @@ dataset parse_xc(std::string_view text, const std::string& name) {
 }
 
 dataset parse_libsvm(std::string_view text, const std::string& name, uint64_t min_features,
-                     uint64_t min_labels) {
+                     uint64_t min_labels, progress* bar) {
     HSLIDE_CHECK(min_features <= max_id + 1 && min_labels <= max_id + 1,
                  "LibSVM minima must be at most 2^32 (got {} features, {} labels)", min_features,
                  min_labels);
@@ -569,7 +575,9 @@ dataset parse_libsvm(std::string_view text, const std::string& name, uint64_t mi
             continue;
         }
         parser.parse(lv.begin, lv.end, line_no);
+        if (bar && out.size() % progress_points == 0) bar->update(uint64_t(p - text.data()));
     }
+    if (bar) bar->update(text.size());
     if (out.size() == 0) throw input_error(name, 0, "empty file (no points)");
     out.n_features = std::max(min_features, parser.max_feature_plus_one());
     out.n_labels = std::max(min_labels, parser.max_label_plus_one());

@@ -46,7 +46,7 @@ aligned_floats& aligned_floats::operator=(const aligned_floats& other) {
     return *this;
 }
 
-model_state model_state::create(const model_config& config, uint64_t seed) {
+model_state model_state::layout(const model_config& config) {
     validate(config);
     model_state m;
     m.config = config;
@@ -55,10 +55,19 @@ model_state model_state::create(const model_config& config, uint64_t seed) {
     for (size_t l = 0; l < config.layers.size(); ++l) {
         layer_state& layer = m.layers[l];
         const uint32_t fan_in = l == 0 ? config.input_dim : config.layers[l - 1].size;
-        const uint32_t neurons = config.layers[l].size;
-        layer.rows = l == 0 ? fan_in : neurons;
-        layer.width = l == 0 ? neurons : fan_in;
+        layer.rows = l == 0 ? fan_in : config.layers[l].size;
+        layer.width = l == 0 ? config.layers[l].size : fan_in;
         layer.stride = padded_stride(layer.width);
+    }
+    return m;
+}
+
+model_state model_state::create(const model_config& config, uint64_t seed) {
+    model_state m = layout(config);
+    for (size_t l = 0; l < config.layers.size(); ++l) {
+        layer_state& layer = m.layers[l];
+        const uint32_t fan_in = l == 0 ? config.input_dim : config.layers[l - 1].size;
+        const uint32_t neurons = config.layers[l].size;
         const size_t total = static_cast<size_t>(layer.rows) * layer.stride;
         layer.weights.resize(total);
         layer.adam_m.resize(total);

@@ -3,6 +3,7 @@
 #include "hslide/synthetic.hpp"
 
 #include "hslide/error.hpp"
+#include "hslide/progress.hpp"
 #include "hslide/rng.hpp"
 
 #include <omp.h>
@@ -309,7 +310,7 @@ void generate_chunk(const generator& g, rng& gen, uint64_t n_points, chunk_point
     }
 }
 
-dataset generate_split(const generator& g, uint64_t n_points, uint64_t split_seed) {
+dataset generate_split(const generator& g, uint64_t n_points, uint64_t split_seed, progress* bar) {
     const uint64_t n_chunks = (n_points + synthetic_chunk_points - 1) / synthetic_chunk_points;
     std::vector<chunk_points> chunks(n_chunks);
 #pragma omp parallel
@@ -319,8 +320,9 @@ dataset generate_split(const generator& g, uint64_t n_points, uint64_t split_see
         for (int64_t c = 0; c < static_cast<int64_t>(n_chunks); ++c) {
             rng gen(derive_seed(split_seed, static_cast<uint64_t>(c)));
             const uint64_t begin = static_cast<uint64_t>(c) * synthetic_chunk_points;
-            generate_chunk(g, gen, std::min(synthetic_chunk_points, n_points - begin), chunks[c],
-                           counter);
+            const uint64_t count = std::min(synthetic_chunk_points, n_points - begin);
+            generate_chunk(g, gen, count, chunks[c], counter);
+            if (bar) bar->add(count);
         }
     }
 
@@ -386,10 +388,18 @@ synthetic_preset resolve_synthetic(const synthetic_config& config) {
     HSLIDE_CHECK(p.n_labels <= UINT32_MAX && p.n_features <= UINT32_MAX,
                  "synthetic: at most {} labels and features", UINT32_MAX);
     const auto scaled = [&](uint64_t n) {
-        return std::max<uint64_t>(1, static_cast<uint64_t>(std::llround(n * config.scale)));
+        const double points = double(n) * config.scale;
+        // Point indices are 32-bit everywhere; checked in double so llround cannot overflow.
+        HSLIDE_CHECK(points < double(UINT32_MAX),
+                     "synthetic scale {} gives {:.3g} points; at most {} are supported",
+                     config.scale, points, UINT32_MAX);
+        return std::max<uint64_t>(1, static_cast<uint64_t>(std::llround(points)));
     };
     p.n_train = config.n_train ? config.n_train : scaled(p.n_train);
     p.n_test = config.n_test ? config.n_test : scaled(p.n_test);
+    HSLIDE_CHECK(p.n_train < UINT32_MAX && p.n_test < UINT32_MAX,
+                 "synthetic point counts must be below {} (got {} train, {} test)", UINT32_MAX,
+                 p.n_train, p.n_test);
     const synthetic_model& m = p.model;
     HSLIDE_CHECK(m.label_exponent >= 0 && m.label_offset >= 0 && m.feature_exponent >= 0 &&
                      m.feature_offset >= 0 && m.prototype_decay >= 0,
@@ -404,21 +414,24 @@ synthetic_preset resolve_synthetic(const synthetic_config& config) {
     return p;
 }
 
-synthetic_data generate_synthetic(const synthetic_config& config) {
+synthetic_data generate_synthetic(const synthetic_config& config, bool show_progress) {
     const synthetic_preset shape = resolve_synthetic(config);
     const generator g(shape, config.seed);
+    progress bar("generate " + shape.name, shape.n_train + shape.n_test, "points", show_progress);
     synthetic_data out;
-    out.train = generate_split(g, shape.n_train, derive_seed(config.seed, 101));
-    out.test = generate_split(g, shape.n_test, derive_seed(config.seed, 102));
+    out.train = generate_split(g, shape.n_train, derive_seed(config.seed, 101), &bar);
+    out.test = generate_split(g, shape.n_test, derive_seed(config.seed, 102), &bar);
+    bar.finish();
     return out;
 }
 
-void generate_synthetic_files(const synthetic_config& config, const std::string& dir) {
+void generate_synthetic_files(const synthetic_config& config, const std::string& dir,
+                              bool show_progress) {
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
     HSLIDE_CHECK_KIND(!ec && std::filesystem::is_directory(dir), error_kind::io,
                       "cannot create directory {}: {}", dir, ec ? ec.message() : "not a directory");
-    const synthetic_data data = generate_synthetic(config);
+    const synthetic_data data = generate_synthetic(config, show_progress);
     write_xc(data.train, dir + "/train.txt");
     write_xc(data.test, dir + "/test.txt");
 }

@@ -65,12 +65,9 @@ trainer::trainer(backend& model, const dataset& train, const dataset* test, trai
     if (test_ && test_->size() > 0)
         inverse_propensities_ = inverse_propensities(train_, options_.eval.metrics.propensity_a,
                                                      options_.eval.metrics.propensity_b);
-    if (!options_.resume_path.empty()) {
-        checkpoint_contents ck = load_checkpoint(options_.resume_path);
-        model_.import_state(ck.model, /*with_optimizer=*/true);
-        state_ = ck.trainer;
-        spdlog::info("resumed from {} after epoch {} ({} samples)", options_.resume_path, state_.epochs_done,
-                     state_.samples_seen);
+    if (options_.resume) {
+        state_ = *options_.resume;
+        spdlog::info("resuming after epoch {} ({} samples)", state_.epochs_done, state_.samples_seen);
     }
 }
 
@@ -161,10 +158,14 @@ void trainer::write_metrics_record(const epoch_record& r) {
 }
 
 void trainer::save_checkpoint_now() {
-    model_state snapshot;
-    model_.export_state(snapshot, /*with_optimizer=*/true);
     std::vector<uint32_t> label_counts(train_.n_labels, 0);
     for (uint32_t label : train_.label_ids) ++label_counts[label];
+    if (const model_state* held = model_.host_state()) {
+        save_checkpoint(options_.save_path, *held, state_, label_counts, train_.size());
+        return;
+    }
+    model_state snapshot;
+    model_.export_state(snapshot, /*with_optimizer=*/true);
     save_checkpoint(options_.save_path, snapshot, state_, label_counts, train_.size());
 }
 
@@ -180,6 +181,8 @@ std::vector<epoch_record> trainer::run(const std::function<void(const epoch_reco
             record.metrics = evaluate(model_, *test_, options_.eval, inverse_propensities_);
             record.eval_seconds = seconds_since(t0);
             record.evaluated = true;
+            state_.seconds += record.eval_seconds;
+            record.seconds = state_.seconds;
         }
         if (!options_.save_path.empty()) save_checkpoint_now();
         write_metrics_record(record);

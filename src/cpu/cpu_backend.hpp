@@ -33,6 +33,7 @@ public:
     void export_state(model_state& out, bool with_optimizer) const override;
     void import_state(const model_state& in, bool with_optimizer) override;
     backend_info info() const override;
+    const model_state* host_state() const override { return &model_; }
 
     /// Forward and backward on `batch` without updating: writes the batch-mean gradient of
     /// the loss into `gradient` (shaped like the model; zero where the batch did not touch)
