@@ -1,4 +1,4 @@
-// Benchmarks of the LSH layer: hashing 128-wide dense vectors (the hidden activation of a
+// Benchmarks of the LSH layer: hashing 256-wide dense vectors (the hidden activation of a
 // sample, and an output neuron's weight row at a rebuild), hashing every row of an
 // Amazon-670K-sized output layer, building its tables, and active-set queries.
 //
@@ -16,11 +16,11 @@ using namespace hslide;
 
 namespace {
 
-constexpr uint32_t hidden = 128;
+constexpr uint32_t hidden = 256;  // the default hidden layer of `hslide train`
 constexpr uint32_t amazon_items = 670091;
 
 lsh_config slide_config(hash_kind kind) {
-    lsh_config c;  // SLIDE's Amazon-670K settings: K=6, L=50, 3-bit hashes
+    lsh_config c;  // hslide's defaults (see hslide/lsh.hpp)
     c.kind = kind;
     return c;
 }

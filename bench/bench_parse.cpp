@@ -4,8 +4,8 @@
 // point, D = 135909, L = 670091, values printed like the XC files: `0.123456`), writes it to
 // a temporary folder, and times: parse_xc from memory, read_xc from the file, LibSVM parsing
 // of the same points, load_dataset without a cache (parse + checksum + cache write) and
-// load_dataset from the cache. Every benchmark reports bytes/s of *source text*, so the two load_dataset
-// figures divide into the cache's speed-up.
+// load_dataset from the cache. Every benchmark reports bytes/s of *source text*, so the two
+// load_dataset figures divide into the cache's speed-up.
 //
 // Environment: HSLIDE_BENCH_POINTS overrides the point count.
 #include "hslide/dataset.hpp"

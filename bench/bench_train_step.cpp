@@ -77,12 +77,11 @@ void train_step(benchmark::State& state, sparsity_mode output) {
         samples += r.samples;
         active += r.active_per_layer.back();
     }
-    state.counters["samples/s"] =
-        benchmark::Counter(double(samples), benchmark::Counter::kIsRate);
+    state.counters["samples/s"] = benchmark::Counter(double(samples), benchmark::Counter::kIsRate);
     // (samples / points) / time, inverted: the seconds one epoch over the points would take.
-    state.counters["epoch_s_50k"] = benchmark::Counter(
-        double(samples) / double(train_points),
-        benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+    state.counters["epoch_s_50k"] =
+        benchmark::Counter(double(samples) / double(train_points),
+                           benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
     state.counters["active"] = double(active) / double(samples);
     state.counters["model_GiB"] = double(model->info().memory_bytes) / double(1 << 30);
 }

@@ -78,13 +78,15 @@ TEST(Cli, TrainEvalPredictOnSyntheticData) {
     EXPECT_EQ(records, 3);
     EXPECT_GT(last_p1, 0.2);  // the tiny preset is learnable; chance is ~0.01
 
-    r = run_hslide("eval --model " + model + " --test " + tiny_data_dir() + "/test.txt --no-cache -q --scoring exact");
+    r = run_hslide("eval --model " + model + " --test " + tiny_data_dir() +
+                   "/test.txt --no-cache -q --scoring exact");
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find("P@1"), std::string::npos);
     EXPECT_NE(r.output.find("PSP@1"), std::string::npos) << "label counts travel in the checkpoint";
 
     const std::string preds = dir.file("preds.txt");
-    r = run_hslide("predict --model " + model + " --data " + tiny_data_dir() + "/test.txt --no-cache -q --topk 3 --out " + preds);
+    r = run_hslide("predict --model " + model + " --data " + tiny_data_dir() +
+                   "/test.txt --no-cache -q --topk 3 --out " + preds);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     std::ifstream p(preds);
     int lines = 0;
@@ -104,12 +106,15 @@ TEST(Cli, TrainEvalPredictOnSyntheticData) {
 
 TEST(Cli, ResumedTrainingEqualsUninterruptedTraining) {
     temp_dir dir;
-    const std::string common = tiny_args() + "--deterministic --output-sparsity lsh --min-active 32 --rebuild 300 --rehash 900 -q ";
+    const std::string common =
+        tiny_args() +
+        "--deterministic --output-sparsity lsh --min-active 32 --rebuild 300 --rehash 900 -q ";
     auto r = run_hslide("train" + common + "--epochs 2 --save " + dir.file("straight.ckpt"));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     r = run_hslide("train" + common + "--epochs 1 --save " + dir.file("half.ckpt"));
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    r = run_hslide("train" + common + "--epochs 2 --resume " + dir.file("half.ckpt") + " --save " + dir.file("resumed.ckpt"));
+    r = run_hslide("train" + common + "--epochs 2 --resume " + dir.file("half.ckpt") + " --save " +
+                   dir.file("resumed.ckpt"));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     expect_same_model(dir.file("straight.ckpt"), dir.file("resumed.ckpt"));
     // And two identical runs are identical.
@@ -120,7 +125,8 @@ TEST(Cli, ResumedTrainingEqualsUninterruptedTraining) {
 
 TEST(Cli, ConfigFileMirrorsFlagsAndFlagsOverrideIt) {
     temp_dir dir;
-    hslide::testing::write_text(dir.file("c.toml"), "epochs = 7\nlr = 0.005\nhidden = [64, 32]\nbatch-size = 64\n");
+    hslide::testing::write_text(dir.file("c.toml"),
+                                "epochs = 7\nlr = 0.005\nhidden = [64, 32]\nbatch-size = 64\n");
     auto r = run_hslide("train --config " + dir.file("c.toml") + " --lr 0.002 --print-config");
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find("epochs=7"), std::string::npos) << r.output;
@@ -153,11 +159,32 @@ TEST(Cli, BadInputIsAClearErrorWithExitCode2) {
     EXPECT_EQ(r.exit_code, 2) << r.output;
 
     hslide::testing::write_text(dir.file("junk.ckpt"), "this is not a checkpoint");
-    r = run_hslide("eval --model " + dir.file("junk.ckpt") + " --test " + tiny_data_dir() + "/test.txt -q");
+    r = run_hslide("eval --model " + dir.file("junk.ckpt") + " --test " + tiny_data_dir() +
+                   "/test.txt -q");
     EXPECT_EQ(r.exit_code, 2) << r.output;
     EXPECT_NE(r.output.find("junk.ckpt"), std::string::npos) << r.output;
 
     r = run_hslide("frobnicate");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+}
+
+TEST(Cli, ACheckpointThatDoesNotFitTheDataIsAnError) {
+    temp_dir dir;
+    const std::string model = dir.file("model.ckpt");
+    auto r = run_hslide("train" + tiny_args() + "--epochs 1 -q --save " + model);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    // More labels than the model has: resuming, evaluating and predicting all refuse.
+    r = run_hslide("gen --preset tiny --labels 900 --seed 5 -q --out " + dir.file("wide"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::string wide = dir.file("wide") + "/test.txt";
+    r = run_hslide("train --train " + wide + " --no-cache -q --epochs 2 --resume " + model);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("does not fit"), std::string::npos) << r.output;
+    r = run_hslide("eval --model " + model + " --test " + wide + " --no-cache -q");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("900 labels"), std::string::npos) << r.output;
+    r = run_hslide("predict --model " + model + " --data " + wide + " --no-cache -q --out " +
+                   dir.file("p.txt"));
     EXPECT_EQ(r.exit_code, 2) << r.output;
 }
 
@@ -181,10 +208,11 @@ TEST(Cli, BibtexWithDefaultsReachesP1OfAtLeast060) {
     HSLIDE_REQUIRE_SHARED_DATA();
     const std::string dir = hslide::testing::shared_data_dir() + "/bibtex/";
     temp_dir out;
-    const auto r = run_hslide("train --train " + dir + "Bibtex_data.txt --train-split " + dir +
-                              "bibtex_trSplit.txt --test-split " + dir +
-                              "bibtex_tstSplit.txt --split-column 1 --threads 2 --no-progress --metrics-out " +
-                              out.file("m.jsonl"));
+    const auto r =
+        run_hslide("train --train " + dir + "Bibtex_data.txt --train-split " + dir +
+                   "bibtex_trSplit.txt --test-split " + dir +
+                   "bibtex_tstSplit.txt --split-column 1 --threads 2 --no-progress --metrics-out " +
+                   out.file("m.jsonl"));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     std::ifstream in(out.file("m.jsonl"));
     std::string line, last;

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -76,7 +77,8 @@ ref_params to_ref(const model_state& m) {
     for (const auto& layer : m.layers) {
         std::vector<double> w(size_t(layer.rows) * layer.width);
         for (uint32_t r = 0; r < layer.rows; ++r)
-            for (uint32_t i = 0; i < layer.width; ++i) w[size_t(r) * layer.width + i] = layer.row(r)[i];
+            for (uint32_t i = 0; i < layer.width; ++i)
+                w[size_t(r) * layer.width + i] = layer.row(r)[i];
         p.w.push_back(std::move(w));
         p.b.emplace_back(layer.bias.begin(), layer.bias.end());
         p.width.push_back(layer.width);
@@ -96,7 +98,8 @@ double reference_loss(const ref_params& p, const model_config& c, const dataset&
         std::vector<double> a(c.layers[0].size);
         for (uint32_t j = 0; j < a.size(); ++j) {
             double z = p.b[0][j];
-            for (uint32_t k = 0; k < x.count; ++k) z += x.values[k] * p.w[0][size_t(x.ids[k]) * p.width[0] + j];
+            for (uint32_t k = 0; k < x.count; ++k)
+                z += x.values[k] * p.w[0][size_t(x.ids[k]) * p.width[0] + j];
             a[j] = std::max(0.0, z);
         }
         for (size_t l = 1; l < c.layers.size(); ++l) {
@@ -109,7 +112,8 @@ double reference_loss(const ref_params& p, const model_config& c, const dataset&
             std::vector<double> z(ids.size());
             for (size_t t = 0; t < ids.size(); ++t) {
                 double sum = p.b[l][ids[t]];
-                for (uint32_t i = 0; i < p.width[l]; ++i) sum += p.w[l][size_t(ids[t]) * p.width[l] + i] * a[i];
+                for (uint32_t i = 0; i < p.width[l]; ++i)
+                    sum += p.w[l][size_t(ids[t]) * p.width[l] + i] * a[i];
                 z[t] = sum;
             }
             if (l + 1 < c.layers.size()) {
@@ -148,10 +152,12 @@ void check_gradient(sparsity_mode hidden, sparsity_mode output, uint64_t seed) {
     const double loss = be.compute_gradient({&data, rows.data(), uint32_t(rows.size())}, grad);
     std::vector<std::vector<std::vector<uint32_t>>> active(rows.size());
     for (size_t s = 0; s < rows.size(); ++s)
-        for (size_t l = 0; l < config.layers.size(); ++l) active[s].push_back(be.last_active(uint32_t(s), l));
+        for (size_t l = 0; l < config.layers.size(); ++l)
+            active[s].push_back(be.last_active(uint32_t(s), l));
 
     ref_params p = to_ref(be.model());
-    EXPECT_NEAR(reference_loss(p, config, data, rows, active), loss, 1e-5 * std::max(1.0, std::abs(loss)));
+    EXPECT_NEAR(reference_loss(p, config, data, rows, active), loss,
+                1e-5 * std::max(1.0, std::abs(loss)));
 
     // Central differences on every weight and bias of every layer.
     const double eps = 1e-5;
@@ -161,7 +167,7 @@ void check_gradient(sparsity_mode hidden, sparsity_mode output, uint64_t seed) {
         for (uint32_t r = 0; r < g.rows; ++r) {
             for (uint32_t i = 0; i <= g.width; ++i) {
                 const bool is_bias = i == g.width;  // i == width: the row's bias
-                if (is_bias && l == 0) continue;      // layer 0's biases are per column: below
+                if (is_bias && l == 0) continue;    // layer 0's biases are per column: below
                 double& param = is_bias ? p.b[l][r] : p.w[l][size_t(r) * g.width + i];
                 const double saved = param;
                 param = saved + eps;
@@ -185,7 +191,8 @@ void check_gradient(sparsity_mode hidden, sparsity_mode output, uint64_t seed) {
                 p.b[0][j] = saved - eps;
                 const double down = reference_loss(p, config, data, rows, active);
                 p.b[0][j] = saved;
-                ASSERT_NEAR(g.bias[j], (up - down) / (2 * eps), 2e-4 + 2e-3 * std::abs((up - down) / (2 * eps)))
+                ASSERT_NEAR(g.bias[j], (up - down) / (2 * eps),
+                            2e-4 + 2e-3 * std::abs((up - down) / (2 * eps)))
                     << "layer 0 bias " << j;
             }
         }
@@ -200,7 +207,8 @@ bool same_parameters(const model_state& a, const model_state& b) {
         const auto& x = a.layers[l];
         const auto& y = b.layers[l];
         if (x.weights.size() != y.weights.size() || x.bias != y.bias) return false;
-        if (std::memcmp(x.weights.data(), y.weights.data(), x.weights.size() * sizeof(float)) != 0) return false;
+        if (std::memcmp(x.weights.data(), y.weights.data(), x.weights.size() * sizeof(float)) != 0)
+            return false;
     }
     return true;
 }
@@ -337,7 +345,8 @@ TEST(CpuBackend, SparseAdamLeavesUntouchedRowsDenseAdamMovesThem) {
         for (uint32_t k = 0; k < x0.count; ++k) {
             const uint32_t f = x0.ids[k];
             if (grad.layers[0].row(f)[0] != 0.0f) continue;
-            const float before = after_first.layers[0].row(f)[0], now = be.model().layers[0].row(f)[0];
+            const float before = after_first.layers[0].row(f)[0],
+                        now = be.model().layers[0].row(f)[0];
             if (mode == adam_mode::sparse)
                 EXPECT_EQ(now, before) << "row " << f;
             else
@@ -376,4 +385,43 @@ TEST(CpuBackend, ExportImportRoundTripAndPredict) {
         hits += std::find(y.ids, y.ids + y.count, l1[s * k]) != y.ids + y.count;
     }
     EXPECT_GT(hits, 56);
+}
+
+TEST(CpuBackend, LshScoringRanksASubsetWithTheExactScores) {
+    const model_config config = small_config(sparsity_mode::dense, sparsity_mode::lsh);
+    const dataset data = random_dataset(40, 20, 30, 61);
+    train_config tc;
+    cpu::cpu_backend be(model_state::create(config, 61), tc, 2);
+    std::vector<uint32_t> rows(40);
+    std::iota(rows.begin(), rows.end(), 0u);
+    for (int e = 0; e < 10; ++e)
+        for (uint32_t b = 0; b < 40; b += 8) be.train_batch({&data, rows.data() + b, 8}, 0.02f);
+    const uint32_t k = 30;  // every label: the exact ranking is complete
+    std::vector<uint32_t> exact_labels(40 * k), lsh_labels(40 * k);
+    std::vector<float> exact_scores(40 * k), lsh_scores(40 * k);
+    be.predict({&data, rows.data(), 40}, k, scoring_mode::exact, exact_labels.data(),
+               exact_scores.data());
+    be.predict({&data, rows.data(), 40}, k, scoring_mode::lsh, lsh_labels.data(),
+               lsh_scores.data());
+    int padded = 0;
+    for (uint32_t s = 0; s < 40; ++s) {
+        std::vector<float> logit(30, 0.0f);
+        for (uint32_t i = 0; i < k; ++i) {
+            ASSERT_LT(exact_labels[s * k + i], 30u);
+            logit[exact_labels[s * k + i]] = exact_scores[s * k + i];
+        }
+        // LSH scoring computes a subset of the logits: the same values, never more than
+        // the exact maximum, padded when the active set is smaller than k.
+        for (uint32_t i = 0; i < k; ++i) {
+            const uint32_t label = lsh_labels[s * k + i];
+            if (label == UINT32_MAX) {
+                ++padded;
+                EXPECT_EQ(lsh_scores[s * k + i], -std::numeric_limits<float>::infinity());
+                continue;
+            }
+            EXPECT_NEAR(lsh_scores[s * k + i], logit[label], 1e-5f) << "point " << s;
+        }
+        EXPECT_LE(lsh_scores[s * k], exact_scores[s * k] + 1e-5f);
+    }
+    EXPECT_GT(padded, 0) << "the LSH active sets (min 8 of 30) should leave some slots empty";
 }

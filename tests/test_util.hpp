@@ -12,16 +12,16 @@ namespace hslide::testing {
 std::string shared_data_dir();
 
 /// Skips the current test with a message when ../shared/data is absent (a user's clone).
-#define HSLIDE_REQUIRE_SHARED_DATA()                                                        \
-    do {                                                                                    \
-        if (::hslide::testing::shared_data_dir().empty())                                   \
+#define HSLIDE_REQUIRE_SHARED_DATA()                                                         \
+    do {                                                                                     \
+        if (::hslide::testing::shared_data_dir().empty())                                    \
             GTEST_SKIP() << "../shared/data not found beside the checkout; this test needs " \
-                            "the real datasets (CI has them)";                              \
+                            "the real datasets (CI has them)";                               \
     } while (0)
 
 /// A fresh, empty directory removed when the object dies.
 class temp_dir {
-public:
+  public:
     temp_dir();
     ~temp_dir();
     temp_dir(const temp_dir&) = delete;
@@ -30,7 +30,7 @@ public:
     /// path() + "/" + name
     std::string file(const std::string& name) const { return path_ + "/" + name; }
 
-private:
+  private:
     std::string path_;
 };
 

@@ -28,12 +28,12 @@ struct batch_view {
 
 /// Seconds spent in each stage of a step (for breakdowns and benchmarks).
 struct stage_times {
-    double hashing = 0;     ///< LSH codes of the layer inputs and active-set queries
-    double forward = 0;     ///< forward pass (dot products, softmax, loss)
-    double backward = 0;    ///< backpropagation of deltas
-    double update = 0;      ///< gradient reduction and the optimizer
-    double rebuild = 0;     ///< table rebuilds
-    double transfer = 0;    ///< host<->device copies (GPU backends)
+    double hashing = 0;   ///< LSH codes of the layer inputs and active-set queries
+    double forward = 0;   ///< forward pass (dot products, softmax, loss)
+    double backward = 0;  ///< backpropagation of deltas
+    double update = 0;    ///< gradient reduction and the optimizer
+    double rebuild = 0;   ///< table rebuilds
+    double transfer = 0;  ///< host<->device copies (GPU backends)
 
     stage_times& operator+=(const stage_times& o);
     double total() const { return hashing + forward + backward + update + rebuild + transfer; }
@@ -42,23 +42,23 @@ struct stage_times {
 /// What one training step did.
 struct step_report {
     uint32_t samples = 0;
-    double loss_sum = 0;                      ///< summed over the batch's samples
-    std::vector<uint64_t> active_per_layer;   ///< neurons computed, summed over samples
+    double loss_sum = 0;                     ///< summed over the batch's samples
+    std::vector<uint64_t> active_per_layer;  ///< neurons computed, summed over samples
     stage_times times;
-    double seconds = 0;                       ///< wall time of the step
+    double seconds = 0;  ///< wall time of the step
 };
 
 /// What a backend is and has.
 struct backend_info {
-    std::string kind;       ///< "cpu" or "gpu"
-    std::string device;     ///< e.g. CPU model with thread count, or GPU name
-    std::string precision;  ///< "fp32" or "bf16"
+    std::string kind;                ///< "cpu" or "gpu"
+    std::string device;              ///< e.g. CPU model with thread count, or GPU name
+    std::string precision;           ///< "fp32" or "bf16"
     uint64_t memory_bytes = 0;       ///< bytes the model replica holds
     uint64_t free_memory_bytes = 0;  ///< free device memory (0 when not applicable)
 };
 
 class backend {
-public:
+  public:
     virtual ~backend() = default;
 
     /// One SGD step on the batch: sparse forward, backward, Adam update of the touched rows.

@@ -15,15 +15,16 @@ namespace hslide {
 
 /// What a checkpoint holds.
 struct checkpoint_contents {
-    model_state model;               ///< parameters and Adam state
-    trainer_state trainer;           ///< where training stopped
+    model_state model;                   ///< parameters and Adam state
+    trainer_state trainer;               ///< where training stopped
     std::vector<uint32_t> label_counts;  ///< training points per label (may be empty)
-    uint64_t train_points = 0;       ///< training points the counts come from
+    uint64_t train_points = 0;           ///< training points the counts come from
 };
 
 /// Writes a checkpoint atomically (temporary file, then rename).
-void save_checkpoint(const std::string& path, const model_state& model, const trainer_state& trainer,
-                     const std::vector<uint32_t>& label_counts = {}, uint64_t train_points = 0);
+void save_checkpoint(const std::string& path, const model_state& model,
+                     const trainer_state& trainer, const std::vector<uint32_t>& label_counts = {},
+                     uint64_t train_points = 0);
 
 /// Reads and fully validates a checkpoint; throws hslide::input_error naming the file and the
 /// problem (not a checkpoint, truncated, checksum mismatch, layer shapes that disagree...).

@@ -34,10 +34,10 @@
 //
 // The binary cache (load_dataset) stores the parsed CSR arrays with the source's size,
 // modification time (ns) and an XXH3-64 checksum of its content (every byte up to 16 MiB; 256
-// evenly spread 16 KiB blocks above, so a hit stays >= 20x faster than parsing), the format and the LibSVM minima; it is used
-// only when all of them match and its own payload checksum verifies. A missing, stale,
-// truncated or corrupt cache is ignored (the text is parsed and a new cache written through
-// a temporary file and a rename). See cache_path_for for where caches go.
+// evenly spread 16 KiB blocks above, so a hit stays >= 20x faster than parsing), the format and the
+// LibSVM minima; it is used only when all of them match and its own payload checksum verifies. A
+// missing, stale, truncated or corrupt cache is ignored (the text is parsed and a new cache written
+// through a temporary file and a rename). See cache_path_for for where caches go.
 #pragma once
 
 #include <cstdint>
@@ -98,10 +98,10 @@ enum class data_format { automatic, xc, libsvm };
 /// Options for load_dataset.
 struct load_options {
     data_format format = data_format::automatic;  ///< automatic: XC if the first line is `N D L`
-    bool use_cache = true;      ///< read/write the binary cache beside the file (or cache_dir)
-    std::string cache_dir;      ///< where caches go when not beside the source ("" = beside it)
-    uint64_t min_features = 0;  ///< LibSVM only: D is at least this (files have no header)
-    uint64_t min_labels = 0;    ///< LibSVM only: L is at least this
+    bool use_cache = true;       ///< read/write the binary cache beside the file (or cache_dir)
+    std::string cache_dir;       ///< where caches go when not beside the source ("" = beside it)
+    uint64_t min_features = 0;   ///< LibSVM only: D is at least this (files have no header)
+    uint64_t min_labels = 0;     ///< LibSVM only: L is at least this
     bool show_progress = false;  ///< a progress bar (or log lines) over the bytes parsed
 };
 

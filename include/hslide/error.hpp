@@ -25,7 +25,7 @@ enum class error_kind {
 
 /// The one exception type hslide throws for errors a caller can act on.
 class error : public std::runtime_error {
-public:
+  public:
     error(error_kind kind, const std::string& message) : std::runtime_error(message), kind_(kind) {}
     error_kind kind() const noexcept { return kind_; }
     /// The process exit code the CLI uses for this error.
@@ -33,13 +33,13 @@ public:
         return (kind_ == error_kind::invalid_argument || kind_ == error_kind::bad_input) ? 2 : 1;
     }
 
-private:
+  private:
     error_kind kind_;
 };
 
 /// A malformed input file: the message names the file, the 1-based line and the reason.
 class input_error : public error {
-public:
+  public:
     input_error(const std::string& file, size_t line, const std::string& reason)
         : error(error_kind::bad_input, line > 0 ? fmt::format("{}:{}: {}", file, line, reason)
                                                 : fmt::format("{}: {}", file, reason)),
@@ -50,7 +50,7 @@ public:
     size_t line() const noexcept { return line_; }
     const std::string& reason() const noexcept { return reason_; }
 
-private:
+  private:
     std::string file_;
     size_t line_;
     std::string reason_;
@@ -63,21 +63,21 @@ namespace detail {
 }  // namespace hslide
 
 /// Throws hslide::error(invalid_argument) with a fmt-formatted message when `cond` is false.
-#define HSLIDE_CHECK(cond, ...)                                                              \
-    do {                                                                                     \
-        if (!(cond))                                                                         \
-            throw ::hslide::error(::hslide::error_kind::invalid_argument,                    \
-                                  ::fmt::format(__VA_ARGS__));                               \
+#define HSLIDE_CHECK(cond, ...)                                           \
+    do {                                                                  \
+        if (!(cond))                                                      \
+            throw ::hslide::error(::hslide::error_kind::invalid_argument, \
+                                  ::fmt::format(__VA_ARGS__));            \
     } while (0)
 
 /// Like HSLIDE_CHECK with an explicit error_kind.
-#define HSLIDE_CHECK_KIND(cond, kind, ...)                                                   \
-    do {                                                                                     \
-        if (!(cond)) throw ::hslide::error((kind), ::fmt::format(__VA_ARGS__));              \
+#define HSLIDE_CHECK_KIND(cond, kind, ...)                                      \
+    do {                                                                        \
+        if (!(cond)) throw ::hslide::error((kind), ::fmt::format(__VA_ARGS__)); \
     } while (0)
 
 /// Aborts with the expression and location when an internal invariant does not hold.
-#define HSLIDE_ASSERT(cond)                                                                  \
-    do {                                                                                     \
-        if (!(cond)) ::hslide::detail::assert_failed(#cond, __FILE__, __LINE__);             \
+#define HSLIDE_ASSERT(cond)                                                      \
+    do {                                                                         \
+        if (!(cond)) ::hslide::detail::assert_failed(#cond, __FILE__, __LINE__); \
     } while (0)

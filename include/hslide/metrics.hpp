@@ -53,8 +53,8 @@ std::vector<double> inverse_propensities(const dataset& train, double a, double 
 
 /// The same from label counts: label_counts[l] training points carry label l, out of n_points
 /// (checkpoints keep these, so a saved model can be scored with PSP@k without its training set).
-std::vector<double> inverse_propensities(const std::vector<uint32_t>& label_counts, uint64_t n_points,
-                                         double a, double b);
+std::vector<double> inverse_propensities(const std::vector<uint32_t>& label_counts,
+                                         uint64_t n_points, double a, double b);
 
 /// Metrics for k = 1..k_max: element k-1 of each vector is the value at k.
 struct metrics_result {

@@ -21,7 +21,7 @@ namespace hslide {
 /// A 64-byte aligned, zero-initialised array of floats (large blocks are advised to use huge
 /// pages where the kernel allows).
 class aligned_floats {
-public:
+  public:
     aligned_floats() = default;
     explicit aligned_floats(size_t n) { resize(n); }
     aligned_floats(const aligned_floats& other);
@@ -37,7 +37,7 @@ public:
     float& operator[](size_t i) { return data_.get()[i]; }
     float operator[](size_t i) const { return data_.get()[i]; }
 
-private:
+  private:
     struct deleter {
         void operator()(float* p) const;
     };
@@ -46,13 +46,15 @@ private:
 };
 
 /// Row stride (in floats) for rows of `width` floats: width rounded up to a multiple of 16.
-inline uint32_t padded_stride(uint32_t width) { return (width + 15u) & ~15u; }
+inline uint32_t padded_stride(uint32_t width) {
+    return (width + 15u) & ~15u;
+}
 
 /// One layer's parameters and Adam moments.
 struct layer_state {
-    uint32_t rows = 0;    ///< input features (layer 0) or neurons (later layers)
-    uint32_t width = 0;   ///< floats per row that carry weights
-    uint32_t stride = 0;  ///< floats between row starts (padded_stride(width))
+    uint32_t rows = 0;                       ///< input features (layer 0) or neurons (later layers)
+    uint32_t width = 0;                      ///< floats per row that carry weights
+    uint32_t stride = 0;                     ///< floats between row starts (padded_stride(width))
     aligned_floats weights, adam_m, adam_v;  ///< rows * stride each
     std::vector<float> bias, bias_m, bias_v;  ///< one per neuron
 

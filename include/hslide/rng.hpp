@@ -28,7 +28,7 @@ inline uint64_t derive_seed(uint64_t seed, uint64_t stream) {
 /// distributions and std::shuffle, but hslide uses the helpers below for portability of
 /// results across standard libraries.
 class rng {
-public:
+  public:
     using result_type = uint64_t;
 
     explicit rng(uint64_t seed = 0) { reseed(seed); }
@@ -64,7 +64,9 @@ public:
     float uniform() { return static_cast<float>((*this)() >> 40) * (1.0f / 16777216.0f); }
 
     /// Uniform double in [0, 1).
-    double uniform_double() { return static_cast<double>((*this)() >> 11) * (1.0 / 9007199254740992.0); }
+    double uniform_double() {
+        return static_cast<double>((*this)() >> 11) * (1.0 / 9007199254740992.0);
+    }
 
     /// Standard normal variate (Box-Muller; one value per call, deterministic).
     double normal();
@@ -75,7 +77,7 @@ public:
         for (int i = 0; i < 4; ++i) s_[i] = state[i];
     }
 
-private:
+  private:
     static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
     uint64_t s_[4];
 };

@@ -74,12 +74,12 @@ struct synthetic_model {
 /// A named shape: sizes and per-point statistics of a public dataset, and its model knobs.
 struct synthetic_preset {
     std::string name;
-    uint64_t n_features = 0;          ///< D
-    uint64_t n_labels = 0;            ///< L
-    uint64_t n_train = 0;             ///< train points at scale 1
-    uint64_t n_test = 0;              ///< test points at scale 1
-    double features_per_point = 0;    ///< mean distinct features per point
-    double labels_per_point = 0;      ///< mean labels per point (>= 1)
+    uint64_t n_features = 0;        ///< D
+    uint64_t n_labels = 0;          ///< L
+    uint64_t n_train = 0;           ///< train points at scale 1
+    uint64_t n_test = 0;            ///< test points at scale 1
+    double features_per_point = 0;  ///< mean distinct features per point
+    double labels_per_point = 0;    ///< mean labels per point (>= 1)
     synthetic_model model;
 };
 
@@ -129,15 +129,15 @@ void generate_synthetic_files(const synthetic_config& config, const std::string&
 struct learnability_report {
     double train_features_per_point = 0;
     double train_labels_per_point = 0;
-    double labels_seen_fraction = 0;   ///< labels of L with at least one train occurrence
+    double labels_seen_fraction = 0;      ///< labels of L with at least one train occurrence
     double top_label_point_fraction = 0;  ///< train points carrying the most frequent label
-    double top1pct_coverage = 0;  ///< share of train label occurrences on the top 1% of L
-    double top5pct_coverage = 0;  ///< ... on the top 5% of L
-    uint64_t test_points = 0;     ///< test points evaluated
-    double p1_most_frequent = 0;  ///< P@1 of always predicting the most frequent train label
-    double p1_centroid = 0;       ///< P@1 of the label-centroid classifier
-    double p1_centroid_top5 = 0;  ///< ... restricted to the 5 most frequent train labels
-    double p1_centroid_tenth = 0; ///< ... seeing only features with id % 10 == 0
+    double top1pct_coverage = 0;          ///< share of train label occurrences on the top 1% of L
+    double top5pct_coverage = 0;          ///< ... on the top 5% of L
+    uint64_t test_points = 0;             ///< test points evaluated
+    double p1_most_frequent = 0;   ///< P@1 of always predicting the most frequent train label
+    double p1_centroid = 0;        ///< P@1 of the label-centroid classifier
+    double p1_centroid_top5 = 0;   ///< ... restricted to the 5 most frequent train labels
+    double p1_centroid_tenth = 0;  ///< ... seeing only features with id % 10 == 0
 };
 
 /// Computes the report. The label-centroid classifier scores test point x against every

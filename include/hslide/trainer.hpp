@@ -18,8 +18,8 @@ namespace hslide {
 /// How to evaluate a model on a test set.
 struct evaluation_options {
     scoring_mode scoring = scoring_mode::automatic;
-    size_t max_points = 0;        ///< evaluate on the first max_points test points (0 = all)
-    uint32_t batch_size = 512;    ///< points per predict() call
+    size_t max_points = 0;      ///< evaluate on the first max_points test points (0 = all)
+    uint32_t batch_size = 512;  ///< points per predict() call
     metrics_config metrics;
     bool show_progress = true;
 };
@@ -32,22 +32,22 @@ metrics_result evaluate(backend& model, const dataset& test, const evaluation_op
 struct trainer_state {
     uint32_t epochs_done = 0;
     uint64_t samples_seen = 0;
-    uint64_t next_rebuild = 0;      ///< samples_seen at which tables are next rebuilt
-    double rebuild_period = 0;      ///< current period (grows by exp(rebuild_decay))
-    uint64_t next_rehash = 0;       ///< samples_seen at which new hash functions are drawn
+    uint64_t next_rebuild = 0;  ///< samples_seen at which tables are next rebuilt
+    double rebuild_period = 0;  ///< current period (grows by exp(rebuild_decay))
+    uint64_t next_rehash = 0;   ///< samples_seen at which new hash functions are drawn
     uint64_t shuffle_rng[4] = {0, 0, 0, 0};
-    double seconds = 0;             ///< wall time of training and evaluation so far
+    double seconds = 0;  ///< wall time of training and evaluation so far
 };
 
 /// One evaluation record (one line of --metrics-out).
 struct epoch_record {
     uint32_t epoch = 0;
-    double seconds = 0;         ///< wall time since training began (evaluations included)
-    double epoch_seconds = 0;   ///< this epoch's training wall time
+    double seconds = 0;        ///< wall time since training began (evaluations included)
+    double epoch_seconds = 0;  ///< this epoch's training wall time
     double samples_per_s = 0;
-    double loss = 0;            ///< mean training loss over the epoch
+    double loss = 0;  ///< mean training loss over the epoch
     double mean_active_output = 0;
-    stage_times times;          ///< summed over the epoch
+    stage_times times;  ///< summed over the epoch
     bool evaluated = false;
     metrics_result metrics;
     double eval_seconds = 0;
@@ -57,9 +57,9 @@ struct epoch_record {
 struct trainer_options {
     train_config train;
     evaluation_options eval;
-    uint32_t eval_every = 1;        ///< evaluate every this many epochs (0 = only at the end)
-    std::string metrics_out;        ///< JSONL file, one record per evaluation ("" = none)
-    std::string save_path;          ///< checkpoint written after every epoch ("" = none)
+    uint32_t eval_every = 1;  ///< evaluate every this many epochs (0 = only at the end)
+    std::string metrics_out;  ///< JSONL file, one record per evaluation ("" = none)
+    std::string save_path;    ///< checkpoint written after every epoch ("" = none)
     /// Where a resumed run starts (from its checkpoint; the backend already holds the
     /// checkpoint's model). Unset: a fresh start.
     std::optional<trainer_state> resume;
@@ -69,7 +69,7 @@ struct trainer_options {
 
 /// Runs training on `model` (a backend holding the initial replica).
 class trainer {
-public:
+  public:
     trainer(backend& model, const dataset& train, const dataset* test, trainer_options options);
 
     /// Trains up to options.train.epochs epochs in total (counting resumed ones); returns one
@@ -78,7 +78,7 @@ public:
 
     const trainer_state& state() const { return state_; }
 
-private:
+  private:
     epoch_record run_epoch();
     void write_metrics_record(const epoch_record& record);
     void save_checkpoint_now();

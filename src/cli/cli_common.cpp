@@ -11,20 +11,26 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 
 namespace hslide::cli {
 
 void add_data_options(CLI::App& app, data_options& o, bool with_train) {
     if (with_train) {
-        app.add_option("--train", o.train, "training data file (XC or LibSVM); none: synthetic data");
-        app.add_option("--train-split", o.train_split, "XC split file selecting the training rows of --train");
-        app.add_option("--preset", o.preset, "synthetic preset when no --train is given")->capture_default_str();
+        app.add_option("--train", o.train,
+                       "training data file (XC or LibSVM); none: synthetic data");
+        app.add_option("--train-split", o.train_split,
+                       "XC split file selecting the training rows of --train");
+        app.add_option("--preset", o.preset, "synthetic preset when no --train is given")
+            ->capture_default_str();
         app.add_option("--scale", o.scale, "synthetic: multiplies the preset's point counts")
             ->check(CLI::PositiveNumber)
             ->capture_default_str();
         app.add_option("--labels", o.labels, "synthetic: number of labels (0 = the preset's)");
-        app.add_option("--features", o.features, "synthetic: number of features (0 = the preset's)");
-        app.add_option("--data-seed", o.data_seed, "synthetic: generator seed")->capture_default_str();
+        app.add_option("--features", o.features,
+                       "synthetic: number of features (0 = the preset's)");
+        app.add_option("--data-seed", o.data_seed, "synthetic: generator seed")
+            ->capture_default_str();
     }
     app.add_option("--test", o.test,
                    with_train ? "test data file (default with --test-split: the --train file)"
@@ -41,13 +47,16 @@ void add_data_options(CLI::App& app, data_options& o, bool with_train) {
 
 dataset load_file(const data_options& o, const std::string& path) {
     load_options lo;
-    lo.format = o.format == "xc" ? data_format::xc : o.format == "libsvm" ? data_format::libsvm : data_format::automatic;
+    lo.format = o.format == "xc"       ? data_format::xc
+                : o.format == "libsvm" ? data_format::libsvm
+                                       : data_format::automatic;
     lo.use_cache = !o.no_cache;
     lo.show_progress = o.show_progress;
     const auto t0 = std::chrono::steady_clock::now();
     dataset d = load_dataset(path, lo);
-    spdlog::info("loaded {}: {} points, {} features, {} labels ({:.2f} s)", path, d.size(), d.n_features,
-                 d.n_labels, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    spdlog::info("loaded {}: {} points, {} features, {} labels ({:.2f} s)", path, d.size(),
+                 d.n_features, d.n_labels,
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return d;
 }
 
@@ -55,7 +64,8 @@ loaded_data load_data(const data_options& o) {
     loaded_data out;
     if (o.train.empty()) {
         HSLIDE_CHECK(o.test.empty() && o.test_split.empty() && o.train_split.empty(),
-                     "--test/--test-split/--train-split need --train (without --train, synthetic data is used)");
+                     "--test/--test-split/--train-split need --train (without --train, synthetic "
+                     "data is used)");
         synthetic_config sc;
         sc.preset = o.preset;
         sc.scale = o.scale;
@@ -64,10 +74,12 @@ loaded_data load_data(const data_options& o) {
         sc.seed = o.data_seed;
         const auto t0 = std::chrono::steady_clock::now();
         synthetic_data data = generate_synthetic(sc, o.show_progress);
-        spdlog::info("synthetic '{}' (scale {}): {} train / {} test points, {} features, {} labels ({:.1f} s)",
-                     o.preset, o.scale, data.train.size(), data.test.size(), data.train.n_features,
-                     data.train.n_labels,
-                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        spdlog::info(
+            "synthetic '{}' (scale {}): {} train / {} test points, {} features, {} labels ({:.1f} "
+            "s)",
+            o.preset, o.scale, data.train.size(), data.test.size(), data.train.n_features,
+            data.train.n_labels,
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         out.train = std::move(data.train);
         out.test = std::move(data.test);
         return out;
@@ -77,7 +89,8 @@ loaded_data load_data(const data_options& o) {
     dataset test_file;
     if (!test_path.empty()) test_file = test_path == o.train ? train_file : load_file(o, test_path);
     if (!o.train_split.empty()) {
-        out.train = subset(train_file, read_split(o.train_split, o.split_column, train_file.size()));
+        out.train =
+            subset(train_file, read_split(o.train_split, o.split_column, train_file.size()));
     } else {
         out.train = std::move(train_file);
     }
@@ -100,18 +113,23 @@ void add_model_options(CLI::App& app, model_options& o) {
     app.add_option("--normalize", o.normalize, "input scaling per point: l2 (unit norm) or none")
         ->check(CLI::IsMember({"l2", "none"}))
         ->capture_default_str();
-    app.add_option("--output-sparsity", o.output_sparsity, "output layer: auto (LSH above --auto-sparse-min neurons), lsh or dense")
+    app.add_option("--output-sparsity", o.output_sparsity,
+                   "output layer: auto (LSH above --auto-sparse-min neurons), lsh or dense")
         ->check(CLI::IsMember({"auto", "lsh", "dense"}))
         ->capture_default_str();
-    app.add_option("--hidden-sparsity", o.hidden_sparsity, "hidden layers after the first: auto, lsh or dense")
+    app.add_option("--hidden-sparsity", o.hidden_sparsity,
+                   "hidden layers after the first: auto, lsh or dense")
         ->check(CLI::IsMember({"auto", "lsh", "dense"}))
         ->capture_default_str();
-    app.add_option("--auto-sparse-min", o.auto_sparse_min, "'auto' layers with more neurons than this use LSH")
+    app.add_option("--auto-sparse-min", o.auto_sparse_min,
+                   "'auto' layers with more neurons than this use LSH")
         ->capture_default_str();
     app.add_option("--hash", o.hash, "LSH family")
         ->check(CLI::IsMember({"dwta", "wta", "simhash", "minhash"}))
         ->capture_default_str();
-    app.add_option("--K", o.K, "hashes per bucket code")->check(CLI::Range(1, 32))->capture_default_str();
+    app.add_option("--K", o.K, "hashes per bucket code")
+        ->check(CLI::Range(1, 32))
+        ->capture_default_str();
     app.add_option("--L", o.L, "hash tables")->check(CLI::Range(1, 4096))->capture_default_str();
     app.add_option("--bits", o.bits, "bits per hash (DWTA/WTA bins hold 2^bits coordinates)")
         ->check(CLI::Range(1, 16))
@@ -122,11 +140,14 @@ void add_model_options(CLI::App& app, model_options& o) {
     app.add_option("--insertion", o.insertion, "policy of a full bucket")
         ->check(CLI::IsMember({"fifo", "reservoir"}))
         ->capture_default_str();
-    app.add_option("--min-active", o.min_active, "random fill of an active set up to this many neurons")
+    app.add_option("--min-active", o.min_active,
+                   "random fill of an active set up to this many neurons")
         ->capture_default_str();
-    app.add_option("--max-active", o.max_active, "cap of an active set (0 = none; labels always kept)")
+    app.add_option("--max-active", o.max_active,
+                   "cap of an active set (0 = none; labels always kept)")
         ->capture_default_str();
-    app.add_option("--hit-threshold", o.hit_threshold, "keep neurons found in at least this many tables")
+    app.add_option("--hit-threshold", o.hit_threshold,
+                   "keep neurons found in at least this many tables")
         ->check(CLI::PositiveNumber)
         ->capture_default_str();
 }
@@ -171,6 +192,22 @@ void add_output_options(CLI::App& app, output_options& o) {
     app.add_option("--log-level", o.log_level, "trace, debug, info, warn, error")
         ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
         ->capture_default_str();
+}
+
+std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
+    try {
+        app.parse(argc, argv);
+        return std::nullopt;
+    } catch (const CLI::ConfigError& e) {
+        // CLI11 says "INI was not able to parse KEY": name the file and what keys it takes.
+        const CLI::Option* config = app.get_config_ptr();
+        const std::string path = config && config->count() ? config->as<std::string>() : "";
+        std::fprintf(stderr, "%s: error: %s%s (config keys are the long flag names; see --help)\n",
+                     app.get_name().c_str(), path.empty() ? "" : (path + ": ").c_str(), e.what());
+        return 2;
+    } catch (const CLI::ParseError& e) {
+        return app.exit(e) == 0 ? 0 : 2;
+    }
 }
 
 bool apply_output_options(const output_options& o) {

@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,13 +43,16 @@ struct model_options {
     std::string hidden_sparsity = "dense";
     uint32_t auto_sparse_min = 4096;
     std::string hash = "dwta";
-    int K = 6, L = 50, bits = 3, bucket_capacity = 128;
+    // The library's defaults (hslide/lsh.hpp), so the CLI and the API cannot drift apart.
+    int K = lsh_config{}.K, L = lsh_config{}.L, bits = lsh_config{}.bits_per_hash,
+        bucket_capacity = lsh_config{}.bucket_capacity;
     std::string insertion = "fifo";
     uint32_t min_active = 1024, max_active = 0, hit_threshold = 1;
 };
 
 void add_model_options(CLI::App& app, model_options& options);
-model_config make_model_config(const model_options& options, uint32_t input_dim, uint32_t output_dim);
+model_config make_model_config(const model_options& options, uint32_t input_dim,
+                               uint32_t output_dim);
 /// Scales `data`'s feature values as the model's input normalization says.
 void normalize_inputs(dataset& data, const model_config& config);
 
@@ -61,6 +65,10 @@ struct output_options {
 void add_output_options(CLI::App& app, output_options& options);
 /// Configures logging; returns whether progress bars should be drawn.
 bool apply_output_options(const output_options& options);
+
+/// Parses the command line; returns the exit code when the command should stop here (--help:
+/// 0, a usage error: 2, after CLI11 has printed it), nothing when it should go on.
+std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv);
 
 int run_train(int argc, char** argv);
 int run_eval(int argc, char** argv);

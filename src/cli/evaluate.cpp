@@ -38,13 +38,15 @@ void add_scoring_options(CLI::App& app, scoring_options& o) {
 
 /// The checkpoint's model on a CPU backend, checked against the data's dimensions; scales
 /// `data` as the model's training inputs were.
-std::unique_ptr<backend> open_model(const scoring_options& o, dataset& data, checkpoint_contents& ck) {
+std::unique_ptr<backend> open_model(const scoring_options& o, dataset& data,
+                                    checkpoint_contents& ck) {
     ck = load_checkpoint(o.model_path);
     HSLIDE_CHECK(data.n_features <= ck.model.config.input_dim,
-                 "{} has {} features but the model {} takes {}", data.source, data.n_features, o.model_path,
-                 ck.model.config.input_dim);
-    HSLIDE_CHECK(data.n_labels <= ck.model.config.output_dim(), "{} has {} labels but the model {} has {}",
-                 data.source, data.n_labels, o.model_path, ck.model.config.output_dim());
+                 "{} has {} features but the model {} takes {}", data.source, data.n_features,
+                 o.model_path, ck.model.config.input_dim);
+    HSLIDE_CHECK(data.n_labels <= ck.model.config.output_dim(),
+                 "{} has {} labels but the model {} has {}", data.source, data.n_labels,
+                 o.model_path, ck.model.config.output_dim());
     if (o.threads > 0) omp_set_num_threads(o.threads);
     backend_options bo;
     bo.threads = o.threads;
@@ -66,23 +68,23 @@ int run_eval(int argc, char** argv) {
     evaluation_options eo;
     std::string metrics_out;
     app.add_option("--eval-max", eo.max_points, "evaluate on at most this many points (0 = all)");
-    app.add_option("--propensity-a", eo.metrics.propensity_a, "PSP@k propensity A")->capture_default_str();
-    app.add_option("--propensity-b", eo.metrics.propensity_b, "PSP@k propensity B")->capture_default_str();
-    app.add_option("--metrics-out", metrics_out, "append the result as one JSON record to this file");
+    app.add_option("--propensity-a", eo.metrics.propensity_a, "PSP@k propensity A")
+        ->capture_default_str();
+    app.add_option("--propensity-b", eo.metrics.propensity_b, "PSP@k propensity B")
+        ->capture_default_str();
+    app.add_option("--metrics-out", metrics_out,
+                   "append the result as one JSON record to this file");
     output_options oo;
     add_output_options(app, oo);
-    try {
-        app.parse(argc, argv);
-    } catch (const CLI::ParseError& e) {
-        return app.exit(e) == 0 ? 0 : 2;
-    }
+    if (const auto exit_code = parse_command_line(app, argc, argv)) return *exit_code;
     eo.show_progress = apply_output_options(oo);
     data.show_progress = eo.show_progress;
     eo.scoring = parse_scoring(so.scoring);
     HSLIDE_CHECK(!data.test.empty(), "hslide eval needs --test FILE");
     dataset file = load_file(data, data.test);
-    dataset test = data.test_split.empty() ? std::move(file)
-                                           : subset(file, read_split(data.test_split, data.split_column, file.size()));
+    dataset test = data.test_split.empty()
+                       ? std::move(file)
+                       : subset(file, read_split(data.test_split, data.split_column, file.size()));
     checkpoint_contents ck;
     auto model = open_model(so, test, ck);
     std::vector<double> inv_prop;
@@ -105,8 +107,9 @@ int run_eval(int argc, char** argv) {
 }
 
 int run_predict(int argc, char** argv) {
-    CLI::App app{"Write the top-k labels of every point: one line per point, `label:score ...` best first.",
-                 "hslide predict"};
+    CLI::App app{
+        "Write the top-k labels of every point: one line per point, `label:score ...` best first.",
+        "hslide predict"};
     app.set_config("--config", "", "config file mirroring these flags");
     app.allow_config_extras(CLI::config_extras_mode::error);
     scoring_options so;
@@ -120,15 +123,13 @@ int run_predict(int argc, char** argv) {
         ->check(CLI::IsMember({"auto", "xc", "libsvm"}))
         ->capture_default_str();
     app.add_flag("--no-cache", data.no_cache, "do not use the binary cache");
-    app.add_option("--topk", topk, "labels per point")->check(CLI::PositiveNumber)->capture_default_str();
+    app.add_option("--topk", topk, "labels per point")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
     app.add_option("--out", out_path, "output file")->required();
     output_options oo;
     add_output_options(app, oo);
-    try {
-        app.parse(argc, argv);
-    } catch (const CLI::ParseError& e) {
-        return app.exit(e) == 0 ? 0 : 2;
-    }
+    if (const auto exit_code = parse_command_line(app, argc, argv)) return *exit_code;
     const bool show_progress = apply_output_options(oo);
     data.show_progress = show_progress;
     dataset points = load_file(data, input);
@@ -156,7 +157,8 @@ int run_predict(int argc, char** argv) {
             for (uint32_t i = 0; i < topk; ++i) {
                 const uint32_t label = labels[size_t(s) * topk + i];
                 if (label == UINT32_MAX) break;
-                fmt::format_to(std::back_inserter(line), "{}{}:{:.6g}", i ? " " : "", label, scores[size_t(s) * topk + i]);
+                fmt::format_to(std::back_inserter(line), "{}{}:{:.6g}", i ? " " : "", label,
+                               scores[size_t(s) * topk + i]);
             }
             line.push_back('\n');
             std::fwrite(line.data(), 1, line.size(), out);
@@ -166,7 +168,8 @@ int run_predict(int argc, char** argv) {
     bar.finish();
     const bool ok = std::fflush(out) == 0 && !std::ferror(out);
     std::fclose(out);
-    HSLIDE_CHECK_KIND(ok && std::rename(tmp.c_str(), out_path.c_str()) == 0, error_kind::io, "cannot write {}", out_path);
+    HSLIDE_CHECK_KIND(ok && std::rename(tmp.c_str(), out_path.c_str()) == 0, error_kind::io,
+                      "cannot write {}", out_path);
     spdlog::info("wrote the top {} labels of {} points to {}", topk, points.size(), out_path);
     return 0;
 }

@@ -17,14 +17,16 @@
 namespace hslide::cli {
 
 int run_gen(int argc, char** argv) {
-    CLI::App app{"Write a synthetic multi-label dataset as DIR/train.txt and DIR/test.txt (XC format).",
-                 "hslide gen"};
+    CLI::App app{
+        "Write a synthetic multi-label dataset as DIR/train.txt and DIR/test.txt (XC format).",
+        "hslide gen"};
     app.set_config("--config", "", "config file mirroring these flags");
     app.allow_config_extras(CLI::config_extras_mode::error);
     synthetic_config sc;
     std::string out_dir;
     int threads = 0;
-    app.add_option("--preset", sc.preset, "amazon670k, delicious200k, wikilshtc325k or tiny")->capture_default_str();
+    app.add_option("--preset", sc.preset, "amazon670k, delicious200k, wikilshtc325k or tiny")
+        ->capture_default_str();
     app.add_option("--scale", sc.scale, "multiplies the preset's point counts")
         ->check(CLI::PositiveNumber)
         ->capture_default_str();
@@ -35,11 +37,7 @@ int run_gen(int argc, char** argv) {
     app.add_option("--threads", threads, "threads (0 = all)")->check(CLI::NonNegativeNumber);
     output_options oo;
     add_output_options(app, oo);
-    try {
-        app.parse(argc, argv);
-    } catch (const CLI::ParseError& e) {
-        return app.exit(e) == 0 ? 0 : 2;
-    }
+    if (const auto exit_code = parse_command_line(app, argc, argv)) return *exit_code;
     const bool show_progress = apply_output_options(oo);
     if (threads > 0) omp_set_num_threads(threads);
     const auto t0 = std::chrono::steady_clock::now();
@@ -51,11 +49,7 @@ int run_gen(int argc, char** argv) {
 
 int run_info(int argc, char** argv) {
     CLI::App app{"Show the CPU, SIMD levels, threads and GPUs this build can use.", "hslide info"};
-    try {
-        app.parse(argc, argv);
-    } catch (const CLI::ParseError& e) {
-        return app.exit(e) == 0 ? 0 : 2;
-    }
+    if (const auto exit_code = parse_command_line(app, argc, argv)) return *exit_code;
     const system_info si = read_system_info();
     std::printf("%s\n", describe(si).c_str());
     std::printf("cpu kernels: scalar (SIMD kernels: see the CPU fast-path issue)\n");
@@ -65,8 +59,8 @@ int run_info(int argc, char** argv) {
     if (cuda_build()) std::printf("cuda: %s\n", cuda_versions().c_str());
     if (gpus.empty()) std::printf("gpus: none (%s)\n", problem.c_str());
     for (const auto& g : gpus)
-        std::printf("gpu %d: %s, compute %d.%d, %s total, %s free\n", g.index, g.name.c_str(), g.compute_major,
-                    g.compute_minor, human_bytes(double(g.total_memory)).c_str(),
+        std::printf("gpu %d: %s, compute %d.%d, %s total, %s free\n", g.index, g.name.c_str(),
+                    g.compute_major, g.compute_minor, human_bytes(double(g.total_memory)).c_str(),
                     human_bytes(double(g.free_memory)).c_str());
     return 0;
 }

@@ -21,11 +21,14 @@
 namespace hslide::cli {
 
 int run_train(int argc, char** argv) {
-    CLI::App app{"Train a model. With no --train, trains on the built-in synthetic data.", "hslide train"};
-    app.set_config("--config", "", "TOML-style config file whose keys mirror these flags (flags override it)");
+    CLI::App app{"Train a model. With no --train, trains on the built-in synthetic data.",
+                 "hslide train"};
+    app.set_config("--config", "",
+                   "TOML-style config file whose keys mirror these flags (flags override it)");
     app.allow_config_extras(CLI::config_extras_mode::error);  // a misspelt key must not be ignored
     bool print_config = false;
-    app.add_flag("--print-config", print_config, "print the effective configuration and exit")->configurable(false);
+    app.add_flag("--print-config", print_config, "print the effective configuration and exit")
+        ->configurable(false);
 
     data_options data;
     add_data_options(app, data, true);
@@ -37,51 +40,67 @@ int run_train(int argc, char** argv) {
     app.add_option("--backend", backend_name, "where to train")
         ->check(CLI::IsMember({"cpu", "gpu", "hybrid"}))
         ->capture_default_str();
-    app.add_option("--threads", tc.threads, "CPU threads (0 = all)")->check(CLI::NonNegativeNumber)->capture_default_str();
-    app.add_option("--epochs", tc.epochs, "epochs to train (in total, when resuming)")->capture_default_str();
-    app.add_option("--batch-size", tc.batch_size, "samples per step")->check(CLI::PositiveNumber)->capture_default_str();
-    app.add_option("--lr", tc.learning_rate, "Adam learning rate")->check(CLI::PositiveNumber)->capture_default_str();
+    app.add_option("--threads", tc.threads, "CPU threads (0 = all)")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
+    app.add_option("--epochs", tc.epochs, "epochs to train (in total, when resuming)")
+        ->capture_default_str();
+    app.add_option("--batch-size", tc.batch_size, "samples per step")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    app.add_option("--lr", tc.learning_rate, "Adam learning rate")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
     app.add_option("--beta1", tc.adam_beta1, "Adam beta1")->capture_default_str();
     app.add_option("--beta2", tc.adam_beta2, "Adam beta2")->capture_default_str();
     app.add_option("--adam-eps", tc.adam_epsilon, "Adam epsilon")->capture_default_str();
-    app.add_option("--adam", adam, "sparse: update only touched rows; dense: every row every step (SLIDE)")
+    app.add_option("--adam", adam,
+                   "sparse: update only touched rows; dense: every row every step (SLIDE)")
         ->check(CLI::IsMember({"sparse", "dense"}))
         ->capture_default_str();
     app.add_option("--rebuild", tc.rebuild_every, "samples between LSH table rebuilds (initially)")
         ->check(CLI::PositiveNumber)
         ->capture_default_str();
-    app.add_option("--rebuild-decay", tc.rebuild_decay, "the rebuild period grows by exp(this) after each rebuild")
+    app.add_option("--rebuild-decay", tc.rebuild_decay,
+                   "the rebuild period grows by exp(this) after each rebuild")
         ->capture_default_str();
-    app.add_option("--rehash", tc.rehash_every, "samples between new hash functions (0 = never)")->capture_default_str();
-    app.add_option("--seed", tc.seed, "seed of initialisation, shuffles and sampling")->capture_default_str();
-    app.add_flag("--deterministic", tc.deterministic, "bit-identical runs for a given seed and thread count");
+    app.add_option("--rehash", tc.rehash_every, "samples between new hash functions (0 = never)")
+        ->capture_default_str();
+    app.add_option("--seed", tc.seed, "seed of initialisation, shuffles and sampling")
+        ->capture_default_str();
+    app.add_flag("--deterministic", tc.deterministic,
+                 "bit-identical runs for a given seed and thread count");
 
     trainer_options to;
-    app.add_option("--eval-every", to.eval_every, "evaluate every N epochs (0 = only at the end)")->capture_default_str();
+    app.add_option("--eval-every", to.eval_every, "evaluate every N epochs (0 = only at the end)")
+        ->capture_default_str();
     app.add_option("--scoring", scoring, "evaluation scoring: auto, exact (every label) or lsh")
         ->check(CLI::IsMember({"auto", "exact", "lsh"}))
         ->capture_default_str();
-    app.add_option("--eval-max", to.eval.max_points, "evaluate on at most this many test points (0 = all)")
+    app.add_option("--eval-max", to.eval.max_points,
+                   "evaluate on at most this many test points (0 = all)")
         ->capture_default_str();
-    app.add_option("--propensity-a", to.eval.metrics.propensity_a, "PSP@k propensity A")->capture_default_str();
-    app.add_option("--propensity-b", to.eval.metrics.propensity_b, "PSP@k propensity B")->capture_default_str();
-    app.add_option("--metrics-out", to.metrics_out, "append one JSON record per epoch to this JSONL file");
-    app.add_option("--save", to.save_path, "write a checkpoint here after every epoch (atomically)");
+    app.add_option("--propensity-a", to.eval.metrics.propensity_a, "PSP@k propensity A")
+        ->capture_default_str();
+    app.add_option("--propensity-b", to.eval.metrics.propensity_b, "PSP@k propensity B")
+        ->capture_default_str();
+    app.add_option("--metrics-out", to.metrics_out,
+                   "append one JSON record per epoch to this JSONL file");
+    app.add_option("--save", to.save_path,
+                   "write a checkpoint here after every epoch (atomically)");
     std::string resume_path;
-    app.add_option("--resume", resume_path, "resume from this checkpoint (its model replaces the model flags)");
+    app.add_option("--resume", resume_path,
+                   "resume from this checkpoint (its model replaces the model flags)");
 
     output_options oo;
     add_output_options(app, oo);
-    try {
-        app.parse(argc, argv);
-    } catch (const CLI::ParseError& e) {
-        return app.exit(e) == 0 ? 0 : 2;
-    }
+    if (const auto exit_code = parse_command_line(app, argc, argv)) return *exit_code;
     if (print_config) {
         // Unset paths print as `key=""`, which would read back as a path named "": leave them out.
         std::istringstream all(app.config_to_str(true, false));
         for (std::string line; std::getline(all, line);)
-            if (line.size() < 3 || line.compare(line.size() - 3, 3, "=\"\"") != 0) std::cout << line << '\n';
+            if (line.size() < 3 || line.compare(line.size() - 3, 3, "=\"\"") != 0)
+                std::cout << line << '\n';
         return 0;
     }
     const bool show_progress = apply_output_options(oo);
@@ -94,28 +113,34 @@ int run_train(int argc, char** argv) {
     validate(tc);
 
     if (backend_name == "hybrid")
-        throw error(error_kind::unsupported,
-                    "--backend=hybrid: the hybrid CPU+GPU scheduler is not in this build yet (issue: "
-                    "hybrid training); use --backend=cpu");
+        throw error(
+            error_kind::unsupported,
+            "--backend=hybrid: the hybrid CPU+GPU scheduler is not in this build yet (issue: "
+            "hybrid training); use --backend=cpu");
     if (tc.threads > 0) omp_set_num_threads(tc.threads);
 
     loaded_data d = load_data(data);
-    HSLIDE_CHECK(d.train.n_labels > 0 && d.train.n_features > 0, "the training data has no labels or features");
-    HSLIDE_CHECK(d.train.n_labels <= UINT32_MAX && d.train.n_features <= UINT32_MAX, "too many labels or features");
+    HSLIDE_CHECK(d.train.n_labels > 0 && d.train.n_features > 0,
+                 "the training data has no labels or features");
+    HSLIDE_CHECK(d.train.n_labels <= UINT32_MAX && d.train.n_features <= UINT32_MAX,
+                 "too many labels or features");
 
     model_state initial;
     if (!resume_path.empty()) {
         checkpoint_contents ck = load_checkpoint(resume_path);
-        HSLIDE_CHECK(ck.model.config.input_dim >= d.train.n_features && ck.model.config.output_dim() >= d.train.n_labels,
-                     "{}: the checkpoint's model ({} features, {} labels) does not fit the data ({} features, {} labels)",
-                     resume_path, ck.model.config.input_dim, ck.model.config.output_dim(), d.train.n_features,
-                     d.train.n_labels);
+        HSLIDE_CHECK(ck.model.config.input_dim >= d.train.n_features &&
+                         ck.model.config.output_dim() >= d.train.n_labels,
+                     "{}: the checkpoint's model ({} features, {} labels) does not fit the data "
+                     "({} features, {} labels)",
+                     resume_path, ck.model.config.input_dim, ck.model.config.output_dim(),
+                     d.train.n_features, d.train.n_labels);
         initial = std::move(ck.model);
         to.resume = ck.trainer;
         spdlog::info("resuming from {}", resume_path);
     } else {
-        initial = model_state::create(make_model_config(mopt, uint32_t(d.train.n_features), uint32_t(d.train.n_labels)),
-                                      tc.seed);
+        initial = model_state::create(
+            make_model_config(mopt, uint32_t(d.train.n_features), uint32_t(d.train.n_labels)),
+            tc.seed);
     }
     const model_config& mc = initial.config;
     normalize_inputs(d.train, mc);
@@ -123,15 +148,17 @@ int run_train(int argc, char** argv) {
     std::string shape = std::to_string(mc.input_dim);
     for (size_t l = 0; l < mc.layers.size(); ++l)
         shape += fmt::format(" -> {}{}", mc.layers[l].size, mc.is_sparse(l) ? " (LSH)" : "");
-    spdlog::info("model: {} ({:.1f} M parameters, {} with optimizer state)", shape, initial.parameter_count() / 1e6,
-                 human_bytes(double(initial.memory_bytes())));
+    spdlog::info("model: {} ({:.1f} M parameters, {} with optimizer state)", shape,
+                 initial.parameter_count() / 1e6, human_bytes(double(initial.memory_bytes())));
     for (size_t l = 0; l < mc.layers.size(); ++l)
         if (mc.is_sparse(l))
-            spdlog::info("layer {} LSH: {} K={} L={} bits={} capacity={} {}, active min {} max {} threshold {}", l,
-                         to_string(mc.layers[l].lsh.kind), mc.layers[l].lsh.K, mc.layers[l].lsh.L,
-                         mc.layers[l].lsh.bits_per_hash, mc.layers[l].lsh.bucket_capacity,
-                         to_string(mc.layers[l].lsh.policy), mc.layers[l].active.min_active,
-                         mc.layers[l].active.max_active, mc.layers[l].active.hit_threshold);
+            spdlog::info(
+                "layer {} LSH: {} K={} L={} bits={} capacity={} {}, active min {} max {} threshold "
+                "{}",
+                l, to_string(mc.layers[l].lsh.kind), mc.layers[l].lsh.K, mc.layers[l].lsh.L,
+                mc.layers[l].lsh.bits_per_hash, mc.layers[l].lsh.bucket_capacity,
+                to_string(mc.layers[l].lsh.policy), mc.layers[l].active.min_active,
+                mc.layers[l].active.max_active, mc.layers[l].active.hit_threshold);
 
     backend_options bo;
     bo.kind = backend_name;
@@ -143,12 +170,12 @@ int run_train(int argc, char** argv) {
     to.train = tc;
     trainer run(*model, d.train, d.test.size() ? &d.test : nullptr, to);
     const auto records = run.run([&](const epoch_record& r) {
-        std::string line = fmt::format("epoch {:>3}/{}  {:7.1f} s  {:9.0f} samples/s  loss {:.4f}  active {:.0f}",
-                                       r.epoch, tc.epochs, r.epoch_seconds, r.samples_per_s, r.loss,
-                                       r.mean_active_output);
+        std::string line = fmt::format(
+            "epoch {:>3}/{}  {:7.1f} s  {:9.0f} samples/s  loss {:.4f}  active {:.0f}", r.epoch,
+            tc.epochs, r.epoch_seconds, r.samples_per_s, r.loss, r.mean_active_output);
         if (r.evaluated)
-            line += fmt::format("  P@1 {:.4f} P@3 {:.4f} P@5 {:.4f}", r.metrics.p_at(1), r.metrics.p_at(3),
-                                r.metrics.p_at(5));
+            line += fmt::format("  P@1 {:.4f} P@3 {:.4f} P@5 {:.4f}", r.metrics.p_at(1),
+                                r.metrics.p_at(3), r.metrics.p_at(5));
         std::printf("%s\n", line.c_str());
         std::fflush(stdout);
     });

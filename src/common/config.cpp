@@ -1,6 +1,7 @@
 // Parsing of the enum settings and validation of the configuration.
 #include "hslide/config.hpp"
 
+#include "common/enum_names.hpp"
 #include "hslide/error.hpp"
 
 #include <cmath>
@@ -8,23 +9,8 @@
 namespace hslide {
 
 namespace {
-template <class Enum, size_t N>
-Enum parse_named(const std::string& name, const char* what,
-                 const std::pair<const char*, Enum> (&table)[N]) {
-    std::string valid;
-    for (const auto& [n, v] : table) {
-        if (name == n) return v;
-        valid += valid.empty() ? n : std::string(", ") + n;
-    }
-    throw error(error_kind::invalid_argument,
-                fmt::format("unknown {} '{}' (valid: {})", what, name, valid));
-}
-template <class Enum, size_t N>
-const char* name_of(Enum value, const std::pair<const char*, Enum> (&table)[N]) {
-    for (const auto& [n, v] : table)
-        if (v == value) return n;
-    return "?";
-}
+using detail::name_of;
+using detail::parse_named;
 
 const std::pair<const char*, sparsity_mode> sparsity_names[] = {{"auto", sparsity_mode::automatic},
                                                                 {"lsh", sparsity_mode::lsh},

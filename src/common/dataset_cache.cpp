@@ -161,8 +161,8 @@ bool fingerprint_file(int fd, uint64_t size, uint64_t& hash) {
     std::unique_ptr<char[]> buf(new char[io_chunk]);
     auto hash_range = [&](uint64_t off, uint64_t n) {
         while (n > 0) {
-            const ssize_t r = ::pread(fd, buf.get(), std::min<uint64_t>(n, io_chunk),
-                                      static_cast<off_t>(off));
+            const ssize_t r =
+                ::pread(fd, buf.get(), std::min<uint64_t>(n, io_chunk), static_cast<off_t>(off));
             if (r < 0 && errno == EINTR) continue;
             if (r <= 0) return false;
             XXH3_64bits_update(st.s, buf.get(), static_cast<size_t>(r));

@@ -1,5 +1,6 @@
 // The LSH hash families (DWTA, WTA, SimHash, densified MinHash) declared in hslide/lsh.hpp,
 // with the enum parsing and configuration validation that go with them.
+#include "common/enum_names.hpp"
 #include "hslide/error.hpp"
 #include "hslide/lsh.hpp"
 
@@ -31,23 +32,9 @@ const std::pair<const char*, hash_kind> hash_kind_names[] = {{"dwta", hash_kind:
 const std::pair<const char*, insertion_policy> policy_names[] = {
     {"fifo", insertion_policy::fifo}, {"reservoir", insertion_policy::reservoir}};
 
-template <class Enum, size_t N>
-Enum parse_named(const std::string& name, const char* what,
-                 const std::pair<const char*, Enum> (&table)[N]) {
-    std::string valid;
-    for (const auto& [n, v] : table) {
-        if (name == n) return v;
-        valid += valid.empty() ? n : std::string(", ") + n;
-    }
-    throw error(error_kind::invalid_argument,
-                fmt::format("unknown {} '{}' (valid: {})", what, name, valid));
-}
-template <class Enum, size_t N>
-const char* name_of(Enum value, const std::pair<const char*, Enum> (&table)[N]) {
-    for (const auto& [n, v] : table)
-        if (v == value) return n;
-    return "?";
-}
+using detail::name_of;
+using detail::parse_named;
+
 }  // namespace
 
 hash_kind parse_hash_kind(const std::string& name) {

@@ -22,8 +22,8 @@ std::vector<double> inverse_propensities(const dataset& train, double a, double 
     return inverse_propensities(counts, train.size(), a, b);
 }
 
-std::vector<double> inverse_propensities(const std::vector<uint32_t>& label_counts, uint64_t n_points,
-                                         double a, double b) {
+std::vector<double> inverse_propensities(const std::vector<uint32_t>& label_counts,
+                                         uint64_t n_points, double a, double b) {
     HSLIDE_CHECK(n_points > 0, "inverse propensities need at least one training point");
     const double c = (std::log(static_cast<double>(n_points)) - 1.0) * std::pow(b + 1.0, a);
     std::vector<double> inv(label_counts.size());

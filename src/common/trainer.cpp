@@ -7,8 +7,8 @@
 #include "hslide/rng.hpp"
 #include "hslide/system_info.hpp"
 
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -67,7 +67,8 @@ trainer::trainer(backend& model, const dataset& train, const dataset* test, trai
                                                      options_.eval.metrics.propensity_b);
     if (options_.resume) {
         state_ = *options_.resume;
-        spdlog::info("resuming after epoch {} ({} samples)", state_.epochs_done, state_.samples_seen);
+        spdlog::info("resuming after epoch {} ({} samples)", state_.epochs_done,
+                     state_.samples_seen);
     }
 }
 
@@ -98,10 +99,12 @@ epoch_record trainer::run_epoch() {
     uint64_t active_output = 0;
     for (size_t begin = 0; begin < order.size(); begin += tc.batch_size) {
         const uint32_t size = uint32_t(std::min<size_t>(tc.batch_size, order.size() - begin));
-        const step_report report = model_.train_batch({&train_, order.data() + begin, size}, tc.learning_rate);
-        HSLIDE_CHECK_KIND(std::isfinite(report.loss_sum), error_kind::runtime,
-                          "training diverged at epoch {}, sample {} (loss is {}); lower the learning rate",
-                          record.epoch, begin, report.loss_sum);
+        const step_report report =
+            model_.train_batch({&train_, order.data() + begin, size}, tc.learning_rate);
+        HSLIDE_CHECK_KIND(
+            std::isfinite(report.loss_sum), error_kind::runtime,
+            "training diverged at epoch {}, sample {} (loss is {}); lower the learning rate",
+            record.epoch, begin, report.loss_sum);
         loss_sum += report.loss_sum;
         active_output += report.active_per_layer.back();
         record.times += report.times;
@@ -113,7 +116,8 @@ epoch_record trainer::run_epoch() {
             model_.rebuild_tables(rehash);
             record.times.rebuild += seconds_since(t0);
             state_.rebuild_period *= std::exp(tc.rebuild_decay);
-            state_.next_rebuild = state_.samples_seen + uint64_t(std::llround(state_.rebuild_period));
+            state_.next_rebuild =
+                state_.samples_seen + uint64_t(std::llround(state_.rebuild_period));
         }
         bar.add(size);
         bar.set_suffix(fmt::format("loss {:.4f}", loss_sum / double(begin + size)));
@@ -140,7 +144,7 @@ void trainer::write_metrics_record(const epoch_record& r) {
     j["mean_active_output"] = r.mean_active_output;
     j["backend"] = options_.backend_name;
     j["peak_rss_bytes"] = peak_rss_bytes();
-    j["stage_seconds"] = {{"hashing", r.times.hashing}, {"forward", r.times.forward},
+    j["stage_seconds"] = {{"hashing", r.times.hashing},   {"forward", r.times.forward},
                           {"backward", r.times.backward}, {"update", r.times.update},
                           {"rebuild", r.times.rebuild},   {"transfer", r.times.transfer}};
     if (r.evaluated) {
@@ -154,7 +158,8 @@ void trainer::write_metrics_record(const epoch_record& r) {
     }
     std::ofstream out(options_.metrics_out, std::ios::app);
     out << j.dump() << '\n';
-    HSLIDE_CHECK_KIND(bool(out), error_kind::io, "cannot write metrics to {}", options_.metrics_out);
+    HSLIDE_CHECK_KIND(bool(out), error_kind::io, "cannot write metrics to {}",
+                      options_.metrics_out);
 }
 
 void trainer::save_checkpoint_now() {

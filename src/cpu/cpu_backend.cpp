@@ -24,7 +24,8 @@ double seconds_since(clock_type::time_point t0) {
 
 /// Writes the k best (score, id) pairs, best first, ties to the smaller id; pads the rest.
 void select_top_k(const float* scores, const uint32_t* ids, uint32_t n, uint32_t k,
-                  uint32_t* out_labels, float* out_scores, std::vector<std::pair<float, uint32_t>>& heap) {
+                  uint32_t* out_labels, float* out_scores,
+                  std::vector<std::pair<float, uint32_t>>& heap) {
     // A min-heap of the best k so far: O(n log k), and exact scoring over 670k labels stays cheap.
     heap.clear();
     auto worse = [](const std::pair<float, uint32_t>& a, const std::pair<float, uint32_t>& b) {
@@ -58,7 +59,9 @@ void select_top_k(const float* scores, const uint32_t* ids, uint32_t n, uint32_t
 
 cpu_backend::cpu_backend(model_state initial, const train_config& train, int threads,
                          const kernel_table& kernels)
-    : model_(std::move(initial)), train_(train), threads_(threads > 0 ? threads : omp_get_max_threads()),
+    : model_(std::move(initial)),
+      train_(train),
+      threads_(threads > 0 ? threads : omp_get_max_threads()),
       k_(kernels) {
     validate(model_.config);
     const size_t n_layers = model_.layers.size();
@@ -93,7 +96,8 @@ void cpu_backend::build_layer_tables(size_t l) {
     std::vector<uint32_t> codes(size_t(n) * L);
     const hash_family& hash = *sl.hash;
 #pragma omp parallel for schedule(dynamic, 256) num_threads(threads_)
-    for (int64_t j = 0; j < int64_t(n); ++j) hash.codes_dense(layer.row(uint32_t(j)), &codes[size_t(j) * L]);
+    for (int64_t j = 0; j < int64_t(n); ++j)
+        hash.codes_dense(layer.row(uint32_t(j)), &codes[size_t(j) * L]);
     if (sl.tables.n_items() == 0) sl.tables = lsh_tables(cfg);
     // The insertion order depends on the step count, so a resumed run rebuilds identically.
     sl.tables.build(codes.data(), n, derive_seed(model_.hash_seeds[l], model_.adam_step));
@@ -102,7 +106,8 @@ void cpu_backend::build_layer_tables(size_t l) {
 void cpu_backend::rebuild_tables(bool new_functions) {
     for (size_t l = 0; l < model_.layers.size(); ++l) {
         if (!model_.config.is_sparse(l)) continue;
-        if (new_functions) model_.hash_seeds[l] = derive_seed(model_.hash_seeds[l], model_.adam_step + 1);
+        if (new_functions)
+            model_.hash_seeds[l] = derive_seed(model_.hash_seeds[l], model_.adam_step + 1);
         build_layer_tables(l);
     }
 }
@@ -128,8 +133,9 @@ void cpu_backend::forward_sample(const dataset& data, uint32_t point, uint32_t s
         out.ids.clear();
         out.act.assign(layer.bias.begin(), layer.bias.end());
         for (uint32_t i = 0; i < x.count; ++i) {
-            HSLIDE_CHECK(x.ids[i] < layer.rows, "{}: point {} has feature {} but the model has {} inputs",
-                         data.source, point, x.ids[i], layer.rows);
+            HSLIDE_CHECK(x.ids[i] < layer.rows,
+                         "{}: point {} has feature {} but the model has {} inputs", data.source,
+                         point, x.ids[i], layer.rows);
             k_.axpy(x.values[i], layer.row(x.ids[i]), out.act.data(), layer.width);
         }
         for (float& a : out.act) a = a > 0.0f ? a : 0.0f;
@@ -151,10 +157,12 @@ void cpu_backend::forward_sample(const dataset& data, uint32_t point, uint32_t s
             if (in.ids.empty())
                 hash.codes_dense(in.act.data(), scratch.codes.data());
             else
-                hash.codes_sparse(in.ids.data(), in.act.data(), uint32_t(in.ids.size()), scratch.codes.data());
+                hash.codes_sparse(in.ids.data(), in.act.data(), uint32_t(in.ids.size()),
+                                  scratch.codes.data());
             const bool force_labels = output && training;
-            scratch.builder.build(lsh_[l].tables, scratch.codes.data(), force_labels ? y.ids : nullptr,
-                                  force_labels ? y.count : 0, model_.config.layers[l].active, gen, out.ids);
+            scratch.builder.build(lsh_[l].tables, scratch.codes.data(),
+                                  force_labels ? y.ids : nullptr, force_labels ? y.count : 0,
+                                  model_.config.layers[l].active, gen, out.ids);
         }
         scratch.times.hashing += seconds_since(t0);
 
@@ -164,9 +172,9 @@ void cpu_backend::forward_sample(const dataset& data, uint32_t point, uint32_t s
         for (uint32_t a = 0; a < n_active; ++a) {
             const uint32_t j = sparse ? out.ids[a] : a;
             const float* w = layer.row(j);
-            const float z = in.ids.empty()
-                                ? k_.dot(w, in.act.data(), layer.width)
-                                : k_.gather_dot(w, in.ids.data(), in.act.data(), uint32_t(in.ids.size()));
+            const float z = in.ids.empty() ? k_.dot(w, in.act.data(), layer.width)
+                                           : k_.gather_dot(w, in.ids.data(), in.act.data(),
+                                                           uint32_t(in.ids.size()));
             out.act[a] = z + layer.bias[j];
         }
         if (!output)
@@ -212,7 +220,8 @@ void cpu_backend::forward_sample(const dataset& data, uint32_t point, uint32_t s
     scratch.times.forward += seconds_since(t0);
 }
 
-void cpu_backend::backward_sample(const dataset& data, uint32_t point, uint32_t s, thread_scratch& scratch) {
+void cpu_backend::backward_sample(const dataset& data, uint32_t point, uint32_t s,
+                                  thread_scratch& scratch) {
     sample_buffers& sb = samples_[s];
     const auto t0 = clock_type::now();
     for (size_t l = model_.layers.size() - 1; l >= 1; --l) {
@@ -248,7 +257,8 @@ void cpu_backend::run_forward_backward(const batch_view& batch, step_report& rep
 #pragma omp for schedule(dynamic, 2)
         for (int64_t s = 0; s < int64_t(batch.size); ++s) {
             const uint32_t point = batch.rows[s];
-            forward_sample(data, point, uint32_t(s), true, false, derive_seed(step_seed, uint64_t(s)), scratch);
+            forward_sample(data, point, uint32_t(s), true, false,
+                           derive_seed(step_seed, uint64_t(s)), scratch);
             if (samples_[s].trained) backward_sample(data, point, uint32_t(s), scratch);
         }
     }
@@ -341,7 +351,8 @@ void cpu_backend::for_each_row_gradient(const batch_view& batch, size_t l, Visit
                     if (in.ids.empty())
                         k_.axpy(d, in.act.data(), grad, layer.width);
                     else
-                        k_.scatter_axpy(d, in.ids.data(), in.act.data(), grad, uint32_t(in.ids.size()));
+                        k_.scatter_axpy(d, in.ids.data(), in.act.data(), grad,
+                                        uint32_t(in.ids.size()));
                     bias_grad += d;
                 }
             };
@@ -349,7 +360,8 @@ void cpu_backend::for_each_row_gradient(const batch_view& batch, size_t l, Visit
                 for (uint32_t s = 0; s < batch.size; ++s)
                     if (samples_[s].trained) add_entry(s, row);
             } else {
-                for (uint32_t e = g.offsets[t]; e < g.offsets[t + 1]; ++e) add_entry(g.entry_sample[e], g.entry_index[e]);
+                for (uint32_t e = g.offsets[t]; e < g.offsets[t + 1]; ++e)
+                    add_entry(g.entry_sample[e], g.entry_index[e]);
             }
             for (uint32_t i = 0; i < layer.width; ++i) grad[i] *= inv_batch;
             visit(row, grad, bias_grad * inv_batch);
@@ -366,7 +378,10 @@ step_report cpu_backend::train_batch(const batch_view& batch, float learning_rat
     auto t0 = clock_type::now();
     model_.adam_step += 1;
     const double t = double(model_.adam_step);
-    const adam_step step{learning_rate, train_.adam_beta1, train_.adam_beta2, train_.adam_epsilon,
+    const adam_step step{learning_rate,
+                         train_.adam_beta1,
+                         train_.adam_beta2,
+                         train_.adam_epsilon,
                          float(1.0 / (1.0 - std::pow(double(train_.adam_beta1), t))),
                          float(1.0 / (1.0 - std::pow(double(train_.adam_beta2), t)))};
     const bool dense_adam = train_.adam == adam_mode::dense;
@@ -376,9 +391,11 @@ step_report cpu_backend::train_batch(const batch_view& batch, float learning_rat
         if (!all_rows) group_rows(batch, l);
         for_each_row_gradient(batch, l, [&](uint32_t row, const float* grad, float bias_grad) {
             const size_t off = size_t(row) * layer.stride;
-            k_.adam(layer.weights.data() + off, layer.adam_m.data() + off, layer.adam_v.data() + off,
-                    grad, layer.width, step);
-            if (l > 0) k_.adam(&layer.bias[row], &layer.bias_m[row], &layer.bias_v[row], &bias_grad, 1, step);
+            k_.adam(layer.weights.data() + off, layer.adam_m.data() + off,
+                    layer.adam_v.data() + off, grad, layer.width, step);
+            if (l > 0)
+                k_.adam(&layer.bias[row], &layer.bias_m[row], &layer.bias_v[row], &bias_grad, 1,
+                        step);
         });
         row_groups& g = groups_[l];
         if (dense_adam && !all_rows) {
@@ -388,9 +405,11 @@ step_report cpu_backend::train_batch(const batch_view& batch, float learning_rat
             for (int64_t r = 0; r < int64_t(layer.rows); ++r) {
                 if (g.slot[r] >= 0) continue;
                 const size_t off = size_t(r) * layer.stride;
-                k_.adam(layer.weights.data() + off, layer.adam_m.data() + off, layer.adam_v.data() + off,
-                        zero.data(), layer.width, step);
-                if (l > 0) k_.adam(&layer.bias[r], &layer.bias_m[r], &layer.bias_v[r], zero.data(), 1, step);
+                k_.adam(layer.weights.data() + off, layer.adam_m.data() + off,
+                        layer.adam_v.data() + off, zero.data(), layer.width, step);
+                if (l > 0)
+                    k_.adam(&layer.bias[r], &layer.bias_m[r], &layer.bias_v[r], zero.data(), 1,
+                            step);
             }
         }
         for (uint32_t row : g.touched) g.slot[row] = -1;
@@ -401,10 +420,11 @@ step_report cpu_backend::train_batch(const batch_view& batch, float learning_rat
         layer_state& layer = model_.layers[0];
         layer0_bias_grad_.assign(layer.width, 0.0f);
         for (uint32_t s = 0; s < batch.size; ++s)
-            if (samples_[s].trained) k_.axpy(1.0f / float(batch.size), samples_[s].layers[0].delta.data(),
-                                            layer0_bias_grad_.data(), layer.width);
-        k_.adam(layer.bias.data(), layer.bias_m.data(), layer.bias_v.data(), layer0_bias_grad_.data(),
-                layer.width, step);
+            if (samples_[s].trained)
+                k_.axpy(1.0f / float(batch.size), samples_[s].layers[0].delta.data(),
+                        layer0_bias_grad_.data(), layer.width);
+        k_.adam(layer.bias.data(), layer.bias_m.data(), layer.bias_v.data(),
+                layer0_bias_grad_.data(), layer.width, step);
     }
     report.times.update = seconds_since(t0);
     report.seconds = seconds_since(t_start);
@@ -436,17 +456,18 @@ double cpu_backend::compute_gradient(const batch_view& batch, model_state& gradi
     }
     for (uint32_t s = 0; s < batch.size; ++s)
         if (samples_[s].trained)
-            k_.axpy(1.0f / float(batch.size), samples_[s].layers[0].delta.data(), gradient.layers[0].bias.data(),
-                    gradient.layers[0].width);
+            k_.axpy(1.0f / float(batch.size), samples_[s].layers[0].delta.data(),
+                    gradient.layers[0].bias.data(), gradient.layers[0].width);
     return report.loss_sum / batch.size;
 }
 
-void cpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scoring, uint32_t* labels,
-                          float* scores) {
+void cpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scoring,
+                          uint32_t* labels, float* scores) {
     HSLIDE_CHECK(k > 0, "top-k must be positive");
     // One buffer set per thread, not per sample: exact scores of 670k labels are 2.7 MB a point.
     ensure_buffers(uint32_t(threads_));
-    const bool exact = scoring == scoring_mode::exact || (scoring == scoring_mode::automatic && !output_is_sparse());
+    const bool exact = scoring == scoring_mode::exact ||
+                       (scoring == scoring_mode::automatic && !output_is_sparse());
     const uint64_t predict_seed = derive_seed(train_.seed ^ 0x9e3d1c7ULL, model_.adam_step);
     const size_t out_layer = model_.layers.size() - 1;
 #pragma omp parallel num_threads(threads_)
@@ -459,8 +480,9 @@ void cpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scor
             forward_sample(*batch.data, batch.rows[s], uint32_t(thread), false, exact,
                            derive_seed(predict_seed, uint64_t(s)), scratch);
             const layer_buffers& out = samples_[thread].layers[out_layer];
-            select_top_k(out.act.data(), out.ids.empty() ? nullptr : out.ids.data(), uint32_t(out.act.size()), k,
-                         labels + size_t(s) * k, scores + size_t(s) * k, heap);
+            select_top_k(out.act.data(), out.ids.empty() ? nullptr : out.ids.data(),
+                         uint32_t(out.act.size()), k, labels + size_t(s) * k,
+                         scores + size_t(s) * k, heap);
         }
     }
 }
@@ -486,14 +508,15 @@ void cpu_backend::export_state(model_state& out, bool with_optimizer) const {
 }
 
 void cpu_backend::import_state(const model_state& in, bool with_optimizer) {
-    HSLIDE_CHECK(in.layers.size() == model_.layers.size(), "imported model has {} layers, this one {}",
-                 in.layers.size(), model_.layers.size());
+    HSLIDE_CHECK(in.layers.size() == model_.layers.size(),
+                 "imported model has {} layers, this one {}", in.layers.size(),
+                 model_.layers.size());
     for (size_t l = 0; l < in.layers.size(); ++l) {
         layer_state& dst = model_.layers[l];
         const layer_state& src = in.layers[l];
         HSLIDE_CHECK(src.rows == dst.rows && src.width == dst.width && src.stride == dst.stride,
-                     "imported layer {} is {}x{}, this model's is {}x{}", l, src.rows, src.width, dst.rows,
-                     dst.width);
+                     "imported layer {} is {}x{}, this model's is {}x{}", l, src.rows, src.width,
+                     dst.rows, dst.width);
         dst.weights = src.weights;
         dst.bias = src.bias;
         if (with_optimizer) {
@@ -512,7 +535,8 @@ void cpu_backend::import_state(const model_state& in, bool with_optimizer) {
 backend_info cpu_backend::info() const {
     backend_info bi;
     bi.kind = "cpu";
-    bi.device = read_system_info().cpu_model + " (" + std::to_string(threads_) + " threads, " + k_.name + ")";
+    bi.device = read_system_info().cpu_model + " (" + std::to_string(threads_) + " threads, " +
+                k_.name + ")";
     bi.precision = "fp32";
     bi.memory_bytes = model_.memory_bytes();
     return bi;

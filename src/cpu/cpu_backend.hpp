@@ -22,7 +22,7 @@
 namespace hslide::cpu {
 
 class cpu_backend final : public backend {
-public:
+  public:
     cpu_backend(model_state initial, const train_config& train, int threads,
                 const kernel_table& kernels = best_kernels());
 
@@ -49,7 +49,7 @@ public:
     const model_state& model() const { return model_; }
     int threads() const { return threads_; }
 
-private:
+  private:
     struct layer_buffers {
         std::vector<uint32_t> ids;  // active neurons; empty = all
         std::vector<float> act;     // activations (logits for the output layer)

@@ -47,11 +47,13 @@ void adam_scalar(float* __restrict w, float* __restrict m, float* __restrict v,
 }  // namespace
 
 const kernel_table& scalar_kernels() {
-    static const kernel_table table{"scalar",    dot_scalar,   gather_dot_scalar,
+    static const kernel_table table{"scalar",    dot_scalar,          gather_dot_scalar,
                                     axpy_scalar, scatter_axpy_scalar, adam_scalar};
     return table;
 }
 
-const kernel_table& best_kernels() { return scalar_kernels(); }
+const kernel_table& best_kernels() {
+    return scalar_kernels();
+}
 
 }  // namespace hslide::cpu

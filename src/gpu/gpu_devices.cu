@@ -7,7 +7,9 @@
 
 namespace hslide {
 
-bool cuda_build() { return true; }
+bool cuda_build() {
+    return true;
+}
 
 std::vector<gpu_device> list_gpus(std::string* problem) {
     std::vector<gpu_device> devices;
@@ -28,7 +30,8 @@ std::vector<gpu_device> list_gpus(std::string* problem) {
         d.compute_minor = prop.minor;
         d.total_memory = prop.totalGlobalMem;
         size_t free_bytes = 0, total_bytes = 0;
-        if (cudaSetDevice(i) == cudaSuccess && cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess)
+        if (cudaSetDevice(i) == cudaSuccess &&
+            cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess)
             d.free_memory = free_bytes;
         devices.push_back(d);
     }
@@ -39,7 +42,9 @@ std::string cuda_versions() {
     int runtime = 0, driver = 0;
     cudaRuntimeGetVersion(&runtime);
     cudaDriverGetVersion(&driver);
-    auto fmt = [](int v) { return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10); };
+    auto fmt = [](int v) {
+        return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
+    };
     return "runtime " + fmt(runtime) + ", driver " + (driver ? fmt(driver) : std::string("none"));
 }
 

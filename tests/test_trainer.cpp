@@ -1,0 +1,194 @@
+// Tests of the training loop (hslide/trainer.hpp) against a recording backend: every epoch
+// visits every point once in a fresh seeded order, table rebuilds follow SLIDE's
+// exponentially decaying schedule with new hash functions every `rehash` samples, the
+// schedule survives a resume, and a diverging loss stops training with a clear error.
+#include "hslide/backend.hpp"
+#include "hslide/error.hpp"
+#include "hslide/trainer.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+using namespace hslide;
+
+namespace {
+
+/// A backend that trains nothing and records what the trainer asked of it.
+class recording_backend final : public backend {
+  public:
+    struct rebuild_call {
+        uint64_t samples_before;  // samples trained when the rebuild was asked for
+        bool new_functions;
+    };
+    std::vector<std::vector<uint32_t>> batches;
+    std::vector<rebuild_call> rebuilds;
+    uint64_t samples = 0;
+    double loss_per_sample = 1.0;
+
+    step_report train_batch(const batch_view& batch, float) override {
+        batches.emplace_back(batch.rows, batch.rows + batch.size);
+        samples += batch.size;
+        step_report r;
+        r.samples = batch.size;
+        r.loss_sum = loss_per_sample * batch.size;
+        r.active_per_layer = {1, 1};
+        return r;
+    }
+    void rebuild_tables(bool new_functions) override {
+        rebuilds.push_back({samples, new_functions});
+    }
+    void predict(const batch_view&, uint32_t, scoring_mode, uint32_t*, float*) override {}
+    void export_state(model_state&, bool) const override {}
+    void import_state(const model_state&, bool) override {}
+    backend_info info() const override { return {}; }
+};
+
+dataset points(uint32_t n) {
+    dataset d;
+    d.source = "points";
+    d.n_features = 4;
+    d.n_labels = 3;
+    const uint32_t f[] = {1, 3};
+    const float v[] = {0.5f, 0.25f};
+    for (uint32_t i = 0; i < n; ++i) {
+        const uint32_t label = i % 3;
+        d.push_back(f, v, 2, &label, 1);
+    }
+    return d;
+}
+
+trainer_options options(uint32_t epochs) {
+    trainer_options o;
+    o.train.epochs = epochs;
+    o.train.batch_size = 10;
+    o.train.rebuild_every = 100;
+    o.train.rebuild_decay = 0.5;
+    o.train.rehash_every = 250;
+    o.train.seed = 7;
+    o.show_progress = false;
+    o.eval.show_progress = false;
+    return o;
+}
+
+/// The schedule written out independently: a rebuild once `next` samples are reached, the
+/// period then multiplied by e^decay; new functions at the first rebuild `rehash` samples
+/// after the last draw.
+std::vector<recording_backend::rebuild_call> expected_rebuilds(uint64_t total, uint64_t batch) {
+    std::vector<recording_backend::rebuild_call> calls;
+    double period = 100;
+    uint64_t next = 100, next_rehash = 250;
+    for (uint64_t seen = batch; seen <= total; seen += batch) {
+        if (seen < next) continue;
+        const bool rehash = seen >= next_rehash;
+        if (rehash) next_rehash = seen + 250;
+        calls.push_back({seen, rehash});
+        period *= std::exp(0.5);
+        next = seen + uint64_t(std::llround(period));
+    }
+    return calls;
+}
+
+}  // namespace
+
+TEST(Trainer, EveryEpochVisitsEveryPointInAFreshSeededOrder) {
+    const dataset data = points(95);  // the last batch of an epoch is short
+    recording_backend a, b;
+    trainer(a, data, nullptr, options(3)).run();
+    trainer(b, data, nullptr, options(3)).run();
+    EXPECT_EQ(a.batches, b.batches) << "the order depends only on the seed";
+
+    std::vector<std::vector<uint32_t>> epochs(3);
+    size_t batch = 0;
+    for (auto& order : epochs) {
+        while (order.size() < data.size()) {
+            ASSERT_LT(batch, a.batches.size());
+            order.insert(order.end(), a.batches[batch].begin(), a.batches[batch].end());
+            ++batch;
+        }
+        std::vector<uint32_t> sorted = order;
+        std::sort(sorted.begin(), sorted.end());
+        std::vector<uint32_t> all(data.size());
+        std::iota(all.begin(), all.end(), 0u);
+        EXPECT_EQ(sorted, all) << "an epoch visits every point exactly once";
+        std::vector<uint32_t> identity(order.size());
+        std::iota(identity.begin(), identity.end(), 0u);
+        EXPECT_NE(order, identity) << "the points are shuffled, not read in file order";
+    }
+    EXPECT_EQ(batch, a.batches.size());
+    EXPECT_NE(epochs[0], epochs[1]);
+    EXPECT_NE(epochs[1], epochs[2]);
+
+    recording_backend c;
+    trainer_options other = options(1);
+    other.train.seed = 8;
+    trainer(c, data, nullptr, other).run();
+    EXPECT_NE(std::vector<uint32_t>(c.batches[0]), a.batches[0]) << "another seed, another order";
+}
+
+TEST(Trainer, RebuildsFollowTheDecayingScheduleWithRehashes) {
+    const dataset data = points(500);
+    recording_backend be;
+    trainer(be, data, nullptr, options(2)).run();
+    // Every epoch after the first starts with a rebuild of the current tables.
+    std::vector<recording_backend::rebuild_call> scheduled;
+    int epoch_starts = 0;
+    for (const auto& call : be.rebuilds) {
+        if (call.samples_before == 500 && !call.new_functions && epoch_starts == 0) {
+            ++epoch_starts;
+            continue;
+        }
+        scheduled.push_back(call);
+    }
+    EXPECT_EQ(epoch_starts, 1);
+    const auto expected = expected_rebuilds(1000, 10);
+    ASSERT_EQ(scheduled.size(), expected.size());
+    ASSERT_GE(expected.size(), 4u);  // 100, 265, 537, 985: the period grows
+    for (size_t i = 0; i < expected.size(); ++i) {
+        EXPECT_EQ(scheduled[i].samples_before, expected[i].samples_before) << "rebuild " << i;
+        EXPECT_EQ(scheduled[i].new_functions, expected[i].new_functions) << "rebuild " << i;
+    }
+}
+
+TEST(Trainer, ResumedScheduleContinuesWhereItStopped) {
+    const dataset data = points(500);
+    recording_backend straight;
+    trainer(straight, data, nullptr, options(2)).run();
+
+    recording_backend first, second;
+    trainer one(first, data, nullptr, options(1));
+    one.run();
+    trainer_options resumed = options(2);
+    resumed.resume = one.state();
+    second.samples = first.samples;
+    trainer(second, data, nullptr, resumed).run();
+
+    std::vector<std::vector<uint32_t>> batches = first.batches;
+    batches.insert(batches.end(), second.batches.begin(), second.batches.end());
+    EXPECT_EQ(batches, straight.batches);
+    auto rebuilds = first.rebuilds;
+    rebuilds.insert(rebuilds.end(), second.rebuilds.begin(), second.rebuilds.end());
+    ASSERT_EQ(rebuilds.size(), straight.rebuilds.size());
+    for (size_t i = 0; i < rebuilds.size(); ++i) {
+        EXPECT_EQ(rebuilds[i].samples_before, straight.rebuilds[i].samples_before);
+        EXPECT_EQ(rebuilds[i].new_functions, straight.rebuilds[i].new_functions);
+    }
+}
+
+TEST(Trainer, DivergedLossStopsWithAClearError) {
+    const dataset data = points(50);
+    recording_backend be;
+    be.loss_per_sample = std::numeric_limits<double>::quiet_NaN();
+    try {
+        trainer(be, data, nullptr, options(1)).run();
+        FAIL() << "a NaN loss must stop training";
+    } catch (const error& e) {
+        EXPECT_NE(std::string(e.what()).find("diverged"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("learning rate"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(be.batches.size(), 1u);
+}
