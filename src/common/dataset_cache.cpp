@@ -12,6 +12,7 @@
 
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -23,15 +24,14 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
-#include <system_error>
-#include <thread>
+#include <new>
 
 namespace hslide {
 
 namespace {
 
 constexpr char cache_magic[8] = {'H', 'S', 'L', 'C', 'A', 'C', 'H', 'E'};
-constexpr uint32_t cache_version = 2;
+constexpr uint32_t cache_version = 3;
 constexpr uint32_t endian_tag = 0x01020304;
 // Pieces for streaming reads: big enough for few system calls, small enough that the hash
 // finds the bytes still in cache.
@@ -91,25 +91,6 @@ bool read_exact(int fd, void* dst, size_t n) {
     return true;
 }
 
-// Appends `count` elements read from fd to the (empty) vector `v`, feeding the bytes to
-// `state` and then to `check(elements, k)` piece by piece. The pieces go through a small
-// typed buffer: reading straight into v would need resize(), whose zero fill costs as much
-// as the read itself.
-template <class T, class Check>
-bool read_array(int fd, std::vector<T>& v, size_t count, XXH3_state_t* state, Check&& check) {
-    detail::reserve_huge(v, count);
-    std::vector<T> piece(std::min(count, io_chunk / sizeof(T)));
-    while (count > 0) {
-        const size_t k = std::min(count, piece.size());
-        if (!read_exact(fd, piece.data(), k * sizeof(T))) return false;
-        XXH3_64bits_update(state, piece.data(), k * sizeof(T));
-        v.insert(v.end(), piece.begin(), piece.begin() + static_cast<std::ptrdiff_t>(k));
-        check(v.data() + v.size() - k, k);
-        count -= k;
-    }
-    return true;
-}
-
 bool write_exact(int fd, const void* src, size_t n) {
     const auto* p = static_cast<const char*>(src);
     while (n > 0) {
@@ -132,6 +113,44 @@ struct xxh3_state {
     xxh3_state(const xxh3_state&) = delete;
     xxh3_state& operator=(const xxh3_state&) = delete;
 };
+
+// A read-only private mapping of a whole file (data == nullptr when mmap failed).
+struct mapped_file {
+    const char* data = nullptr;
+    size_t size = 0;
+    mapped_file(int fd, size_t n) : size(n) {
+        void* p = ::mmap(nullptr, n, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+        if (p != MAP_FAILED) data = static_cast<const char*>(p);
+    }
+    ~mapped_file() {
+        if (data) ::munmap(const_cast<char*>(data), size);
+    }
+    mapped_file(const mapped_file&) = delete;
+    mapped_file& operator=(const mapped_file&) = delete;
+};
+
+// Copies `count` elements at `src` into the (empty) vector `v` piece by piece, hashing each
+// piece while it is still in cache; returns the XXH3-64 of the bytes. (assign() after a
+// reserve: resize() would zero-fill first, which costs as much as the copy.)
+template <class T>
+uint64_t copy_array(const char* src, size_t count, std::vector<T>& v) {
+    detail::reserve_huge(v, count);
+    xxh3_state state;
+    const size_t piece = io_chunk / sizeof(T);
+    for (size_t done = 0; done < count; done += piece) {
+        const size_t k = std::min(piece, count - done);
+        const T* p = reinterpret_cast<const T*>(src) + done;
+        v.insert(v.end(), p, p + k);
+        XXH3_64bits_update(state.s, v.data() + done, k * sizeof(T));
+    }
+    return XXH3_64bits_digest(state.s);
+}
+
+uint32_t max_element_of(const std::vector<uint32_t>& v) {
+    uint32_t m = 0;
+    for (const uint32_t x : v) m = std::max(m, x);
+    return m;
+}
 
 // The source's content checksum. Up to 16 MiB it is XXH3-64 of every byte; above, of 256
 // blocks of 16 KiB spread evenly from the first byte to the last (4 MiB read). Size and
@@ -242,73 +261,11 @@ bool try_load_cache(const std::string& cache_path, const cache_header& expect, i
         why = "truncated or corrupt (sizes disagree)";
         return false;
     }
-    // The source's checksum and the payload are independent reads: hash the source on a
-    // second thread while this one reads the payload (two memory streams instead of one in
-    // a row; a cached load is bound by memory traffic, not by arithmetic).
+    // The source's fingerprint is a few MiB of reads: take it first. The payload is mapped
+    // and its arrays copied, hashed and range-checked on up to two threads at once (a cache
+    // hit is bound by memory traffic, and two streams go faster than one).
     uint64_t source_hash = 0;
-    bool source_read = false;
-    auto hash_source = [&] {
-        try {
-            source_read = fingerprint_file(source_fd, expect.source_size, source_hash);
-        } catch (...) {  // only bad_alloc can get here; report it as an unreadable source
-            source_read = false;
-        }
-    };
-    std::thread hasher;
-    try {
-        hasher = std::thread(hash_source);
-    } catch (const std::system_error&) {
-        hash_source();  // no threads to be had: hash first, then read
-    }
-    struct joiner {
-        std::thread& t;
-        ~joiner() {
-            if (t.joinable()) t.join();
-        }
-    } join_on_return{hasher};
-
-    dataset d;
-    const size_t n = h.n_points;
-    d.n_features = h.n_features;
-    d.n_labels = h.n_labels;
-    d.feature_offsets.clear();
-    d.label_offsets.clear();
-    xxh3_state state;
-    // The checksum catches accidental damage; the range checks keep a deliberately forged
-    // cache from making later code index out of bounds. Both run on each piece while it is
-    // in cache, right after it is read.
-    uint64_t max_f = 0, max_l = 0;
-    bool monotone = true;
-    auto max_of = [](uint64_t& m) {
-        return [&m](const uint32_t* p, size_t k) {
-            uint32_t x = 0;
-            for (size_t i = 0; i < k; ++i) x = std::max(x, p[i]);
-            m = std::max<uint64_t>(m, x);
-        };
-    };
-    auto monotone_check = [&monotone](const std::vector<uint64_t>& v) {
-        return [&monotone, &v](const uint64_t* p, size_t k) {
-            uint64_t prev = v.size() > k ? v[v.size() - k - 1] : 0;
-            for (size_t i = 0; i < k; ++i) {
-                monotone &= p[i] >= prev;
-                prev = p[i];
-            }
-        };
-    };
-    auto no_check = [](const float*, size_t) {};
-    const bool read_ok =
-        read_array(cache.fd, d.feature_offsets, n + 1, state.s,
-                   monotone_check(d.feature_offsets)) &&
-        read_array(cache.fd, d.label_offsets, n + 1, state.s, monotone_check(d.label_offsets)) &&
-        read_array(cache.fd, d.feature_ids, h.feature_nnz, state.s, max_of(max_f)) &&
-        read_array(cache.fd, d.feature_values, h.feature_nnz, state.s, no_check) &&
-        read_array(cache.fd, d.label_ids, h.label_nnz, state.s, max_of(max_l));
-    if (!read_ok) {
-        why = "truncated payload";
-        return false;
-    }
-    if (hasher.joinable()) hasher.join();
-    if (!source_read) {
+    if (!fingerprint_file(source_fd, expect.source_size, source_hash)) {
         why = "cannot read the source";
         return false;
     }
@@ -316,10 +273,68 @@ bool try_load_cache(const std::string& cache_path, const cache_header& expect, i
         why = "the source's content changed";
         return false;
     }
-    if (XXH3_64bits_digest(state.s) != h.payload_xxh3) {
+    const mapped_file map(cache.fd, file_size);
+    if (!map.data) {
+        why = fmt::format("cannot map it: {}", std::strerror(errno));
+        return false;
+    }
+
+    dataset d;
+    const size_t n = h.n_points;
+    d.n_features = h.n_features;
+    d.n_labels = h.n_labels;
+    d.feature_offsets.clear();
+    d.label_offsets.clear();
+    // The checksum catches accidental damage; the range checks keep a deliberately forged
+    // cache from making later code index out of bounds.
+    const char* at = map.data + sizeof h;
+    const char* const feature_offsets_at = at;
+    const char* const label_offsets_at = feature_offsets_at + (n + 1) * 8;
+    const char* const feature_ids_at = label_offsets_at + (n + 1) * 8;
+    const char* const feature_values_at = feature_ids_at + h.feature_nnz * 4;
+    const char* const label_ids_at = feature_values_at + h.feature_nnz * 4;
+    uint64_t hashes[5] = {};
+    uint32_t max_f = 0, max_l = 0;
+    bool monotone_f = true, monotone_l = true;
+    auto copy_one = [&](int array) {
+        switch (array) {
+            case 0:  // the largest first, so the two threads finish together
+                hashes[2] = copy_array(feature_ids_at, h.feature_nnz, d.feature_ids);
+                max_f = max_element_of(d.feature_ids);
+                break;
+            case 1:
+                hashes[3] = copy_array(feature_values_at, h.feature_nnz, d.feature_values);
+                break;
+            case 2:
+                hashes[0] = copy_array(feature_offsets_at, n + 1, d.feature_offsets);
+                monotone_f = std::is_sorted(d.feature_offsets.begin(), d.feature_offsets.end());
+                break;
+            case 3:
+                hashes[1] = copy_array(label_offsets_at, n + 1, d.label_offsets);
+                monotone_l = std::is_sorted(d.label_offsets.begin(), d.label_offsets.end());
+                break;
+            default:
+                hashes[4] = copy_array(label_ids_at, h.label_nnz, d.label_ids);
+                max_l = max_element_of(d.label_ids);
+                break;
+        }
+    };
+    bool out_of_memory = false;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(2)
+    for (int array = 0; array < 5; ++array) {
+        try {  // nothing may escape an OpenMP region
+            copy_one(array);
+        } catch (const std::bad_alloc&) {
+#pragma omp atomic write
+            out_of_memory = true;
+        }
+    }
+    if (out_of_memory) throw std::bad_alloc();
+    if (XXH3_64bits(hashes, sizeof hashes) != h.payload_xxh3) {
         why = "corrupt payload (checksum mismatch)";
         return false;
     }
+    const bool monotone = monotone_f && monotone_l;
     const bool ok = monotone && d.feature_offsets[0] == 0 && d.label_offsets[0] == 0 &&
                     d.feature_offsets[n] == h.feature_nnz && d.label_offsets[n] == h.label_nnz &&
                     (h.feature_nnz == 0 || max_f < d.n_features) &&
@@ -360,9 +375,11 @@ std::string write_cache(const std::string& cache_path, cache_header h, const dat
         {d.label_ids.data(), d.label_ids.size() * 4},
     };
     {
-        xxh3_state state;
-        for (const auto& pc : pieces) XXH3_64bits_update(state.s, pc.p, pc.n);
-        h.payload_xxh3 = XXH3_64bits_digest(state.s);
+        // One hash per array, then a hash of the five: the reader checks the arrays in
+        // parallel.
+        uint64_t hashes[5];
+        for (size_t i = 0; i < 5; ++i) hashes[i] = XXH3_64bits(pieces[i].p, pieces[i].n);
+        h.payload_xxh3 = XXH3_64bits(hashes, sizeof hashes);
     }
     h.header_xxh3 = header_hash(h);
 
