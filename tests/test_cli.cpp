@@ -144,6 +144,21 @@ TEST(Cli, ConfigFileMirrorsFlagsAndFlagsOverrideIt) {
     EXPECT_NE(r.exit_code, 0) << r.output;
 }
 
+TEST(Cli, LshSettingsTakeOneValueOrOnePerSparseLayer) {
+    auto r = run_hslide("train" + tiny_args() +
+                        "--epochs 1 --hidden 64,32 --hidden-sparsity lsh --output-sparsity lsh "
+                        "--K 2,3 --min-active 8,64 --hash dwta,simhash --log-level info");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("layer 1 LSH: dwta K=2"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("active min 8 "), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("layer 2 LSH: simhash K=3"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("active min 64 "), std::string::npos) << r.output;
+    // Three values for two sparse-capable layers is an error naming the flag.
+    r = run_hslide("train" + tiny_args() + "--epochs 1 --hidden 64,32 --K 2,3,4");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("--K takes one value or one per layer"), std::string::npos) << r.output;
+}
+
 TEST(Cli, BadInputIsAClearErrorWithExitCode2) {
     temp_dir dir;
     hslide::testing::write_text(dir.file("bad.txt"), "2 10 5\n1 3:1.0\n7 2:0.5\n");

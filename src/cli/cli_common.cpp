@@ -5,6 +5,7 @@
 #include "hslide/progress.hpp"
 #include "hslide/synthetic.hpp"
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <unistd.h>
@@ -106,10 +107,19 @@ loaded_data load_data(const data_options& o) {
     return out;
 }
 
+namespace {
+// A list option's default as it is typed (`4` or `256,128`): CLI11 would print "[4]", which
+// --print-config writes as a quoted string.
+template <class T>
+std::string list_text(const std::vector<T>& values) {
+    return fmt::format("{}", fmt::join(values, ","));
+}
+}  // namespace
+
 void add_model_options(CLI::App& app, model_options& o) {
     app.add_option("--hidden", o.hidden, "hidden layer sizes, e.g. 128 or 256,128")
         ->delimiter(',')
-        ->capture_default_str();
+        ->default_str(list_text(o.hidden));
     app.add_option("--normalize", o.normalize, "input scaling per point: l2 (unit norm) or none")
         ->check(CLI::IsMember({"l2", "none"}))
         ->capture_default_str();
@@ -124,32 +134,44 @@ void add_model_options(CLI::App& app, model_options& o) {
     app.add_option("--auto-sparse-min", o.auto_sparse_min,
                    "'auto' layers with more neurons than this use LSH")
         ->capture_default_str();
-    app.add_option("--hash", o.hash, "LSH family")
+    // The LSH and active-set options take one value, or one per layer after the first.
+    app.add_option("--hash", o.hash, "LSH family (one, or one per layer after the first)")
         ->check(CLI::IsMember({"dwta", "wta", "simhash", "minhash"}))
-        ->capture_default_str();
+        ->delimiter(',')
+        ->default_str(list_text(o.hash));
     app.add_option("--K", o.K, "hashes per bucket code")
         ->check(CLI::Range(1, 32))
-        ->capture_default_str();
-    app.add_option("--L", o.L, "hash tables")->check(CLI::Range(1, 4096))->capture_default_str();
+        ->delimiter(',')
+        ->default_str(list_text(o.K));
+    app.add_option("--L", o.L, "hash tables")
+        ->check(CLI::Range(1, 4096))
+        ->delimiter(',')
+        ->default_str(list_text(o.L));
     app.add_option("--bits", o.bits, "bits per hash (DWTA/WTA bins hold 2^bits coordinates)")
         ->check(CLI::Range(1, 16))
-        ->capture_default_str();
+        ->delimiter(',')
+        ->default_str(list_text(o.bits));
     app.add_option("--bucket-capacity", o.bucket_capacity, "neurons kept per bucket")
         ->check(CLI::PositiveNumber)
-        ->capture_default_str();
+        ->delimiter(',')
+        ->default_str(list_text(o.bucket_capacity));
     app.add_option("--insertion", o.insertion, "policy of a full bucket")
         ->check(CLI::IsMember({"fifo", "reservoir"}))
-        ->capture_default_str();
+        ->delimiter(',')
+        ->default_str(list_text(o.insertion));
     app.add_option("--min-active", o.min_active,
                    "random fill of an active set up to this many neurons")
-        ->capture_default_str();
+        ->delimiter(',')
+        ->default_str(list_text(o.min_active));
     app.add_option("--max-active", o.max_active,
                    "cap of an active set (0 = none; labels always kept)")
-        ->capture_default_str();
+        ->delimiter(',')
+        ->default_str(list_text(o.max_active));
     app.add_option("--hit-threshold", o.hit_threshold,
                    "keep neurons found in at least this many tables")
         ->check(CLI::PositiveNumber)
-        ->capture_default_str();
+        ->delimiter(',')
+        ->default_str(list_text(o.hit_threshold));
 }
 
 model_config make_model_config(const model_options& o, uint32_t input_dim, uint32_t output_dim) {
@@ -158,26 +180,36 @@ model_config make_model_config(const model_options& o, uint32_t input_dim, uint3
     config.input_dim = input_dim;
     config.auto_sparse_min = o.auto_sparse_min;
     config.input_norm = parse_input_normalization(o.normalize);
-    layer_config base;
-    base.lsh.kind = parse_hash_kind(o.hash);
-    base.lsh.K = o.K;
-    base.lsh.L = o.L;
-    base.lsh.bits_per_hash = o.bits;
-    base.lsh.bucket_capacity = o.bucket_capacity;
-    base.lsh.policy = parse_insertion_policy(o.insertion);
-    base.active.min_active = o.min_active;
-    base.active.max_active = o.max_active;
-    base.active.hit_threshold = o.hit_threshold;
-    for (size_t i = 0; i < o.hidden.size(); ++i) {
-        layer_config layer = base;
-        layer.size = o.hidden[i];
-        layer.sparsity = i == 0 ? sparsity_mode::dense : parse_sparsity(o.hidden_sparsity);
+    // Layer l >= 1 takes entry l - 1 of a per-layer list; a single value serves every layer.
+    const size_t n_lists = o.hidden.size();
+    auto pick = [&](const auto& values, const char* flag, size_t l) {
+        HSLIDE_CHECK(values.size() == 1 || values.size() == n_lists,
+                     "{} takes one value or one per layer after the first ({} here: the hidden "
+                     "layers after the first, then the output layer), got {}",
+                     flag, n_lists, values.size());
+        return values.size() == 1 ? values[0] : values[l - 1];
+    };
+    const size_t n_layers = o.hidden.size() + 1;
+    for (size_t l = 0; l < n_layers; ++l) {
+        const bool output = l + 1 == n_layers;
+        layer_config layer;
+        layer.size = output ? output_dim : o.hidden[l];
+        layer.sparsity = l == 0   ? sparsity_mode::dense
+                         : output ? parse_sparsity(o.output_sparsity)
+                                  : parse_sparsity(o.hidden_sparsity);
+        if (l > 0) {
+            layer.lsh.kind = parse_hash_kind(pick(o.hash, "--hash", l));
+            layer.lsh.K = pick(o.K, "--K", l);
+            layer.lsh.L = pick(o.L, "--L", l);
+            layer.lsh.bits_per_hash = pick(o.bits, "--bits", l);
+            layer.lsh.bucket_capacity = pick(o.bucket_capacity, "--bucket-capacity", l);
+            layer.lsh.policy = parse_insertion_policy(pick(o.insertion, "--insertion", l));
+            layer.active.min_active = pick(o.min_active, "--min-active", l);
+            layer.active.max_active = pick(o.max_active, "--max-active", l);
+            layer.active.hit_threshold = pick(o.hit_threshold, "--hit-threshold", l);
+        }
         config.layers.push_back(layer);
     }
-    layer_config out = base;
-    out.size = output_dim;
-    out.sparsity = parse_sparsity(o.output_sparsity);
-    config.layers.push_back(out);
     validate(config);
     return config;
 }

@@ -35,19 +35,21 @@ loaded_data load_data(const data_options& options);
 /// Loads one file with the options' format and cache settings.
 dataset load_file(const data_options& options, const std::string& path);
 
-/// Network settings as flags (the output layer's LSH settings apply to every sparse layer).
+/// Network settings as flags. The LSH and active-set settings take one value for every layer
+/// that can be sparse (all but the first), or a comma-separated list with one value per such
+/// layer: the hidden layers after the first, then the output layer (`--K 4,6`).
 struct model_options {
     std::vector<uint32_t> hidden{256};
     std::string normalize = "l2";
     std::string output_sparsity = "auto";
     std::string hidden_sparsity = "dense";
     uint32_t auto_sparse_min = 4096;
-    std::string hash = "dwta";
+    std::vector<std::string> hash{"dwta"};
     // The library's defaults (hslide/lsh.hpp), so the CLI and the API cannot drift apart.
-    int K = lsh_config{}.K, L = lsh_config{}.L, bits = lsh_config{}.bits_per_hash,
-        bucket_capacity = lsh_config{}.bucket_capacity;
-    std::string insertion = "fifo";
-    uint32_t min_active = 1024, max_active = 0, hit_threshold = 1;
+    std::vector<int> K{lsh_config{}.K}, L{lsh_config{}.L}, bits{lsh_config{}.bits_per_hash},
+        bucket_capacity{lsh_config{}.bucket_capacity};
+    std::vector<std::string> insertion{"fifo"};
+    std::vector<uint32_t> min_active{1024}, max_active{0}, hit_threshold{1};
 };
 
 void add_model_options(CLI::App& app, model_options& options);
