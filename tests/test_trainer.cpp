@@ -1,7 +1,8 @@
 // Tests of the training loop (hslide/trainer.hpp) against a recording backend: every epoch
 // visits every point once in a fresh seeded order, table rebuilds follow SLIDE's
 // exponentially decaying schedule with new hash functions every `rehash` samples, the
-// schedule survives a resume, and a diverging loss stops training with a clear error.
+// schedule survives a resume, the learning-rate schedules, and a diverging loss stops training
+// with a clear error.
 #include "hslide/backend.hpp"
 #include "hslide/error.hpp"
 #include "hslide/trainer.hpp"
@@ -26,12 +27,14 @@ class recording_backend final : public backend {
         bool new_functions;
     };
     std::vector<std::vector<uint32_t>> batches;
+    std::vector<float> learning_rates;
     std::vector<rebuild_call> rebuilds;
     uint64_t samples = 0;
     double loss_per_sample = 1.0;
 
-    step_report train_batch(const batch_view& batch, float) override {
+    step_report train_batch(const batch_view& batch, float learning_rate) override {
         batches.emplace_back(batch.rows, batch.rows + batch.size);
+        learning_rates.push_back(learning_rate);
         samples += batch.size;
         step_report r;
         r.samples = batch.size;
@@ -191,4 +194,23 @@ TEST(Trainer, DivergedLossStopsWithAClearError) {
         EXPECT_NE(std::string(e.what()).find("learning rate"), std::string::npos) << e.what();
     }
     EXPECT_EQ(be.batches.size(), 1u);
+}
+
+TEST(Trainer, LearningRateIsConstantOrDecaysLinearlyToTheEnd) {
+    const dataset data = points(100);
+    recording_backend constant, linear;
+    trainer_options o = options(2);
+    o.train.learning_rate = 0.01f;
+    trainer(constant, data, nullptr, o).run();
+    for (const float lr : constant.learning_rates) EXPECT_EQ(lr, 0.01f);
+
+    o.train.schedule = lr_schedule::linear;
+    trainer(linear, data, nullptr, o).run();
+    ASSERT_EQ(linear.learning_rates.size(), 20u);  // 2 epochs of 10 batches of 10
+    for (size_t step = 0; step < 20; ++step) {
+        // Samples seen before the step: 10 * step of 200.
+        const double expected = 0.01 * (1.0 - double(step) / 20.0);
+        EXPECT_NEAR(linear.learning_rates[step], expected, 1e-7) << "step " << step;
+    }
+    EXPECT_GT(linear.learning_rates.back(), 0.0f);
 }

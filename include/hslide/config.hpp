@@ -73,11 +73,20 @@ enum class scoring_mode {
 scoring_mode parse_scoring(const std::string& name);
 const char* to_string(scoring_mode mode);
 
+/// How the learning rate moves over a run.
+enum class lr_schedule {
+    constant,  ///< `learning_rate` throughout
+    linear,    ///< from `learning_rate` down to 0 at the end of the last epoch
+};
+lr_schedule parse_lr_schedule(const std::string& name);
+const char* to_string(lr_schedule schedule);
+
 /// Optimisation and schedule settings.
 struct train_config {
     uint32_t epochs = 10;
     uint32_t batch_size = 128;
     float learning_rate = 2e-3f;
+    lr_schedule schedule = lr_schedule::constant;
     float adam_beta1 = 0.9f;
     float adam_beta2 = 0.999f;
     float adam_epsilon = 1e-8f;

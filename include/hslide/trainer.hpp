@@ -80,6 +80,9 @@ class trainer {
 
   private:
     epoch_record run_epoch();
+    /// The learning rate of the next step under the schedule (a function of samples seen, so
+    /// a resumed run continues the same schedule).
+    float learning_rate_now() const;
     void write_metrics_record(const epoch_record& record);
     void save_checkpoint_now();
 

@@ -48,6 +48,11 @@ int run_train(int argc, char** argv) {
     app.add_option("--batch-size", tc.batch_size, "samples per step")
         ->check(CLI::PositiveNumber)
         ->capture_default_str();
+    std::string schedule = "constant";
+    app.add_option("--lr-schedule", schedule,
+                   "constant, or linear: decay to 0 over the run (from --lr at the start)")
+        ->check(CLI::IsMember({"constant", "linear"}))
+        ->capture_default_str();
     app.add_option("--lr", tc.learning_rate, "Adam learning rate")
         ->check(CLI::PositiveNumber)
         ->capture_default_str();
@@ -106,6 +111,7 @@ int run_train(int argc, char** argv) {
     const bool show_progress = apply_output_options(oo);
     data.show_progress = show_progress;
     tc.adam = parse_adam_mode(adam);
+    tc.schedule = parse_lr_schedule(schedule);
     to.eval.scoring = parse_scoring(scoring);
     to.eval.show_progress = show_progress;
     to.show_progress = show_progress;

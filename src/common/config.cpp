@@ -19,9 +19,18 @@ const std::pair<const char*, adam_mode> adam_names[] = {{"sparse", adam_mode::sp
                                                         {"dense", adam_mode::dense}};
 const std::pair<const char*, scoring_mode> scoring_names[] = {
     {"auto", scoring_mode::automatic}, {"exact", scoring_mode::exact}, {"lsh", scoring_mode::lsh}};
+const std::pair<const char*, lr_schedule> schedule_names[] = {{"constant", lr_schedule::constant},
+                                                              {"linear", lr_schedule::linear}};
 const std::pair<const char*, input_normalization> normalization_names[] = {
     {"none", input_normalization::none}, {"l2", input_normalization::l2}};
 }  // namespace
+
+lr_schedule parse_lr_schedule(const std::string& name) {
+    return parse_named(name, "learning-rate schedule", schedule_names);
+}
+const char* to_string(lr_schedule schedule) {
+    return name_of(schedule, schedule_names);
+}
 
 input_normalization parse_input_normalization(const std::string& name) {
     return parse_named(name, "input normalization", normalization_names);

@@ -72,6 +72,15 @@ trainer::trainer(backend& model, const dataset& train, const dataset* test, trai
     }
 }
 
+float trainer::learning_rate_now() const {
+    const train_config& tc = options_.train;
+    if (tc.schedule == lr_schedule::constant) return tc.learning_rate;
+    const double total = double(tc.epochs) * double(train_.size());
+    const double left = std::max(0.0, 1.0 - double(state_.samples_seen) / total);
+    // Never exactly 0: the last step still moves the rows it touches.
+    return float(tc.learning_rate * std::max(left, 1e-3));
+}
+
 epoch_record trainer::run_epoch() {
     const train_config& tc = options_.train;
     epoch_record record;
@@ -100,7 +109,7 @@ epoch_record trainer::run_epoch() {
     for (size_t begin = 0; begin < order.size(); begin += tc.batch_size) {
         const uint32_t size = uint32_t(std::min<size_t>(tc.batch_size, order.size() - begin));
         const step_report report =
-            model_.train_batch({&train_, order.data() + begin, size}, tc.learning_rate);
+            model_.train_batch({&train_, order.data() + begin, size}, learning_rate_now());
         HSLIDE_CHECK_KIND(
             std::isfinite(report.loss_sum), error_kind::runtime,
             "training diverged at epoch {}, sample {} (loss is {}); lower the learning rate",
