@@ -171,9 +171,10 @@ const bad_case bad_cases[] = {
     {"minus_infinity_value", reader::xc, "1 10 5\n0 1:-Infinity\n", 2, "NaN or infinite"},
     {"overflow_value", reader::xc, "1 10 5\n0 1:1e39\n", 2, "float range"},
     // Duplicates.
-    {"duplicate_feature", reader::xc, "1 10 5\n0 1:1 1:2\n", 2, "duplicate feature id 1"},
+    {"duplicate_feature", reader::xc, "1 10 5\n0 1:1 1:2\n", 2,
+     "duplicate feature id 1 (column 7)"},
     {"duplicate_feature_unsorted", reader::xc, "1 10 5\n0 7:1 2:1 7:2\n", 2,
-     "duplicate feature id 7"},
+     "duplicate feature id 7 (column 11)"},
     {"duplicate_label", reader::xc, "2 10 5\n0 1:1\n1,3,1 2:1\n", 3, "duplicate label 1"},
     // Whole-file problems and headers.
     {"missing_file", reader::xc, nullptr, 0, "cannot open"},

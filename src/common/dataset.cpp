@@ -211,6 +211,7 @@ class point_parser {
     void parse(const char* b, const char* e, size_t line_no) {
         line_ = line_no;
         line_begin_ = b;
+        line_end_ = e;
         const char* p = b;
         const size_t label_start = out_.label_ids.size();
         if (!is_blank(*p)) p = parse_labels(p, e);
@@ -394,6 +395,23 @@ class point_parser {
         return static_cast<uint32_t>(v);
     }
 
+    // Where the second `id:value` token with this id (as written) starts, for the column of a
+    // duplicate found after sorting; the line start if it cannot be found.
+    const char* second_feature_token(uint64_t written_id) const {
+        int seen = 0;
+        for (const char* p = line_begin_; p < line_end_;) {
+            while (p < line_end_ && is_blank(*p)) ++p;
+            const char* tok = p;
+            uint64_t v = 0;
+            const char* q = parse_digits(p, line_end_, v);
+            if (q != tok && q < line_end_ && *q == ':' && v == written_id && ++seen == 2) {
+                return tok;
+            }
+            while (p < line_end_ && !is_blank(*p)) ++p;
+        }
+        return line_begin_;
+    }
+
     // Unsorted features are accepted: sort the line's (id, value) pairs by id.
     void sort_features(size_t start) {
         const size_t n = out_.feature_ids.size() - start;
@@ -406,7 +424,7 @@ class point_parser {
         for (size_t i = 0; i < n; ++i) {
             if (i > 0 && pair_scratch_[i].first == pair_scratch_[i - 1].first) {
                 const uint64_t shown = pair_scratch_[i].first + (libsvm_ ? 1 : 0);
-                fail(line_begin_, fmt::format("duplicate feature id {}", shown));
+                fail(second_feature_token(shown), fmt::format("duplicate feature id {}", shown));
             }
             ids[i] = pair_scratch_[i].first;
             values[i] = pair_scratch_[i].second;
@@ -419,6 +437,7 @@ class point_parser {
     dataset& out_;
     size_t line_ = 0;
     const char* line_begin_ = nullptr;
+    const char* line_end_ = nullptr;
     uint64_t max_feature_plus_one_ = 0;
     uint64_t max_label_plus_one_ = 0;
     std::vector<std::pair<uint32_t, float>> pair_scratch_;
