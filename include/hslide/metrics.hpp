@@ -47,6 +47,9 @@ struct metrics_config {
     double propensity_b = 1.5;   ///< B of the propensity model (2.6 for Amazon-style data)
 };
 
+/// How many points of `train` carry each label l < train.n_labels.
+std::vector<uint32_t> label_counts(const dataset& train);
+
 /// 1/p_l for every label l < train.n_labels, from the label frequencies of `train` (see the file
 /// comment). Requires at least one training point.
 std::vector<double> inverse_propensities(const dataset& train, double a, double b);

@@ -91,6 +91,7 @@ class trainer {
     const dataset* test_;
     trainer_options options_;
     trainer_state state_;
+    std::vector<uint32_t> label_counts_;  // of the training set: for PSP@k and checkpoints
     std::vector<double> inverse_propensities_;
 };
 

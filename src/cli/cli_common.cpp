@@ -226,6 +226,11 @@ void add_output_options(CLI::App& app, output_options& o) {
         ->capture_default_str();
 }
 
+void add_config_option(CLI::App& app, const std::string& help) {
+    app.set_config("--config", "", help);
+    app.allow_config_extras(CLI::config_extras_mode::error);
+}
+
 std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
     try {
         app.parse(argc, argv);

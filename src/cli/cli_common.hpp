@@ -68,6 +68,11 @@ void add_output_options(CLI::App& app, output_options& options);
 /// Configures logging; returns whether progress bars should be drawn.
 bool apply_output_options(const output_options& options);
 
+/// Adds --config FILE (TOML-style, keys are the long flag names); a key that names no flag is
+/// an error, never silently ignored.
+void add_config_option(CLI::App& app,
+                       const std::string& help = "config file mirroring these flags");
+
 /// Parses the command line; returns the exit code when the command should stop here (--help:
 /// 0, a usage error: 2, after CLI11 has printed it), nothing when it should go on.
 std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv);

@@ -59,8 +59,7 @@ std::unique_ptr<backend> open_model(const scoring_options& o, dataset& data,
 
 int run_eval(int argc, char** argv) {
     CLI::App app{"Evaluate a saved model: P@k, nDCG@k and PSP@k (k = 1..5).", "hslide eval"};
-    app.set_config("--config", "", "config file mirroring these flags");
-    app.allow_config_extras(CLI::config_extras_mode::error);
+    add_config_option(app);
     scoring_options so;
     add_scoring_options(app, so);
     data_options data;
@@ -110,8 +109,7 @@ int run_predict(int argc, char** argv) {
     CLI::App app{
         "Write the top-k labels of every point: one line per point, `label:score ...` best first.",
         "hslide predict"};
-    app.set_config("--config", "", "config file mirroring these flags");
-    app.allow_config_extras(CLI::config_extras_mode::error);
+    add_config_option(app);
     scoring_options so;
     add_scoring_options(app, so);
     data_options data;

@@ -20,8 +20,7 @@ int run_gen(int argc, char** argv) {
     CLI::App app{
         "Write a synthetic multi-label dataset as DIR/train.txt and DIR/test.txt (XC format).",
         "hslide gen"};
-    app.set_config("--config", "", "config file mirroring these flags");
-    app.allow_config_extras(CLI::config_extras_mode::error);
+    add_config_option(app);
     synthetic_config sc;
     std::string out_dir;
     int threads = 0;

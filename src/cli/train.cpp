@@ -23,9 +23,8 @@ namespace hslide::cli {
 int run_train(int argc, char** argv) {
     CLI::App app{"Train a model. With no --train, trains on the built-in synthetic data.",
                  "hslide train"};
-    app.set_config("--config", "",
-                   "TOML-style config file whose keys mirror these flags (flags override it)");
-    app.allow_config_extras(CLI::config_extras_mode::error);  // a misspelt key must not be ignored
+    add_config_option(app,
+                      "TOML-style config file whose keys mirror these flags (flags override it)");
     bool print_config = false;
     app.add_flag("--print-config", print_config, "print the effective configuration and exit")
         ->configurable(false);

@@ -12,14 +12,18 @@
 
 namespace hslide {
 
-std::vector<double> inverse_propensities(const dataset& train, double a, double b) {
-    HSLIDE_CHECK(train.size() > 0, "inverse propensities need at least one training point");
+std::vector<uint32_t> label_counts(const dataset& train) {
     std::vector<uint32_t> counts(train.n_labels, 0);
     for (uint32_t l : train.label_ids) {
         HSLIDE_CHECK(l < train.n_labels, "label {} out of range (L = {})", l, train.n_labels);
         ++counts[l];
     }
-    return inverse_propensities(counts, train.size(), a, b);
+    return counts;
+}
+
+std::vector<double> inverse_propensities(const dataset& train, double a, double b) {
+    HSLIDE_CHECK(train.size() > 0, "inverse propensities need at least one training point");
+    return inverse_propensities(label_counts(train), train.size(), a, b);
 }
 
 std::vector<double> inverse_propensities(const std::vector<uint32_t>& label_counts,

@@ -62,9 +62,11 @@ trainer::trainer(backend& model, const dataset& train, const dataset* test, trai
     state_.rebuild_period = double(options_.train.rebuild_every);
     state_.next_rebuild = options_.train.rebuild_every;
     state_.next_rehash = options_.train.rehash_every;
+    label_counts_ = label_counts(train_);
     if (test_ && test_->size() > 0)
-        inverse_propensities_ = inverse_propensities(train_, options_.eval.metrics.propensity_a,
-                                                     options_.eval.metrics.propensity_b);
+        inverse_propensities_ =
+            inverse_propensities(label_counts_, train_.size(), options_.eval.metrics.propensity_a,
+                                 options_.eval.metrics.propensity_b);
     if (options_.resume) {
         state_ = *options_.resume;
         spdlog::info("resuming after epoch {} ({} samples)", state_.epochs_done,
@@ -172,15 +174,13 @@ void trainer::write_metrics_record(const epoch_record& r) {
 }
 
 void trainer::save_checkpoint_now() {
-    std::vector<uint32_t> label_counts(train_.n_labels, 0);
-    for (uint32_t label : train_.label_ids) ++label_counts[label];
     if (const model_state* held = model_.host_state()) {
-        save_checkpoint(options_.save_path, *held, state_, label_counts, train_.size());
+        save_checkpoint(options_.save_path, *held, state_, label_counts_, train_.size());
         return;
     }
     model_state snapshot;
     model_.export_state(snapshot, /*with_optimizer=*/true);
-    save_checkpoint(options_.save_path, snapshot, state_, label_counts, train_.size());
+    save_checkpoint(options_.save_path, snapshot, state_, label_counts_, train_.size());
 }
 
 std::vector<epoch_record> trainer::run(const std::function<void(const epoch_record&)>& on_epoch) {

@@ -387,42 +387,33 @@ step_report cpu_backend::train_batch(const batch_view& batch, float learning_rat
     const bool dense_adam = train_.adam == adam_mode::dense;
     for (size_t l = 0; l < model_.layers.size(); ++l) {
         layer_state& layer = model_.layers[l];
-        const bool all_rows = l > 0 && !model_.config.is_sparse(l);
-        if (!all_rows) group_rows(batch, l);
-        for_each_row_gradient(batch, l, [&](uint32_t row, const float* grad, float bias_grad) {
+        // Adam on one row's weights and (past layer 0, whose bias is a vector) its bias.
+        auto adam_row = [&](uint32_t row, const float* grad, float bias_grad) {
             const size_t off = size_t(row) * layer.stride;
             k_.adam(layer.weights.data() + off, layer.adam_m.data() + off,
                     layer.adam_v.data() + off, grad, layer.width, step);
             if (l > 0)
                 k_.adam(&layer.bias[row], &layer.bias_m[row], &layer.bias_v[row], &bias_grad, 1,
                         step);
-        });
+        };
+        const bool all_rows = l > 0 && !model_.config.is_sparse(l);
+        if (!all_rows) group_rows(batch, l);
+        for_each_row_gradient(batch, l, adam_row);
         row_groups& g = groups_[l];
         if (dense_adam && !all_rows) {
             // SLIDE's behaviour: rows the batch did not touch still move with their momentum.
             const std::vector<float> zero(layer.stride, 0.0f);
 #pragma omp parallel for schedule(static) num_threads(threads_)
-            for (int64_t r = 0; r < int64_t(layer.rows); ++r) {
-                if (g.slot[r] >= 0) continue;
-                const size_t off = size_t(r) * layer.stride;
-                k_.adam(layer.weights.data() + off, layer.adam_m.data() + off,
-                        layer.adam_v.data() + off, zero.data(), layer.width, step);
-                if (l > 0)
-                    k_.adam(&layer.bias[r], &layer.bias_m[r], &layer.bias_v[r], zero.data(), 1,
-                            step);
-            }
+            for (int64_t r = 0; r < int64_t(layer.rows); ++r)
+                if (g.slot[r] < 0) adam_row(uint32_t(r), zero.data(), 0.0f);
         }
         for (uint32_t row : g.touched) g.slot[row] = -1;
         g.touched.clear();
     }
-    // Layer 0's bias is one dense vector: the mean of the samples' layer-0 deltas.
     {
         layer_state& layer = model_.layers[0];
         layer0_bias_grad_.assign(layer.width, 0.0f);
-        for (uint32_t s = 0; s < batch.size; ++s)
-            if (samples_[s].trained)
-                k_.axpy(1.0f / float(batch.size), samples_[s].layers[0].delta.data(),
-                        layer0_bias_grad_.data(), layer.width);
+        add_layer0_bias_gradient(batch, layer0_bias_grad_.data());
         k_.adam(layer.bias.data(), layer.bias_m.data(), layer.bias_v.data(),
                 layer0_bias_grad_.data(), layer.width, step);
     }
@@ -431,18 +422,21 @@ step_report cpu_backend::train_batch(const batch_view& batch, float learning_rat
     return report;
 }
 
+void cpu_backend::add_layer0_bias_gradient(const batch_view& batch, float* out) const {
+    // Layer 0's bias is one dense vector: its gradient is the mean of the layer-0 deltas.
+    for (uint32_t s = 0; s < batch.size; ++s)
+        if (samples_[s].trained)
+            k_.axpy(1.0f / float(batch.size), samples_[s].layers[0].delta.data(), out,
+                    model_.layers[0].width);
+}
+
 double cpu_backend::compute_gradient(const batch_view& batch, model_state& gradient) {
     step_report report;
     run_forward_backward(batch, report);
-    gradient = model_state{};
-    gradient.config = model_.config;
-    gradient.layers.resize(model_.layers.size());
+    gradient = model_state::layout(model_.config);
     for (size_t l = 0; l < model_.layers.size(); ++l) {
         const layer_state& src = model_.layers[l];
         layer_state& dst = gradient.layers[l];
-        dst.rows = src.rows;
-        dst.width = src.width;
-        dst.stride = src.stride;
         dst.weights.resize(size_t(src.rows) * src.stride);
         dst.bias.assign(src.bias.size(), 0.0f);
         const bool all_rows = l > 0 && !model_.config.is_sparse(l);
@@ -454,10 +448,7 @@ double cpu_backend::compute_gradient(const batch_view& batch, model_state& gradi
         for (uint32_t row : groups_[l].touched) groups_[l].slot[row] = -1;
         groups_[l].touched.clear();
     }
-    for (uint32_t s = 0; s < batch.size; ++s)
-        if (samples_[s].trained)
-            k_.axpy(1.0f / float(batch.size), samples_[s].layers[0].delta.data(),
-                    gradient.layers[0].bias.data(), gradient.layers[0].width);
+    add_layer0_bias_gradient(batch, gradient.layers[0].bias.data());
     return report.loss_sum / batch.size;
 }
 
@@ -492,18 +483,12 @@ void cpu_backend::export_state(model_state& out, bool with_optimizer) const {
         out = model_;
         return;
     }
-    out.config = model_.config;
+    out = model_state::layout(model_.config);
     out.adam_step = model_.adam_step;
     out.hash_seeds = model_.hash_seeds;
-    out.layers.resize(model_.layers.size());
     for (size_t l = 0; l < model_.layers.size(); ++l) {
-        const layer_state& src = model_.layers[l];
-        layer_state& dst = out.layers[l];
-        dst.rows = src.rows;
-        dst.width = src.width;
-        dst.stride = src.stride;
-        dst.weights = src.weights;
-        dst.bias = src.bias;
+        out.layers[l].weights = model_.layers[l].weights;
+        out.layers[l].bias = model_.layers[l].bias;
     }
 }
 

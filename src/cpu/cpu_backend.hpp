@@ -88,6 +88,8 @@ class cpu_backend final : public backend {
     template <class Visit>
     void for_each_row_gradient(const batch_view& batch, size_t l, Visit&& visit);
     void build_layer_tables(size_t l);
+    /// Adds the batch-mean gradient of layer 0's bias (width floats) to `out`.
+    void add_layer0_bias_gradient(const batch_view& batch, float* out) const;
     bool output_is_sparse() const { return model_.config.is_sparse(model_.layers.size() - 1); }
 
     model_state model_;
