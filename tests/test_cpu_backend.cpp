@@ -3,6 +3,7 @@
 // export/import, prediction.
 #include "cpu/cpu_backend.hpp"
 #include "hslide/backend.hpp"
+#include "hslide/isa.hpp"
 #include "hslide/model.hpp"
 #include "hslide/rng.hpp"
 
@@ -135,13 +136,15 @@ double reference_loss(const ref_params& p, const model_config& c, const dataset&
     return total / rows.size();
 }
 
-void check_gradient(sparsity_mode hidden, sparsity_mode output, uint64_t seed) {
+void check_gradient(sparsity_mode hidden, sparsity_mode output, uint64_t seed,
+                    const cpu::kernel_table& kernels = cpu::best_kernels()) {
+    SCOPED_TRACE(kernels.name);
     const model_config config = small_config(hidden, output);
     const dataset data = random_dataset(40, 20, 30, seed);
     const model_state initial = model_state::create(config, seed);
     train_config tc;
     tc.seed = seed;
-    cpu::cpu_backend be(initial, tc, 1);
+    cpu::cpu_backend be(initial, tc, 1, kernels);
     // A few steps first so weights, biases and ReLU patterns are not at their initial values.
     std::vector<uint32_t> all(data.size());
     std::iota(all.begin(), all.end(), 0u);
@@ -225,6 +228,44 @@ TEST(CpuBackendGradient, SparseOutputMatchesFiniteDifferences) {
 
 TEST(CpuBackendGradient, SparseHiddenAndOutputMatchFiniteDifferences) {
     check_gradient(sparsity_mode::lsh, sparsity_mode::lsh, 13);
+}
+
+TEST(CpuBackendGradient, EveryIsaLevelMatchesFiniteDifferences) {
+    for (const isa_level level :
+         {isa_level::scalar, isa_level::avx2, isa_level::avx512, isa_level::avx512bf16})
+        if (isa_supported(level))
+            check_gradient(sparsity_mode::lsh, sparsity_mode::lsh, 14, cpu::kernels_for(level));
+}
+
+TEST(CpuBackendGradient, Bf16GradientIsCloseToFp32) {
+    // Dense layers, so both precisions compute the same neurons. bf16 keeps 8 significant bits
+    // of the weights and layer inputs, so one sample's gradient agrees to about 1% in norm (a
+    // batch's mean gradient cancels between samples and would magnify the relative error).
+    const model_config config = small_config(sparsity_mode::dense, sparsity_mode::dense);
+    const dataset data = random_dataset(40, 20, 30, 15);
+    const model_state initial = model_state::create(config, 15);
+    train_config tc;
+    const auto& k = cpu::best_kernels();
+    cpu::cpu_backend fp32(initial, tc, 1, k, precision_mode::fp32);
+    cpu::cpu_backend bf16(initial, tc, 1, k, precision_mode::bf16);
+    for (const uint32_t row : {0u, 7u, 19u, 33u}) {
+        model_state g32, g16;
+        const double loss32 = fp32.compute_gradient({&data, &row, 1}, g32);
+        const double loss16 = bf16.compute_gradient({&data, &row, 1}, g16);
+        EXPECT_NEAR(loss16, loss32, 5e-3 * loss32);
+        for (size_t l = 0; l < config.layers.size(); ++l) {
+            double diff = 0, norm = 0;
+            const layer_state& a = g32.layers[l];
+            const layer_state& b = g16.layers[l];
+            for (size_t i = 0; i < a.weights.size(); ++i) {
+                diff += (a.weights[i] - b.weights[i]) * double(a.weights[i] - b.weights[i]);
+                norm += a.weights[i] * double(a.weights[i]);
+            }
+            ASSERT_GT(norm, 0.0);
+            EXPECT_LT(std::sqrt(diff / norm), 0.02) << "row " << row << " layer " << l;
+            EXPECT_GT(diff, 0.0) << "layer " << l << ": bf16 changed nothing";
+        }
+    }
 }
 
 TEST(CpuBackend, SparseOutputActiveSetHoldsLabelsFirstAndIsSparse) {
@@ -385,6 +426,54 @@ TEST(CpuBackend, ExportImportRoundTripAndPredict) {
         hits += std::find(y.ids, y.ids + y.count, l1[s * k]) != y.ids + y.count;
     }
     EXPECT_GT(hits, 56);
+}
+
+TEST(CpuBackend, Bf16TrainsLikeFp32AndImportRefreshesItsCopy) {
+    const model_config config = small_config(sparsity_mode::dense, sparsity_mode::dense);
+    const dataset data = random_dataset(64, 20, 30, 52);
+    train_config tc;
+    const auto& k = cpu::best_kernels();
+    const uint32_t n = 64, top = 3;
+    std::vector<uint32_t> rows(n);
+    std::iota(rows.begin(), rows.end(), 0u);
+    // Top-1 hits on the training points after 30 epochs.
+    auto train_and_count = [&](cpu::cpu_backend& be, std::vector<uint32_t>& labels,
+                               std::vector<float>& scores) {
+        for (int e = 0; e < 30; ++e)
+            for (uint32_t b = 0; b < n; b += 16)
+                be.train_batch({&data, rows.data() + b, 16}, 0.02f);
+        labels.resize(n * top);
+        scores.resize(n * top);
+        be.predict({&data, rows.data(), n}, top, scoring_mode::exact, labels.data(), scores.data());
+        int hits = 0;
+        for (uint32_t s = 0; s < n; ++s) {
+            const label_row y = data.labels(s);
+            hits += std::find(y.ids, y.ids + y.count, labels[s * top]) != y.ids + y.count;
+        }
+        return hits;
+    };
+    cpu::cpu_backend be32(model_state::create(config, 52), tc, 2, k, precision_mode::fp32);
+    cpu::cpu_backend be16(model_state::create(config, 52), tc, 2, k, precision_mode::bf16);
+    EXPECT_EQ(be16.info().precision, "bf16");
+    std::vector<uint32_t> l32, l16;
+    std::vector<float> s32, s16;
+    const int hits32 = train_and_count(be32, l32, s32);
+    const int hits16 = train_and_count(be16, l16, s16);
+    // Widths of 10-12 leave bf16's rounding little room to average out: a few points of 64.
+    EXPECT_GT(hits32, 50);
+    EXPECT_GT(hits16, 50);
+    EXPECT_NEAR(hits16, hits32, 6);
+
+    model_state state;
+    be16.export_state(state, true);
+    // A differently initialised replica: its bf16 weights must be re-rounded from the import.
+    cpu::cpu_backend copy(model_state::create(config, 98), tc, 1, k, precision_mode::bf16);
+    copy.import_state(state, true);
+    std::vector<uint32_t> l2(n * top);
+    std::vector<float> s2(n * top);
+    copy.predict({&data, rows.data(), n}, top, scoring_mode::exact, l2.data(), s2.data());
+    EXPECT_EQ(l16, l2);
+    EXPECT_EQ(s16, s2);
 }
 
 TEST(CpuBackend, LshScoringRanksASubsetWithTheExactScores) {

@@ -2,6 +2,7 @@
 // property), bucket tables (membership, capacity, FIFO and reservoir, thread-count
 // independence) and the active-set query.
 #include "hslide/error.hpp"
+#include "hslide/isa.hpp"
 #include "hslide/lsh.hpp"
 
 #include <gtest/gtest.h>
@@ -161,20 +162,21 @@ TEST(LshFamily, CodesInRangeAndDenseEqualsSparse) {
 }
 
 TEST(LshFamily, KernelVariantsAgree) {
-    // HSLIDE_LSH_ISA caps the instruction set a family picks when created; every level must
-    // give the codes of the scalar one (levels this CPU lacks fall back to what it has).
+    // A family picks its kernels for active_isa() when created; every level this CPU supports
+    // must give the codes of the scalar one.
     rng gen(103);
     for (hash_kind kind : all_kinds)
         for (uint32_t dim : {128u, 77u, 300u}) {
             const lsh_config c = make_config(kind, 6, 50, 3);
-            setenv("HSLIDE_LSH_ISA", "scalar", 1);
+            set_active_isa(isa_level::scalar);
             const auto reference = hash_family::create(c, dim, 3);
             std::vector<std::unique_ptr<hash_family>> variants;
-            for (const char* level : {"avx2", "avx512"}) {
-                setenv("HSLIDE_LSH_ISA", level, 1);
+            for (isa_level level : {isa_level::avx2, isa_level::avx512, isa_level::avx512bf16}) {
+                if (!isa_supported(level)) continue;
+                set_active_isa(level);
                 variants.push_back(hash_family::create(c, dim, 3));
             }
-            unsetenv("HSLIDE_LSH_ISA");
+            clear_active_isa();
             variants.push_back(hash_family::create(c, dim, 3));
             for (int v = 0; v < 20; ++v) {
                 const auto x = random_vector(dim, v % 3 == 0 ? 0.1 : 0.9, gen, v % 2 == 1);

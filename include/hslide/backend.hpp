@@ -10,10 +10,12 @@
 
 #include "hslide/config.hpp"
 #include "hslide/dataset.hpp"
+#include "hslide/isa.hpp"
 #include "hslide/model.hpp"
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -93,6 +95,9 @@ struct backend_options {
     std::string kind = "cpu";  ///< "cpu" | "gpu"
     int threads = 0;           ///< CPU threads (0 = all)
     int device = 0;            ///< GPU index
+    precision_mode precision = precision_mode::fp32;
+    /// CPU kernel level; unset = active_isa() (the --isa flag, HSLIDE_ISA or the best level).
+    std::optional<isa_level> isa;
 };
 
 /// Creates a backend holding `initial` and builds its tables. Pass the state with std::move

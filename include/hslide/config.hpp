@@ -73,6 +73,18 @@ enum class scoring_mode {
 scoring_mode parse_scoring(const std::string& name);
 const char* to_string(scoring_mode mode);
 
+/// The number format a backend computes its products in.
+enum class precision_mode {
+    fp32,  ///< fp32 throughout
+    /// bf16 copies of the weights and of each layer's input feed the forward and backward
+    /// products (fp32 accumulation, vdpbf16ps where the CPU has it); the master weights, the
+    /// gradients and the Adam moments stay fp32, and a row's bf16 copy is re-rounded
+    /// (to nearest even) after each update, so small steps are never lost to bf16's 8 bits.
+    bf16,
+};
+precision_mode parse_precision(const std::string& name);
+const char* to_string(precision_mode mode);
+
 /// How the learning rate moves over a run.
 enum class lr_schedule {
     constant,  ///< `learning_rate` throughout

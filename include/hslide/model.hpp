@@ -18,32 +18,54 @@
 
 namespace hslide {
 
-/// A 64-byte aligned, zero-initialised array of floats (large blocks are advised to use huge
-/// pages where the kernel allows).
-class aligned_floats {
-  public:
-    aligned_floats() = default;
-    explicit aligned_floats(size_t n) { resize(n); }
-    aligned_floats(const aligned_floats& other);
-    aligned_floats& operator=(const aligned_floats& other);
-    aligned_floats(aligned_floats&&) noexcept = default;
-    aligned_floats& operator=(aligned_floats&&) noexcept = default;
+namespace detail {
+/// `bytes` of zeroed memory, 64-byte aligned; blocks of 8 MiB and more are 2 MiB aligned and
+/// advised to use huge pages (a kernel that refuses leaves them on normal pages).
+void* allocate_aligned_zeroed(size_t bytes);
+void free_aligned(void* p);
+}  // namespace detail
 
-    /// Resizes to n floats, all zero (contents are not kept).
-    void resize(size_t n);
+/// A 64-byte aligned, zero-initialised array of a trivially copyable type (large blocks on
+/// huge pages where the kernel allows).
+template <class T>
+class aligned_array {
+  public:
+    aligned_array() = default;
+    explicit aligned_array(size_t n) { resize(n); }
+    aligned_array(const aligned_array& other) { *this = other; }
+    aligned_array& operator=(const aligned_array& other) {
+        if (this != &other) {
+            resize(other.size_);
+            if (size_) __builtin_memcpy(data(), other.data(), size_ * sizeof(T));
+        }
+        return *this;
+    }
+    aligned_array(aligned_array&&) noexcept = default;
+    aligned_array& operator=(aligned_array&&) noexcept = default;
+
+    /// Resizes to n elements, all zero (contents are not kept).
+    void resize(size_t n) {
+        data_.reset();
+        size_ = 0;
+        if (n == 0) return;
+        data_.reset(static_cast<T*>(detail::allocate_aligned_zeroed(n * sizeof(T))));
+        size_ = n;
+    }
     size_t size() const { return size_; }
-    float* data() { return data_.get(); }
-    const float* data() const { return data_.get(); }
-    float& operator[](size_t i) { return data_.get()[i]; }
-    float operator[](size_t i) const { return data_.get()[i]; }
+    T* data() { return data_.get(); }
+    const T* data() const { return data_.get(); }
+    T& operator[](size_t i) { return data_.get()[i]; }
+    T operator[](size_t i) const { return data_.get()[i]; }
 
   private:
     struct deleter {
-        void operator()(float* p) const;
+        void operator()(T* p) const { detail::free_aligned(p); }
     };
-    std::unique_ptr<float, deleter> data_;
+    std::unique_ptr<T, deleter> data_;
     size_t size_ = 0;
 };
+
+using aligned_floats = aligned_array<float>;
 
 /// Row stride (in floats) for rows of `width` floats: width rounded up to a multiple of 16.
 inline uint32_t padded_stride(uint32_t width) {

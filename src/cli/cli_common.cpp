@@ -2,6 +2,7 @@
 #include "cli_common.hpp"
 
 #include "hslide/error.hpp"
+#include "hslide/isa.hpp"
 #include "hslide/progress.hpp"
 #include "hslide/synthetic.hpp"
 
@@ -216,6 +217,24 @@ model_config make_model_config(const model_options& o, uint32_t input_dim, uint3
 
 void normalize_inputs(dataset& data, const model_config& config) {
     if (config.input_norm == input_normalization::l2) normalize_rows_l2(data);
+}
+
+void add_compute_options(CLI::App& app, compute_options& o) {
+    app.add_option("--isa", o.isa,
+                   "CPU kernel level: auto (the best this CPU has, or $HSLIDE_ISA), scalar, "
+                   "avx2, avx512, avx512bf16")
+        ->check(CLI::IsMember({"auto", "scalar", "avx2", "avx512", "avx512bf16"}))
+        ->capture_default_str();
+    app.add_option("--precision", o.precision,
+                   "fp32, or bf16: bf16 weights and layer inputs in the products (fp32 master "
+                   "weights, gradients and Adam state)")
+        ->check(CLI::IsMember({"fp32", "bf16"}))
+        ->capture_default_str();
+}
+
+void apply_compute_options(const compute_options& o, backend_options& backend) {
+    if (o.isa != "auto") set_active_isa(parse_isa(o.isa));
+    backend.precision = parse_precision(o.precision);
 }
 
 void add_output_options(CLI::App& app, output_options& o) {

@@ -1,6 +1,7 @@
 // Pieces the `hslide` subcommands share: data options and loading, model options, logging.
 #pragma once
 
+#include "hslide/backend.hpp"
 #include "hslide/config.hpp"
 #include "hslide/dataset.hpp"
 
@@ -57,6 +58,16 @@ model_config make_model_config(const model_options& options, uint32_t input_dim,
                                uint32_t output_dim);
 /// Scales `data`'s feature values as the model's input normalization says.
 void normalize_inputs(dataset& data, const model_config& config);
+
+/// --isa / --precision: how the CPU computes.
+struct compute_options {
+    std::string isa = "auto";
+    std::string precision = "fp32";
+};
+void add_compute_options(CLI::App& app, compute_options& options);
+/// Forces the ISA level process-wide (hashing included) unless "auto", and fills the backend
+/// options' precision. Throws hslide::error when this CPU lacks the level asked for.
+void apply_compute_options(const compute_options& options, backend_options& backend);
 
 /// --quiet / --log-level / --no-progress.
 struct output_options {

@@ -25,6 +25,7 @@ struct scoring_options {
     std::string model_path;
     std::string scoring = "auto";
     int threads = 0;
+    compute_options compute;
 };
 
 void add_scoring_options(CLI::App& app, scoring_options& o) {
@@ -34,6 +35,7 @@ void add_scoring_options(CLI::App& app, scoring_options& o) {
         ->check(CLI::IsMember({"auto", "exact", "lsh"}))
         ->capture_default_str();
     app.add_option("--threads", o.threads, "CPU threads (0 = all)")->check(CLI::NonNegativeNumber);
+    add_compute_options(app, o.compute);
 }
 
 /// The checkpoint's model on a CPU backend, checked against the data's dimensions; scales
@@ -50,6 +52,7 @@ std::unique_ptr<backend> open_model(const scoring_options& o, dataset& data,
     if (o.threads > 0) omp_set_num_threads(o.threads);
     backend_options bo;
     bo.threads = o.threads;
+    apply_compute_options(o.compute, bo);
     train_config tc;
     normalize_inputs(data, ck.model.config);
     return create_backend(bo, std::move(ck.model), tc);

@@ -3,6 +3,7 @@
 
 #include "hslide/error.hpp"
 #include "hslide/gpu_devices.hpp"
+#include "hslide/isa.hpp"
 #include "hslide/progress.hpp"
 #include "hslide/synthetic.hpp"
 #include "hslide/system_info.hpp"
@@ -51,7 +52,9 @@ int run_info(int argc, char** argv) {
     if (const auto exit_code = parse_command_line(app, argc, argv)) return *exit_code;
     const system_info si = read_system_info();
     std::printf("%s\n", describe(si).c_str());
-    std::printf("cpu kernels: scalar (SIMD kernels: see the CPU fast-path issue)\n");
+    const isa_level active = active_isa();
+    std::printf("cpu kernels: %s (best on this cpu: %s; --isa or HSLIDE_ISA picks another)\n",
+                to_string(active), to_string(detected_isa()));
     std::printf("cuda backend in this build: %s\n", cuda_build() ? "yes" : "no");
     std::string problem;
     const auto gpus = list_gpus(&problem);

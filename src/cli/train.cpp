@@ -42,6 +42,8 @@ int run_train(int argc, char** argv) {
     app.add_option("--threads", tc.threads, "CPU threads (0 = all)")
         ->check(CLI::NonNegativeNumber)
         ->capture_default_str();
+    compute_options compute;
+    add_compute_options(app, compute);
     app.add_option("--epochs", tc.epochs, "epochs to train (in total, when resuming)")
         ->capture_default_str();
     app.add_option("--batch-size", tc.batch_size, "samples per step")
@@ -168,6 +170,7 @@ int run_train(int argc, char** argv) {
     backend_options bo;
     bo.kind = backend_name;
     bo.threads = tc.threads;
+    apply_compute_options(compute, bo);
     auto model = create_backend(bo, std::move(initial), tc);
     const backend_info bi = model->info();
     spdlog::info("backend: {} on {}, {}", bi.kind, bi.device, bi.precision);

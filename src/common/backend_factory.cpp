@@ -20,7 +20,9 @@ stage_times& stage_times::operator+=(const stage_times& o) {
 std::unique_ptr<backend> create_backend(const backend_options& options, model_state initial,
                                         const train_config& train) {
     if (options.kind == "cpu")
-        return std::make_unique<cpu::cpu_backend>(std::move(initial), train, options.threads);
+        return std::make_unique<cpu::cpu_backend>(
+            std::move(initial), train, options.threads,
+            cpu::kernels_for(options.isa ? *options.isa : active_isa()), options.precision);
     if (options.kind == "gpu") {
 #if HSLIDE_HAVE_CUDA
         std::string problem;

@@ -23,7 +23,16 @@ const std::pair<const char*, lr_schedule> schedule_names[] = {{"constant", lr_sc
                                                               {"linear", lr_schedule::linear}};
 const std::pair<const char*, input_normalization> normalization_names[] = {
     {"none", input_normalization::none}, {"l2", input_normalization::l2}};
+const std::pair<const char*, precision_mode> precision_names[] = {{"fp32", precision_mode::fp32},
+                                                                  {"bf16", precision_mode::bf16}};
 }  // namespace
+
+precision_mode parse_precision(const std::string& name) {
+    return parse_named(name, "precision", precision_names);
+}
+const char* to_string(precision_mode mode) {
+    return name_of(mode, precision_names);
+}
 
 lr_schedule parse_lr_schedule(const std::string& name) {
     return parse_named(name, "learning-rate schedule", schedule_names);

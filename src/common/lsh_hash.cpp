@@ -1,24 +1,18 @@
 // The LSH hash families (DWTA, WTA, SimHash, densified MinHash) declared in hslide/lsh.hpp,
 // with the enum parsing and configuration validation that go with them.
 #include "common/enum_names.hpp"
+#include "common/lsh_hash_kernels.hpp"
 #include "hslide/error.hpp"
+#include "hslide/isa.hpp"
 #include "hslide/lsh.hpp"
 
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <numeric>
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define HSLIDE_LSH_X86 1
-#else
-#define HSLIDE_LSH_X86 0
-#endif
 
 namespace hslide {
 
@@ -96,34 +90,22 @@ T* sized(std::vector<T>& v, size_t n) {
     return v.data();
 }
 
-bool cpu_has_avx2() {
-#if HSLIDE_LSH_X86
-    static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    return has;
-#else
-    return false;
-#endif
-}
-bool cpu_has_avx512() {
-#if HSLIDE_LSH_X86
-    static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-    return has;
-#else
-    return false;
-#endif
-}
-
 // --- bin families: dwta, wta, minhash --------------------------------------------------------
 
-// The winner-take-all scan: values[h] = position of the largest nonzero value in bin h
-// (the first on ties), or -1 when the bin has none. Every version makes the same comparisons
-// in the same order, so they agree exactly.
-struct bin_layout {
-    const uint32_t* bins;         // bin h = bins[h * w .. + w)
-    const uint32_t* interleaved;  // [(g * w + j) * 16 + lane] = coordinate j of hash 16g+lane
-    uint32_t w, n_hashes, dim;
-};
+using detail::bin_layout;
+using detail::project_fn;
+using detail::wta_scan_fn;
 
+#if HSLIDE_X86
+// The instruction-set level of the kernels a family picks when it is created: active_isa(),
+// where avx512bf16 adds nothing to hashing and means avx512.
+isa_level hash_isa() {
+    const isa_level level = active_isa();
+    return level == isa_level::avx512bf16 ? isa_level::avx512 : level;
+}
+#endif
+
+// The scalar winner-take-all scan (see wta_scan_fn).
 void wta_scan_scalar(const float* x, const bin_layout& b, int32_t* values) {
     // 16 hashes side by side: independent dependency chains, no branches.
     const uint32_t n_groups = (b.n_hashes + 15) / 16;
@@ -144,106 +126,11 @@ void wta_scan_scalar(const float* x, const bin_layout& b, int32_t* values) {
     }
 }
 
-#if HSLIDE_LSH_X86
-// Gathers 16 hashes' coordinates per position (two 8-wide gathers: on AMD Zen 4/5 these are
-// faster than one 16-wide gather).
-__attribute__((target("avx2,fma"))) void wta_scan_avx2(const float* x, const bin_layout& b,
-                                                       int32_t* values) {
-    const uint32_t n_groups = (b.n_hashes + 15) / 16;
-    const __m256 zero = _mm256_setzero_ps();
-    for (uint32_t g = 0; g < n_groups; ++g) {
-        const uint32_t* gi = b.interleaved + static_cast<size_t>(g) * b.w * 16;
-        __m256 best0 = _mm256_set1_ps(minus_inf), best1 = best0;
-        __m256i pos0 = _mm256_set1_epi32(-1), pos1 = pos0;
-        for (uint32_t j = 0; j < b.w; ++j) {
-            const __m256i jv = _mm256_set1_epi32(static_cast<int32_t>(j));
-            const __m256i i0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gi + j * 16));
-            const __m256i i1 =
-                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gi + j * 16 + 8));
-            const __m256 v0 = _mm256_i32gather_ps(x, i0, 4);
-            const __m256 v1 = _mm256_i32gather_ps(x, i1, 4);
-            const __m256 gt0 = _mm256_and_ps(_mm256_cmp_ps(v0, zero, _CMP_NEQ_OQ),
-                                             _mm256_cmp_ps(v0, best0, _CMP_GT_OQ));
-            const __m256 gt1 = _mm256_and_ps(_mm256_cmp_ps(v1, zero, _CMP_NEQ_OQ),
-                                             _mm256_cmp_ps(v1, best1, _CMP_GT_OQ));
-            best0 = _mm256_blendv_ps(best0, v0, gt0);
-            best1 = _mm256_blendv_ps(best1, v1, gt1);
-            pos0 = _mm256_castps_si256(
-                _mm256_blendv_ps(_mm256_castsi256_ps(pos0), _mm256_castsi256_ps(jv), gt0));
-            pos1 = _mm256_castps_si256(
-                _mm256_blendv_ps(_mm256_castsi256_ps(pos1), _mm256_castsi256_ps(jv), gt1));
-        }
-        alignas(32) int32_t pos[16];
-        _mm256_store_si256(reinterpret_cast<__m256i*>(pos), pos0);
-        _mm256_store_si256(reinterpret_cast<__m256i*>(pos + 8), pos1);
-        const uint32_t n = std::min<uint32_t>(16, b.n_hashes - g * 16);
-        std::memcpy(values + g * 16, pos, n * sizeof(int32_t));
-    }
-}
-
-// For dim <= 128 (SLIDE's hidden width): the whole vector sits in 8 registers and each
-// position's 16 values come from register permutes instead of gathers, about twice as fast.
-__attribute__((target("avx512f,avx512bw"))) void wta_scan_avx512_small(const float* x,
-                                                                       const bin_layout& b,
-                                                                       int32_t* values) {
-    __m512 xr[8];
-    for (uint32_t q = 0; q < 8; ++q) {
-        const uint32_t first = q * 16;
-        const uint32_t n = first >= b.dim ? 0 : std::min<uint32_t>(16, b.dim - first);
-        xr[q] = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1),
-                                      x + std::min(first, b.dim - 1));
-    }
-    const uint32_t n_groups = (b.n_hashes + 15) / 16;
-    const __m512 zero = _mm512_setzero_ps();
-    const __m512i bit5 = _mm512_set1_epi32(32), bit6 = _mm512_set1_epi32(64);
-    for (uint32_t g = 0; g < n_groups; ++g) {
-        const uint32_t* gi = b.interleaved + static_cast<size_t>(g) * b.w * 16;
-        __m512 best = _mm512_set1_ps(minus_inf);
-        __m512i pos = _mm512_set1_epi32(-1);
-        for (uint32_t j = 0; j < b.w; ++j) {
-            const __m512i iv = _mm512_loadu_si512(gi + j * 16);
-            // Each permute picks from 32 floats by the index's low 5 bits; bits 5 and 6 pick
-            // which 32.
-            const __m512 v0 = _mm512_permutex2var_ps(xr[0], iv, xr[1]);
-            const __m512 v1 = _mm512_permutex2var_ps(xr[2], iv, xr[3]);
-            const __m512 v2 = _mm512_permutex2var_ps(xr[4], iv, xr[5]);
-            const __m512 v3 = _mm512_permutex2var_ps(xr[6], iv, xr[7]);
-            const __mmask16 m5 = _mm512_test_epi32_mask(iv, bit5);
-            const __mmask16 m6 = _mm512_test_epi32_mask(iv, bit6);
-            const __m512 v = _mm512_mask_blend_ps(m6, _mm512_mask_blend_ps(m5, v0, v1),
-                                                  _mm512_mask_blend_ps(m5, v2, v3));
-            const __mmask16 nz = _mm512_cmp_ps_mask(v, zero, _CMP_NEQ_OQ);
-            const __mmask16 gt = _mm512_mask_cmp_ps_mask(nz, v, best, _CMP_GT_OQ);
-            best = _mm512_mask_mov_ps(best, gt, v);
-            pos = _mm512_mask_mov_epi32(pos, gt, _mm512_set1_epi32(static_cast<int32_t>(j)));
-        }
-        const uint32_t n = std::min<uint32_t>(16, b.n_hashes - g * 16);
-        _mm512_mask_storeu_epi32(values + g * 16, static_cast<__mmask16>((1u << n) - 1), pos);
-    }
-}
-#endif
-
-using wta_scan_fn = void (*)(const float*, const bin_layout&, int32_t*);
-
-// The instruction-set level the kernels use: the best this CPU has, or HSLIDE_LSH_ISA
-// (scalar | avx2 | avx512, read when a family is created) capped at that, so tests can run
-// every variant.
-enum class isa { scalar, avx2, avx512 };
-isa kernel_isa() {
-    isa best = cpu_has_avx512() ? isa::avx512 : cpu_has_avx2() ? isa::avx2 : isa::scalar;
-    if (const char* env = std::getenv("HSLIDE_LSH_ISA")) {
-        const std::string name = env;
-        const isa asked = name == "scalar" ? isa::scalar : name == "avx2" ? isa::avx2 : best;
-        if (static_cast<int>(asked) < static_cast<int>(best)) best = asked;
-    }
-    return best;
-}
-
 wta_scan_fn pick_wta_scan(uint32_t dim) {
-#if HSLIDE_LSH_X86
-    const isa level = kernel_isa();
-    if (level == isa::avx512 && dim <= 128) return wta_scan_avx512_small;
-    if (level != isa::scalar) return wta_scan_avx2;
+#if HSLIDE_X86
+    const isa_level level = hash_isa();
+    if (level == isa_level::avx512 && dim <= 128) return detail::wta_scan_avx512_small;
+    if (level != isa_level::scalar) return detail::wta_scan_avx2;
 #endif
     return wta_scan_scalar;
 }
@@ -416,62 +303,20 @@ class bin_family final : public hash_family {
 
 // --- simhash ---------------------------------------------------------------------------------
 
-// acc[p] += sum over the nonzeros, in order, of x * sign[id][p]. Each product is exact (the
-// sign is -1, 0 or 1), so fused or unfused, scalar or vector, the sums are the same, and the
-// dense and sparse paths (which both call this on the list of nonzeros) agree bit for bit.
-// Four rows per pass keep the accumulators in registers for longer.
-inline __attribute__((always_inline)) void project_impl(const uint32_t* ids, const float* xs,
-                                                        uint32_t nnz, const int8_t* signs,
-                                                        size_t stride, float* acc, uint32_t P) {
-    uint32_t n = 0;
-    for (; n + 4 <= nnz; n += 4) {
-        const int8_t* s0 = signs + ids[n] * stride;
-        const int8_t* s1 = signs + ids[n + 1] * stride;
-        const int8_t* s2 = signs + ids[n + 2] * stride;
-        const int8_t* s3 = signs + ids[n + 3] * stride;
-        const float x0 = xs[n], x1 = xs[n + 1], x2 = xs[n + 2], x3 = xs[n + 3];
-        for (uint32_t p = 0; p < P; ++p) {
-            float a = acc[p];
-            a += x0 * static_cast<float>(s0[p]);
-            a += x1 * static_cast<float>(s1[p]);
-            a += x2 * static_cast<float>(s2[p]);
-            a += x3 * static_cast<float>(s3[p]);
-            acc[p] = a;
-        }
-    }
-    for (; n < nnz; ++n) {
-        const int8_t* s = signs + ids[n] * stride;
-        const float x = xs[n];
-        for (uint32_t p = 0; p < P; ++p) acc[p] += x * static_cast<float>(s[p]);
-    }
-}
+// The scalar projection (see project_fn and project_impl).
 void project_generic(const uint32_t* ids, const float* xs, uint32_t nnz, const int8_t* signs,
                      size_t stride, float* acc, uint32_t P) {
-    project_impl(ids, xs, nnz, signs, stride, acc, P);
+    detail::project_impl(ids, xs, nnz, signs, stride, acc, P);
 }
-#if HSLIDE_LSH_X86
-__attribute__((target("avx2,fma"))) void project_avx2(const uint32_t* ids, const float* xs,
-                                                      uint32_t nnz, const int8_t* signs,
-                                                      size_t stride, float* acc, uint32_t P) {
-    project_impl(ids, xs, nnz, signs, stride, acc, P);
-}
-__attribute__((target("avx512f,avx512bw"))) void project_avx512(const uint32_t* ids,
-                                                                const float* xs, uint32_t nnz,
-                                                                const int8_t* signs, size_t stride,
-                                                                float* acc, uint32_t P) {
-    project_impl(ids, xs, nnz, signs, stride, acc, P);
-}
-#endif
-using project_fn = void (*)(const uint32_t*, const float*, uint32_t, const int8_t*, size_t, float*,
-                            uint32_t);
 project_fn pick_project() {
-#if HSLIDE_LSH_X86
-    switch (kernel_isa()) {
-        case isa::avx512:
-            return project_avx512;
-        case isa::avx2:
-            return project_avx2;
-        case isa::scalar:
+#if HSLIDE_X86
+    switch (hash_isa()) {
+        case isa_level::avx512:
+        case isa_level::avx512bf16:
+            return detail::project_avx512;
+        case isa_level::avx2:
+            return detail::project_avx2;
+        case isa_level::scalar:
             break;
     }
 #endif

@@ -13,17 +13,9 @@
 
 namespace hslide {
 
-void aligned_floats::deleter::operator()(float* p) const {
-    std::free(p);
-}
-
-void aligned_floats::resize(size_t n) {
-    data_.reset();
-    size_ = 0;
-    if (n == 0) return;
+void* detail::allocate_aligned_zeroed(size_t bytes) {
     // Round the byte count to 2 MiB for big blocks so they can sit on huge pages.
     constexpr size_t huge = size_t(2) << 20;
-    size_t bytes = n * sizeof(float);
     const bool big = bytes >= 4 * huge;
     const size_t alignment = big ? huge : 64;
     bytes = (bytes + alignment - 1) / alignment * alignment;
@@ -31,19 +23,11 @@ void aligned_floats::resize(size_t n) {
     if (!p) throw std::bad_alloc();
     if (big) madvise(p, bytes, MADV_HUGEPAGE);  // a refusal is harmless: normal pages then
     std::memset(p, 0, bytes);
-    data_.reset(static_cast<float*>(p));
-    size_ = n;
+    return p;
 }
 
-aligned_floats::aligned_floats(const aligned_floats& other) {
-    *this = other;
-}
-
-aligned_floats& aligned_floats::operator=(const aligned_floats& other) {
-    if (this == &other) return *this;
-    resize(other.size_);
-    if (size_) std::memcpy(data_.get(), other.data_.get(), size_ * sizeof(float));
-    return *this;
+void detail::free_aligned(void* p) {
+    std::free(p);
 }
 
 model_state model_state::layout(const model_config& config) {

@@ -58,11 +58,12 @@ void select_top_k(const float* scores, const uint32_t* ids, uint32_t n, uint32_t
 }  // namespace
 
 cpu_backend::cpu_backend(model_state initial, const train_config& train, int threads,
-                         const kernel_table& kernels)
+                         const kernel_table& kernels, precision_mode precision)
     : model_(std::move(initial)),
       train_(train),
       threads_(threads > 0 ? threads : omp_get_max_threads()),
-      k_(kernels) {
+      k_(kernels),
+      precision_(precision) {
     validate(model_.config);
     const size_t n_layers = model_.layers.size();
     lsh_.resize(n_layers);
@@ -81,9 +82,28 @@ cpu_backend::cpu_backend(model_state initial, const train_config& train, int thr
         s.builder = active_set_builder(max_sparse);
         s.codes.resize(max_L);
         s.grad.resize(padded_stride(max_width));
+        if (use_bf16()) s.input16.resize(max_width);
+    }
+    if (use_bf16()) {
+        weights16_.resize(n_layers);
+        for (size_t l = 0; l < n_layers; ++l) refresh_bf16_layer(l);
     }
     for (size_t l = 0; l < n_layers; ++l)
         if (model_.config.is_sparse(l)) build_layer_tables(l);
+}
+
+void cpu_backend::refresh_bf16_layer(size_t l) {
+    const layer_state& layer = model_.layers[l];
+    bf16_weights& w16 = weights16_[l];
+    // 32 bf16 values are one cache line, so rows start on line boundaries.
+    const uint32_t stride = (layer.width + 31u) & ~31u;
+    if (w16.stride != stride || w16.values.size() != size_t(layer.rows) * stride) {
+        w16.stride = stride;
+        w16.values.resize(size_t(layer.rows) * stride);
+    }
+#pragma omp parallel for schedule(static) num_threads(threads_)
+    for (int64_t r = 0; r < int64_t(layer.rows); ++r)
+        k_.to_bf16(layer.row(uint32_t(r)), w16.row(uint32_t(r)), layer.width);
 }
 
 void cpu_backend::build_layer_tables(size_t l) {
@@ -132,11 +152,17 @@ void cpu_backend::forward_sample(const dataset& data, uint32_t point, uint32_t s
         layer_buffers& out = sb.layers[0];
         out.ids.clear();
         out.act.assign(layer.bias.begin(), layer.bias.end());
-        for (uint32_t i = 0; i < x.count; ++i) {
+        for (uint32_t i = 0; i < x.count; ++i)
             HSLIDE_CHECK(x.ids[i] < layer.rows,
                          "{}: point {} has feature {} but the model has {} inputs", data.source,
                          point, x.ids[i], layer.rows);
-            k_.axpy(x.values[i], layer.row(x.ids[i]), out.act.data(), layer.width);
+        if (use_bf16()) {
+            const bf16_weights& w16 = weights16_[0];
+            k_.weighted_row_sum_bf16(w16.values.data(), w16.stride, layer.width, x.ids, x.values,
+                                     x.count, out.act.data());
+        } else {
+            k_.weighted_row_sum(layer.weights.data(), layer.stride, layer.width, x.ids, x.values,
+                                x.count, out.act.data());
         }
         for (float& a : out.act) a = a > 0.0f ? a : 0.0f;
     }
@@ -169,13 +195,23 @@ void cpu_backend::forward_sample(const dataset& data, uint32_t point, uint32_t s
         t0 = clock_type::now();
         const uint32_t n_active = sparse ? uint32_t(out.ids.size()) : layer.rows;
         out.act.resize(n_active);
-        for (uint32_t a = 0; a < n_active; ++a) {
-            const uint32_t j = sparse ? out.ids[a] : a;
-            const float* w = layer.row(j);
-            const float z = in.ids.empty() ? k_.dot(w, in.act.data(), layer.width)
-                                           : k_.gather_dot(w, in.ids.data(), in.act.data(),
-                                                           uint32_t(in.ids.size()));
-            out.act[a] = z + layer.bias[j];
+        const uint32_t* ids = sparse ? out.ids.data() : nullptr;
+        if (!in.ids.empty()) {
+            // A sparse input (an LSH hidden layer before this one): gathers from the fp32 rows.
+            for (uint32_t a = 0; a < n_active; ++a) {
+                const uint32_t j = ids ? ids[a] : a;
+                out.act[a] = k_.gather_dot(layer.row(j), in.ids.data(), in.act.data(),
+                                           uint32_t(in.ids.size())) +
+                             layer.bias[j];
+            }
+        } else if (use_bf16()) {
+            const bf16_weights& w16 = weights16_[l];
+            k_.to_bf16(in.act.data(), scratch.input16.data(), layer.width);
+            k_.active_dots_bf16(w16.values.data(), w16.stride, layer.width, ids, n_active,
+                                scratch.input16.data(), layer.bias.data(), out.act.data());
+        } else {
+            k_.active_dots(layer.weights.data(), layer.stride, layer.width, ids, n_active,
+                           in.act.data(), layer.bias.data(), out.act.data());
         }
         if (!output)
             for (float& a : out.act) a = a > 0.0f ? a : 0.0f;
@@ -191,17 +227,9 @@ void cpu_backend::forward_sample(const dataset& data, uint32_t point, uint32_t s
     sb.loss = 0;
     out.delta.assign(out.act.size(), 0.0f);
     if (sb.trained) {
-        float max_logit = -std::numeric_limits<float>::infinity();
-        for (float z : out.act) max_logit = std::max(max_logit, z);
-        double sum = 0;
-        for (size_t a = 0; a < out.act.size(); ++a) {
-            out.delta[a] = std::exp(out.act[a] - max_logit);
-            sum += out.delta[a];
-        }
-        const float inv_sum = float(1.0 / sum);
-        for (float& d : out.delta) d *= inv_sum;
+        const double log_sum =
+            k_.softmax(out.act.data(), out.delta.data(), uint32_t(out.act.size()));
         const float target = 1.0f / float(y.count);
-        const double log_sum = std::log(sum) + max_logit;
         if (out.ids.empty()) {
             for (uint32_t i = 0; i < y.count; ++i) {
                 sb.loss -= target * (out.act[y.ids[i]] - log_sum);
@@ -231,11 +259,14 @@ void cpu_backend::backward_sample(const dataset& data, uint32_t point, uint32_t 
         // dL/d a_{l-1} = W_l^T delta_l over the active neurons, then the ReLU mask.
         scratch.dense.assign(layer.width, 0.0f);
         const uint32_t n_active = out.ids.empty() ? layer.rows : uint32_t(out.ids.size());
-        for (uint32_t a = 0; a < n_active; ++a) {
-            const float d = out.delta[a];
-            if (d == 0.0f) continue;
-            const uint32_t j = out.ids.empty() ? a : out.ids[a];
-            k_.axpy(d, layer.row(j), scratch.dense.data(), layer.width);
+        const uint32_t* ids = out.ids.empty() ? nullptr : out.ids.data();
+        if (use_bf16()) {
+            const bf16_weights& w16 = weights16_[l];
+            k_.weighted_row_sum_bf16(w16.values.data(), w16.stride, layer.width, ids,
+                                     out.delta.data(), n_active, scratch.dense.data());
+        } else {
+            k_.weighted_row_sum(layer.weights.data(), layer.stride, layer.width, ids,
+                                out.delta.data(), n_active, scratch.dense.data());
         }
         in.delta.resize(in.act.size());
         for (size_t i = 0; i < in.act.size(); ++i) {
@@ -392,6 +423,7 @@ step_report cpu_backend::train_batch(const batch_view& batch, float learning_rat
             const size_t off = size_t(row) * layer.stride;
             k_.adam(layer.weights.data() + off, layer.adam_m.data() + off,
                     layer.adam_v.data() + off, grad, layer.width, step);
+            if (use_bf16()) k_.to_bf16(layer.row(row), weights16_[l].row(row), layer.width);
             if (l > 0)
                 k_.adam(&layer.bias[row], &layer.bias_m[row], &layer.bias_v[row], &bias_grad, 1,
                         step);
@@ -513,8 +545,10 @@ void cpu_backend::import_state(const model_state& in, bool with_optimizer) {
     }
     if (with_optimizer) model_.adam_step = in.adam_step;
     model_.hash_seeds = in.hash_seeds;
-    for (size_t l = 0; l < model_.layers.size(); ++l)
+    for (size_t l = 0; l < model_.layers.size(); ++l) {
+        if (use_bf16()) refresh_bf16_layer(l);
         if (model_.config.is_sparse(l)) build_layer_tables(l);
+    }
 }
 
 backend_info cpu_backend::info() const {
@@ -522,8 +556,9 @@ backend_info cpu_backend::info() const {
     bi.kind = "cpu";
     bi.device = read_system_info().cpu_model + " (" + std::to_string(threads_) + " threads, " +
                 k_.name + ")";
-    bi.precision = "fp32";
+    bi.precision = to_string(precision_);
     bi.memory_bytes = model_.memory_bytes();
+    for (const bf16_weights& w16 : weights16_) bi.memory_bytes += w16.values.size() * sizeof(bf16);
     return bi;
 }
 

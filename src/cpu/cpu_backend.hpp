@@ -10,6 +10,11 @@
 //  3. per touched row, in parallel: the row's gradient is summed over its samples in sample
 //     order and Adam is applied. Each row has one owner, so there are no races, and the
 //     result does not depend on the number of threads.
+//
+// In bf16 precision the backend also holds a bf16 copy of every layer's weights (rows padded
+// to 32 values, one cache line): the forward products and the backward W^T delta read it, and
+// phase 3 re-rounds each row it updates. The fp32 weights stay the master copy (gradients,
+// Adam, checkpoints and sparse-input gathers use them).
 #pragma once
 
 #include "hslide/backend.hpp"
@@ -24,7 +29,8 @@ namespace hslide::cpu {
 class cpu_backend final : public backend {
   public:
     cpu_backend(model_state initial, const train_config& train, int threads,
-                const kernel_table& kernels = best_kernels());
+                const kernel_table& kernels = best_kernels(),
+                precision_mode precision = precision_mode::fp32);
 
     step_report train_batch(const batch_view& batch, float learning_rate) override;
     void rebuild_tables(bool new_functions) override;
@@ -48,6 +54,8 @@ class cpu_backend final : public backend {
 
     const model_state& model() const { return model_; }
     int threads() const { return threads_; }
+    const kernel_table& kernels() const { return k_; }
+    precision_mode precision() const { return precision_; }
 
   private:
     struct layer_buffers {
@@ -65,7 +73,15 @@ class cpu_backend final : public backend {
         std::vector<uint32_t> codes;
         std::vector<float> dense;
         std::vector<float> grad;
+        std::vector<bf16> input16;  // a layer's input rounded to bf16 (bf16 precision)
         stage_times times;
+    };
+    /// A layer's weights rounded to bf16, rows `stride` values apart.
+    struct bf16_weights {
+        aligned_array<bf16> values;
+        uint32_t stride = 0;
+        const bf16* row(uint32_t r) const { return values.data() + size_t(r) * stride; }
+        bf16* row(uint32_t r) { return values.data() + size_t(r) * stride; }
     };
     struct sparse_layer {
         std::unique_ptr<hash_family> hash;
@@ -90,13 +106,18 @@ class cpu_backend final : public backend {
     void build_layer_tables(size_t l);
     /// Adds the batch-mean gradient of layer 0's bias (width floats) to `out`.
     void add_layer0_bias_gradient(const batch_view& batch, float* out) const;
+    /// Rounds the bf16 copy of every row of layer l (bf16 precision only).
+    void refresh_bf16_layer(size_t l);
+    bool use_bf16() const { return precision_ == precision_mode::bf16; }
     bool output_is_sparse() const { return model_.config.is_sparse(model_.layers.size() - 1); }
 
     model_state model_;
     train_config train_;
     int threads_;
     const kernel_table& k_;
-    std::vector<sparse_layer> lsh_;  // per layer; hash == nullptr for dense layers
+    precision_mode precision_;
+    std::vector<bf16_weights> weights16_;  // per layer; empty in fp32 precision
+    std::vector<sparse_layer> lsh_;        // per layer; hash == nullptr for dense layers
     std::vector<thread_scratch> scratch_;
     std::vector<sample_buffers> samples_;
     std::vector<row_groups> groups_;  // per layer

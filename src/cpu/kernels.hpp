@@ -1,13 +1,42 @@
-// The CPU kernels every training and prediction step is made of, behind one dispatch table.
+// The CPU kernels every training and prediction step is made of, behind one dispatch table
+// per instruction-set level (isa.hpp).
 //
-// kernels_scalar.cpp holds the plain reference versions; SIMD variants (AVX2, AVX-512,
-// AVX-512-BF16) fill the same table in their own files, compiled with their own flags, and
-// are chosen at run time from CPUID. Every variant is tested against the scalar table.
+// kernels_scalar.cpp holds the plain reference versions (compiled without auto-vectorisation);
+// kernels_avx2.cpp, kernels_avx512.cpp and kernels_avx512bf16.cpp fill the same table, each
+// compiled with its own flags only. Every variant is tested against the scalar table on
+// awkward sizes (tests/test_kernels.cpp).
+//
+// Conventions. A "rows" block holds rows `stride` elements apart, of which the first `width`
+// carry data; `ids == nullptr` means rows 0..n-1. Kernels never read past `width` in a row or
+// in a vector, so callers need no padding; SIMD variants use masked tails.
 #pragma once
 
+#include "hslide/isa.hpp"
+
+#include <cstddef>
 #include <cstdint>
 
 namespace hslide::cpu {
+
+/// A bfloat16 value as its bits: the top half of an IEEE float.
+using bf16 = uint16_t;
+
+/// float -> bf16 with round-to-nearest-even; NaN stays NaN (quietened, sign kept), infinities
+/// and subnormals are rounded like any other value (no flush to zero).
+inline bf16 float_to_bf16(float x) {
+    uint32_t u;
+    __builtin_memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<bf16>((u >> 16) | 0x0040u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return static_cast<bf16>(u >> 16);
+}
+/// bf16 -> float (exact).
+inline float bf16_to_float(bf16 h) {
+    const uint32_t u = uint32_t{h} << 16;
+    float x;
+    __builtin_memcpy(&x, &u, 4);
+    return x;
+}
 
 /// Adam constants for one step: w -= lr * (m * c1) / (sqrt(v * c2) + eps),
 /// with c1 = 1 / (1 - beta1^t) and c2 = 1 / (1 - beta2^t).
@@ -17,24 +46,57 @@ struct adam_step {
 
 /// Function pointers to one instruction-set level's kernels.
 struct kernel_table {
-    const char* name;
+    const char* name;  ///< to_string(level)
+    isa_level level;
+
+    // --- vector primitives ---
     /// sum_i a[i] * b[i]
     float (*dot)(const float* a, const float* b, uint32_t n);
-    /// sum_i row[ids[i]] * values[i]
+    /// sum_i row[ids[i]] * values[i]  (a dense row times a sparse vector)
     float (*gather_dot)(const float* row, const uint32_t* ids, const float* values, uint32_t n);
     /// y[i] += alpha * x[i]
     void (*axpy)(float alpha, const float* x, float* y, uint32_t n);
-    /// y[ids[i]] += alpha * values[i]
+    /// y[ids[i]] += alpha * values[i]  (ids distinct)
     void (*scatter_axpy)(float alpha, const uint32_t* ids, const float* values, float* y,
                          uint32_t n);
     /// Adam on n weights with gradient g (moments m, v updated in place).
     void (*adam)(float* w, float* m, float* v, const float* g, uint32_t n, const adam_step& step);
+    /// probs[i] = exp(logits[i] - max) / sum_j exp(logits[j] - max); returns log sum_j
+    /// exp(logits[j]) (the log-partition, for the loss). n >= 1; logits finite.
+    double (*softmax)(const float* logits, float* probs, uint32_t n);
+
+    // --- layer kernels (fp32 weights) ---
+    /// Active-neuron dot products: out[a] = bias[r] + <row r, x> for a < n, r = ids[a]
+    /// (bias == nullptr: no bias). Prefetches the rows a few ahead.
+    void (*active_dots)(const float* rows, size_t stride, uint32_t width, const uint32_t* ids,
+                        uint32_t n, const float* x, const float* bias, float* out);
+    /// Weighted row sum: out[0..width) += sum_i coef[i] * row ids[i]. The sparse-input layer's
+    /// forward (rows = feature rows, coef = feature values) and the backward of a layer
+    /// (rows = active neurons' weights, coef = their deltas).
+    void (*weighted_row_sum)(const float* rows, size_t stride, uint32_t width, const uint32_t* ids,
+                             const float* coef, uint32_t n, float* out);
+
+    // --- BF16 (weights and activations stored as bf16, arithmetic in fp32) ---
+    /// out[i] = float_to_bf16(x[i]) (round-to-nearest-even, the scalar definition exactly).
+    void (*to_bf16)(const float* x, bf16* out, uint32_t n);
+    /// active_dots over bf16 rows and a bf16 x; products accumulate in fp32 (vdpbf16ps on the
+    /// avx512bf16 level).
+    void (*active_dots_bf16)(const bf16* rows, size_t stride, uint32_t width, const uint32_t* ids,
+                             uint32_t n, const bf16* x, const float* bias, float* out);
+    /// weighted_row_sum over bf16 rows, accumulating into fp32 `out`.
+    void (*weighted_row_sum_bf16)(const bf16* rows, size_t stride, uint32_t width,
+                                  const uint32_t* ids, const float* coef, uint32_t n, float* out);
 };
 
 /// The scalar reference kernels.
 const kernel_table& scalar_kernels();
 
-/// The kernels for this machine (the scalar table until SIMD levels are added).
-const kernel_table& best_kernels();
+/// The kernels of `level`; throws hslide::error when this build or CPU cannot run it.
+const kernel_table& kernels_for(isa_level level);
+
+/// The kernels of active_isa().
+inline const kernel_table& best_kernels() {
+    return kernels_for(active_isa());
+}
 
 }  // namespace hslide::cpu

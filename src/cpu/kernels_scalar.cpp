@@ -1,13 +1,22 @@
-// Scalar reference kernels: the definition every SIMD variant is tested against.
+// Scalar reference kernels: the definition every SIMD variant is tested against, and the
+// dispatcher that hands out each level's table.
 //
-// Element-wise kernels take restrict pointers and copy constants to locals so the compiler may
-// vectorise them (each element's arithmetic is the same either way); reductions keep their
-// sequential order, which is the reference's definition.
+// CMake compiles this file without auto-vectorisation, so "scalar" is what it says: the
+// baseline the SIMD levels are measured against. Reductions run in index order.
 #include "kernels.hpp"
+
+#include "hslide/error.hpp"
 
 #include <cmath>
 
 namespace hslide::cpu {
+
+#if HSLIDE_X86
+const kernel_table& avx2_kernels();
+const kernel_table& avx512_kernels();
+const kernel_table& avx512bf16_kernels();
+#endif
+
 namespace {
 
 float dot_scalar(const float* a, const float* b, uint32_t n) {
@@ -22,7 +31,7 @@ float gather_dot_scalar(const float* row, const uint32_t* ids, const float* valu
     return s;
 }
 
-void axpy_scalar(float alpha, const float* __restrict x, float* __restrict y, uint32_t n) {
+void axpy_scalar(float alpha, const float* x, float* y, uint32_t n) {
     for (uint32_t i = 0; i < n; ++i) y[i] += alpha * x[i];
 }
 
@@ -31,28 +40,112 @@ void scatter_axpy_scalar(float alpha, const uint32_t* ids, const float* values, 
     for (uint32_t i = 0; i < n; ++i) y[ids[i]] += alpha * values[i];
 }
 
-void adam_scalar(float* __restrict w, float* __restrict m, float* __restrict v,
-                 const float* __restrict g, uint32_t n, const adam_step& s) {
-    const float b1 = s.beta1, b2 = s.beta2, one_minus_b1 = 1.0f - b1, one_minus_b2 = 1.0f - b2;
-    const float lr = s.lr, c1 = s.c1, c2 = s.c2, eps = s.eps;
+void adam_scalar(float* w, float* m, float* v, const float* g, uint32_t n, const adam_step& s) {
     for (uint32_t i = 0; i < n; ++i) {
-        const float mi = b1 * m[i] + one_minus_b1 * g[i];
-        const float vi = b2 * v[i] + one_minus_b2 * g[i] * g[i];
+        const float mi = s.beta1 * m[i] + (1.0f - s.beta1) * g[i];
+        const float vi = s.beta2 * v[i] + (1.0f - s.beta2) * g[i] * g[i];
         m[i] = mi;
         v[i] = vi;
-        w[i] -= lr * (mi * c1) / (std::sqrt(vi * c2) + eps);
+        w[i] -= s.lr * (mi * s.c1) / (std::sqrt(vi * s.c2) + s.eps);
     }
+}
+
+double softmax_scalar(const float* logits, float* probs, uint32_t n) {
+    float max_logit = logits[0];
+    for (uint32_t i = 1; i < n; ++i) max_logit = logits[i] > max_logit ? logits[i] : max_logit;
+    double sum = 0;
+    for (uint32_t i = 0; i < n; ++i) {
+        probs[i] = std::exp(logits[i] - max_logit);
+        sum += probs[i];
+    }
+    const float inv_sum = float(1.0 / sum);
+    for (uint32_t i = 0; i < n; ++i) probs[i] *= inv_sum;
+    return std::log(sum) + max_logit;
+}
+
+template <class T, class ToFloat>
+void active_dots_impl(const T* rows, size_t stride, uint32_t width, const uint32_t* ids, uint32_t n,
+                      const T* x, const float* bias, float* out, ToFloat to_float) {
+    for (uint32_t a = 0; a < n; ++a) {
+        const size_t r = ids ? ids[a] : a;
+        const T* row = rows + r * stride;
+        float s = 0.0f;
+        for (uint32_t i = 0; i < width; ++i) s += to_float(row[i]) * to_float(x[i]);
+        out[a] = bias ? s + bias[r] : s;
+    }
+}
+
+template <class T, class ToFloat>
+void weighted_row_sum_impl(const T* rows, size_t stride, uint32_t width, const uint32_t* ids,
+                           const float* coef, uint32_t n, float* out, ToFloat to_float) {
+    for (uint32_t k = 0; k < n; ++k) {
+        const T* row = rows + size_t(ids ? ids[k] : k) * stride;
+        for (uint32_t i = 0; i < width; ++i) out[i] += coef[k] * to_float(row[i]);
+    }
+}
+
+float identity(float x) {
+    return x;
+}
+
+void active_dots_scalar(const float* rows, size_t stride, uint32_t width, const uint32_t* ids,
+                        uint32_t n, const float* x, const float* bias, float* out) {
+    active_dots_impl(rows, stride, width, ids, n, x, bias, out, identity);
+}
+
+void weighted_row_sum_scalar(const float* rows, size_t stride, uint32_t width, const uint32_t* ids,
+                             const float* coef, uint32_t n, float* out) {
+    weighted_row_sum_impl(rows, stride, width, ids, coef, n, out, identity);
+}
+
+void to_bf16_scalar(const float* x, bf16* out, uint32_t n) {
+    for (uint32_t i = 0; i < n; ++i) out[i] = float_to_bf16(x[i]);
+}
+
+void active_dots_bf16_scalar(const bf16* rows, size_t stride, uint32_t width, const uint32_t* ids,
+                             uint32_t n, const bf16* x, const float* bias, float* out) {
+    active_dots_impl(rows, stride, width, ids, n, x, bias, out, bf16_to_float);
+}
+
+void weighted_row_sum_bf16_scalar(const bf16* rows, size_t stride, uint32_t width,
+                                  const uint32_t* ids, const float* coef, uint32_t n, float* out) {
+    weighted_row_sum_impl(rows, stride, width, ids, coef, n, out, bf16_to_float);
 }
 
 }  // namespace
 
 const kernel_table& scalar_kernels() {
-    static const kernel_table table{"scalar",    dot_scalar,          gather_dot_scalar,
-                                    axpy_scalar, scatter_axpy_scalar, adam_scalar};
+    static const kernel_table table{"scalar",
+                                    isa_level::scalar,
+                                    dot_scalar,
+                                    gather_dot_scalar,
+                                    axpy_scalar,
+                                    scatter_axpy_scalar,
+                                    adam_scalar,
+                                    softmax_scalar,
+                                    active_dots_scalar,
+                                    weighted_row_sum_scalar,
+                                    to_bf16_scalar,
+                                    active_dots_bf16_scalar,
+                                    weighted_row_sum_bf16_scalar};
     return table;
 }
 
-const kernel_table& best_kernels() {
+const kernel_table& kernels_for(isa_level level) {
+    HSLIDE_CHECK(isa_supported(level), "ISA level {} is not supported by this CPU (best: {})",
+                 to_string(level), to_string(detected_isa()));
+#if HSLIDE_X86
+    switch (level) {
+        case isa_level::avx512bf16:
+            return avx512bf16_kernels();
+        case isa_level::avx512:
+            return avx512_kernels();
+        case isa_level::avx2:
+            return avx2_kernels();
+        case isa_level::scalar:
+            break;
+    }
+#endif
     return scalar_kernels();
 }
 

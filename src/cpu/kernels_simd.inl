@@ -1,0 +1,245 @@
+// The SIMD kernels, written once over a vector-operations type `V` (see kernels_avx2.cpp and
+// kernels_avx512.cpp, which define V and include this file). Everything here sits in an
+// anonymous namespace: each including file compiles it with its own ISA flags, and internal
+// linkage keeps the linker from swapping one level's copy of a function for another's.
+//
+// V provides: vec, lanes, zero, set1, load/load_n (float and bf16 sources), load_n_fill,
+// store/store_n, store_bf16/store_bf16_n, fmadd, add, sub, mul, div, sqrt, max, round,
+// scale2 (x * 2^n for integral n), reduce_add, reduce_max, gather/gather_n, has_scatter and
+// scatter_fmadd. A `_n` operation touches only the first n < lanes elements.
+#pragma once
+
+namespace hslide::cpu {
+namespace {
+
+constexpr uint32_t prefetch_rows_ahead = 4;
+
+template <class T>
+inline void prefetch_span(const T* p, uint32_t count) {
+    const char* c = reinterpret_cast<const char*>(p);
+    for (uint32_t off = 0; off < count * sizeof(T); off += 64) _mm_prefetch(c + off, _MM_HINT_T0);
+}
+
+// <row, x> over `width` elements, four accumulators (the FMA latency needs independent chains).
+template <class V, class T>
+inline float row_dot(const T* row, const T* x, uint32_t width) {
+    constexpr uint32_t L = V::lanes;
+    auto a0 = V::zero(), a1 = V::zero(), a2 = V::zero(), a3 = V::zero();
+    uint32_t i = 0;
+    for (; i + 4 * L <= width; i += 4 * L) {
+        a0 = V::fmadd(V::load(row + i), V::load(x + i), a0);
+        a1 = V::fmadd(V::load(row + i + L), V::load(x + i + L), a1);
+        a2 = V::fmadd(V::load(row + i + 2 * L), V::load(x + i + 2 * L), a2);
+        a3 = V::fmadd(V::load(row + i + 3 * L), V::load(x + i + 3 * L), a3);
+    }
+    for (; i + L <= width; i += L) a0 = V::fmadd(V::load(row + i), V::load(x + i), a0);
+    if (i < width) a1 = V::fmadd(V::load_n(row + i, width - i), V::load_n(x + i, width - i), a1);
+    return V::reduce_add(V::add(V::add(a0, a1), V::add(a2, a3)));
+}
+
+template <class V>
+float dot_simd(const float* a, const float* b, uint32_t n) {
+    return row_dot<V>(a, b, n);
+}
+
+template <class V>
+float gather_dot_simd(const float* row, const uint32_t* ids, const float* values, uint32_t n) {
+    constexpr uint32_t L = V::lanes;
+    auto a0 = V::zero(), a1 = V::zero();
+    uint32_t i = 0;
+    for (; i + 2 * L <= n; i += 2 * L) {
+        a0 = V::fmadd(V::gather(row, ids + i), V::load(values + i), a0);
+        a1 = V::fmadd(V::gather(row, ids + i + L), V::load(values + i + L), a1);
+    }
+    for (; i + L <= n; i += L) a0 = V::fmadd(V::gather(row, ids + i), V::load(values + i), a0);
+    if (i < n) a1 = V::fmadd(V::gather_n(row, ids + i, n - i), V::load_n(values + i, n - i), a1);
+    return V::reduce_add(V::add(a0, a1));
+}
+
+template <class V>
+void axpy_simd(float alpha, const float* x, float* y, uint32_t n) {
+    constexpr uint32_t L = V::lanes;
+    const auto va = V::set1(alpha);
+    uint32_t i = 0;
+    for (; i + L <= n; i += L) V::store(y + i, V::fmadd(va, V::load(x + i), V::load(y + i)));
+    if (i < n)
+        V::store_n(y + i, V::fmadd(va, V::load_n(x + i, n - i), V::load_n(y + i, n - i)), n - i);
+}
+
+template <class V>
+void scatter_axpy_simd(float alpha, const uint32_t* ids, const float* values, float* y,
+                       uint32_t n) {
+    uint32_t i = 0;
+    if constexpr (V::has_scatter) {
+        constexpr uint32_t L = V::lanes;
+        const auto va = V::set1(alpha);
+        for (; i + L <= n; i += L) V::scatter_fmadd(va, V::load(values + i), y, ids + i);
+    }
+    for (; i < n; ++i) y[ids[i]] += alpha * values[i];
+}
+
+template <class V>
+inline void adam_vec(float* w, float* m, float* v, const float* g, uint32_t count,
+                     const adam_step& s) {
+    const auto b1 = V::set1(s.beta1), b2 = V::set1(s.beta2);
+    const auto omb1 = V::set1(1.0f - s.beta1), omb2 = V::set1(1.0f - s.beta2);
+    const auto lr = V::set1(s.lr), c1 = V::set1(s.c1), c2 = V::set1(s.c2), eps = V::set1(s.eps);
+    auto load = [count](const float* p) { return count == V::lanes ? V::load(p) : V::load_n(p, count); };
+    auto store = [count](float* p, typename V::vec x) {
+        if (count == V::lanes)
+            V::store(p, x);
+        else
+            V::store_n(p, x, count);
+    };
+    const auto gi = load(g);
+    const auto mi = V::fmadd(b1, load(m), V::mul(omb1, gi));
+    const auto vi = V::fmadd(b2, load(v), V::mul(omb2, V::mul(gi, gi)));
+    store(m, mi);
+    store(v, vi);
+    const auto step = V::div(V::mul(lr, V::mul(mi, c1)), V::add(V::sqrt(V::mul(vi, c2)), eps));
+    store(w, V::sub(load(w), step));
+}
+
+template <class V>
+void adam_simd(float* w, float* m, float* v, const float* g, uint32_t n, const adam_step& s) {
+    constexpr uint32_t L = V::lanes;
+    uint32_t i = 0;
+    for (; i + L <= n; i += L) adam_vec<V>(w + i, m + i, v + i, g + i, L, s);
+    if (i < n) adam_vec<V>(w + i, m + i, v + i, g + i, n - i, s);
+}
+
+// exp(x) for x <= 0 as in softmax: n = round(x / ln 2), r = x - n ln 2 (in two parts, so r is
+// exact), e^r by its degree-6 Taylor polynomial on |r| <= ln2 / 2 (relative error < 2e-7),
+// times 2^n. Below -87.3 the result stays at about 1e-38 instead of going subnormal.
+template <class V>
+inline typename V::vec exp_vec(typename V::vec x) {
+    x = V::max(x, V::set1(-87.3f));
+    const auto n = V::round(V::mul(x, V::set1(1.44269504088896341f)));
+    auto r = V::fmadd(n, V::set1(-0.693145751953125f), x);
+    r = V::fmadd(n, V::set1(-1.428606765330187e-06f), r);
+    auto p = V::set1(1.0f / 720.0f);
+    p = V::fmadd(p, r, V::set1(1.0f / 120.0f));
+    p = V::fmadd(p, r, V::set1(1.0f / 24.0f));
+    p = V::fmadd(p, r, V::set1(1.0f / 6.0f));
+    p = V::fmadd(p, r, V::set1(0.5f));
+    p = V::fmadd(p, r, V::set1(1.0f));
+    p = V::fmadd(p, r, V::set1(1.0f));
+    return V::scale2(p, n);
+}
+
+template <class V>
+double softmax_simd(const float* logits, float* probs, uint32_t n) {
+    constexpr uint32_t L = V::lanes;
+    const float minus_inf = -__builtin_inff();
+    auto vmax = V::set1(minus_inf);
+    uint32_t i = 0;
+    for (; i + L <= n; i += L) vmax = V::max(vmax, V::load(logits + i));
+    if (i < n) vmax = V::max(vmax, V::load_n_fill(logits + i, n - i, minus_inf));
+    const float max_logit = V::reduce_max(vmax);
+    const auto vm = V::set1(max_logit);
+    auto vsum = V::zero();
+    for (i = 0; i + L <= n; i += L) {
+        const auto e = exp_vec<V>(V::sub(V::load(logits + i), vm));
+        V::store(probs + i, e);
+        vsum = V::add(vsum, e);
+    }
+    if (i < n) {
+        // Lanes past n read as the max (exp = 1) and are dropped: only n - i are stored and summed.
+        const auto e = exp_vec<V>(V::sub(V::load_n_fill(logits + i, n - i, max_logit), vm));
+        V::store_n(probs + i, e, n - i);
+        vsum = V::add(vsum, V::load_n(probs + i, n - i));
+    }
+    const double sum = V::reduce_add(vsum);
+    const auto inv = V::set1(float(1.0 / sum));
+    for (i = 0; i + L <= n; i += L) V::store(probs + i, V::mul(V::load(probs + i), inv));
+    if (i < n) V::store_n(probs + i, V::mul(V::load_n(probs + i, n - i), inv), n - i);
+    return __builtin_log(sum) + max_logit;
+}
+
+// Active-neuron dot products with any row-dot function, prefetching the rows ahead.
+template <class T, class RowDot>
+inline void active_dots_with(RowDot row_dot_fn, const T* rows, size_t stride, uint32_t width,
+                             const uint32_t* ids, uint32_t n, const T* x, const float* bias,
+                             float* out) {
+    for (uint32_t a = 0; a < n; ++a) {
+        if (a + prefetch_rows_ahead < n) {
+            const size_t ahead = ids ? ids[a + prefetch_rows_ahead] : a + prefetch_rows_ahead;
+            prefetch_span(rows + ahead * stride, width);
+        }
+        const size_t r = ids ? ids[a] : a;
+        const float s = row_dot_fn(rows + r * stride, x, width);
+        out[a] = bias ? s + bias[r] : s;
+    }
+}
+
+template <class V, class T>
+void active_dots_simd(const T* rows, size_t stride, uint32_t width, const uint32_t* ids,
+                      uint32_t n, const T* x, const float* bias, float* out) {
+    active_dots_with(row_dot<V, T>, rows, stride, width, ids, n, x, bias, out);
+}
+
+// out += sum_k coef[k] * row_k, a block of B vectors of out at a time held in registers while
+// every row streams past, so out is read and written once per block, not once per row.
+template <class V, class T>
+void weighted_row_sum_simd(const T* rows, size_t stride, uint32_t width, const uint32_t* ids,
+                           const float* coef, uint32_t n, float* out) {
+    constexpr uint32_t L = V::lanes, B = 8;
+    uint32_t c = 0;
+    for (; c + B * L <= width; c += B * L) {
+        typename V::vec acc[B];
+        for (uint32_t j = 0; j < B; ++j) acc[j] = V::load(out + c + j * L);
+        for (uint32_t k = 0; k < n; ++k) {
+            if (k + prefetch_rows_ahead < n) {
+                const size_t ahead = ids ? ids[k + prefetch_rows_ahead] : k + prefetch_rows_ahead;
+                prefetch_span(rows + ahead * stride + c, B * L);
+            }
+            const T* row = rows + size_t(ids ? ids[k] : k) * stride + c;
+            const auto ck = V::set1(coef[k]);
+            for (uint32_t j = 0; j < B; ++j) acc[j] = V::fmadd(ck, V::load(row + j * L), acc[j]);
+        }
+        for (uint32_t j = 0; j < B; ++j) V::store(out + c + j * L, acc[j]);
+    }
+    // The remainder, one vector (the last one partial) at a time.
+    for (; c < width; c += L) {
+        const uint32_t m = width - c < L ? width - c : L;
+        auto acc = m == L ? V::load(out + c) : V::load_n(out + c, m);
+        for (uint32_t k = 0; k < n; ++k) {
+            const T* row = rows + size_t(ids ? ids[k] : k) * stride + c;
+            acc = V::fmadd(V::set1(coef[k]), m == L ? V::load(row) : V::load_n(row, m), acc);
+        }
+        if (m == L)
+            V::store(out + c, acc);
+        else
+            V::store_n(out + c, acc, m);
+    }
+}
+
+template <class V>
+void to_bf16_simd(const float* x, bf16* out, uint32_t n) {
+    constexpr uint32_t L = V::lanes;
+    uint32_t i = 0;
+    for (; i + L <= n; i += L) V::store_bf16(out + i, V::load(x + i));
+    if (i < n) V::store_bf16_n(out + i, V::load_n(x + i, n - i), n - i);
+}
+
+// The table of one level; `dots_bf16` lets a level put a native bf16 dot product in place.
+template <class V>
+constexpr kernel_table make_table(const char* name, isa_level level,
+                                  decltype(kernel_table::active_dots_bf16) dots_bf16) {
+    return kernel_table{name,
+                        level,
+                        dot_simd<V>,
+                        gather_dot_simd<V>,
+                        axpy_simd<V>,
+                        scatter_axpy_simd<V>,
+                        adam_simd<V>,
+                        softmax_simd<V>,
+                        active_dots_simd<V, float>,
+                        weighted_row_sum_simd<V, float>,
+                        to_bf16_simd<V>,
+                        dots_bf16,
+                        weighted_row_sum_simd<V, bf16>};
+}
+
+}  // namespace
+}  // namespace hslide::cpu
