@@ -9,7 +9,8 @@
 // 50,000 points, excluding table rebuilds (the LSH layer's rebuild cost is in bench_lsh).
 //
 // Run: build/bench_train_step --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
-// Environment: HSLIDE_BENCH_THREADS (default: all), HSLIDE_BENCH_DENSE_BATCHES (default 3).
+// Environment: HSLIDE_BENCH_THREADS (default: all), HSLIDE_BENCH_DENSE_BATCHES (default 3),
+// HSLIDE_BENCH_PRECISION (fp32 | bf16), HSLIDE_ISA (the kernel level, default the best).
 #include "hslide/backend.hpp"
 #include "hslide/model.hpp"
 #include "hslide/synthetic.hpp"
@@ -63,12 +64,14 @@ void train_step(benchmark::State& state, sparsity_mode output) {
     train_config tc;
     backend_options bo;
     bo.threads = env_int("HSLIDE_BENCH_THREADS", 0);
+    if (const char* p = std::getenv("HSLIDE_BENCH_PRECISION")) bo.precision = parse_precision(p);
     auto model = create_backend(bo, model_state::create(config, 1), tc);
 
     std::vector<uint32_t> order(data.size());
     std::iota(order.begin(), order.end(), 0u);
     size_t next = 0;
     uint64_t samples = 0, active = 0;
+    stage_times times;
     for (auto _ : state) {
         if (next + batch_size > order.size()) next = 0;
         const step_report r =
@@ -76,7 +79,14 @@ void train_step(benchmark::State& state, sparsity_mode output) {
         next += batch_size;
         samples += r.samples;
         active += r.active_per_layer.back();
+        times += r.times;
     }
+    // Milliseconds per batch in each stage (CPU time per thread, averaged over threads).
+    const double per_batch_ms = 1e3 / double(state.iterations());
+    state.counters["hash_ms"] = times.hashing * per_batch_ms;
+    state.counters["fwd_ms"] = times.forward * per_batch_ms;
+    state.counters["bwd_ms"] = times.backward * per_batch_ms;
+    state.counters["update_ms"] = times.update * per_batch_ms;
     state.counters["samples/s"] = benchmark::Counter(double(samples), benchmark::Counter::kIsRate);
     // (samples / points) / time, inverted: the seconds one epoch over the points would take.
     state.counters["epoch_s_50k"] =

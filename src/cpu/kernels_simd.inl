@@ -84,7 +84,9 @@ inline void adam_vec(float* w, float* m, float* v, const float* g, uint32_t coun
     const auto b1 = V::set1(s.beta1), b2 = V::set1(s.beta2);
     const auto omb1 = V::set1(1.0f - s.beta1), omb2 = V::set1(1.0f - s.beta2);
     const auto lr = V::set1(s.lr), c1 = V::set1(s.c1), c2 = V::set1(s.c2), eps = V::set1(s.eps);
-    auto load = [count](const float* p) { return count == V::lanes ? V::load(p) : V::load_n(p, count); };
+    auto load = [count](const float* p) {
+        return count == V::lanes ? V::load(p) : V::load_n(p, count);
+    };
     auto store = [count](float* p, typename V::vec x) {
         if (count == V::lanes)
             V::store(p, x);
@@ -173,8 +175,8 @@ inline void active_dots_with(RowDot row_dot_fn, const T* rows, size_t stride, ui
 }
 
 template <class V, class T>
-void active_dots_simd(const T* rows, size_t stride, uint32_t width, const uint32_t* ids,
-                      uint32_t n, const T* x, const float* bias, float* out) {
+void active_dots_simd(const T* rows, size_t stride, uint32_t width, const uint32_t* ids, uint32_t n,
+                      const T* x, const float* bias, float* out) {
     active_dots_with(row_dot<V, T>, rows, stride, width, ids, n, x, bias, out);
 }
 

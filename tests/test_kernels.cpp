@@ -1,0 +1,829 @@
+// Tests of the CPU kernel tables (src/cpu/kernels.hpp): every SIMD level against the scalar
+// reference on awkward sizes, the bf16 conversion on hand-derived edge cases, and the
+// process-wide ISA selection (isa.hpp).
+//
+// Every buffer handed to a kernel sits between guard elements. Guards of read-only inputs (and
+// the padding of each row past `width`) hold NaN: a kernel that read them would turn its
+// result into NaN and fail the comparison. Guards of outputs hold a finite canary that must
+// come back bit-for-bit unchanged: a kernel that wrote past n (or before 0) is caught.
+#include "cpu/kernels.hpp"
+#include "hslide/error.hpp"
+#include "hslide/isa.hpp"
+#include "hslide/rng.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace hslide {
+// Readable isa_level values in gtest's messages.
+void PrintTo(isa_level level, std::ostream* os) {
+    *os << to_string(level);
+}
+}  // namespace hslide
+
+using namespace hslide;
+using namespace hslide::cpu;
+
+namespace {
+
+// --- tolerances ------------------------------------------------------------------------------
+//
+// The SIMD levels may legitimately differ from the scalar reference in two ways: they fuse
+// multiply-adds (one rounding instead of two), and they sum reductions in a different order
+// (several vector accumulators, then a horizontal sum). Both errors are bounded by a few units
+// in the last place of the *magnitudes that went into* a result, not of the result itself
+// (which may cancel to near zero), so every tolerance below is relative to `mag`, the sum of
+// the absolute values of the terms feeding that element, computed in double.
+
+/// Element-wise ops (axpy, scatter_axpy, adam, weighted_row_sum[_bf16]): FMA vs separate
+/// multiply and add, ~1 ulp (6e-8) of mag per step. |got - want| <= tol * mag + floor.
+/// weighted_row_sum chains up to 100 such steps per element, whose roundings add up like a
+/// random walk; 1e-6 (~17 ulp of mag) leaves ample room and still catches any wrong term.
+constexpr double elementwise_tol = 1e-6;
+constexpr double elementwise_floor = 1e-9;
+
+/// Reductions (dot, gather_dot, active_dots[_bf16]): summation order, bounded by about
+/// n * 6e-8 * mag in the worst case and sqrt(n) * 6e-8 * mag typically (n <= 300 here).
+/// |got - want| <= tol * mag + floor, mag = sum_i |a_i * b_i| (+ |bias|).
+/// The bf16 dot products use the same bound: a bf16 x bf16 product is exact in fp32, so
+/// vdpbf16ps (which adds products in pairs before accumulating) differs from the reference by
+/// summation order only. Its flush of subnormal inputs to zero does not arise here: the
+/// inputs are bf16 roundings of N(0, 1) values.
+constexpr double reduction_tol = 1e-5;
+constexpr double reduction_floor = 1e-6;
+
+/// softmax probabilities: the SIMD exp is a degree-6 polynomial (relative error < 2e-7) and
+/// the SIMD sum runs in float rather than double. |got - want| <= abs + rel * |want|.
+constexpr double softmax_prob_abs_tol = 2e-6;
+constexpr double softmax_prob_rel_tol = 1e-5;
+/// The returned log-partition: |got - want| <= tol * max(1, |want|).
+constexpr double softmax_logz_tol = 1e-5;
+
+// --- test data -------------------------------------------------------------------------------
+
+/// The sizes every kernel is tried on: around every multiple of the 8- and 16-lane vectors
+/// and of the unrolled loops (4 x 16 floats, 128 bf16).
+constexpr uint32_t test_sizes[] = {1,  2,  7,  8,   9,   15,  16,  17,  31,  32, 33,
+                                   63, 64, 65, 127, 128, 129, 255, 256, 257, 300};
+/// Row counts for the row-block kernels.
+constexpr uint32_t row_counts[] = {0, 1, 3, 17, 100};
+
+const float nan_f = std::numeric_limits<float>::quiet_NaN();
+constexpr bf16 nan_bf16 = 0x7fc1;
+constexpr float canary_f = -7777.25f;
+constexpr bf16 canary_bf16 = 0x5a5a;
+constexpr uint32_t guard_id = 0x7fffffffu;  // an index no kernel could dereference unharmed
+
+uint32_t bits_of(float x) {
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    return u;
+}
+float float_of(uint32_t u) {
+    float x;
+    std::memcpy(&x, &u, 4);
+    return x;
+}
+
+/// n elements with `head` guard elements before and `tail` after; head = 3 also makes the
+/// data misaligned for every vector width.
+template <class T>
+class guarded {
+  public:
+    static constexpr size_t head = 3, tail = 37;
+
+    guarded(size_t n, T guard) : buf_(head + n + tail, guard), n_(n), guard_(guard) {}
+
+    T* data() { return buf_.data() + head; }
+    const T* data() const { return buf_.data() + head; }
+    size_t size() const { return n_; }
+    T& operator[](size_t i) { return buf_[head + i]; }
+    const T& operator[](size_t i) const { return buf_[head + i]; }
+
+    /// Whether every guard element still holds the guard's exact bits.
+    ::testing::AssertionResult guards_intact() const {
+        for (size_t i = 0; i < buf_.size(); ++i) {
+            if (i >= head && i < head + n_) continue;
+            if (std::memcmp(&buf_[i], &guard_, sizeof(T)) != 0)
+                return ::testing::AssertionFailure()
+                       << "guard element " << (i < head ? "before" : "after") << " the data, at "
+                       << (static_cast<long>(i) - static_cast<long>(head)) << " (n = " << n_
+                       << "), was overwritten";
+        }
+        return ::testing::AssertionSuccess();
+    }
+
+  private:
+    std::vector<T> buf_;
+    size_t n_;
+    T guard_;
+};
+
+/// A copy of `src` (data and guards alike).
+template <class T>
+guarded<T> copy_of(const guarded<T>& src) {
+    return src;
+}
+
+float normal(rng& gen, float scale = 1.0f) {
+    return scale * static_cast<float>(gen.normal());
+}
+
+guarded<float> random_vector(size_t n, rng& gen, float guard, float scale = 1.0f) {
+    guarded<float> v(n, guard);
+    for (size_t i = 0; i < n; ++i) v[i] = normal(gen, scale);
+    return v;
+}
+
+/// `count` distinct ids from [0, universe), in random (unsorted) order.
+guarded<uint32_t> distinct_ids(uint32_t count, uint32_t universe, rng& gen) {
+    std::vector<uint32_t> all(universe);
+    std::iota(all.begin(), all.end(), 0u);
+    shuffle(all.begin(), all.end(), gen);
+    guarded<uint32_t> ids(count, guard_id);
+    for (uint32_t i = 0; i < count; ++i) ids[i] = all[i];
+    return ids;
+}
+
+/// A rows block: `rows` rows of `width` values, `stride` = width rounded up to 16 plus 16
+/// apart; the padding past `width` in every row holds NaN (a kernel must not read it).
+template <class T>
+struct rows_block {
+    uint32_t rows, width;
+    size_t stride;
+    guarded<T> data;
+
+    const T* row(size_t r) const { return data.data() + r * stride; }
+};
+
+size_t padded_stride(uint32_t width) {
+    return (width + 15u) / 16u * 16u + 16u;
+}
+
+rows_block<float> random_rows(uint32_t rows, uint32_t width, rng& gen) {
+    const size_t stride = padded_stride(width);
+    rows_block<float> b{rows, width, stride, guarded<float>(rows * stride, nan_f)};
+    for (uint32_t r = 0; r < rows; ++r)
+        for (uint32_t i = 0; i < width; ++i) b.data[r * stride + i] = normal(gen);
+    return b;
+}
+
+rows_block<bf16> random_rows_bf16(uint32_t rows, uint32_t width, rng& gen) {
+    const size_t stride = padded_stride(width);
+    rows_block<bf16> b{rows, width, stride, guarded<bf16>(rows * stride, nan_bf16)};
+    for (uint32_t r = 0; r < rows; ++r) {
+        for (uint32_t i = 0; i < width; ++i) b.data[r * stride + i] = float_to_bf16(normal(gen));
+        for (size_t i = width; i < stride; ++i) b.data[r * stride + i] = nan_bf16;
+    }
+    return b;
+}
+
+guarded<bf16> random_vector_bf16(size_t n, rng& gen) {
+    guarded<bf16> v(n, nan_bf16);
+    for (size_t i = 0; i < n; ++i) v[i] = float_to_bf16(normal(gen));
+    return v;
+}
+
+float to_float(float x) {
+    return x;
+}
+float to_float(bf16 h) {
+    return bf16_to_float(h);
+}
+
+/// A random 32-bit pattern, biased towards the cases float -> bf16 can get wrong: NaNs
+/// (quiet and signalling), infinities, subnormals, zeros, and low halves at or next to the
+/// rounding tie (0x7fff, 0x8000, 0x8001), with either parity of the kept half.
+uint32_t random_float_bits(rng& gen) {
+    uint32_t u = static_cast<uint32_t>(gen());
+    switch (gen.below(8)) {
+        case 0:  // exponent all ones: infinity or NaN
+            u |= 0x7f800000u;
+            if (gen.below(4) == 0) u &= 0xff800000u;  // infinity
+            break;
+        case 1:  // exponent zero: subnormal or zero
+            u &= 0x807fffffu;
+            if (gen.below(8) == 0) u &= 0x80000000u;
+            break;
+        case 2: {  // a tie or a neighbour of one
+            constexpr uint32_t lows[] = {0x7fffu, 0x8000u, 0x8001u};
+            u = (u & 0xffff0000u) | lows[gen.below(3)];
+            break;
+        }
+        case 3:  // largest magnitudes (round to infinity or not)
+            u |= 0x7f7f0000u;
+            u &= 0xff7fffffu;
+            break;
+        default:  // uniform bits
+            break;
+    }
+    return u;
+}
+
+/// The float edge cases of the bf16 conversion, with their hand-derived bf16 bits.
+struct bf16_case {
+    uint32_t in;
+    bf16 out;
+    const char* what;
+};
+constexpr bf16_case bf16_cases[] = {
+    {0x00000000u, 0x0000, "+0"},
+    {0x80000000u, 0x8000, "-0"},
+    {0x3f800000u, 0x3f80, "1.0"},
+    {0xc0000000u, 0xc000, "-2.0"},
+    {0x7f800000u, 0x7f80, "+inf"},
+    {0xff800000u, 0xff80, "-inf"},
+    {0x7fc00000u, 0x7fc0, "quiet NaN"},
+    {0x7fc00001u, 0x7fc0, "quiet NaN, payload in the dropped half"},
+    {0xffc00000u, 0xffc0, "negative quiet NaN"},
+    {0x7f800001u, 0x7fc0, "signalling NaN: quietened, not rounded to inf"},
+    {0xff800001u, 0xffc0, "negative signalling NaN keeps its sign"},
+    {0x7fa00000u, 0x7fe0, "signalling NaN with a payload in the kept half"},
+    {0x7fffffffu, 0x7fff, "NaN, all ones: must not carry into the sign"},
+    {0xffffffffu, 0xffff, "negative NaN, all ones"},
+    {0x7f7fffffu, 0x7f80, "largest float rounds up to +inf"},
+    {0xff7fffffu, 0xff80, "most negative float rounds down to -inf"},
+    {0x7f7f7fffu, 0x7f7f, "large, just below the tie"},
+    {0x3f808000u, 0x3f80, "tie, even half stays"},
+    {0x3f818000u, 0x3f82, "tie, odd half rounds up"},
+    {0x3f808001u, 0x3f81, "just above a tie"},
+    {0x3f807fffu, 0x3f80, "just below a tie"},
+    {0xbf818000u, 0xbf82, "negative tie, odd half rounds away from zero"},
+    {0x00000001u, 0x0000, "smallest subnormal"},
+    {0x00008000u, 0x0000, "subnormal tie to even (zero)"},
+    {0x00018000u, 0x0002, "subnormal tie, odd rounds up"},
+    {0x00010000u, 0x0001, "exact subnormal kept, not flushed"},
+    {0x80010000u, 0x8001, "exact negative subnormal kept"},
+    {0x007fffffu, 0x0080, "largest subnormal rounds to the smallest normal"},
+    {0x807fffffu, 0x8080, "largest negative subnormal rounds to the smallest normal"},
+    {0x00800000u, 0x0080, "smallest normal"},
+};
+
+// --- comparisons -----------------------------------------------------------------------------
+
+/// Compares got[i] with want[i] for i < n against tol(i); reports the first mismatches.
+template <class Tol>
+::testing::AssertionResult all_close(const float* got, const float* want, size_t n, Tol tol) {
+    size_t bad = 0;
+    std::ostringstream msg;
+    for (size_t i = 0; i < n; ++i) {
+        const double t = tol(i);
+        const double err = std::fabs(double(got[i]) - double(want[i]));
+        if (!(err <= t)) {  // also catches NaN
+            if (bad < 5)
+                msg << "\n  [" << i << "] got " << got[i] << ", want " << want[i] << " (error "
+                    << err << " > tolerance " << t << ")";
+            ++bad;
+        }
+    }
+    if (bad == 0) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure() << bad << " of " << n << " elements differ:" << msg.str();
+}
+
+::testing::AssertionResult bits_equal(const bf16* got, const bf16* want, const float* in,
+                                      size_t n) {
+    size_t bad = 0;
+    std::ostringstream msg;
+    for (size_t i = 0; i < n; ++i) {
+        if (got[i] != want[i]) {
+            if (bad < 5)
+                msg << "\n  [" << i << "] input 0x" << std::hex << bits_of(in[i]) << ": got 0x"
+                    << got[i] << ", want 0x" << want[i] << std::dec;
+            ++bad;
+        }
+    }
+    if (bad == 0) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure() << bad << " of " << n << " elements differ:" << msg.str();
+}
+
+double reduction_bound(double mag) {
+    return reduction_tol * mag + reduction_floor;
+}
+double elementwise_bound(double mag) {
+    return elementwise_tol * mag + elementwise_floor;
+}
+
+// --- the per-level comparison against the scalar reference -----------------------------------
+
+class kernel_level : public ::testing::TestWithParam<isa_level> {
+  protected:
+    void SetUp() override {
+        if (!isa_supported(GetParam()))
+            GTEST_SKIP() << "this CPU does not support " << to_string(GetParam())
+                         << " (best: " << to_string(detected_isa()) << ")";
+        k_ = &kernels_for(GetParam());
+    }
+
+    const kernel_table& k() const { return *k_; }
+    const kernel_table& ref() const { return scalar_kernels(); }
+    /// A generator seeded per test and level, so every test draws fresh but fixed inputs.
+    rng gen(uint64_t stream) const {
+        return rng(derive_seed(0x6b65726e656c73ull + static_cast<uint64_t>(GetParam()), stream));
+    }
+
+  private:
+    const kernel_table* k_ = nullptr;
+};
+
+std::string level_name(const ::testing::TestParamInfo<isa_level>& info) {
+    return to_string(info.param);
+}
+
+INSTANTIATE_TEST_SUITE_P(levels, kernel_level,
+                         ::testing::Values(isa_level::avx2, isa_level::avx512,
+                                           isa_level::avx512bf16),
+                         level_name);
+
+TEST_P(kernel_level, table_identity) {
+    EXPECT_EQ(k().level, GetParam());
+    EXPECT_STREQ(k().name, to_string(GetParam()));
+}
+
+TEST_P(kernel_level, dot) {
+    rng g = gen(1);
+    for (uint32_t n : test_sizes) {
+        SCOPED_TRACE("n = " + std::to_string(n));
+        const auto a = random_vector(n, g, nan_f), b = random_vector(n, g, nan_f);
+        double mag = 0;
+        for (uint32_t i = 0; i < n; ++i) mag += std::fabs(double(a[i]) * b[i]);
+        const float got = k().dot(a.data(), b.data(), n);
+        const float want = ref().dot(a.data(), b.data(), n);
+        EXPECT_TRUE(all_close(&got, &want, 1, [&](size_t) { return reduction_bound(mag); }));
+    }
+}
+
+TEST_P(kernel_level, gather_dot) {
+    rng g = gen(2);
+    for (uint32_t n : test_sizes) {
+        SCOPED_TRACE("n = " + std::to_string(n));
+        const uint32_t row_size = 2 * n + 7;
+        const auto row = random_vector(row_size, g, nan_f);
+        const auto ids = distinct_ids(n, row_size, g);
+        const auto values = random_vector(n, g, nan_f);
+        double mag = 0;
+        for (uint32_t i = 0; i < n; ++i) mag += std::fabs(double(row[ids[i]]) * values[i]);
+        const float got = k().gather_dot(row.data(), ids.data(), values.data(), n);
+        const float want = ref().gather_dot(row.data(), ids.data(), values.data(), n);
+        EXPECT_TRUE(all_close(&got, &want, 1, [&](size_t) { return reduction_bound(mag); }));
+    }
+}
+
+TEST_P(kernel_level, axpy) {
+    rng g = gen(3);
+    for (uint32_t n : test_sizes) {
+        SCOPED_TRACE("n = " + std::to_string(n));
+        const float alpha = normal(g);
+        const auto x = random_vector(n, g, nan_f);
+        const auto y0 = random_vector(n, g, canary_f);
+        auto got = copy_of(y0), want = copy_of(y0);
+        k().axpy(alpha, x.data(), got.data(), n);
+        ref().axpy(alpha, x.data(), want.data(), n);
+        EXPECT_TRUE(all_close(got.data(), want.data(), n, [&](size_t i) {
+            return elementwise_bound(std::fabs(y0[i]) + std::fabs(double(alpha) * x[i]));
+        }));
+        EXPECT_TRUE(got.guards_intact());
+    }
+}
+
+TEST_P(kernel_level, scatter_axpy) {
+    rng g = gen(4);
+    for (uint32_t n : test_sizes) {
+        SCOPED_TRACE("n = " + std::to_string(n));
+        const uint32_t y_size = 3 * n + 5;
+        const float alpha = normal(g);
+        const auto ids = distinct_ids(n, y_size, g);
+        const auto values = random_vector(n, g, nan_f);
+        const auto y0 = random_vector(y_size, g, canary_f);
+        auto got = copy_of(y0), want = copy_of(y0);
+        k().scatter_axpy(alpha, ids.data(), values.data(), got.data(), n);
+        ref().scatter_axpy(alpha, ids.data(), values.data(), want.data(), n);
+        std::vector<double> mag(y_size);
+        for (uint32_t j = 0; j < y_size; ++j) mag[j] = std::fabs(y0[j]);
+        for (uint32_t i = 0; i < n; ++i) mag[ids[i]] += std::fabs(double(alpha) * values[i]);
+        EXPECT_TRUE(all_close(got.data(), want.data(), y_size,
+                              [&](size_t j) { return elementwise_bound(mag[j]); }));
+        // Elements no id names stay exactly as they were.
+        std::vector<bool> named(y_size);
+        for (uint32_t i = 0; i < n; ++i) named[ids[i]] = true;
+        for (uint32_t j = 0; j < y_size; ++j) {
+            if (!named[j]) {
+                ASSERT_EQ(bits_of(got[j]), bits_of(y0[j])) << "untouched y[" << j << "]";
+            }
+        }
+        EXPECT_TRUE(got.guards_intact());
+    }
+}
+
+TEST_P(kernel_level, adam) {
+    rng g = gen(5);
+    const float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+    for (uint32_t n : test_sizes) {
+        SCOPED_TRACE("n = " + std::to_string(n));
+        auto w = random_vector(n, g, canary_f);
+        auto m = random_vector(n, g, canary_f, 0.1f);
+        guarded<float> v(n, canary_f);
+        // v >= 0 and of the size m^2 that real Adam keeps it at (|m| <~ sqrt(v)).
+        for (uint32_t i = 0; i < n; ++i) v[i] = m[i] * m[i] + 0.01f * std::pow(normal(g), 2.0f);
+        // Several steps from the same state on both sides: each step is compared on
+        // identical inputs (the reference's state carries on), with fresh gradients.
+        for (int t = 3; t <= 6; ++t) {
+            SCOPED_TRACE("t = " + std::to_string(t));
+            const adam_step step{lr,
+                                 beta1,
+                                 beta2,
+                                 eps,
+                                 float(1.0 / (1.0 - std::pow(double(beta1), t))),
+                                 float(1.0 / (1.0 - std::pow(double(beta2), t)))};
+            const auto grad = random_vector(n, g, nan_f);
+            auto w_got = copy_of(w), m_got = copy_of(m), v_got = copy_of(v);
+            auto w_want = copy_of(w), m_want = copy_of(m), v_want = copy_of(v);
+            k().adam(w_got.data(), m_got.data(), v_got.data(), grad.data(), n, step);
+            ref().adam(w_want.data(), m_want.data(), v_want.data(), grad.data(), n, step);
+            EXPECT_TRUE(all_close(m_got.data(), m_want.data(), n, [&](size_t i) {
+                return elementwise_bound(beta1 * std::fabs(m[i]) +
+                                         (1 - beta1) * std::fabs(grad[i]));
+            })) << "m";
+            EXPECT_TRUE(all_close(v_got.data(), v_want.data(), n, [&](size_t i) {
+                return elementwise_bound(beta2 * v[i] + (1 - beta2) * grad[i] * grad[i]);
+            })) << "v";
+            // The step is a product and quotient of values that agree to a few ulp (and v is
+            // kept >= ~m^2, so m's rounding cannot be blown up by a tiny sqrt(v)): relative to
+            // |w| + |step|.
+            EXPECT_TRUE(all_close(w_got.data(), w_want.data(), n, [&](size_t i) {
+                return elementwise_bound(std::fabs(w[i]) + std::fabs(double(w[i]) - w_want[i]));
+            })) << "w";
+            EXPECT_TRUE(w_got.guards_intact());
+            EXPECT_TRUE(m_got.guards_intact());
+            EXPECT_TRUE(v_got.guards_intact());
+            w = w_want;
+            m = m_want;
+            v = v_want;
+        }
+    }
+}
+
+TEST_P(kernel_level, softmax) {
+    rng g = gen(6);
+    for (int very_negative = 0; very_negative < 2; ++very_negative) {
+        for (uint32_t n : test_sizes) {
+            SCOPED_TRACE("n = " + std::to_string(n) +
+                         (very_negative ? ", with logits near -200" : ""));
+            guarded<float> logits(n, nan_f);
+            for (uint32_t i = 0; i < n; ++i) {
+                logits[i] = -30.0f + 40.0f * g.uniform();
+                // Every third logit (never all of them) far below the rest: exp underflows.
+                if (very_negative && n > 1 && i % 3 == 1) logits[i] = -200.0f - 10 * g.uniform();
+            }
+            guarded<float> got(n, canary_f), want(n, canary_f);
+            const double logz_got = k().softmax(logits.data(), got.data(), n);
+            const double logz_want = ref().softmax(logits.data(), want.data(), n);
+            EXPECT_TRUE(all_close(got.data(), want.data(), n, [&](size_t i) {
+                return softmax_prob_abs_tol + softmax_prob_rel_tol * std::fabs(want[i]);
+            }));
+            EXPECT_NEAR(logz_got, logz_want,
+                        softmax_logz_tol * std::max(1.0, std::fabs(logz_want)));
+            double total = 0;
+            for (uint32_t i = 0; i < n; ++i) total += got[i];
+            EXPECT_NEAR(total, 1.0, 1e-5);
+            EXPECT_TRUE(got.guards_intact());
+        }
+    }
+}
+
+/// active_dots or active_dots_bf16 of one level against the scalar one, on every width, row
+/// count, with and without ids and bias.
+template <class T, class Dots>
+void check_active_dots(Dots got_fn, Dots want_fn, rng& g) {
+    for (uint32_t width : test_sizes) {
+        for (uint32_t n : row_counts) {
+            const uint32_t rows = 2 * n + 3;
+            rows_block<T> block = [&] {
+                if constexpr (std::is_same_v<T, bf16>)
+                    return random_rows_bf16(rows, width, g);
+                else
+                    return random_rows(rows, width, g);
+            }();
+            const guarded<T> x = [&] {
+                if constexpr (std::is_same_v<T, bf16>)
+                    return random_vector_bf16(width, g);
+                else
+                    return random_vector(width, g, nan_f);
+            }();
+            const auto bias = random_vector(rows, g, nan_f);
+            const auto ids = distinct_ids(n, rows, g);
+            for (int use_ids = 0; use_ids < 2; ++use_ids) {
+                for (int use_bias = 0; use_bias < 2; ++use_bias) {
+                    SCOPED_TRACE("width = " + std::to_string(width) + ", n = " + std::to_string(n) +
+                                 (use_ids ? ", ids" : ", ids = nullptr") +
+                                 (use_bias ? ", bias" : ", bias = nullptr"));
+                    const uint32_t* id_ptr = use_ids ? ids.data() : nullptr;
+                    const float* bias_ptr = use_bias ? bias.data() : nullptr;
+                    guarded<float> got(n, canary_f), want(n, canary_f);
+                    got_fn(block.data.data(), block.stride, width, id_ptr, n, x.data(), bias_ptr,
+                           got.data());
+                    want_fn(block.data.data(), block.stride, width, id_ptr, n, x.data(), bias_ptr,
+                            want.data());
+                    EXPECT_TRUE(all_close(got.data(), want.data(), n, [&](size_t a) {
+                        const size_t r = use_ids ? ids[a] : a;
+                        double mag = use_bias ? std::fabs(bias[r]) : 0.0;
+                        for (uint32_t i = 0; i < width; ++i)
+                            mag += std::fabs(double(to_float(block.row(r)[i])) * to_float(x[i]));
+                        return reduction_bound(mag);
+                    }));
+                    EXPECT_TRUE(got.guards_intact());
+                }
+            }
+        }
+    }
+}
+
+/// weighted_row_sum or weighted_row_sum_bf16 of one level against the scalar one.
+template <class T, class Sum>
+void check_weighted_row_sum(Sum got_fn, Sum want_fn, rng& g) {
+    for (uint32_t width : test_sizes) {
+        for (uint32_t n : row_counts) {
+            const uint32_t rows = 2 * n + 3;
+            rows_block<T> block = [&] {
+                if constexpr (std::is_same_v<T, bf16>)
+                    return random_rows_bf16(rows, width, g);
+                else
+                    return random_rows(rows, width, g);
+            }();
+            const auto coef = random_vector(n, g, nan_f);
+            const auto ids = distinct_ids(n, rows, g);
+            const auto out0 = random_vector(width, g, canary_f);
+            for (int use_ids = 0; use_ids < 2; ++use_ids) {
+                SCOPED_TRACE("width = " + std::to_string(width) + ", n = " + std::to_string(n) +
+                             (use_ids ? ", ids" : ", ids = nullptr"));
+                const uint32_t* id_ptr = use_ids ? ids.data() : nullptr;
+                auto got = copy_of(out0), want = copy_of(out0);
+                got_fn(block.data.data(), block.stride, width, id_ptr, coef.data(), n, got.data());
+                want_fn(block.data.data(), block.stride, width, id_ptr, coef.data(), n,
+                        want.data());
+                if (n == 0) {
+                    for (uint32_t i = 0; i < width; ++i)
+                        ASSERT_EQ(bits_of(got[i]), bits_of(out0[i]))
+                            << "n = 0 changed out[" << i << "]";
+                }
+                EXPECT_TRUE(all_close(got.data(), want.data(), width, [&](size_t i) {
+                    double mag = std::fabs(out0[i]);
+                    for (uint32_t kk = 0; kk < n; ++kk) {
+                        const size_t r = use_ids ? ids[kk] : kk;
+                        mag += std::fabs(double(coef[kk]) * to_float(block.row(r)[i]));
+                    }
+                    return elementwise_bound(mag);
+                }));
+                EXPECT_TRUE(got.guards_intact());
+            }
+        }
+    }
+}
+
+TEST_P(kernel_level, active_dots) {
+    rng g = gen(7);
+    check_active_dots<float>(k().active_dots, ref().active_dots, g);
+}
+
+TEST_P(kernel_level, weighted_row_sum) {
+    rng g = gen(8);
+    check_weighted_row_sum<float>(k().weighted_row_sum, ref().weighted_row_sum, g);
+}
+
+TEST_P(kernel_level, active_dots_bf16) {
+    rng g = gen(9);
+    check_active_dots<bf16>(k().active_dots_bf16, ref().active_dots_bf16, g);
+}
+
+TEST_P(kernel_level, weighted_row_sum_bf16) {
+    rng g = gen(10);
+    check_weighted_row_sum<bf16>(k().weighted_row_sum_bf16, ref().weighted_row_sum_bf16, g);
+}
+
+TEST_P(kernel_level, to_bf16_random_floats_and_bit_patterns) {
+    rng g = gen(11);
+    for (int patterns = 0; patterns < 2; ++patterns) {
+        for (uint32_t n : test_sizes) {
+            SCOPED_TRACE("n = " + std::to_string(n) +
+                         (patterns ? ", random bit patterns" : ", N(0, 1) values"));
+            guarded<float> x(n, nan_f);
+            for (uint32_t i = 0; i < n; ++i)
+                x[i] = patterns ? float_of(random_float_bits(g)) : normal(g);
+            guarded<bf16> got(n, canary_bf16), want(n, canary_bf16);
+            k().to_bf16(x.data(), got.data(), n);
+            ref().to_bf16(x.data(), want.data(), n);
+            EXPECT_TRUE(bits_equal(got.data(), want.data(), x.data(), n));
+            EXPECT_TRUE(got.guards_intact());
+        }
+    }
+}
+
+TEST_P(kernel_level, to_bf16_edge_cases) {
+    // Every edge case in every lane position, through full vectors and masked tails alike.
+    constexpr size_t cases = sizeof(bf16_cases) / sizeof(bf16_cases[0]);
+    for (uint32_t n : test_sizes) {
+        for (size_t shift = 0; shift < cases; ++shift) {
+            guarded<float> x(n, nan_f);
+            for (uint32_t i = 0; i < n; ++i) x[i] = float_of(bf16_cases[(i + shift) % cases].in);
+            guarded<bf16> got(n, canary_bf16);
+            k().to_bf16(x.data(), got.data(), n);
+            for (uint32_t i = 0; i < n; ++i) {
+                const bf16_case& c = bf16_cases[(i + shift) % cases];
+                ASSERT_EQ(got[i], c.out) << std::hex << "input 0x" << c.in << " (" << c.what
+                                         << ") in lane " << std::dec << i << " of n = " << n;
+            }
+            ASSERT_TRUE(got.guards_intact()) << "n = " << n;
+        }
+    }
+}
+
+TEST_P(kernel_level, to_bf16_many_random_bit_patterns) {
+    rng g = gen(12);
+    constexpr uint32_t n = 100003;  // not a multiple of any vector width
+    guarded<float> x(n, nan_f);
+    for (uint32_t i = 0; i < n; ++i) x[i] = float_of(random_float_bits(g));
+    guarded<bf16> got(n, canary_bf16);
+    k().to_bf16(x.data(), got.data(), n);
+    std::vector<bf16> want(n);
+    for (uint32_t i = 0; i < n; ++i) want[i] = float_to_bf16(x[i]);
+    EXPECT_TRUE(bits_equal(got.data(), want.data(), x.data(), n));
+    EXPECT_TRUE(got.guards_intact());
+}
+
+// --- the scalar bf16 conversion --------------------------------------------------------------
+
+TEST(bf16, float_to_bf16_edge_cases) {
+    for (const bf16_case& c : bf16_cases)
+        EXPECT_EQ(float_to_bf16(float_of(c.in)), c.out)
+            << std::hex << "input 0x" << c.in << " (" << c.what << ")";
+}
+
+TEST(bf16, round_trip_of_every_bf16_value) {
+    for (uint32_t h = 0; h <= 0xffffu; ++h) {
+        const bf16 b = static_cast<bf16>(h);
+        const float f = bf16_to_float(b);
+        ASSERT_EQ(bits_of(f), h << 16) << std::hex << "bf16_to_float(0x" << h << ")";
+        const bool is_nan = (h & 0x7f80u) == 0x7f80u && (h & 0x007fu) != 0;
+        ASSERT_EQ(std::isnan(f), is_nan) << std::hex << "0x" << h;
+        if (is_nan) {
+            // NaN stays NaN, sign and payload kept, quiet bit set.
+            ASSERT_EQ(float_to_bf16(f), static_cast<bf16>(h | 0x0040u)) << std::hex << "0x" << h;
+        } else {
+            ASSERT_EQ(float_to_bf16(f), b) << std::hex << "0x" << h;
+        }
+    }
+}
+
+TEST(bf16, float_to_bf16_matches_a_double_rounding_reference) {
+    // An independent definition for finite values: round to the nearest bf16 (ties to the even
+    // one) by comparing distances in double, where both neighbours are exact.
+    rng g(derive_seed(0xbf16, 1));
+    for (int trial = 0; trial < 100000; ++trial) {
+        const uint32_t u = random_float_bits(g);
+        const float x = float_of(u);
+        if (!std::isfinite(x)) continue;
+        const bf16 down = static_cast<bf16>(u >> 16);  // toward zero
+        const bf16 up = static_cast<bf16>(down + 1);   // away from zero (may be infinity)
+        const double d_down = std::fabs(double(x) - double(bf16_to_float(down)));
+        // IEEE rounding overflows to infinity exactly when the value, rounded with an unbounded
+        // exponent, would be 2^128: so infinity stands for 2^128 in the distance.
+        const double up_value = (up & 0x7fffu) == 0x7f80u ? std::copysign(std::ldexp(1.0, 128), x)
+                                                          : double(bf16_to_float(up));
+        const double d_up = std::fabs(up_value - double(x));
+        bf16 want;
+        if (d_down < d_up)
+            want = down;
+        else if (d_up < d_down)
+            want = up;
+        else
+            want = (down & 1u) ? up : down;
+        ASSERT_EQ(float_to_bf16(x), want) << std::hex << "input 0x" << u;
+    }
+}
+
+// --- ISA selection ---------------------------------------------------------------------------
+
+constexpr isa_level all_levels[] = {isa_level::scalar, isa_level::avx2, isa_level::avx512,
+                                    isa_level::avx512bf16};
+
+/// Restores HSLIDE_ISA and clears any forced level when the test ends, pass or fail.
+class isa_state_guard {
+  public:
+    isa_state_guard() {
+        if (const char* env = std::getenv("HSLIDE_ISA")) saved_ = std::string(env);
+        clear_active_isa();
+    }
+    ~isa_state_guard() {
+        clear_active_isa();
+        if (saved_)
+            setenv("HSLIDE_ISA", saved_->c_str(), 1);
+        else
+            unsetenv("HSLIDE_ISA");
+    }
+    isa_state_guard(const isa_state_guard&) = delete;
+    isa_state_guard& operator=(const isa_state_guard&) = delete;
+
+  private:
+    std::optional<std::string> saved_;
+};
+
+TEST(isa, names_round_trip) {
+    EXPECT_STREQ(to_string(isa_level::scalar), "scalar");
+    EXPECT_STREQ(to_string(isa_level::avx2), "avx2");
+    EXPECT_STREQ(to_string(isa_level::avx512), "avx512");
+    EXPECT_STREQ(to_string(isa_level::avx512bf16), "avx512bf16");
+    for (isa_level level : all_levels) EXPECT_EQ(parse_isa(to_string(level)), level);
+    EXPECT_THROW(parse_isa("sse9"), hslide::error);
+    EXPECT_THROW(parse_isa(""), hslide::error);
+}
+
+TEST(isa, levels_are_ordered_and_scalar_is_always_supported) {
+    EXPECT_TRUE(isa_supported(isa_level::scalar));
+    EXPECT_TRUE(isa_supported(detected_isa()));
+    bool supported = true;
+    for (isa_level level : all_levels) {
+        // Once a level is unsupported, every later one is too.
+        if (!isa_supported(level)) supported = false;
+        EXPECT_EQ(isa_supported(level), supported) << to_string(level);
+    }
+}
+
+TEST(isa, kernel_tables_name_their_level) {
+    for (isa_level level : all_levels) {
+        if (!isa_supported(level)) {
+            EXPECT_THROW(kernels_for(level), hslide::error) << to_string(level);
+            continue;
+        }
+        EXPECT_EQ(kernels_for(level).level, level);
+        EXPECT_STREQ(kernels_for(level).name, to_string(level));
+    }
+    EXPECT_EQ(scalar_kernels().level, isa_level::scalar);
+    EXPECT_STREQ(scalar_kernels().name, "scalar");
+}
+
+TEST(isa, forced_level) {
+    isa_state_guard guard;
+    unsetenv("HSLIDE_ISA");
+    EXPECT_EQ(active_isa(), detected_isa());
+    set_active_isa(detected_isa());
+    EXPECT_EQ(active_isa(), detected_isa());
+    for (isa_level level : all_levels) {
+        if (isa_supported(level)) {
+            set_active_isa(level);
+            EXPECT_EQ(active_isa(), level);
+            EXPECT_EQ(best_kernels().level, level);
+        } else {
+            EXPECT_THROW(set_active_isa(level), hslide::error) << to_string(level);
+        }
+    }
+    if (detected_isa() < isa_level::avx512bf16) {
+        EXPECT_THROW(set_active_isa(isa_level::avx512bf16), hslide::error);
+    }
+    clear_active_isa();
+    EXPECT_EQ(active_isa(), detected_isa());
+    EXPECT_EQ(best_kernels().level, detected_isa());
+}
+
+TEST(isa, environment_variable) {
+    isa_state_guard guard;
+    setenv("HSLIDE_ISA", "scalar", 1);
+    EXPECT_EQ(active_isa(), isa_level::scalar);
+    EXPECT_EQ(best_kernels().level, isa_level::scalar);
+
+    // A forced level wins over the environment; clearing it hands the choice back.
+    set_active_isa(detected_isa());
+    EXPECT_EQ(active_isa(), detected_isa());
+    clear_active_isa();
+    EXPECT_EQ(active_isa(), isa_level::scalar);
+
+    setenv("HSLIDE_ISA", "bogus", 1);
+    EXPECT_THROW(active_isa(), hslide::error);
+
+    // An empty value counts as unset.
+    setenv("HSLIDE_ISA", "", 1);
+    EXPECT_EQ(active_isa(), detected_isa());
+
+    for (isa_level level : all_levels) {
+        setenv("HSLIDE_ISA", to_string(level), 1);
+        if (isa_supported(level)) {
+            EXPECT_EQ(active_isa(), level) << to_string(level);
+        } else {
+            EXPECT_THROW(active_isa(), hslide::error) << to_string(level);
+        }
+    }
+
+    unsetenv("HSLIDE_ISA");
+    EXPECT_EQ(active_isa(), detected_isa());
+}
+
+}  // namespace
