@@ -48,6 +48,9 @@ struct step_report {
     std::vector<uint64_t> active_per_layer;  ///< neurons computed, summed over samples
     stage_times times;
     double seconds = 0;  ///< wall time of the step
+
+    /// Sums another report into this one (per-layer counts elementwise).
+    step_report& operator+=(const step_report& o);
 };
 
 /// What a backend is and has.
@@ -57,6 +60,24 @@ struct backend_info {
     std::string precision;           ///< "fp32" or "bf16"
     uint64_t memory_bytes = 0;       ///< bytes the model replica holds
     uint64_t free_memory_bytes = 0;  ///< free device memory (0 when not applicable)
+};
+
+/// One worker of a multi-device backend (the hybrid one), over a window of its work.
+struct worker_stats {
+    std::string name;         ///< e.g. "cpu0" or "gpu0"
+    uint64_t samples = 0;     ///< samples trained
+    uint64_t batches = 0;     ///< batches trained (each one model update of its replica)
+    double update_share = 0;  ///< batches / all workers' batches in the window
+    double busy_seconds = 0;  ///< training, rebuilding and merging
+    double wall_seconds = 0;  ///< length of the window
+    uint32_t batch_min = 0, batch_max = 0, batch_last = 0;  ///< batch sizes chosen
+    double batch_mean = 0;
+    uint64_t merges = 0;        ///< merges of its replica into the shared model
+    double merge_seconds = 0;   ///< time in merges (export, add, import with table rebuild)
+    double staleness_mean = 0;  ///< other workers' merges between its sync and its merge
+    uint64_t staleness_max = 0;
+
+    double utilisation() const { return wall_seconds > 0 ? busy_seconds / wall_seconds : 0; }
 };
 
 class backend {
@@ -88,6 +109,15 @@ class backend {
     virtual const model_state* host_state() const { return nullptr; }
 
     virtual backend_info info() const = 0;
+
+    /// Waits until every batch handed to train_batch is applied and the model is consistent,
+    /// and returns the report of work finished since the last train_batch or synchronize.
+    /// train_batch of an asynchronous backend (the hybrid one) may return before its batch is
+    /// trained, with the report of earlier ones; synchronous backends return an empty report.
+    virtual step_report synchronize() { return {}; }
+
+    /// Per-worker statistics since the last call (multi-device backends; empty otherwise).
+    virtual std::vector<worker_stats> take_worker_stats() { return {}; }
 };
 
 /// Options for creating a backend.

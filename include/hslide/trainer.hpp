@@ -47,7 +47,8 @@ struct epoch_record {
     double samples_per_s = 0;
     double loss = 0;  ///< mean training loss over the epoch
     double mean_active_output = 0;
-    stage_times times;  ///< summed over the epoch
+    stage_times times;                  ///< summed over the epoch
+    std::vector<worker_stats> workers;  ///< per worker of a hybrid backend (else empty)
     bool evaluated = false;
     metrics_result metrics;
     double eval_seconds = 0;
@@ -79,7 +80,8 @@ class trainer {
     const trainer_state& state() const { return state_; }
 
   private:
-    epoch_record run_epoch();
+    /// One epoch; with `synchronize_at_end`, waits until an asynchronous backend applied it.
+    epoch_record run_epoch(bool synchronize_at_end);
     /// The learning rate of the next step under the schedule (a function of samples seen, so
     /// a resumed run continues the same schedule).
     float learning_rate_now() const;

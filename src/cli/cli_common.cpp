@@ -9,11 +9,13 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <sstream>
 
 namespace hslide::cli {
 
@@ -235,6 +237,101 @@ void add_compute_options(CLI::App& app, compute_options& o) {
 void apply_compute_options(const compute_options& o, backend_options& backend) {
     if (o.isa != "auto") set_active_isa(parse_isa(o.isa));
     backend.precision = parse_precision(o.precision);
+}
+
+void add_hybrid_options(CLI::App& app, hybrid_cli& o) {
+    app.add_option("--schedule", o.policy,
+                   "hybrid: hogbatch (fixed --worker-batch sizes) or adaptive (sizes from "
+                   "measured throughput, to meet --update-share)")
+        ->check(CLI::IsMember({"hogbatch", "adaptive"}))
+        ->capture_default_str();
+    app.add_option("--workers", o.workers, "hybrid: the workers, e.g. cpu,gpu or cpu,cpu")
+        ->capture_default_str();
+    app.add_option("--worker-threads", o.threads,
+                   "hybrid: CPU threads per CPU worker (one value, or one per worker; 0 = the "
+                   "cores left after the other workers' explicit counts, shared evenly)")
+        ->capture_default_str();
+    app.add_option("--worker-batch", o.batch,
+                   "hybrid: batch size per worker (hogbatch: fixed; adaptive: the start)")
+        ->capture_default_str();
+    app.add_option("--update-share", o.share,
+                   "hybrid, adaptive: relative share of model updates per worker")
+        ->capture_default_str();
+    app.add_option("--merge-every", o.merge_every,
+                   "hybrid: samples a worker trains between merges into the shared model (0 = "
+                   "automatic: as often as keeps merges near half its time; 1 = after every batch)")
+        ->capture_default_str();
+    app.add_option("--min-batch", o.min_batch, "hybrid, adaptive: smallest batch size")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    app.add_option("--max-batch", o.max_batch, "hybrid, adaptive: largest batch size")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+}
+
+hybrid_options make_hybrid_options(const hybrid_cli& o, const backend_options& device,
+                                   const train_config& train) {
+    auto split = [](const std::string& text) {
+        std::vector<std::string> parts;
+        std::stringstream in(text);
+        for (std::string part; std::getline(in, part, ',');) parts.push_back(part);
+        return parts;
+    };
+    const std::vector<std::string> kinds = split(o.workers);
+    const size_t n = kinds.size();
+    HSLIDE_CHECK(n > 0, "--workers names no worker");
+    for (const std::string& kind : kinds)
+        HSLIDE_CHECK(kind == "cpu" || kind == "gpu", "--workers: unknown worker '{}' (cpu, gpu)",
+                     kind);
+    // The i-th value of a list flag as a number, the one value standing for every worker.
+    auto value = [&](const std::string& text, const char* flag, size_t i) {
+        const std::vector<std::string> values = split(text);
+        HSLIDE_CHECK(values.size() == 1 || values.size() == n,
+                     "{} has {} values for {} hybrid workers (give one, or one per worker)", flag,
+                     values.size(), n);
+        const std::string& v = values.size() == 1 ? values[0] : values[i];
+        size_t used = 0;
+        double x = 0;
+        try {
+            x = std::stod(v, &used);
+        } catch (const std::exception&) {
+            used = 0;
+        }
+        HSLIDE_CHECK(used == v.size() && used > 0 && x >= 0, "{}: '{}' is not a number >= 0", flag,
+                     v);
+        return x;
+    };
+    // Threads: explicit counts first, the rest of the cores shared by the CPU workers given 0.
+    int explicit_threads = 0, automatic = 0;
+    for (size_t i = 0; i < n; ++i) {
+        if (kinds[i] != "cpu") continue;
+        const int t = int(value(o.threads, "--worker-threads", i));
+        explicit_threads += t;
+        automatic += t == 0;
+    }
+    const int cores = train.threads > 0 ? train.threads : omp_get_max_threads();
+    const int share = automatic ? std::max(1, (cores - explicit_threads) / automatic) : 0;
+    hybrid_options h;
+    h.policy = parse_schedule_policy(o.policy);
+    h.reference_batch = train.batch_size;
+    h.merge_every = o.merge_every;
+    h.min_batch = o.min_batch;
+    h.max_batch = o.max_batch;
+    for (size_t i = 0; i < n; ++i) {
+        hybrid_worker_options w;
+        w.device = device;
+        w.device.kind = kinds[i];
+        if (kinds[i] == "cpu") {
+            const int t = int(value(o.threads, "--worker-threads", i));
+            w.device.threads = t > 0 ? t : share;
+        }
+        w.batch_size = uint32_t(value(o.batch, "--worker-batch", i));
+        HSLIDE_CHECK(w.batch_size > 0, "--worker-batch sizes must be positive");
+        w.update_share = value(o.share, "--update-share", i);
+        HSLIDE_CHECK(w.update_share > 0, "--update-share values must be positive");
+        h.workers.push_back(w);
+    }
+    return h;
 }
 
 void add_output_options(CLI::App& app, output_options& o) {

@@ -4,6 +4,7 @@
 #include "hslide/backend.hpp"
 #include "hslide/config.hpp"
 #include "hslide/dataset.hpp"
+#include "hslide/hybrid.hpp"
 
 #include <CLI/CLI.hpp>
 
@@ -68,6 +69,25 @@ void add_compute_options(CLI::App& app, compute_options& options);
 /// Forces the ISA level process-wide (hashing included) unless "auto", and fills the backend
 /// options' precision. Throws hslide::error when this CPU lacks the level asked for.
 void apply_compute_options(const compute_options& options, backend_options& backend);
+
+/// The flags of --backend=hybrid.
+/// Lists are comma-separated text (one value, or one per worker), so defaults such as
+/// "cpu,gpu" print in --print-config exactly as they read back.
+struct hybrid_cli {
+    std::string policy = "adaptive";
+    std::string workers = "cpu,gpu";
+    std::string threads = "0";
+    std::string batch = "32,1024";
+    std::string share = "1";
+    uint64_t merge_every = 0;
+    uint32_t min_batch = 8, max_batch = 8192;
+};
+void add_hybrid_options(CLI::App& app, hybrid_cli& options);
+/// The hybrid backend's options: one worker per --workers entry, each list flag giving one
+/// value per worker or one for all; `device` is the template for every worker (precision,
+/// ISA). Throws hslide::error on a list of the wrong length.
+hybrid_options make_hybrid_options(const hybrid_cli& options, const backend_options& device,
+                                   const train_config& train);
 
 /// --quiet / --log-level / --no-progress.
 struct output_options {

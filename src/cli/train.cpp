@@ -4,6 +4,7 @@
 #include "hslide/backend.hpp"
 #include "hslide/checkpoint.hpp"
 #include "hslide/error.hpp"
+#include "hslide/hybrid.hpp"
 #include "hslide/model.hpp"
 #include "hslide/progress.hpp"
 #include "hslide/system_info.hpp"
@@ -44,6 +45,8 @@ int run_train(int argc, char** argv) {
         ->capture_default_str();
     compute_options compute;
     add_compute_options(app, compute);
+    hybrid_cli hybrid;
+    add_hybrid_options(app, hybrid);
     app.add_option("--epochs", tc.epochs, "epochs to train (in total, when resuming)")
         ->capture_default_str();
     app.add_option("--batch-size", tc.batch_size, "samples per step")
@@ -119,11 +122,6 @@ int run_train(int argc, char** argv) {
     to.backend_name = backend_name;
     validate(tc);
 
-    if (backend_name == "hybrid")
-        throw error(
-            error_kind::unsupported,
-            "--backend=hybrid: the hybrid CPU+GPU scheduler is not in this build yet (issue: "
-            "hybrid training); use --backend=cpu");
     if (tc.threads > 0) omp_set_num_threads(tc.threads);
 
     loaded_data d = load_data(data);
@@ -171,7 +169,14 @@ int run_train(int argc, char** argv) {
     bo.kind = backend_name;
     bo.threads = tc.threads;
     apply_compute_options(compute, bo);
-    auto model = create_backend(bo, std::move(initial), tc);
+    std::unique_ptr<backend> model;
+    if (backend_name == "hybrid") {
+        const hybrid_options ho = make_hybrid_options(hybrid, bo, tc);
+        model = create_hybrid_backend(ho, initial, tc);
+        initial = model_state{};  // the workers hold their copies
+    } else {
+        model = create_backend(bo, std::move(initial), tc);
+    }
     const backend_info bi = model->info();
     spdlog::info("backend: {} on {}, {}", bi.kind, bi.device, bi.precision);
 
@@ -185,6 +190,15 @@ int run_train(int argc, char** argv) {
             line += fmt::format("  P@1 {:.4f} P@3 {:.4f} P@5 {:.4f}", r.metrics.p_at(1),
                                 r.metrics.p_at(3), r.metrics.p_at(5));
         std::printf("%s\n", line.c_str());
+        for (const worker_stats& w : r.workers)
+            std::printf(
+                "    %-5s %8llu samples  %6llu batches (%.0f%% of updates)  batch %u..%u "
+                "(mean %.0f, now %u)  busy %.0f%%  %llu merges %.1f s  staleness %.1f "
+                "(max %llu)\n",
+                w.name.c_str(), (unsigned long long)w.samples, (unsigned long long)w.batches,
+                100 * w.update_share, w.batch_min, w.batch_max, w.batch_mean, w.batch_last,
+                100 * w.utilisation(), (unsigned long long)w.merges, w.merge_seconds,
+                w.staleness_mean, (unsigned long long)w.staleness_max);
         std::fflush(stdout);
     });
     for (auto it = records.rbegin(); it != records.rend(); ++it) {

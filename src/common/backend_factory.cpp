@@ -17,6 +17,18 @@ stage_times& stage_times::operator+=(const stage_times& o) {
     return *this;
 }
 
+step_report& step_report::operator+=(const step_report& o) {
+    samples += o.samples;
+    loss_sum += o.loss_sum;
+    if (active_per_layer.size() < o.active_per_layer.size())
+        active_per_layer.resize(o.active_per_layer.size(), 0);
+    for (size_t l = 0; l < o.active_per_layer.size(); ++l)
+        active_per_layer[l] += o.active_per_layer[l];
+    times += o.times;
+    seconds += o.seconds;
+    return *this;
+}
+
 std::unique_ptr<backend> create_backend(const backend_options& options, model_state initial,
                                         const train_config& train) {
     if (options.kind == "cpu")
@@ -38,6 +50,8 @@ std::unique_ptr<backend> create_backend(const backend_options& options, model_st
                     "available and -DHSLIDE_CUDA=ON)");
 #endif
     }
+    HSLIDE_CHECK(options.kind != "hybrid",
+                 "a hybrid backend is made of workers: create it with create_hybrid_backend");
     throw error(error_kind::invalid_argument,
                 "unknown backend '" + options.kind + "' (valid: cpu, gpu, hybrid)");
 }

@@ -83,7 +83,7 @@ float trainer::learning_rate_now() const {
     return float(tc.learning_rate * std::max(left, 1e-3));
 }
 
-epoch_record trainer::run_epoch() {
+epoch_record trainer::run_epoch(bool synchronize_at_end) {
     const train_config& tc = options_.train;
     epoch_record record;
     record.epoch = state_.epochs_done + 1;
@@ -106,19 +106,24 @@ epoch_record trainer::run_epoch() {
     }
     progress bar(fmt::format("epoch {}/{}", record.epoch, tc.epochs), order.size(), "samples",
                  options_.show_progress);
+    // Reports count the samples they cover: an asynchronous backend (hybrid) reports batches
+    // as they finish, possibly after the epoch that queued them.
     double loss_sum = 0;
-    uint64_t active_output = 0;
-    for (size_t begin = 0; begin < order.size(); begin += tc.batch_size) {
-        const uint32_t size = uint32_t(std::min<size_t>(tc.batch_size, order.size() - begin));
-        const step_report report =
-            model_.train_batch({&train_, order.data() + begin, size}, learning_rate_now());
+    uint64_t active_output = 0, reported = 0;
+    auto add_report = [&](const step_report& report, size_t at_sample) {
         HSLIDE_CHECK_KIND(
             std::isfinite(report.loss_sum), error_kind::runtime,
             "training diverged at epoch {}, sample {} (loss is {}); lower the learning rate",
-            record.epoch, begin, report.loss_sum);
+            record.epoch, at_sample, report.loss_sum);
         loss_sum += report.loss_sum;
-        active_output += report.active_per_layer.back();
+        if (!report.active_per_layer.empty()) active_output += report.active_per_layer.back();
+        reported += report.samples;
         record.times += report.times;
+    };
+    for (size_t begin = 0; begin < order.size(); begin += tc.batch_size) {
+        const uint32_t size = uint32_t(std::min<size_t>(tc.batch_size, order.size() - begin));
+        add_report(model_.train_batch({&train_, order.data() + begin, size}, learning_rate_now()),
+                   begin);
         state_.samples_seen += size;
         if (state_.samples_seen >= state_.next_rebuild) {
             const bool rehash = tc.rehash_every > 0 && state_.samples_seen >= state_.next_rehash;
@@ -131,16 +136,18 @@ epoch_record trainer::run_epoch() {
                 state_.samples_seen + uint64_t(std::llround(state_.rebuild_period));
         }
         bar.add(size);
-        bar.set_suffix(fmt::format("loss {:.4f}", loss_sum / double(begin + size)));
+        if (reported > 0) bar.set_suffix(fmt::format("loss {:.4f}", loss_sum / double(reported)));
     }
+    if (synchronize_at_end) add_report(model_.synchronize(), order.size());
     bar.finish();
     record.epoch_seconds = seconds_since(t_epoch);
     state_.seconds += record.epoch_seconds;
     state_.epochs_done += 1;
     record.seconds = state_.seconds;
     record.samples_per_s = double(order.size()) / record.epoch_seconds;
-    record.loss = loss_sum / double(order.size());
-    record.mean_active_output = double(active_output) / double(order.size());
+    record.loss = reported ? loss_sum / double(reported) : 0.0;
+    record.mean_active_output = reported ? double(active_output) / double(reported) : 0.0;
+    record.workers = model_.take_worker_stats();
     return record;
 }
 
@@ -158,6 +165,21 @@ void trainer::write_metrics_record(const epoch_record& r) {
     j["stage_seconds"] = {{"hashing", r.times.hashing},   {"forward", r.times.forward},
                           {"backward", r.times.backward}, {"update", r.times.update},
                           {"rebuild", r.times.rebuild},   {"transfer", r.times.transfer}};
+    for (const worker_stats& w : r.workers)
+        j["workers"].push_back({{"name", w.name},
+                                {"samples", w.samples},
+                                {"batches", w.batches},
+                                {"update_share", w.update_share},
+                                {"utilisation", w.utilisation()},
+                                {"busy_seconds", w.busy_seconds},
+                                {"batch_min", w.batch_min},
+                                {"batch_mean", w.batch_mean},
+                                {"batch_max", w.batch_max},
+                                {"batch_last", w.batch_last},
+                                {"merges", w.merges},
+                                {"merge_seconds", w.merge_seconds},
+                                {"staleness_mean", w.staleness_mean},
+                                {"staleness_max", w.staleness_max}});
     if (r.evaluated) {
         for (int k = 1; k <= int(r.metrics.precision.size()); ++k) {
             j[fmt::format("p@{}", k)] = r.metrics.p_at(k);
@@ -187,10 +209,14 @@ std::vector<epoch_record> trainer::run(const std::function<void(const epoch_reco
     std::vector<epoch_record> records;
     const uint32_t total = options_.train.epochs;
     while (state_.epochs_done < total) {
-        epoch_record record = run_epoch();
-        const bool last = state_.epochs_done == total;
-        const bool due = options_.eval_every > 0 && record.epoch % options_.eval_every == 0;
-        if (test_ && test_->size() > 0 && (due || last)) {
+        // Evaluations, checkpoints and the run's end need the whole epoch applied; other
+        // epochs flow into the next without a barrier.
+        const uint32_t epoch = state_.epochs_done + 1;
+        const bool last = epoch == total;
+        const bool due = options_.eval_every > 0 && epoch % options_.eval_every == 0;
+        const bool evaluate_now = test_ && test_->size() > 0 && (due || last);
+        epoch_record record = run_epoch(evaluate_now || last || !options_.save_path.empty());
+        if (evaluate_now) {
             const auto t0 = clock_type::now();
             record.metrics = evaluate(model_, *test_, options_.eval, inverse_propensities_);
             record.eval_seconds = seconds_since(t0);

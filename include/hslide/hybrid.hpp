@@ -1,0 +1,77 @@
+// The hybrid backend: several backends (a CPU and a GPU; in tests, two CPUs) training one model
+// together, Hogbatch style (Ma & Rusu 2020).
+//
+// Scheduling. The trainer's batches go into one queue of samples. Every worker (a backend on
+// its own thread) takes its next batch from the front when it is free, so a fast device never
+// waits for a slow one, and no barrier stands at an epoch's end unless the trainer asks for a
+// consistent model (evaluation, checkpoint, the end of the run: synchronize()).
+//  - hogbatch: every worker keeps its configured batch size (small on the CPU, large on the GPU).
+//  - adaptive: batch sizes are re-chosen after every batch from each worker's measured
+//    throughput (an exponential average of seconds per sample at its current size), so that
+//    worker w makes share s_w of all model updates: b_w ∝ throughput_w / s_w, scaled so the
+//    mean batch is the reference batch size, within [min_batch, max_batch].
+//  - learning rate: a worker with batch b uses lr * sqrt(b / reference_batch) (the square-root
+//    rule, which keeps the noise scale of Adam's steps constant across batch sizes).
+//
+// Model sharing. Each worker trains its own replica (with its own Adam moments and tables). The
+// shared model holds parameters only. Every `merge_every` samples (by default as often as
+// keeps merging near half its time) a worker merges: it adds its
+// replica's change since its last sync (replica - base) to the shared model, under a lock, and
+// takes the result as its new replica and base; importing rebuilds its tables. Changes are
+// added, never overwritten, so no worker's work is dropped however the merges interleave; a
+// worker's staleness is the number of other merges between its sync and its merge. Merges are
+// per worker and asynchronous: no worker waits for another. synchronize() merges every worker
+// once more, so after it all replicas equal the shared model.
+#pragma once
+
+#include "hslide/backend.hpp"
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace hslide {
+
+/// How the hybrid backend sizes each worker's batches.
+enum class schedule_policy {
+    hogbatch,  ///< fixed per-worker batch sizes
+    adaptive,  ///< sizes chosen from measured throughput to meet per-worker update shares
+};
+schedule_policy parse_schedule_policy(const std::string& name);
+const char* to_string(schedule_policy policy);
+
+/// One worker of a hybrid backend.
+struct hybrid_worker_options {
+    backend_options device;     ///< what to create (kind "cpu" or "gpu", threads, ...)
+    uint32_t batch_size = 128;  ///< hogbatch: its batch size; adaptive: the starting size
+    double update_share = 1.0;  ///< adaptive: relative share of model updates (normalised)
+    /// Tests: seconds of sleep added per sample trained, to make a worker slower.
+    double injected_delay_per_sample = 0;
+    /// Makes the device instead of create_backend(device, ...) when set (tests, custom devices).
+    std::function<std::unique_ptr<backend>(const model_state&, const train_config&)> make_device;
+};
+
+struct hybrid_options {
+    std::vector<hybrid_worker_options> workers;
+    schedule_policy policy = schedule_policy::adaptive;
+    uint32_t reference_batch = 128;  ///< the batch size the learning rate is meant for
+    uint32_t min_batch = 8, max_batch = 8192;
+    /// Samples a worker trains between merges; 0 = automatic: after each merge, the next
+    /// comes once the worker has trained merge_overhead^-1 times the merge's duration, so
+    /// merges cost about that share of its time (every batch or so for small models).
+    uint64_t merge_every = 0;
+    double merge_overhead = 0.5;
+};
+
+/// Creates the workers' backends from `initial` (each gets a copy) and starts their threads.
+/// Throws hslide::error for an empty worker list, bad bounds, or a worker that cannot be made.
+std::unique_ptr<backend> create_hybrid_backend(const hybrid_options& options,
+                                               const model_state& initial,
+                                               const train_config& train);
+
+/// Adds the change `replica - base` to `shared`, weights and biases of every layer
+/// (the merge rule; all three must have the same shapes).
+void add_replica_change(model_state& shared, const model_state& replica, const model_state& base);
+
+}  // namespace hslide

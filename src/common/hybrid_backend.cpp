@@ -1,0 +1,439 @@
+// The hybrid backend (see hybrid.hpp for the scheduling and merge design).
+#include "hslide/hybrid.hpp"
+
+#include "enum_names.hpp"
+#include "hslide/error.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <limits>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+namespace hslide {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+double seconds_since(clock_type::time_point t0) {
+    return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+constexpr std::pair<const char*, schedule_policy> policy_names[] = {
+    {"hogbatch", schedule_policy::hogbatch}, {"adaptive", schedule_policy::adaptive}};
+
+/// The parameters of `m` (weights and biases), without optimizer state.
+model_state parameters_of(const model_state& m) {
+    model_state p = model_state::layout(m.config);
+    p.adam_step = m.adam_step;
+    p.hash_seeds = m.hash_seeds;
+    for (size_t l = 0; l < m.layers.size(); ++l) {
+        p.layers[l].weights = m.layers[l].weights;
+        p.layers[l].bias = m.layers[l].bias;
+    }
+    return p;
+}
+
+void copy_parameters(model_state& dst, const model_state& src) {
+    for (size_t l = 0; l < src.layers.size(); ++l) {
+        dst.layers[l].weights = src.layers[l].weights;
+        dst.layers[l].bias = src.layers[l].bias;
+    }
+}
+
+class hybrid_backend final : public backend {
+  public:
+    hybrid_backend(const hybrid_options& options, const model_state& initial,
+                   const train_config& train);
+    ~hybrid_backend() override;
+
+    step_report train_batch(const batch_view& batch, float learning_rate) override;
+    void rebuild_tables(bool new_functions) override;
+    void predict(const batch_view& batch, uint32_t k, scoring_mode scoring, uint32_t* labels,
+                 float* scores) override;
+    void export_state(model_state& out, bool with_optimizer) const override;
+    void import_state(const model_state& in, bool with_optimizer) override;
+    backend_info info() const override;
+    step_report synchronize() override;
+    std::vector<worker_stats> take_worker_stats() override;
+
+  private:
+    struct queued_sample {
+        uint32_t row;
+        float learning_rate;
+    };
+    struct worker {
+        hybrid_worker_options options;
+        std::string name;
+        std::unique_ptr<backend> device;
+        model_state base;  // the shared parameters at its last sync
+        uint64_t synced_version = 0;
+        uint32_t batch_size = 0;
+        double seconds_per_sample = 0;  // exponential average; 0 = not measured yet
+        uint64_t since_merge = 0;
+        uint64_t merge_interval = 0;  // samples
+        bool rebuild_pending = false, rehash_pending = false;
+        worker_stats window;
+        double staleness_sum = 0;
+        std::thread thread;
+    };
+
+    void run_worker(worker& w);
+    /// Adds w's change to the shared model and makes the result w's replica (w idle).
+    void merge(worker& w);
+    /// Waits until the queue is empty and every worker idle; rethrows a worker's failure.
+    void drain(std::unique_lock<std::mutex>& lock);
+    /// drain, then merge every worker: all replicas equal the shared model.
+    void synchronize_models();
+    void choose_batch_sizes();
+    size_t queue_capacity() const;
+
+    hybrid_options options_;
+    std::vector<std::unique_ptr<worker>> workers_;
+    double share_sum_ = 0;
+
+    mutable std::mutex mu_;  // the queue, pending report, flags, statistics
+    std::condition_variable work_ready_, work_done_;
+    std::deque<queued_sample> queue_;
+    const dataset* data_ = nullptr;
+    size_t busy_ = 0;
+    bool stop_ = false;
+    std::exception_ptr failure_;
+    step_report pending_;
+    clock_type::time_point window_start_ = clock_type::now();
+
+    std::mutex shared_mu_;  // the shared model and its version
+    model_state shared_;
+    uint64_t version_ = 0;
+};
+
+hybrid_backend::hybrid_backend(const hybrid_options& options, const model_state& initial,
+                               const train_config& train)
+    : options_(options) {
+    HSLIDE_CHECK(!options_.workers.empty(), "the hybrid backend needs at least one worker");
+    HSLIDE_CHECK(options_.min_batch >= 1 && options_.min_batch <= options_.max_batch,
+                 "hybrid batch bounds must satisfy 1 <= min ({}) <= max ({})", options_.min_batch,
+                 options_.max_batch);
+    HSLIDE_CHECK(options_.reference_batch >= 1, "the reference batch size must be positive");
+    HSLIDE_CHECK(options_.merge_every > 0 || options_.merge_overhead > 0,
+                 "an automatic merge interval needs a positive merge overhead");
+    shared_ = parameters_of(initial);
+    std::vector<int> kind_count(2, 0);
+    for (const hybrid_worker_options& wo : options_.workers) {
+        HSLIDE_CHECK(wo.update_share > 0, "every hybrid worker's update share must be positive");
+        HSLIDE_CHECK(wo.batch_size >= 1, "every hybrid worker's batch size must be positive");
+        auto w = std::make_unique<worker>();
+        w->options = wo;
+        w->name = fmt::format("{}{}", wo.device.kind, kind_count[wo.device.kind == "gpu"]++);
+        try {
+            w->device = wo.make_device ? wo.make_device(initial, train)
+                                       : create_backend(wo.device, initial, train);
+        } catch (const error& e) {
+            throw error(e.kind(), fmt::format("hybrid worker {}: {}", w->name, e.what()));
+        }
+        HSLIDE_CHECK(w->device != nullptr, "hybrid worker {} could not be created", w->name);
+        w->base = parameters_of(initial);
+        w->batch_size = std::clamp(wo.batch_size, options_.min_batch, options_.max_batch);
+        w->merge_interval = options_.merge_every ? options_.merge_every : 1;
+        w->window.name = w->name;
+        share_sum_ += wo.update_share;
+        workers_.push_back(std::move(w));
+    }
+    for (auto& w : workers_) w->thread = std::thread([this, &w] { run_worker(*w); });
+}
+
+hybrid_backend::~hybrid_backend() {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        stop_ = true;
+        queue_.clear();
+    }
+    work_ready_.notify_all();
+    for (auto& w : workers_)
+        if (w->thread.joinable()) w->thread.join();
+}
+
+size_t hybrid_backend::queue_capacity() const {
+    // Enough queued that every worker finds a full batch when it comes back.
+    size_t sum = 0;
+    for (const auto& w : workers_) sum += w->batch_size;
+    return 2 * sum;
+}
+
+void hybrid_backend::run_worker(worker& w) {
+    std::vector<uint32_t> rows;
+    for (;;) {
+        float lr = 0;
+        bool rebuild = false, rehash = false;
+        {
+            std::unique_lock<std::mutex> lock(mu_);
+            work_ready_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+            if (stop_) return;
+            const size_t n = std::min<size_t>(w.batch_size, queue_.size());
+            rows.clear();
+            lr = queue_.front().learning_rate;
+            for (size_t i = 0; i < n; ++i) rows.push_back(queue_[i].row);
+            queue_.erase(queue_.begin(), queue_.begin() + ptrdiff_t(n));
+            rebuild = std::exchange(w.rebuild_pending, false);
+            rehash = std::exchange(w.rehash_pending, false);
+            ++busy_;
+        }
+        work_done_.notify_all();  // room in the queue
+
+        step_report report;
+        const auto t0 = clock_type::now();
+        try {
+            if (rebuild || rehash) {
+                const auto tr = clock_type::now();
+                w.device->rebuild_tables(rehash);
+                report.times.rebuild += seconds_since(tr);
+            }
+            const float scale = std::sqrt(float(rows.size()) / float(options_.reference_batch));
+            const auto tt = clock_type::now();
+            report +=
+                w.device->train_batch({data_, rows.data(), uint32_t(rows.size())}, lr * scale);
+            if (w.options.injected_delay_per_sample > 0)
+                std::this_thread::sleep_for(std::chrono::duration<double>(
+                    w.options.injected_delay_per_sample * double(rows.size())));
+            const double train_seconds = seconds_since(tt);
+            w.since_merge += rows.size();
+            if (w.since_merge >= w.merge_interval) merge(w);
+
+            std::lock_guard<std::mutex> lock(mu_);
+            const double per_sample = train_seconds / double(rows.size());
+            w.seconds_per_sample = w.seconds_per_sample == 0
+                                       ? per_sample
+                                       : 0.7 * w.seconds_per_sample + 0.3 * per_sample;
+            worker_stats& s = w.window;
+            s.samples += rows.size();
+            s.batches += 1;
+            s.busy_seconds += seconds_since(t0);
+            const uint32_t size = uint32_t(rows.size());
+            s.batch_min = s.batches == 1 ? size : std::min(s.batch_min, size);
+            s.batch_max = std::max(s.batch_max, size);
+            s.batch_last = size;
+            pending_ += report;
+            if (options_.policy == schedule_policy::adaptive) choose_batch_sizes();
+        } catch (...) {
+            std::lock_guard<std::mutex> lock(mu_);
+            if (!failure_) failure_ = std::current_exception();
+        }
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            --busy_;
+        }
+        work_done_.notify_all();
+    }
+}
+
+void hybrid_backend::choose_batch_sizes() {
+    // Worker w makes throughput_w / b_w updates a second; b_w = c * throughput_w / share_w gives
+    // each the update share it asks for, and c makes the mean batch the reference size.
+    double sum = 0;
+    for (const auto& w : workers_) {
+        if (w->seconds_per_sample <= 0) return;  // not every worker measured yet
+        sum += (1.0 / w->seconds_per_sample) / (w->options.update_share / share_sum_);
+    }
+    const double total = double(options_.reference_batch) * double(workers_.size());
+    for (auto& w : workers_) {
+        const double want =
+            total * (1.0 / w->seconds_per_sample) / (w->options.update_share / share_sum_) / sum;
+        w->batch_size = uint32_t(
+            std::clamp(want, double(options_.min_batch), double(options_.max_batch)) + 0.5);
+    }
+}
+
+void hybrid_backend::merge(worker& w) {
+    const auto t0 = clock_type::now();
+    // A host-resident replica is read in place (the worker is between batches); others export.
+    model_state exported;
+    const model_state* held = w.device->host_state();
+    if (!held) w.device->export_state(exported, /*with_optimizer=*/false);
+    const model_state& mine = held ? *held : exported;
+    uint64_t staleness = 0;
+    {
+        std::lock_guard<std::mutex> lock(shared_mu_);
+        staleness = version_ - w.synced_version;
+        add_replica_change(shared_, mine, w.base);
+        w.synced_version = ++version_;
+        copy_parameters(w.base, shared_);
+    }
+    // The worker keeps its own hash functions and step count.
+    w.base.hash_seeds = mine.hash_seeds;
+    w.base.adam_step = mine.adam_step;
+    w.device->import_state(w.base, /*with_optimizer=*/false);
+    w.since_merge = 0;
+    const double cost = seconds_since(t0);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (options_.merge_every == 0 && w.seconds_per_sample > 0)
+        w.merge_interval = uint64_t(
+            std::clamp(cost / (options_.merge_overhead * w.seconds_per_sample), 1.0, 1e12));
+    w.window.merges += 1;
+    w.window.merge_seconds += cost;
+    w.staleness_sum += double(staleness);
+    w.window.staleness_max = std::max(w.window.staleness_max, staleness);
+}
+
+void hybrid_backend::drain(std::unique_lock<std::mutex>& lock) {
+    work_done_.wait(lock, [&] { return (queue_.empty() && busy_ == 0) || failure_; });
+    if (failure_) {
+        // The failed batch's samples are gone: the run cannot go on consistently.
+        queue_.clear();
+        std::rethrow_exception(failure_);
+    }
+}
+
+void hybrid_backend::synchronize_models() {
+    {
+        std::unique_lock<std::mutex> lock(mu_);
+        drain(lock);
+    }
+    // Every worker is idle: merge each that trained since its last merge, then give the
+    // others the final model (their bases still hold their own hash seeds and step counts).
+    for (auto& w : workers_)
+        if (w->since_merge > 0) merge(*w);
+    for (auto& w : workers_) {
+        if (w->synced_version == version_) continue;
+        copy_parameters(w->base, shared_);
+        w->synced_version = version_;
+        w->device->import_state(w->base, false);
+    }
+}
+
+step_report hybrid_backend::train_batch(const batch_view& batch, float learning_rate) {
+    HSLIDE_CHECK(batch.size > 0 && batch.data, "empty batch");
+    std::unique_lock<std::mutex> lock(mu_);
+    if (failure_) std::rethrow_exception(failure_);
+    if (data_ != batch.data) {
+        drain(lock);
+        data_ = batch.data;
+    }
+    work_done_.wait(lock, [&] {
+        return queue_.size() + batch.size <= std::max<size_t>(queue_capacity(), batch.size) ||
+               failure_;
+    });
+    if (failure_) std::rethrow_exception(failure_);
+    for (uint32_t i = 0; i < batch.size; ++i) queue_.push_back({batch.rows[i], learning_rate});
+    work_ready_.notify_all();
+    return std::exchange(pending_, step_report{});
+}
+
+step_report hybrid_backend::synchronize() {
+    synchronize_models();
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::exchange(pending_, step_report{});
+}
+
+void hybrid_backend::rebuild_tables(bool new_functions) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& w : workers_) {
+        w->rebuild_pending = true;
+        w->rehash_pending = w->rehash_pending || new_functions;
+    }
+}
+
+void hybrid_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scoring,
+                             uint32_t* labels, float* scores) {
+    synchronize_models();
+    workers_.front()->device->predict(batch, k, scoring, labels, scores);
+}
+
+void hybrid_backend::export_state(model_state& out, bool with_optimizer) const {
+    // Exporting reads the model, but the model is only defined once the workers are merged.
+    const_cast<hybrid_backend*>(this)->synchronize_models();
+    // The first worker's replica is the shared model now, with its own Adam moments.
+    workers_.front()->device->export_state(out, with_optimizer);
+}
+
+void hybrid_backend::import_state(const model_state& in, bool with_optimizer) {
+    {
+        std::unique_lock<std::mutex> lock(mu_);
+        drain(lock);
+    }
+    std::lock_guard<std::mutex> lock(shared_mu_);
+    copy_parameters(shared_, in);
+    ++version_;
+    for (auto& w : workers_) {
+        w->device->import_state(in, with_optimizer);
+        copy_parameters(w->base, in);
+        w->base.hash_seeds = in.hash_seeds;
+        if (with_optimizer) w->base.adam_step = in.adam_step;
+        w->synced_version = version_;
+        w->since_merge = 0;
+    }
+}
+
+backend_info hybrid_backend::info() const {
+    backend_info bi;
+    bi.kind = "hybrid";
+    for (const auto& w : workers_) {
+        const backend_info wi = w->device->info();
+        bi.device += fmt::format("{}{}: {} [{}]", bi.device.empty() ? "" : "; ", w->name, wi.device,
+                                 to_string(options_.policy));
+        bi.memory_bytes += wi.memory_bytes;
+        if (bi.precision.empty()) bi.precision = wi.precision;
+    }
+    return bi;
+}
+
+std::vector<worker_stats> hybrid_backend::take_worker_stats() {
+    std::lock_guard<std::mutex> lock(mu_);
+    const double wall = seconds_since(window_start_);
+    window_start_ = clock_type::now();
+    uint64_t all_batches = 0;
+    for (const auto& w : workers_) all_batches += w->window.batches;
+    std::vector<worker_stats> out;
+    for (auto& w : workers_) {
+        worker_stats s = w->window;
+        s.wall_seconds = wall;
+        s.update_share = all_batches ? double(s.batches) / double(all_batches) : 0;
+        s.batch_mean = s.batches ? double(s.samples) / double(s.batches) : 0;
+        s.staleness_mean = s.merges ? w->staleness_sum / double(s.merges) : 0;
+        out.push_back(s);
+        w->window = worker_stats{};
+        w->window.name = w->name;
+        w->staleness_sum = 0;
+    }
+    return out;
+}
+
+}  // namespace
+
+schedule_policy parse_schedule_policy(const std::string& name) {
+    return detail::parse_named(name, "schedule policy", policy_names);
+}
+const char* to_string(schedule_policy policy) {
+    return detail::name_of(policy, policy_names);
+}
+
+void add_replica_change(model_state& shared, const model_state& replica, const model_state& base) {
+    HSLIDE_ASSERT(shared.layers.size() == replica.layers.size() &&
+                  shared.layers.size() == base.layers.size());
+    for (size_t l = 0; l < shared.layers.size(); ++l) {
+        layer_state& s = shared.layers[l];
+        const layer_state& r = replica.layers[l];
+        const layer_state& b = base.layers[l];
+        HSLIDE_ASSERT(s.weights.size() == r.weights.size() && s.weights.size() == b.weights.size());
+        HSLIDE_ASSERT(s.bias.size() == r.bias.size() && s.bias.size() == b.bias.size());
+        float* sw = s.weights.data();
+        const float* rw = r.weights.data();
+        const float* bw = b.weights.data();
+        for (size_t i = 0; i < s.weights.size(); ++i) sw[i] += rw[i] - bw[i];
+        for (size_t i = 0; i < s.bias.size(); ++i) s.bias[i] += r.bias[i] - b.bias[i];
+    }
+}
+
+std::unique_ptr<backend> create_hybrid_backend(const hybrid_options& options,
+                                               const model_state& initial,
+                                               const train_config& train) {
+    return std::make_unique<hybrid_backend>(options, initial, train);
+}
+
+}  // namespace hslide
