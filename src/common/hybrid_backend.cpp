@@ -174,7 +174,8 @@ void hybrid_backend::run_worker(worker& w) {
         bool rebuild = false, rehash = false;
         {
             std::unique_lock<std::mutex> lock(mu_);
-            work_ready_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+            // After a failure nothing more is trained: the caller gets the error instead.
+            work_ready_.wait(lock, [&] { return stop_ || (!queue_.empty() && !failure_); });
             if (stop_) return;
             const size_t n = std::min<size_t>(w.batch_size, queue_.size());
             rows.clear();

@@ -341,6 +341,28 @@ void cpu_backend::group_rows(const batch_view& batch, size_t l) {
         }
         ++g.offsets[slot];
     });
+    // Rows in increasing order: an LSH output layer's batch touches most of its rows, and
+    // the update then sweeps memory nearly sequentially, which the hardware prefetchers
+    // stream at close to full bandwidth (random 1 KiB rows get well under half of it).
+    if (g.touched.size() > 1) {
+        const uint32_t rows = model_.layers[l].rows;
+        std::vector<uint32_t>& order = g.order_scratch;
+        if (g.touched.size() * 8 >= rows) {
+            order.clear();
+            for (uint32_t r = 0; r < rows; ++r)
+                if (g.slot[r] >= 0) order.push_back(r);
+        } else {
+            order.assign(g.touched.begin(), g.touched.end());
+            std::sort(order.begin(), order.end());
+        }
+        g.count_scratch.resize(order.size());
+        for (size_t k = 0; k < order.size(); ++k) {
+            g.count_scratch[k] = g.offsets[g.slot[order[k]]];
+            g.slot[order[k]] = int32_t(k);
+        }
+        g.touched.swap(order);
+        g.offsets.swap(g.count_scratch);
+    }
     // Exclusive prefix sum, then pass 2 places entries in sample order.
     uint32_t total = 0;
     for (auto& o : g.offsets) {

@@ -87,10 +87,12 @@ class cpu_backend final : public backend {
         std::unique_ptr<hash_family> hash;
         lsh_tables tables;
     };
-    /// Rows touched by a batch, grouped: entries of touched[t] are [offsets[t], offsets[t+1]).
+    /// Rows touched by a batch (in increasing order), grouped: entries of touched[t] are
+    /// [offsets[t], offsets[t+1]).
     struct row_groups {
         std::vector<int32_t> slot;  // per row: index in touched, or -1
         std::vector<uint32_t> touched, offsets, entry_sample, entry_index;
+        std::vector<uint32_t> order_scratch, count_scratch;
     };
 
     void ensure_buffers(uint32_t batch_size);
