@@ -9,17 +9,22 @@
 // 50,000 points, excluding table rebuilds (the LSH layer's rebuild cost is in bench_lsh).
 //
 // Run: build/bench_train_step --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
-// Environment: HSLIDE_BENCH_THREADS (default: all), HSLIDE_BENCH_DENSE_BATCHES (default 3),
-// HSLIDE_BENCH_PRECISION (fp32 | bf16), HSLIDE_ISA (the kernel level, default the best).
+// Configurations (one run, so their ratios are measured together): the LSH output layer at
+// the CPU's best ISA level in fp32 and bf16, at the scalar level, and at the best level on one
+// thread; the dense output layer at the best level.
+// Environment: HSLIDE_BENCH_THREADS (default: all), HSLIDE_BENCH_DENSE_BATCHES (default 3).
 #include "hslide/backend.hpp"
+#include "hslide/isa.hpp"
 #include "hslide/model.hpp"
 #include "hslide/synthetic.hpp"
 
 #include <benchmark/benchmark.h>
+#include <omp.h>
 
 #include <cstdlib>
 #include <memory>
 #include <numeric>
+#include <string>
 #include <vector>
 
 using namespace hslide;
@@ -48,7 +53,15 @@ const dataset& train_data() {
     return data;
 }
 
-void train_step(benchmark::State& state, sparsity_mode output) {
+/// One configuration: the output layer's sparsity, the kernel level, precision and threads.
+struct step_config {
+    sparsity_mode output;
+    isa_level isa;
+    precision_mode precision;
+    int threads;
+};
+
+void train_step(benchmark::State& state, step_config sc) {
     const dataset& data = train_data();
     model_config config;
     config.input_dim = uint32_t(data.n_features);
@@ -58,14 +71,17 @@ void train_step(benchmark::State& state, sparsity_mode output) {
     config.layers.push_back(hidden);
     layer_config out;  // lsh_config and active_set_config defaults, as `hslide train` uses
     out.size = uint32_t(data.n_labels);
-    out.sparsity = output;
+    out.sparsity = sc.output;
     out.active.min_active = 1024;
     config.layers.push_back(out);
     train_config tc;
     backend_options bo;
-    bo.threads = env_int("HSLIDE_BENCH_THREADS", 0);
-    if (const char* p = std::getenv("HSLIDE_BENCH_PRECISION")) bo.precision = parse_precision(p);
+    bo.threads = sc.threads;
+    bo.precision = sc.precision;
+    bo.isa = sc.isa;
+    set_active_isa(sc.isa);  // the LSH hash kernels follow the process-wide level
     auto model = create_backend(bo, model_state::create(config, 1), tc);
+    clear_active_isa();
 
     std::vector<uint32_t> order(data.size());
     std::iota(order.begin(), order.end(), 0u);
@@ -97,14 +113,28 @@ void train_step(benchmark::State& state, sparsity_mode output) {
 }
 
 void register_benchmarks() {
-    benchmark::RegisterBenchmark("train_step/lsh_output", train_step, sparsity_mode::lsh)
-        ->Unit(benchmark::kMillisecond)
-        ->UseRealTime()
-        ->Iterations(40);
-    benchmark::RegisterBenchmark("train_step/dense_output", train_step, sparsity_mode::dense)
-        ->Unit(benchmark::kMillisecond)
-        ->UseRealTime()
-        ->Iterations(env_int("HSLIDE_BENCH_DENSE_BATCHES", 3));
+    const int threads = env_int("HSLIDE_BENCH_THREADS", omp_get_max_threads());
+    const isa_level best = detected_isa();
+    auto add = [](const std::string& name, step_config sc, int iterations) {
+        benchmark::RegisterBenchmark(name.c_str(), train_step, sc)
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime()
+            ->Iterations(iterations);
+    };
+    // One run holds every comparison: best level vs scalar, bf16 vs fp32, 2 threads vs 1.
+    const std::string t = "/threads:" + std::to_string(threads);
+    add(std::string("train_step/lsh_output/") + to_string(best) + "/fp32" + t,
+        {sparsity_mode::lsh, best, precision_mode::fp32, threads}, 40);
+    add(std::string("train_step/lsh_output/") + to_string(best) + "/bf16" + t,
+        {sparsity_mode::lsh, best, precision_mode::bf16, threads}, 40);
+    add("train_step/lsh_output/scalar/fp32" + t,
+        {sparsity_mode::lsh, isa_level::scalar, precision_mode::fp32, threads}, 20);
+    if (threads > 1)
+        add(std::string("train_step/lsh_output/") + to_string(best) + "/fp32/threads:1",
+            {sparsity_mode::lsh, best, precision_mode::fp32, 1}, 20);
+    add(std::string("train_step/dense_output/") + to_string(best) + "/fp32" + t,
+        {sparsity_mode::dense, best, precision_mode::fp32, threads},
+        env_int("HSLIDE_BENCH_DENSE_BATCHES", 3));
 }
 
 }  // namespace
