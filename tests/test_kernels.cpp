@@ -501,6 +501,15 @@ TEST_P(kernel_level, softmax) {
     }
 }
 
+/// A random rows block of fp32 or bf16 values.
+template <class T>
+rows_block<T> random_rows_of(uint32_t rows, uint32_t width, rng& g) {
+    if constexpr (std::is_same_v<T, bf16>)
+        return random_rows_bf16(rows, width, g);
+    else
+        return random_rows(rows, width, g);
+}
+
 /// active_dots or active_dots_bf16 of one level against the scalar one, on every width, row
 /// count, with and without ids and bias.
 template <class T, class Dots>
@@ -508,12 +517,7 @@ void check_active_dots(Dots got_fn, Dots want_fn, rng& g) {
     for (uint32_t width : test_sizes) {
         for (uint32_t n : row_counts) {
             const uint32_t rows = 2 * n + 3;
-            rows_block<T> block = [&] {
-                if constexpr (std::is_same_v<T, bf16>)
-                    return random_rows_bf16(rows, width, g);
-                else
-                    return random_rows(rows, width, g);
-            }();
+            rows_block<T> block = random_rows_of<T>(rows, width, g);
             const guarded<T> x = [&] {
                 if constexpr (std::is_same_v<T, bf16>)
                     return random_vector_bf16(width, g);
@@ -554,12 +558,7 @@ void check_weighted_row_sum(Sum got_fn, Sum want_fn, rng& g) {
     for (uint32_t width : test_sizes) {
         for (uint32_t n : row_counts) {
             const uint32_t rows = 2 * n + 3;
-            rows_block<T> block = [&] {
-                if constexpr (std::is_same_v<T, bf16>)
-                    return random_rows_bf16(rows, width, g);
-                else
-                    return random_rows(rows, width, g);
-            }();
+            rows_block<T> block = random_rows_of<T>(rows, width, g);
             const auto coef = random_vector(n, g, nan_f);
             const auto ids = distinct_ids(n, rows, g);
             const auto out0 = random_vector(width, g, canary_f);
