@@ -14,9 +14,9 @@
 //    rule, which keeps the noise scale of Adam's steps constant across batch sizes).
 //
 // Model sharing. Each worker trains its own replica (with its own Adam moments and tables). The
-// shared model holds parameters only. Every `merge_every` samples (by default as often as
-// keeps merging near half its time) a worker merges: it adds its
-// replica's change since its last sync (replica - base) to the shared model, under a lock, and
+// shared model holds parameters only. Every `merge_every` samples (by default: after training
+// twice as long as its last merge took) a worker merges: it adds its replica's change since
+// its last sync (replica - base) to the shared model, under a lock, and
 // takes the result as its new replica and base; importing rebuilds its tables. Changes are
 // added, never overwritten, so no worker's work is dropped however the merges interleave; a
 // worker's staleness is the number of other merges between its sync and its merge. Merges are
@@ -58,8 +58,9 @@ struct hybrid_options {
     uint32_t reference_batch = 128;  ///< the batch size the learning rate is meant for
     uint32_t min_batch = 8, max_batch = 8192;
     /// Samples a worker trains between merges; 0 = automatic: after each merge, the next
-    /// comes once the worker has trained merge_overhead^-1 times the merge's duration, so
-    /// merges cost about that share of its time (every batch or so for small models).
+    /// comes once the worker has trained 1 / merge_overhead times the merge's duration (with
+    /// 0.5, merges take about a third of its time: every batch or so for small models, whose
+    /// accuracy suffers most from stale replicas; rarer for big ones, whose merges cost more).
     uint64_t merge_every = 0;
     double merge_overhead = 0.5;
 };

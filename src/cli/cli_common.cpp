@@ -257,9 +257,11 @@ void add_hybrid_options(CLI::App& app, hybrid_cli& o) {
     app.add_option("--update-share", o.share,
                    "hybrid, adaptive: relative share of model updates per worker")
         ->capture_default_str();
-    app.add_option("--merge-every", o.merge_every,
-                   "hybrid: samples a worker trains between merges into the shared model (0 = "
-                   "automatic: as often as keeps merges near half its time; 1 = after every batch)")
+    app.add_option(
+           "--merge-every", o.merge_every,
+           "hybrid: samples a worker trains between merges into the shared model (0 = "
+           "automatic: after training twice as long as its last merge took; 1 = after every "
+           "batch)")
         ->capture_default_str();
     app.add_option("--min-batch", o.min_batch, "hybrid, adaptive: smallest batch size")
         ->check(CLI::PositiveNumber)
