@@ -55,11 +55,6 @@ void select_top_k(const float* scores, const uint32_t* ids, uint32_t n, uint32_t
         }
     }
 }
-void prefetch_row_state(const layer_state& layer, uint32_t row) {
-    const size_t off = size_t(row) * layer.stride;
-    for (const float* base : {layer.weights.data(), layer.adam_m.data(), layer.adam_v.data()})
-        for (uint32_t i = 0; i < layer.width; i += 16) __builtin_prefetch(base + off + i, 1, 3);
-}
 }  // namespace
 
 cpu_backend::cpu_backend(model_state initial, const train_config& train, int threads,
@@ -394,9 +389,6 @@ void cpu_backend::for_each_row_gradient(const batch_view& batch, size_t l, Visit
         float* grad = scratch.grad.data();
 #pragma omp for schedule(dynamic, 16)
         for (int64_t t = 0; t < n_rows; ++t) {
-            // Touched rows are scattered over the layer: fetch the weights and moments Adam
-            // will read and write a couple of rows ahead (a row is 3 x width floats apart).
-            if (!all_rows && t + 2 < n_rows) prefetch_row_state(layer, g.touched[t + 2]);
             std::fill(grad, grad + layer.stride, 0.0f);
             float bias_grad = 0.0f;
             const uint32_t row = all_rows ? uint32_t(t) : g.touched[t];
