@@ -100,6 +100,9 @@ struct model_state {
     /// neither initialised nor held twice.
     static model_state layout(const model_config& config);
 
+    /// A copy of the weights, biases, step count and hash seeds, without the Adam moments.
+    model_state parameters() const;
+
     /// Neurons in layer l.
     uint32_t neurons(size_t l) const { return config.layers[l].size; }
     /// Total number of weights and biases.

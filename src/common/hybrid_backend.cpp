@@ -29,18 +29,6 @@ double seconds_since(clock_type::time_point t0) {
 constexpr std::pair<const char*, schedule_policy> policy_names[] = {
     {"hogbatch", schedule_policy::hogbatch}, {"adaptive", schedule_policy::adaptive}};
 
-/// The parameters of `m` (weights and biases), without optimizer state.
-model_state parameters_of(const model_state& m) {
-    model_state p = model_state::layout(m.config);
-    p.adam_step = m.adam_step;
-    p.hash_seeds = m.hash_seeds;
-    for (size_t l = 0; l < m.layers.size(); ++l) {
-        p.layers[l].weights = m.layers[l].weights;
-        p.layers[l].bias = m.layers[l].bias;
-    }
-    return p;
-}
-
 void copy_parameters(model_state& dst, const model_state& src) {
     for (size_t l = 0; l < src.layers.size(); ++l) {
         dst.layers[l].weights = src.layers[l].weights;
@@ -124,7 +112,7 @@ hybrid_backend::hybrid_backend(const hybrid_options& options, const model_state&
     HSLIDE_CHECK(options_.reference_batch >= 1, "the reference batch size must be positive");
     HSLIDE_CHECK(options_.merge_every > 0 || options_.merge_overhead > 0,
                  "an automatic merge interval needs a positive merge overhead");
-    shared_ = parameters_of(initial);
+    shared_ = initial.parameters();
     std::vector<int> kind_count(2, 0);
     for (const hybrid_worker_options& wo : options_.workers) {
         HSLIDE_CHECK(wo.update_share > 0, "every hybrid worker's update share must be positive");
@@ -139,7 +127,7 @@ hybrid_backend::hybrid_backend(const hybrid_options& options, const model_state&
             throw error(e.kind(), fmt::format("hybrid worker {}: {}", w->name, e.what()));
         }
         HSLIDE_CHECK(w->device != nullptr, "hybrid worker {} could not be created", w->name);
-        w->base = parameters_of(initial);
+        w->base = initial.parameters();
         w->batch_size = std::clamp(wo.batch_size, options_.min_batch, options_.max_batch);
         w->merge_interval = options_.merge_every ? options_.merge_every : 1;
         w->window.name = w->name;

@@ -30,6 +30,17 @@ void detail::free_aligned(void* p) {
     std::free(p);
 }
 
+model_state model_state::parameters() const {
+    model_state p = layout(config);
+    p.adam_step = adam_step;
+    p.hash_seeds = hash_seeds;
+    for (size_t l = 0; l < layers.size(); ++l) {
+        p.layers[l].weights = layers[l].weights;
+        p.layers[l].bias = layers[l].bias;
+    }
+    return p;
+}
+
 model_state model_state::layout(const model_config& config) {
     validate(config);
     model_state m;

@@ -533,17 +533,7 @@ void cpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scor
 }
 
 void cpu_backend::export_state(model_state& out, bool with_optimizer) const {
-    if (with_optimizer) {
-        out = model_;
-        return;
-    }
-    out = model_state::layout(model_.config);
-    out.adam_step = model_.adam_step;
-    out.hash_seeds = model_.hash_seeds;
-    for (size_t l = 0; l < model_.layers.size(); ++l) {
-        out.layers[l].weights = model_.layers[l].weights;
-        out.layers[l].bias = model_.layers[l].bias;
-    }
+    out = with_optimizer ? model_ : model_.parameters();
 }
 
 void cpu_backend::import_state(const model_state& in, bool with_optimizer) {
