@@ -75,6 +75,26 @@ struct lsh_config {
 /// K * bits_per_hash > 32, bucket_capacity < 1.
 void validate(const lsh_config& config);
 
+/// A family's functions as plain arrays, for a device that evaluates them itself (the GPU
+/// backend; src/gpu/device_hash.hpp evaluates them and gives codes_dense's codes exactly).
+struct hash_function_data {
+    hash_kind kind = hash_kind::dwta;
+    int K = 0, L = 0, bits_per_hash = 0;
+    uint32_t dim = 0;
+    // Bin families (dwta, wta, minhash): hash h reads coordinates bins[h * width .. + width);
+    // a value is masked with value_mask; an empty bin is densified (dwta, minhash) by probing
+    // the pseudo-random sequence splitmix64(densify_seed ^ (h << 32 | attempt)), attempt =
+    // 1..100, over the raw values of the other hashes.
+    uint32_t n_hashes = 0, width = 0, value_mask = 0;
+    bool densify = false;
+    uint64_t densify_seed = 0;
+    std::vector<uint32_t> bins;
+    // simhash: projection p (K * bits_per_hash per table, the table's first bit highest) sums
+    // x_i * signs[i * sign_stride + p] over the nonzero x_i in increasing i.
+    uint32_t projections = 0, sign_stride = 0;
+    std::vector<int8_t> signs;
+};
+
 /// A family of K*L hash functions over vectors of a fixed dimension.
 class hash_family {
   public:
@@ -99,6 +119,9 @@ class hash_family {
     void codes_dense_rows(const float* rows, uint32_t n_rows, size_t row_stride,
                           uint32_t* codes) const;
 
+    /// The functions as arrays (see hash_function_data).
+    virtual hash_function_data function_data() const = 0;
+
     const lsh_config& config() const { return config_; }
     uint32_t dim() const { return dim_; }
     uint64_t seed() const { return seed_; }
@@ -106,6 +129,8 @@ class hash_family {
   protected:
     hash_family(const lsh_config& config, uint32_t dim, uint64_t seed)
         : config_(config), dim_(dim), seed_(seed) {}
+    /// function_data with the fields every family shares filled in.
+    hash_function_data common_data() const;
     lsh_config config_;
     uint32_t dim_;
     uint64_t seed_;

@@ -12,7 +12,7 @@
 namespace hslide {
 
 /// SplitMix64: mixes a 64-bit value; used to derive seeds for independent streams.
-inline uint64_t splitmix64(uint64_t x) {
+constexpr uint64_t splitmix64(uint64_t x) {
     x += 0x9e3779b97f4a7c15ULL;
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
@@ -20,7 +20,7 @@ inline uint64_t splitmix64(uint64_t x) {
 }
 
 /// Derives the seed of stream `stream` from a base seed (independent streams per purpose).
-inline uint64_t derive_seed(uint64_t seed, uint64_t stream) {
+constexpr uint64_t derive_seed(uint64_t seed, uint64_t stream) {
     return splitmix64(seed ^ splitmix64(stream + 0x632be59bd9b4e019ULL));
 }
 

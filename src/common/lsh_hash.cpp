@@ -58,6 +58,16 @@ void validate(const lsh_config& config) {
                  config.bucket_capacity);
 }
 
+hash_function_data hash_family::common_data() const {
+    hash_function_data d;
+    d.kind = config_.kind;
+    d.K = config_.K;
+    d.L = config_.L;
+    d.bits_per_hash = config_.bits_per_hash;
+    d.dim = dim_;
+    return d;
+}
+
 void hash_family::codes_dense_rows(const float* rows, uint32_t n_rows, size_t row_stride,
                                    uint32_t* codes) const {
     const size_t L = static_cast<size_t>(config_.L);
@@ -261,6 +271,17 @@ class bin_family final : public hash_family {
         finish(values, codes);
     }
 
+    hash_function_data function_data() const override {
+        hash_function_data d = common_data();
+        d.n_hashes = n_hashes_;
+        d.width = width_;
+        d.value_mask = value_mask_;
+        d.densify = densify_;
+        d.densify_seed = densify_seed_;
+        d.bins = bins_;
+        return d;
+    }
+
   private:
     // The value of hash h after densification: the raw values of a fixed pseudo-random
     // sequence of other hashes are probed (never densified ones, so the result does not
@@ -371,6 +392,14 @@ class simhash_family final : public hash_family {
             if (vals[i] != 0.0f) kept[n] = ids[i], xs[n++] = vals[i];
         }
         project(kept, xs, n, codes);
+    }
+
+    hash_function_data function_data() const override {
+        hash_function_data d = common_data();
+        d.projections = P_;
+        d.sign_stride = static_cast<uint32_t>(stride_);
+        d.signs = signs_;
+        return d;
     }
 
   private:
