@@ -6,6 +6,7 @@
 #include "hslide/isa.hpp"
 #include "hslide/model.hpp"
 #include "hslide/rng.hpp"
+#include "test_util.hpp"
 
 #include <gtest/gtest.h>
 
@@ -17,32 +18,9 @@
 #include <vector>
 
 using namespace hslide;
+using hslide::testing::random_dataset;
 
 namespace {
-
-/// A random dataset: `n` points, 2..6 features with random values, 1..3 labels.
-dataset random_dataset(uint32_t n, uint32_t features, uint32_t labels, uint64_t seed) {
-    dataset d;
-    d.source = "random";
-    d.n_features = features;
-    d.n_labels = labels;
-    rng gen(seed);
-    for (uint32_t p = 0; p < n; ++p) {
-        std::vector<uint32_t> f(features);
-        std::iota(f.begin(), f.end(), 0u);
-        shuffle(f.begin(), f.end(), gen);
-        f.resize(2 + gen.below(5));
-        std::sort(f.begin(), f.end());
-        std::vector<float> v(f.size());
-        for (auto& x : v) x = 0.2f + gen.uniform();
-        std::vector<uint32_t> y(labels);
-        std::iota(y.begin(), y.end(), 0u);
-        shuffle(y.begin(), y.end(), gen);
-        y.resize(1 + gen.below(3));
-        d.push_back(f.data(), v.data(), uint32_t(f.size()), y.data(), uint32_t(y.size()));
-    }
-    return d;
-}
 
 /// input 20 -> 12 (dense) -> 10 (hidden, given sparsity) -> 30 (output, given sparsity).
 model_config small_config(sparsity_mode hidden, sparsity_mode output) {

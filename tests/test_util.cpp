@@ -1,19 +1,46 @@
 // Helpers shared by the tests (see test_util.hpp).
 #include "test_util.hpp"
 
+#include "hslide/rng.hpp"
+
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <sstream>
 #include <stdexcept>
 
 namespace hslide::testing {
+
+dataset random_dataset(uint32_t n, uint32_t features, uint32_t labels, uint64_t seed) {
+    dataset d;
+    d.source = "random";
+    d.n_features = features;
+    d.n_labels = labels;
+    rng gen(seed);
+    for (uint32_t p = 0; p < n; ++p) {
+        std::vector<uint32_t> f(features);
+        std::iota(f.begin(), f.end(), 0u);
+        shuffle(f.begin(), f.end(), gen);
+        f.resize(2 + gen.below(5));
+        std::sort(f.begin(), f.end());
+        std::vector<float> v(f.size());
+        for (auto& x : v) x = float(0.2f + gen.uniform());
+        std::vector<uint32_t> y(labels);
+        std::iota(y.begin(), y.end(), 0u);
+        shuffle(y.begin(), y.end(), gen);
+        y.resize(1 + gen.below(3));
+        d.push_back(f.data(), v.data(), uint32_t(f.size()), y.data(), uint32_t(y.size()));
+    }
+    return d;
+}
 
 std::string shared_data_dir() {
     const char* env = std::getenv("HSLIDE_SHARED_DATA");

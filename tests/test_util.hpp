@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include "hslide/dataset.hpp"
+
+#include <cstdint>
 #include <string>
 
 namespace hslide::testing {
@@ -45,6 +48,10 @@ struct command_result {
     int exit_code;
     std::string output;  // stdout and stderr together
 };
+
+/// A random dataset: `n` points, 2..6 distinct features with values in [0.2, 1.2), 1..3
+/// distinct labels.
+dataset random_dataset(uint32_t n, uint32_t features, uint32_t labels, uint64_t seed);
 
 /// Runs `build/hslide <args>` through the shell and captures its output.
 command_result run_hslide(const std::string& args);

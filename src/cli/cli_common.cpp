@@ -232,11 +232,15 @@ void add_compute_options(CLI::App& app, compute_options& o) {
                    "weights, gradients and Adam state)")
         ->check(CLI::IsMember({"fp32", "bf16"}))
         ->capture_default_str();
+    app.add_option("--gpu", o.gpu, "GPU index for --backend gpu/gpu-dense and hybrid gpu workers")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
 }
 
 void apply_compute_options(const compute_options& o, backend_options& backend) {
     if (o.isa != "auto") set_active_isa(parse_isa(o.isa));
     backend.precision = parse_precision(o.precision);
+    backend.device = o.gpu;
 }
 
 void add_hybrid_options(CLI::App& app, hybrid_cli& o) {

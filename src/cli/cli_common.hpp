@@ -64,10 +64,11 @@ void normalize_inputs(dataset& data, const model_config& config);
 struct compute_options {
     std::string isa = "auto";
     std::string precision = "fp32";
+    int gpu = 0;  ///< GPU index for the gpu backends and hybrid gpu workers
 };
 void add_compute_options(CLI::App& app, compute_options& options);
 /// Forces the ISA level process-wide (hashing included) unless "auto", and fills the backend
-/// options' precision. Throws hslide::error when this CPU lacks the level asked for.
+/// options' precision and GPU index. Throws hslide::error when this CPU lacks the level asked for.
 void apply_compute_options(const compute_options& options, backend_options& backend);
 
 /// The flags of --backend=hybrid.

@@ -38,7 +38,7 @@ int run_train(int argc, char** argv) {
     train_config tc;
     std::string backend_name = "cpu", adam = "sparse", scoring = "auto";
     app.add_option("--backend", backend_name, "where to train")
-        ->check(CLI::IsMember({"cpu", "gpu", "hybrid"}))
+        ->check(CLI::IsMember({"cpu", "gpu", "gpu-dense", "hybrid"}))
         ->capture_default_str();
     app.add_option("--threads", tc.threads, "CPU threads (0 = all)")
         ->check(CLI::NonNegativeNumber)

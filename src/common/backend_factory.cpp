@@ -3,7 +3,9 @@
 
 #include "cpu/cpu_backend.hpp"
 #include "hslide/error.hpp"
-#include "hslide/gpu_devices.hpp"
+#if HSLIDE_HAVE_CUDA
+#include "gpu/gpu_backend.hpp"
+#endif
 
 namespace hslide {
 
@@ -35,25 +37,21 @@ std::unique_ptr<backend> create_backend(const backend_options& options, model_st
         return std::make_unique<cpu::cpu_backend>(
             std::move(initial), train, options.threads,
             cpu::kernels_for(options.isa ? *options.isa : active_isa()), options.precision);
-    if (options.kind == "gpu") {
+    if (options.kind == "gpu" || options.kind == "gpu-dense") {
 #if HSLIDE_HAVE_CUDA
-        std::string problem;
-        const auto gpus = list_gpus(&problem);
-        HSLIDE_CHECK_KIND(!gpus.empty(), error_kind::unsupported,
-                          "--backend=gpu: no usable GPU on this machine ({})", problem);
-        throw error(error_kind::unsupported,
-                    "--backend=gpu: this build has CUDA and sees " + gpus.front().name +
-                        ", but the GPU backend is not implemented yet (issue: GPU backend)");
+        return gpu::create_gpu_backend(std::move(initial), train, options.device, options.precision,
+                                       options.kind == "gpu-dense");
 #else
         throw error(error_kind::unsupported,
-                    "--backend=gpu: this build of hslide has no CUDA backend (rebuild with nvcc "
-                    "available and -DHSLIDE_CUDA=ON)");
+                    "--backend=" + options.kind +
+                        ": this build of hslide has no CUDA backend (rebuild with nvcc "
+                        "available and -DHSLIDE_CUDA=ON)");
 #endif
     }
     HSLIDE_CHECK(options.kind != "hybrid",
                  "a hybrid backend is made of workers: create it with create_hybrid_backend");
     throw error(error_kind::invalid_argument,
-                "unknown backend '" + options.kind + "' (valid: cpu, gpu, hybrid)");
+                "unknown backend '" + options.kind + "' (valid: cpu, gpu, gpu-dense, hybrid)");
 }
 
 }  // namespace hslide

@@ -1,0 +1,42 @@
+// Allocation helpers of device_memory.hpp: errors that say what was asked and what is free.
+#include "device_memory.hpp"
+
+namespace hslide::gpu {
+
+std::pair<size_t, size_t> device_memory_info() {
+    size_t free_bytes = 0, total_bytes = 0;
+    HSLIDE_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    return {free_bytes, total_bytes};
+}
+
+namespace {
+std::string mib(size_t bytes) {
+    return fmt::format("{:.1f} MiB", double(bytes) / (1024.0 * 1024.0));
+}
+}  // namespace
+
+void* device_allocate(size_t bytes, const char* what) {
+    void* p = nullptr;
+    const cudaError_t status = cudaMalloc(&p, bytes);
+    if (status == cudaSuccess) return p;
+    cudaGetLastError();  // an allocation failure is not sticky: clear it before asking for info
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaMemGetInfo(&free_bytes, &total_bytes);
+    throw error(error_kind::runtime,
+                fmt::format("GPU out of memory: allocating {} for {} failed ({}); the device has "
+                            "{} free of {} (use fewer labels, a smaller hidden layer or batch, "
+                            "or fewer LSH tables)",
+                            mib(bytes), what, cudaGetErrorString(status), mib(free_bytes),
+                            mib(total_bytes)));
+}
+
+void* pinned_allocate(size_t bytes, const char* what) {
+    void* p = nullptr;
+    const cudaError_t status = cudaMallocHost(&p, bytes);
+    if (status == cudaSuccess) return p;
+    cudaGetLastError();
+    throw error(error_kind::runtime, fmt::format("pinned host allocation of {} for {} failed: {}",
+                                                 mib(bytes), what, cudaGetErrorString(status)));
+}
+
+}  // namespace hslide::gpu

@@ -1,0 +1,666 @@
+// The CUDA backend (see gpu_backend.hpp): one step on the GPU.
+//
+// A training step, all on one stream:
+//  1. the batch goes to the device as one CSR block (features, labels) from pinned memory;
+//  2. first layer: each sample's feature rows summed, ReLU;
+//  3. output layer (LSH): bucket codes of the hidden vectors, active sets (labels first),
+//     one warp per active neuron for the logits, one block per sample for the fused
+//     softmax + loss + gradient, and one block per sample for W^T delta;
+//     (dense): cuBLAS for logits, W^T delta and the weight gradient;
+//  4. update: the active entries sorted by neuron (CUB), one warp per touched row sums its
+//     gradient in sample order and applies Adam; the first layer's touched rows likewise
+//     from the batch's nonzeros sorted by feature.
+// The host waits twice per step: for the size of the active sets (kernel grids and sorts
+// are sized by it) and for the per-sample losses at the end.
+#include "cublas_loader.hpp"
+#include "gpu_backend.hpp"
+#include "gpu_layers.cuh"
+#include "gpu_lsh.cuh"
+#include "hslide/error.hpp"
+#include "hslide/gpu_devices.hpp"
+#include "hslide/lsh.hpp"
+#include "hslide/rng.hpp"
+
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_run_length_encode.cuh>
+#include <cub/device/device_scan.cuh>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+namespace hslide::gpu {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+double seconds_since(clock_type::time_point t0) {
+    return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+int bits_for(uint64_t n) {  // bits to hold 0..n-1
+    int bits = 1;
+    while ((uint64_t{1} << bits) < n) ++bits;
+    return bits;
+}
+
+template <class Call>
+void with_temp(device_array<uint8_t>& temp, Call&& call) {
+    size_t bytes = 0;
+    HSLIDE_CUDA_CHECK(call(nullptr, bytes));
+    temp.reserve(std::max<size_t>(bytes, 1), "CUB scratch");
+    bytes = temp.size();
+    HSLIDE_CUDA_CHECK(call(temp.data(), bytes));
+}
+
+/// One layer's parameters and Adam moments on the device.
+struct device_layer {
+    uint32_t rows = 0, width = 0, stride = 0;
+    device_array<float> weights, adam_m, adam_v, bias, bias_m, bias_v;
+    device_array<__nv_bfloat16> weights16;  // empty in fp32 precision
+
+    // Kernels get mutable pointers; constness is the backend's, not the view's.
+    layer_view view() const {
+        auto* self = const_cast<device_layer*>(this);
+        return layer_view{self->weights.data(),
+                          self->adam_m.data(),
+                          self->adam_v.data(),
+                          self->bias.data(),
+                          self->bias_m.data(),
+                          self->bias_v.data(),
+                          weights16.size() ? self->weights16.data() : nullptr,
+                          rows,
+                          width,
+                          stride};
+    }
+};
+
+/// Rows grouped for a row-sparse update: sorted keys, the entry of each sorted position, and
+/// the run-length encoding of the keys.
+struct row_groups {
+    device_array<uint32_t> keys, sorted_keys, index, order, unique, counts, begin, n_unique;
+    device_array<uint8_t> temp;
+
+    /// Groups n keys (keys and index filled by the caller) of up to key_bits bits.
+    void group(uint32_t n, int key_bits, cudaStream_t stream) {
+        reserve(n);
+        with_temp(temp, [&](void* t, size_t& bytes) {
+            return cub::DeviceRadixSort::SortPairs(t, bytes, keys.data(), sorted_keys.data(),
+                                                   index.data(), order.data(), n, 0, key_bits,
+                                                   stream);
+        });
+        HSLIDE_CUDA_CHECK(cudaMemsetAsync(counts.data(), 0, (size_t(n) + 1) * 4, stream));
+        with_temp(temp, [&](void* t, size_t& bytes) {
+            return cub::DeviceRunLengthEncode::Encode(t, bytes, sorted_keys.data(), unique.data(),
+                                                      counts.data(), n_unique.data(), n, stream);
+        });
+        with_temp(temp, [&](void* t, size_t& bytes) {
+            return cub::DeviceScan::ExclusiveSum(t, bytes, counts.data(), begin.data(), n + 1,
+                                                 stream);
+        });
+    }
+    void reserve(uint32_t n) {
+        for (auto* a : {&keys, &sorted_keys, &index, &order, &unique})
+            a->reserve(std::max(n, 1u), "gradient grouping");
+        counts.reserve(size_t(n) + 1, "gradient grouping");
+        begin.reserve(size_t(n) + 1, "gradient grouping");
+        n_unique.reserve(1, "gradient grouping");
+    }
+};
+
+class gpu_backend final : public backend {
+  public:
+    gpu_backend(model_state initial, const train_config& train, int device,
+                precision_mode precision, bool dense_output);
+    ~gpu_backend() override;
+
+    step_report train_batch(const batch_view& batch, float learning_rate) override;
+    void rebuild_tables(bool new_functions) override;
+    void predict(const batch_view& batch, uint32_t k, scoring_mode scoring, uint32_t* labels,
+                 float* scores) override;
+    void export_state(model_state& out, bool with_optimizer) const override;
+    void import_state(const model_state& in, bool with_optimizer) override;
+    backend_info info() const override;
+
+  private:
+    /// Copies the batch's CSR arrays to the device; returns the largest label count.
+    uint32_t upload_batch(const batch_view& batch, bool check_labels);
+    batch_csr device_batch(uint32_t size) const;
+    void ensure_work(uint32_t batch);
+    void upload_layer(size_t l, const layer_state& src, bool with_optimizer);
+    void refresh_bf16(size_t l);
+    void rebuild_output_tables();
+    bool use_bf16() const { return precision_ == precision_mode::bf16; }
+    bool lsh_output() const { return !dense_output_; }
+    /// logits (batch x n_out) = hidden . W^T, fp32 or bf16 tensor cores.
+    void dense_logits(uint32_t batch, float* logits);
+    void dense_backward_and_update(uint32_t batch, float inv_batch, const adam_params& adam);
+    void first_layer_update(uint32_t batch, uint32_t nnz, float inv_batch, const adam_params& adam);
+    void activate() const { HSLIDE_CUDA_CHECK(cudaSetDevice(device_)); }
+
+    model_state shape_;  // config, layer shapes, step count, hash seeds; no parameters
+    train_config train_;
+    int device_;
+    std::string device_name_;
+    precision_mode precision_;
+    bool dense_output_;
+    cudaStream_t stream_ = nullptr;
+    cublasHandle_t blas_ = nullptr;
+    cudaEvent_t events_[6] = {};
+
+    device_layer layers_[2];
+    std::unique_ptr<hash_family> hash_;  // host copy: the functions' seed and arrays
+    device_hash_family device_hash_;
+    device_tables tables_;
+    device_array<uint32_t> table_codes_;
+
+    // The batch: one pinned block and one device block with the same layout.
+    pinned_array<uint32_t> staging_;
+    device_array<uint32_t> batch_block_;
+    uint32_t batch_nnz_ = 0, batch_labels_ = 0;
+
+    // Work arrays, grown to the largest batch.
+    uint32_t work_batch_ = 0;
+    device_array<float> hidden_, d_hidden_, loss_;
+    device_array<__nv_bfloat16> hidden16_, delta16_;
+    device_array<uint32_t> codes_;
+    active_sets active_;
+    device_array<float> logits_, delta_;
+    device_array<float> dense_gradient_, bias_gradient_;
+    row_groups output_groups_, input_groups_;
+    device_array<uint32_t> nonzero_sample_;
+    device_array<uint32_t> top_labels_;
+    device_array<float> top_scores_;
+    pinned_array<float> loss_host_;
+};
+
+gpu_backend::gpu_backend(model_state initial, const train_config& train, int device,
+                         precision_mode precision, bool dense_output)
+    : train_(train), device_(device), precision_(precision) {
+    validate(initial.config);
+    const model_config& config = initial.config;
+    HSLIDE_CHECK_KIND(config.layers.size() == 2, error_kind::unsupported,
+                      "the GPU backend trains networks with one hidden layer for now; this one "
+                      "has {} (use --backend cpu for deeper networks)",
+                      config.layers.size() - 1);
+    HSLIDE_CHECK_KIND(initial.layers[0].stride <= 1024, error_kind::unsupported,
+                      "the GPU backend supports hidden layers of at most 1024 neurons, got {}",
+                      initial.layers[0].width);
+    HSLIDE_CHECK_KIND(train.adam == adam_mode::sparse, error_kind::unsupported,
+                      "the GPU backend updates touched rows only: --adam dense (SLIDE's update "
+                      "of every row) is CPU-only");
+    dense_output_ = dense_output || !config.is_sparse(1);
+
+    std::string problem;
+    const auto gpus = list_gpus(&problem);
+    HSLIDE_CHECK_KIND(!gpus.empty(), error_kind::unsupported,
+                      "--backend={}: no usable GPU on this machine ({})",
+                      dense_output ? "gpu-dense" : "gpu",
+                      problem.empty() ? "the CUDA runtime sees no device" : problem);
+    HSLIDE_CHECK_KIND(device >= 0 && size_t(device) < gpus.size(), error_kind::invalid_argument,
+                      "GPU {} does not exist (this machine has {})", device, gpus.size());
+    device_name_ = gpus[size_t(device)].name;
+    activate();
+    HSLIDE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    for (auto& e : events_) HSLIDE_CUDA_CHECK(cudaEventCreate(&e));
+    if (dense_output_) {
+        HSLIDE_CUBLAS_CHECK(cublas().create(&blas_));
+        HSLIDE_CUBLAS_CHECK(cublas().set_stream(blas_, stream_));
+    }
+
+    shape_ = model_state::layout(config);
+    shape_.adam_step = initial.adam_step;
+    shape_.hash_seeds = initial.hash_seeds;
+    for (size_t l = 0; l < 2; ++l) upload_layer(l, initial.layers[l], /*with_optimizer=*/true);
+    initial = model_state{};  // the host copy is no longer needed: free it before tables
+    if (lsh_output()) rebuild_output_tables();
+    HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+gpu_backend::~gpu_backend() {
+    // Destructors must not throw: errors here are ignored (the process may be exiting).
+    cudaSetDevice(device_);
+    if (stream_) cudaStreamSynchronize(stream_);
+    if (blas_) cublas().destroy(blas_);
+    for (auto e : events_)
+        if (e) cudaEventDestroy(e);
+    if (stream_) cudaStreamDestroy(stream_);
+}
+
+void gpu_backend::upload_layer(size_t l, const layer_state& src, bool with_optimizer) {
+    device_layer& dst = layers_[l];
+    const layer_state& shape = shape_.layers[l];
+    HSLIDE_CHECK(src.rows == shape.rows && src.width == shape.width && src.stride == shape.stride,
+                 "imported layer {} is {}x{}, this model's is {}x{}", l, src.rows, src.width,
+                 shape.rows, shape.width);
+    dst.rows = shape.rows;
+    dst.width = shape.width;
+    dst.stride = shape.stride;
+    const size_t n = size_t(shape.rows) * shape.stride;
+    const size_t n_bias = src.bias.size();
+    dst.weights.resize(n, l == 0 ? "first-layer weights" : "output-layer weights");
+    dst.bias.resize(n_bias, "biases");
+    const bool fresh = dst.adam_m.size() != n;
+    dst.adam_m.resize(n, "Adam moments");
+    dst.adam_v.resize(n, "Adam moments");
+    dst.bias_m.resize(n_bias, "Adam moments");
+    dst.bias_v.resize(n_bias, "Adam moments");
+    auto put = [&](float* to, const float* from, size_t count) {
+        HSLIDE_CUDA_CHECK(
+            cudaMemcpyAsync(to, from, count * sizeof(float), cudaMemcpyHostToDevice, stream_));
+    };
+    put(dst.weights.data(), src.weights.data(), n);
+    put(dst.bias.data(), src.bias.data(), n_bias);
+    if (with_optimizer && src.adam_m.size() == n) {
+        put(dst.adam_m.data(), src.adam_m.data(), n);
+        put(dst.adam_v.data(), src.adam_v.data(), n);
+        put(dst.bias_m.data(), src.bias_m.data(), n_bias);
+        put(dst.bias_v.data(), src.bias_v.data(), n_bias);
+    } else if (fresh) {
+        dst.adam_m.zero(stream_);
+        dst.adam_v.zero(stream_);
+        dst.bias_m.zero(stream_);
+        dst.bias_v.zero(stream_);
+    }
+    // The copies read pageable host memory the caller may free: finish them now.
+    HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (use_bf16()) refresh_bf16(l);
+}
+
+void gpu_backend::refresh_bf16(size_t l) {
+    device_layer& layer = layers_[l];
+    layer.weights16.resize(layer.weights.size(), "bf16 weights");
+    to_bf16(layer.weights.data(), layer.weights16.data(), layer.weights.size(), stream_);
+}
+
+void gpu_backend::rebuild_output_tables() {
+    const lsh_config& cfg = shape_.config.layers[1].lsh;
+    device_layer& out = layers_[1];
+    if (!hash_ || hash_->seed() != shape_.hash_seeds[1]) {
+        hash_ = hash_family::create(cfg, out.width, shape_.hash_seeds[1]);
+        device_hash_.upload(hash_->function_data());
+    }
+    table_codes_.reserve(size_t(out.rows) * cfg.L, "LSH codes of the output neurons");
+    device_hash_.hash_rows(out.weights.data(), out.stride, out.rows, table_codes_.data(), stream_);
+    // The priorities depend on the step count, as the CPU's insertion order does.
+    tables_.build(table_codes_.data(), out.rows, cfg.L, cfg.K * cfg.bits_per_hash,
+                  cfg.bucket_capacity, derive_seed(shape_.hash_seeds[1], shape_.adam_step),
+                  stream_);
+}
+
+void gpu_backend::rebuild_tables(bool new_functions) {
+    if (!lsh_output()) return;
+    activate();
+    if (new_functions)
+        shape_.hash_seeds[1] = derive_seed(shape_.hash_seeds[1], shape_.adam_step + 1);
+    rebuild_output_tables();
+}
+
+uint32_t gpu_backend::upload_batch(const batch_view& batch, bool check_labels) {
+    const dataset& data = *batch.data;
+    const uint32_t b = batch.size;
+    uint64_t nnz = 0, n_labels = 0;
+    uint32_t max_labels = 0;
+    for (uint32_t s = 0; s < b; ++s) {
+        const uint32_t point = batch.rows[s];
+        const feature_row x = data.features(point);
+        const label_row y = data.labels(point);
+        for (uint32_t i = 0; i < x.count; ++i)
+            HSLIDE_CHECK(x.ids[i] < shape_.layers[0].rows,
+                         "{}: point {} has feature {} but the model has {} inputs", data.source,
+                         point, x.ids[i], shape_.layers[0].rows);
+        if (check_labels)
+            for (uint32_t i = 0; i < y.count; ++i)
+                HSLIDE_CHECK(y.ids[i] < shape_.layers[1].rows,
+                             "{}: point {} has label {} but the model has {} outputs", data.source,
+                             point, y.ids[i], shape_.layers[1].rows);
+        nnz += x.count;
+        n_labels += y.count;
+        max_labels = std::max(max_labels, y.count);
+    }
+    HSLIDE_CHECK(nnz < (uint64_t{1} << 31) && n_labels < (uint64_t{1} << 31),
+                 "a batch of {} points has too many nonzeros for the GPU backend", b);
+    // Layout: feature offsets, label offsets (b + 1 each), feature ids, values, label ids.
+    const size_t words = 2 * (size_t(b) + 1) + 2 * nnz + n_labels;
+    staging_.reserve(words, "batch staging");
+    uint32_t* f_off = staging_.data();
+    uint32_t* l_off = f_off + b + 1;
+    uint32_t* f_ids = l_off + b + 1;
+    float* f_vals = reinterpret_cast<float*>(f_ids + nnz);
+    uint32_t* l_ids = f_ids + 2 * nnz;
+    f_off[0] = l_off[0] = 0;
+    for (uint32_t s = 0; s < b; ++s) {
+        const feature_row x = data.features(batch.rows[s]);
+        const label_row y = data.labels(batch.rows[s]);
+        std::memcpy(f_ids + f_off[s], x.ids, x.count * 4);
+        std::memcpy(f_vals + f_off[s], x.values, x.count * 4);
+        std::memcpy(l_ids + l_off[s], y.ids, y.count * 4);
+        f_off[s + 1] = f_off[s] + x.count;
+        l_off[s + 1] = l_off[s] + y.count;
+    }
+    batch_block_.reserve(words, "batch");
+    HSLIDE_CUDA_CHECK(cudaMemcpyAsync(batch_block_.data(), staging_.data(), words * 4,
+                                      cudaMemcpyHostToDevice, stream_));
+    batch_nnz_ = uint32_t(nnz);
+    batch_labels_ = uint32_t(n_labels);
+    return max_labels;
+}
+
+batch_csr gpu_backend::device_batch(uint32_t size) const {
+    const uint32_t* base = batch_block_.data();
+    const uint32_t* f_ids = base + 2 * (size_t(size) + 1);
+    return batch_csr{base,
+                     f_ids,
+                     reinterpret_cast<const float*>(f_ids + batch_nnz_),
+                     base + size + 1,
+                     f_ids + 2 * size_t(batch_nnz_),
+                     size};
+}
+
+void gpu_backend::ensure_work(uint32_t batch) {
+    if (batch <= work_batch_) return;
+    work_batch_ = batch;
+    const size_t hidden = size_t(batch) * layers_[0].stride;
+    hidden_.resize(hidden, "hidden activations");
+    d_hidden_.resize(hidden, "hidden gradients");
+    if (use_bf16()) hidden16_.resize(hidden, "bf16 hidden activations");
+    loss_.resize(batch, "losses");
+    loss_host_.reserve(batch, "losses");
+    if (lsh_output()) codes_.resize(size_t(batch) * shape_.config.layers[1].lsh.L, "LSH codes");
+}
+
+void gpu_backend::dense_logits(uint32_t batch, float* logits) {
+    const device_layer& out = layers_[1];
+    const float one = 1.0f, zero = 0.0f;
+    // Row-major logits (batch x rows) are column-major (rows x batch) = W . hidden^T.
+    if (use_bf16())
+        HSLIDE_CUBLAS_CHECK(cublas().gemm_ex(
+            blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(out.rows), int(batch), int(out.width), &one,
+            out.weights16.data(), CUDA_R_16BF, int(out.stride), hidden16_.data(), CUDA_R_16BF,
+            int(layers_[0].stride), &zero, logits, CUDA_R_32F, int(out.rows), CUBLAS_COMPUTE_32F,
+            CUBLAS_GEMM_DEFAULT));
+    else
+        HSLIDE_CUBLAS_CHECK(cublas().sgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(out.rows),
+                                           int(batch), int(out.width), &one, out.weights.data(),
+                                           int(out.stride), hidden_.data(), int(layers_[0].stride),
+                                           &zero, logits, int(out.rows)));
+}
+
+void gpu_backend::dense_backward_and_update(uint32_t batch, float inv_batch,
+                                            const adam_params& adam) {
+    device_layer& out = layers_[1];
+    const float one = 1.0f, zero = 0.0f;
+    const int rows = int(out.rows), width = int(out.width), stride = int(out.stride);
+    const int hstride = int(layers_[0].stride), b = int(batch);
+    // d_hidden (column-major stride x batch) = W^T . delta; the padding rows stay zero.
+    d_hidden_.zero(stream_);
+    dense_gradient_.reserve(size_t(out.rows) * out.stride, "dense output gradient");
+    bias_gradient_.reserve(out.rows, "dense output gradient");
+    if (use_bf16()) {
+        delta16_.reserve(size_t(batch) * out.rows, "bf16 output gradients");
+        to_bf16(delta_.data(), delta16_.data(), size_t(batch) * out.rows, stream_);
+        HSLIDE_CUBLAS_CHECK(cublas().gemm_ex(
+            blas_, CUBLAS_OP_N, CUBLAS_OP_N, width, b, rows, &one, out.weights16.data(),
+            CUDA_R_16BF, stride, delta16_.data(), CUDA_R_16BF, rows, &zero, d_hidden_.data(),
+            CUDA_R_32F, hstride, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        // dW (column-major stride x rows) = hidden^T . delta, scaled to the batch mean.
+        HSLIDE_CUBLAS_CHECK(cublas().gemm_ex(
+            blas_, CUBLAS_OP_N, CUBLAS_OP_T, width, rows, b, &inv_batch, hidden16_.data(),
+            CUDA_R_16BF, hstride, delta16_.data(), CUDA_R_16BF, rows, &zero, dense_gradient_.data(),
+            CUDA_R_32F, stride, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    } else {
+        HSLIDE_CUBLAS_CHECK(cublas().sgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, width, b, rows, &one,
+                                           out.weights.data(), stride, delta_.data(), rows, &zero,
+                                           d_hidden_.data(), hstride));
+        HSLIDE_CUBLAS_CHECK(cublas().sgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_T, width, rows, b,
+                                           &inv_batch, hidden_.data(), hstride, delta_.data(), rows,
+                                           &zero, dense_gradient_.data(), stride));
+    }
+    relu_backward(hidden_.data(), batch, layers_[0].stride, d_hidden_.data(), stream_);
+    if (width != stride)  // the gradient's padding columns were not written: keep them zero
+        HSLIDE_CUDA_CHECK(cudaMemset2DAsync(dense_gradient_.data() + width, size_t(stride) * 4, 0,
+                                            size_t(stride - width) * 4, size_t(rows), stream_));
+    column_sums(delta_.data(), batch, out.rows, inv_batch, bias_gradient_.data(), stream_);
+    dense_adam(out.view(), dense_gradient_.data(), bias_gradient_.data(), adam, stream_);
+}
+
+void gpu_backend::first_layer_update(uint32_t batch, uint32_t nnz, float inv_batch,
+                                     const adam_params& adam) {
+    const batch_csr csr = device_batch(batch);
+    row_groups& g = input_groups_;
+    g.reserve(nnz);
+    nonzero_sample_.reserve(std::max(nnz, 1u), "gradient grouping");
+    if (nnz > 0) {
+        nonzero_keys(csr, g.keys.data(), nonzero_sample_.data(), g.index.data(), stream_);
+        g.group(nnz, 32, stream_);
+        first_layer_rows_adam(layers_[0].view(), g.unique.data(), g.begin.data(), g.n_unique.data(),
+                              nnz, g.order.data(), nonzero_sample_.data(), csr.feature_values,
+                              d_hidden_.data(), inv_batch, adam, stream_);
+    }
+    first_layer_bias_adam(layers_[0].view(), d_hidden_.data(), batch, inv_batch, adam, stream_);
+}
+
+step_report gpu_backend::train_batch(const batch_view& batch, float learning_rate) {
+    HSLIDE_CHECK(batch.size > 0 && batch.data, "empty batch");
+    activate();
+    const auto t_start = clock_type::now();
+    const uint32_t b = batch.size;
+    ensure_work(b);
+    HSLIDE_CUDA_CHECK(cudaEventRecord(events_[0], stream_));
+    const uint32_t max_labels = upload_batch(batch, /*check_labels=*/true);
+    const batch_csr csr = device_batch(b);
+    HSLIDE_CUDA_CHECK(cudaEventRecord(events_[1], stream_));
+
+    device_layer& out = layers_[1];
+    first_layer_forward(layers_[0].view(), csr, hidden_.data(),
+                        use_bf16() ? hidden16_.data() : nullptr, stream_);
+    uint64_t active_entries = uint64_t(b) * out.rows;
+    const float inv_batch = 1.0f / float(b);
+    uint32_t total = 0;
+    if (lsh_output()) {
+        const layer_config& cfg = shape_.config.layers[1];
+        HSLIDE_CUDA_CHECK(cudaEventRecord(events_[2], stream_));
+        device_hash_.hash_rows(hidden_.data(), layers_[0].stride, b, codes_.data(), stream_);
+        active_set_params p;
+        p.n_items = out.rows;
+        p.L = cfg.lsh.L;
+        p.min_active = cfg.active.min_active;
+        p.max_active = cfg.active.max_active;
+        p.hit_threshold = cfg.active.hit_threshold;
+        p.bucket_capacity = cfg.lsh.bucket_capacity;
+        p.force_labels = true;
+        p.seed = derive_seed(train_.seed ^ 0x5eedf111ULL, shape_.adam_step);
+        total = build_active_sets(tables_.view(), codes_.data(), b, csr.label_offsets,
+                                  csr.label_ids, max_labels, p, active_, stream_);
+        active_entries = total;
+        HSLIDE_CUDA_CHECK(cudaEventRecord(events_[3], stream_));
+        logits_.reserve(std::max(total, 1u), "active logits");
+        delta_.reserve(std::max(total, 1u), "active gradients");
+        sparse_output_forward(out.view(), hidden_.data(), hidden16_.data(), use_bf16(),
+                              active_.ids.data(), active_.entry_sample.data(), total,
+                              logits_.data(), stream_);
+        softmax_loss(logits_.data(), nullptr, active_.offsets.data(), 0, /*labels_first=*/true, csr,
+                     delta_.data(), loss_.data(), stream_);
+        HSLIDE_CUDA_CHECK(cudaEventRecord(events_[4], stream_));
+        sparse_output_backward(out.view(), use_bf16(), active_.offsets.data(), active_.ids.data(),
+                               delta_.data(), hidden_.data(), b, d_hidden_.data(), stream_);
+    } else {
+        HSLIDE_CUDA_CHECK(cudaEventRecord(events_[2], stream_));
+        HSLIDE_CUDA_CHECK(cudaEventRecord(events_[3], stream_));
+        logits_.reserve(size_t(b) * out.rows, "dense logits");
+        delta_.reserve(size_t(b) * out.rows, "dense output gradients");
+        dense_logits(b, logits_.data());
+        softmax_loss(logits_.data(), out.bias.data(), nullptr, out.rows, /*labels_first=*/false,
+                     csr, delta_.data(), loss_.data(), stream_);
+        HSLIDE_CUDA_CHECK(cudaEventRecord(events_[4], stream_));
+    }
+
+    shape_.adam_step += 1;
+    const double t = double(shape_.adam_step);
+    const adam_params adam{learning_rate,
+                           train_.adam_beta1,
+                           train_.adam_beta2,
+                           train_.adam_epsilon,
+                           float(1.0 / (1.0 - std::pow(double(train_.adam_beta1), t))),
+                           float(1.0 / (1.0 - std::pow(double(train_.adam_beta2), t)))};
+    if (lsh_output()) {
+        HSLIDE_CUDA_CHECK(cudaEventRecord(events_[5], stream_));
+        row_groups& g = output_groups_;
+        g.reserve(total);
+        if (total > 0) {
+            HSLIDE_CUDA_CHECK(cudaMemcpyAsync(g.keys.data(), active_.ids.data(), size_t(total) * 4,
+                                              cudaMemcpyDeviceToDevice, stream_));
+            iota(g.index.data(), total, stream_);
+            g.group(total, bits_for(out.rows), stream_);
+            output_rows_adam(out.view(), g.unique.data(), g.begin.data(), g.n_unique.data(), total,
+                             g.order.data(), active_.entry_sample.data(), delta_.data(),
+                             hidden_.data(), inv_batch, adam, stream_);
+        }
+    } else {
+        dense_backward_and_update(b, inv_batch, adam);  // backward and update in one
+        HSLIDE_CUDA_CHECK(cudaEventRecord(events_[5], stream_));
+    }
+    first_layer_update(b, batch_nnz_, inv_batch, adam);
+    HSLIDE_CUDA_CHECK(cudaMemcpyAsync(loss_host_.data(), loss_.data(), size_t(b) * 4,
+                                      cudaMemcpyDeviceToHost, stream_));
+    HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+
+    step_report report;
+    report.samples = b;
+    for (uint32_t s = 0; s < b; ++s) report.loss_sum += loss_host_.data()[s];
+    report.active_per_layer = {uint64_t(b) * layers_[0].width, active_entries};
+    auto elapsed = [&](int from, int to) {
+        float ms = 0;
+        HSLIDE_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[from], events_[to]));
+        return double(ms) / 1000.0;
+    };
+    report.seconds = seconds_since(t_start);
+    report.times.transfer = elapsed(0, 1);
+    report.times.forward = elapsed(1, 2) + elapsed(3, 4);
+    report.times.hashing = elapsed(2, 3);
+    report.times.backward = elapsed(4, 5);
+    report.times.update =
+        std::max(0.0, report.seconds - report.times.transfer - report.times.forward -
+                          report.times.hashing - report.times.backward);
+    return report;
+}
+
+void gpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scoring,
+                          uint32_t* labels, float* scores) {
+    HSLIDE_CHECK(k > 0, "top-k must be positive");
+    activate();
+    const bool exact = dense_output_ || scoring == scoring_mode::exact;
+    const device_layer& out = layers_[1];
+    // Exact scores of every label are batch x rows floats: score in chunks of at most 1 GiB.
+    const uint32_t chunk =
+        exact ? uint32_t(std::clamp<uint64_t>((uint64_t{1} << 28) / out.rows, 1, 1024)) : 1024;
+    for (uint32_t begin = 0; begin < batch.size; begin += chunk) {
+        const uint32_t b = std::min(chunk, batch.size - begin);
+        const batch_view part{batch.data, batch.rows + begin, b};
+        ensure_work(b);
+        upload_batch(part, /*check_labels=*/false);
+        const batch_csr csr = device_batch(b);
+        first_layer_forward(layers_[0].view(), csr, hidden_.data(),
+                            use_bf16() ? hidden16_.data() : nullptr, stream_);
+        top_labels_.reserve(size_t(b) * k, "top-k labels");
+        top_scores_.reserve(size_t(b) * k, "top-k scores");
+        if (exact) {
+            if (!blas_) {
+                HSLIDE_CUBLAS_CHECK(cublas().create(&blas_));
+                HSLIDE_CUBLAS_CHECK(cublas().set_stream(blas_, stream_));
+            }
+            logits_.reserve(size_t(b) * out.rows, "exact scores");
+            dense_logits(b, logits_.data());
+            top_k(logits_.data(), nullptr, nullptr, out.rows, b, k, top_labels_.data(),
+                  top_scores_.data(), stream_, out.bias.data());
+        } else {
+            const layer_config& cfg = shape_.config.layers[1];
+            device_hash_.hash_rows(hidden_.data(), layers_[0].stride, b, codes_.data(), stream_);
+            active_set_params p;
+            p.n_items = out.rows;
+            p.L = cfg.lsh.L;
+            p.min_active = cfg.active.min_active;
+            p.max_active = cfg.active.max_active;
+            p.hit_threshold = cfg.active.hit_threshold;
+            p.bucket_capacity = cfg.lsh.bucket_capacity;
+            p.force_labels = false;
+            p.seed = derive_seed(derive_seed(train_.seed ^ 0x9e3d1c7ULL, shape_.adam_step), begin);
+            const uint32_t total = build_active_sets(tables_.view(), codes_.data(), b, nullptr,
+                                                     nullptr, 0, p, active_, stream_);
+            logits_.reserve(std::max(total, 1u), "active logits");
+            sparse_output_forward(out.view(), hidden_.data(), hidden16_.data(), use_bf16(),
+                                  active_.ids.data(), active_.entry_sample.data(), total,
+                                  logits_.data(), stream_);
+            top_k(logits_.data(), active_.offsets.data(), active_.ids.data(), 0, b, k,
+                  top_labels_.data(), top_scores_.data(), stream_, nullptr);
+        }
+        HSLIDE_CUDA_CHECK(cudaMemcpyAsync(labels + size_t(begin) * k, top_labels_.data(),
+                                          size_t(b) * k * 4, cudaMemcpyDeviceToHost, stream_));
+        HSLIDE_CUDA_CHECK(cudaMemcpyAsync(scores + size_t(begin) * k, top_scores_.data(),
+                                          size_t(b) * k * 4, cudaMemcpyDeviceToHost, stream_));
+        HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
+}
+
+void gpu_backend::export_state(model_state& out, bool with_optimizer) const {
+    activate();
+    out = model_state::layout(shape_.config);
+    out.adam_step = shape_.adam_step;
+    out.hash_seeds = shape_.hash_seeds;
+    for (size_t l = 0; l < 2; ++l) {
+        const device_layer& src = layers_[l];
+        layer_state& dst = out.layers[l];
+        const size_t n = size_t(src.rows) * src.stride;
+        auto get = [&](auto& to, const device_array<float>& from, size_t count) {
+            to.resize(count);
+            HSLIDE_CUDA_CHECK(cudaMemcpyAsync(to.data(), from.data(), count * sizeof(float),
+                                              cudaMemcpyDeviceToHost, stream_));
+        };
+        get(dst.weights, src.weights, n);
+        get(dst.bias, src.bias, src.bias.size());
+        if (with_optimizer) {
+            get(dst.adam_m, src.adam_m, n);
+            get(dst.adam_v, src.adam_v, n);
+            get(dst.bias_m, src.bias_m, src.bias_m.size());
+            get(dst.bias_v, src.bias_v, src.bias_v.size());
+        }
+    }
+    HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void gpu_backend::import_state(const model_state& in, bool with_optimizer) {
+    HSLIDE_CHECK(in.layers.size() == 2, "imported model has {} layers, this one 2",
+                 in.layers.size());
+    activate();
+    for (size_t l = 0; l < 2; ++l) upload_layer(l, in.layers[l], with_optimizer);
+    if (with_optimizer) shape_.adam_step = in.adam_step;
+    shape_.hash_seeds = in.hash_seeds;
+    if (lsh_output()) rebuild_output_tables();
+    HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+backend_info gpu_backend::info() const {
+    backend_info bi;
+    bi.kind = "gpu";
+    bi.device = device_name_ + (dense_output_ ? " (dense output, cuBLAS)" : " (LSH output)");
+    bi.precision = to_string(precision_);
+    for (const device_layer& l : layers_)
+        bi.memory_bytes += l.weights.bytes() + l.adam_m.bytes() + l.adam_v.bytes() +
+                           l.bias.bytes() * 3 + l.weights16.bytes();
+    bi.memory_bytes += tables_.memory_bytes() + table_codes_.bytes();
+    activate();
+    bi.free_memory_bytes = device_memory_info().first;
+    return bi;
+}
+
+}  // namespace
+
+std::unique_ptr<backend> create_gpu_backend(model_state initial, const train_config& train,
+                                            int device, precision_mode precision,
+                                            bool dense_output) {
+    return std::make_unique<gpu_backend>(std::move(initial), train, device, precision,
+                                         dense_output);
+}
+
+}  // namespace hslide::gpu

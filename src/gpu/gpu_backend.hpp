@@ -1,0 +1,25 @@
+// The CUDA backend's factory, in plain C++ (no CUDA types), for backend_factory.cpp.
+//
+// The backend (gpu_backend.cu) trains a network of a sparse-input hidden layer and an output
+// layer on one GPU, G-SLIDE style: the output layer's hash functions, tables and per-sample
+// active sets live on the GPU, and forward, backward and Adam touch only the active neurons
+// (sorted by neuron, reduced per row, no atomics on gradients). With `dense_output` (the
+// gpu-dense baseline) or an output layer configured dense, the output layer is computed for
+// every neuron with cuBLAS (tensor cores in bf16).
+#pragma once
+
+#include "hslide/backend.hpp"
+
+#include <memory>
+
+namespace hslide::gpu {
+
+/// Creates the CUDA backend on GPU `device` holding `initial`, and builds its tables. Throws
+/// hslide::error (unsupported) when there is no such GPU or the network has a shape this
+/// backend cannot train yet (more than one hidden layer, a hidden layer wider than 1024,
+/// --adam dense), saying which.
+std::unique_ptr<backend> create_gpu_backend(model_state initial, const train_config& train,
+                                            int device, precision_mode precision,
+                                            bool dense_output);
+
+}  // namespace hslide::gpu

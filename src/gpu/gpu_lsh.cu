@@ -1,0 +1,456 @@
+// GPU hashing, table building and active sets (see gpu_lsh.cuh for the design).
+#include "gpu_lsh.cuh"
+
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_run_length_encode.cuh>
+#include <cub/device/device_scan.cuh>
+
+#include <algorithm>
+
+namespace hslide::gpu {
+
+namespace {
+
+constexpr uint32_t empty_slot = 0xffffffffu;
+constexpr uint32_t forced_hit = 0x40000000u;  // added to a label's hit count: never cut
+constexpr int block_threads = 256;
+
+uint32_t blocks_for(uint64_t n, uint32_t per_block) {
+    return uint32_t((n + per_block - 1) / per_block);
+}
+
+// Bin families: one warp per row; the raw values of all hashes go to shared memory, then
+// each lane finishes tables (densification reads the other hashes' raw values).
+__global__ void hash_rows_bin_kernel(bin_hash_view f, const float* rows, size_t stride,
+                                     uint32_t n_rows, uint32_t* codes) {
+    extern __shared__ int32_t raw_all[];
+    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const uint32_t row = blockIdx.x * (blockDim.x / 32) + warp;
+    if (row >= n_rows) return;
+    int32_t* raw = raw_all + size_t(warp) * f.n_hashes;
+    const float* x = rows + size_t(row) * stride;
+    for (uint32_t h = lane; h < f.n_hashes; h += 32) raw[h] = bin_hash_raw(f, x, h);
+    __syncwarp();
+    for (int t = int(lane); t < f.L; t += 32)
+        codes[size_t(row) * f.L + t] = bin_hash_code(f, raw, t);
+}
+
+// Simhash: one thread per (row, table).
+__global__ void hash_rows_simhash_kernel(simhash_view f, const float* rows, size_t stride,
+                                         uint32_t n_rows, uint32_t* codes) {
+    const uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= uint64_t(n_rows) * f.L) return;
+    const uint32_t row = uint32_t(i / f.L);
+    const int t = int(i % f.L);
+    codes[i] = simhash_code(f, rows + size_t(row) * stride, t);
+}
+
+}  // namespace
+
+void device_hash_family::upload(const hash_function_data& data) {
+    kind_ = data.kind;
+    L_ = data.L;
+    code_bits_ = data.K * data.bits_per_hash;
+    if (data.kind == hash_kind::simhash) {
+        signs_.resize(data.signs.size(), "simhash projections");
+        HSLIDE_CUDA_CHECK(
+            cudaMemcpy(signs_.data(), data.signs.data(), signs_.bytes(), cudaMemcpyHostToDevice));
+        sim_ = simhash_view{signs_.data(), data.dim, data.sign_stride,
+                            data.K,        data.L,   data.bits_per_hash};
+    } else {
+        bins_.resize(data.bins.size(), "LSH bins");
+        HSLIDE_CUDA_CHECK(
+            cudaMemcpy(bins_.data(), data.bins.data(), bins_.bytes(), cudaMemcpyHostToDevice));
+        bin_ = bin_hash_view{bins_.data(),       data.n_hashes, data.width,
+                             data.value_mask,    data.K,        data.L,
+                             data.bits_per_hash, data.densify,  data.kind == hash_kind::minhash,
+                             data.densify_seed};
+        HSLIDE_CHECK(size_t(data.n_hashes) * 4 <= 40 * 1024,
+                     "the GPU backend supports at most 10240 hashes per layer (K * L), got {}",
+                     data.n_hashes);
+    }
+}
+
+void device_hash_family::hash_rows(const float* rows, size_t row_stride, uint32_t n_rows,
+                                   uint32_t* codes, cudaStream_t stream) const {
+    if (n_rows == 0) return;
+    if (kind_ == hash_kind::simhash) {
+        hash_rows_simhash_kernel<<<blocks_for(uint64_t(n_rows) * L_, block_threads), block_threads,
+                                   0, stream>>>(sim_, rows, row_stride, n_rows, codes);
+    } else {
+        // As many warps per block as 40 KiB of raw values allow (at most 8).
+        const uint32_t warps = std::clamp<uint32_t>(40 * 1024 / (bin_.n_hashes * 4), 1, 8);
+        hash_rows_bin_kernel<<<blocks_for(n_rows, warps), warps * 32,
+                               size_t(warps) * bin_.n_hashes * 4, stream>>>(bin_, rows, row_stride,
+                                                                            n_rows, codes);
+    }
+    HSLIDE_CUDA_LAUNCH();
+}
+
+// --- tables ----------------------------------------------------------------------------------
+
+namespace {
+
+__global__ void make_keys_kernel(const uint32_t* codes, uint32_t n_items, int L, int code_bits,
+                                 int priority_bits, uint64_t seed, uint64_t* keys,
+                                 uint32_t* items) {
+    const uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= uint64_t(n_items) * L) return;
+    const uint32_t item = uint32_t(i / L);
+    const uint64_t table = i % L;
+    const uint64_t priority = splitmix64(seed ^ ((table << 32) | item)) >> (64 - priority_bits);
+    keys[i] = (((table << code_bits) | codes[i]) << priority_bits) | priority;
+    items[i] = item;
+}
+
+__global__ void shift_keys_kernel(uint64_t* keys, uint64_t n, int priority_bits) {
+    const uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n) keys[i] >>= priority_bits;
+}
+
+__global__ void cap_lengths_kernel(const uint32_t* lengths, const uint32_t* n_buckets,
+                                   uint32_t capacity, uint32_t n, uint32_t* kept) {
+    const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) kept[i] = i < *n_buckets ? min(lengths[i], capacity) : 0u;
+}
+
+// One warp per bucket copies the bucket's first `kept` items.
+__global__ void gather_kept_kernel(const uint32_t* sorted_items, const uint32_t* source_begin,
+                                   const uint32_t* bucket_begin, const uint32_t* n_buckets,
+                                   uint32_t* items) {
+    const uint32_t bucket = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (bucket >= *n_buckets) return;
+    const uint32_t from = source_begin[bucket], to = bucket_begin[bucket];
+    const uint32_t n = bucket_begin[bucket + 1] - to;
+    for (uint32_t k = threadIdx.x % 32; k < n; k += 32) items[to + k] = sorted_items[from + k];
+}
+
+template <class Call>
+void with_temp(device_array<uint8_t>& temp, Call&& call) {
+    size_t bytes = 0;
+    HSLIDE_CUDA_CHECK(call(nullptr, bytes));
+    temp.reserve(std::max<size_t>(bytes, 1), "CUB scratch");
+    bytes = temp.size();
+    HSLIDE_CUDA_CHECK(call(temp.data(), bytes));
+}
+
+int bits_for(uint64_t n) {  // bits to hold 0..n-1
+    int bits = 0;
+    while ((uint64_t{1} << bits) < n) ++bits;
+    return bits;
+}
+
+}  // namespace
+
+void device_tables::build(const uint32_t* codes, uint32_t n_items, int L, int code_bits,
+                          int capacity, uint64_t seed, cudaStream_t stream) {
+    const uint64_t n64 = uint64_t(n_items) * uint64_t(L);
+    HSLIDE_CHECK(n64 < (uint64_t{1} << 31), "GPU LSH tables hold at most 2^31 entries, got {}",
+                 n64);
+    const uint32_t n = uint32_t(n64);
+    const int table_bits = bits_for(uint64_t(L));
+    const int priority_bits = 64 - table_bits - code_bits;
+    HSLIDE_ASSERT(priority_bits >= 1);
+    code_bits_ = code_bits;
+    keys_a_.reserve(n, "LSH table keys");
+    keys_b_.reserve(n, "LSH table keys");
+    items_a_.reserve(n, "LSH table items");
+    items_b_.reserve(n, "LSH table items");
+    bucket_keys_.reserve(n, "LSH bucket keys");
+    lengths_.reserve(n + 1, "LSH bucket lengths");
+    source_begin_.reserve(n + 1, "LSH bucket offsets");
+    kept_.reserve(n + 1, "LSH bucket sizes");
+    bucket_begin_.reserve(n + 1, "LSH bucket offsets");
+    items_.reserve(n, "LSH table items");
+    n_buckets_.resize(1, "LSH bucket count");
+
+    make_keys_kernel<<<blocks_for(n, block_threads), block_threads, 0, stream>>>(
+        codes, n_items, L, code_bits, priority_bits, seed, keys_a_.data(), items_a_.data());
+    HSLIDE_CUDA_LAUNCH();
+    with_temp(temp_, [&](void* t, size_t& bytes) {
+        return cub::DeviceRadixSort::SortPairs(t, bytes, keys_a_.data(), keys_b_.data(),
+                                               items_a_.data(), items_b_.data(), n, 0, 64, stream);
+    });
+    shift_keys_kernel<<<blocks_for(n, block_threads), block_threads, 0, stream>>>(keys_b_.data(), n,
+                                                                                  priority_bits);
+    HSLIDE_CUDA_LAUNCH();
+    // Lengths past the last bucket must read 0 for the scans below, which run over n + 1.
+    HSLIDE_CUDA_CHECK(cudaMemsetAsync(lengths_.data(), 0, (size_t(n) + 1) * 4, stream));
+    with_temp(temp_, [&](void* t, size_t& bytes) {
+        return cub::DeviceRunLengthEncode::Encode(t, bytes, keys_b_.data(), bucket_keys_.data(),
+                                                  lengths_.data(), n_buckets_.data(), n, stream);
+    });
+    with_temp(temp_, [&](void* t, size_t& bytes) {
+        return cub::DeviceScan::ExclusiveSum(t, bytes, lengths_.data(), source_begin_.data(), n + 1,
+                                             stream);
+    });
+    cap_lengths_kernel<<<blocks_for(n + 1, block_threads), block_threads, 0, stream>>>(
+        lengths_.data(), n_buckets_.data(), uint32_t(capacity), n + 1, kept_.data());
+    HSLIDE_CUDA_LAUNCH();
+    with_temp(temp_, [&](void* t, size_t& bytes) {
+        return cub::DeviceScan::ExclusiveSum(t, bytes, kept_.data(), bucket_begin_.data(), n + 1,
+                                             stream);
+    });
+    gather_kept_kernel<<<blocks_for(n, block_threads / 32), block_threads, 0, stream>>>(
+        items_b_.data(), source_begin_.data(), bucket_begin_.data(), n_buckets_.data(),
+        items_.data());
+    HSLIDE_CUDA_LAUNCH();
+}
+
+tables_view device_tables::view() const {
+    return tables_view{bucket_keys_.data(), bucket_begin_.data(), items_.data(), n_buckets_.data(),
+                       code_bits_};
+}
+
+void device_tables::download(std::vector<uint64_t>& keys, std::vector<uint32_t>& begin,
+                             std::vector<uint32_t>& items, cudaStream_t stream) const {
+    uint32_t n_buckets = 0;
+    HSLIDE_CUDA_CHECK(
+        cudaMemcpyAsync(&n_buckets, n_buckets_.data(), 4, cudaMemcpyDeviceToHost, stream));
+    HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    keys.resize(n_buckets);
+    begin.resize(size_t(n_buckets) + 1);
+    HSLIDE_CUDA_CHECK(cudaMemcpy(keys.data(), bucket_keys_.data(), size_t(n_buckets) * 8,
+                                 cudaMemcpyDeviceToHost));
+    HSLIDE_CUDA_CHECK(
+        cudaMemcpy(begin.data(), bucket_begin_.data(), begin.size() * 4, cudaMemcpyDeviceToHost));
+    items.resize(begin.back());
+    HSLIDE_CUDA_CHECK(
+        cudaMemcpy(items.data(), items_.data(), items.size() * 4, cudaMemcpyDeviceToHost));
+}
+
+size_t device_tables::memory_bytes() const {
+    return keys_a_.bytes() + keys_b_.bytes() + bucket_keys_.bytes() + items_a_.bytes() +
+           items_b_.bytes() + lengths_.bytes() + source_begin_.bytes() + kept_.bytes() +
+           bucket_begin_.bytes() + items_.bytes() + temp_.bytes();
+}
+
+// --- active sets -----------------------------------------------------------------------------
+
+namespace {
+
+struct set_view {
+    uint32_t* ids;
+    uint32_t* hits;
+    uint32_t mask;  // slots - 1 (a power of two)
+};
+
+// Adds `add` hits to id, inserting it when absent; true when this call inserted it.
+__device__ bool set_insert(const set_view& set, uint32_t id, uint32_t add) {
+    uint32_t slot = (id * 2654435761u) & set.mask;
+    for (;;) {
+        const uint32_t prev = atomicCAS(&set.ids[slot], empty_slot, id);
+        if (prev == empty_slot || prev == id) {
+            if (add) atomicAdd(&set.hits[slot], add);
+            return prev == empty_slot;
+        }
+        slot = (slot + 1) & set.mask;
+    }
+}
+
+// The bucket of `key` by binary search over the sorted bucket keys: [begin, end) of items.
+__device__ void find_bucket(const tables_view& t, uint64_t key, uint32_t& begin, uint32_t& end) {
+    uint32_t lo = 0, hi = *t.n_buckets;
+    while (lo < hi) {
+        const uint32_t mid = (lo + hi) / 2;
+        if (t.bucket_keys[mid] < key)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo < *t.n_buckets && t.bucket_keys[lo] == key) {
+        begin = t.bucket_begin[lo];
+        end = t.bucket_begin[lo + 1];
+    } else {
+        begin = end = 0;
+    }
+}
+
+// One block per sample. Dynamic shared memory: [hist: L + 1][bucket begin: L][bucket end: L]
+// then, when `in_shared`, the set's ids and hits.
+__global__ void active_sets_kernel(tables_view tables, const uint32_t* codes,
+                                   const uint32_t* label_offsets, const uint32_t* label_ids,
+                                   active_set_params p, uint32_t slots, bool in_shared,
+                                   uint32_t* global_ids, uint32_t* global_hits,
+                                   uint32_t max_per_sample, uint32_t* padded, uint32_t* counts) {
+    extern __shared__ uint32_t shared[];
+    const uint32_t s = blockIdx.x;
+    uint32_t* hist = shared;
+    uint32_t* bucket_begin = hist + p.L + 1;
+    uint32_t* bucket_end = bucket_begin + p.L;
+    set_view set;
+    if (in_shared) {
+        set.ids = bucket_end + p.L;
+        set.hits = set.ids + slots;
+    } else {
+        set.ids = global_ids + size_t(s) * slots;
+        set.hits = global_hits + size_t(s) * slots;
+    }
+    set.mask = slots - 1;
+    __shared__ uint32_t n_out, n_ties, cutoff, budget_at_cutoff;
+    uint32_t* out = padded + size_t(s) * max_per_sample;
+
+    const uint32_t label_begin = p.force_labels ? label_offsets[s] : 0;
+    const uint32_t n_labels = p.force_labels ? label_offsets[s + 1] - label_begin : 0;
+    if (p.force_labels && n_labels == 0) {  // nothing to train on: no active set at all
+        if (threadIdx.x == 0) counts[s] = 0;
+        return;
+    }
+    for (uint32_t i = threadIdx.x; i < slots; i += blockDim.x)
+        set.ids[i] = empty_slot, set.hits[i] = 0;
+    for (uint32_t i = threadIdx.x; i <= uint32_t(p.L); i += blockDim.x) hist[i] = 0;
+    for (int t = int(threadIdx.x); t < p.L; t += blockDim.x) {
+        const uint64_t key = (uint64_t(t) << tables.code_bits) | codes[size_t(s) * p.L + t];
+        find_bucket(tables, key, bucket_begin[t], bucket_end[t]);
+    }
+    if (threadIdx.x == 0) n_out = n_labels, n_ties = 0;
+    __syncthreads();
+    for (uint32_t i = threadIdx.x; i < n_labels; i += blockDim.x) {
+        const uint32_t label = label_ids[label_begin + i];
+        out[i] = label;
+        set_insert(set, label, forced_hit);
+    }
+    __syncthreads();
+    // The union: one warp per table, lanes over the bucket's items.
+    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
+    for (int t = int(warp); t < p.L; t += n_warps)
+        for (uint32_t k = bucket_begin[t] + lane; k < bucket_end[t]; k += 32)
+            set_insert(set, tables.items[k], 1);
+    __syncthreads();
+
+    const uint32_t threshold = max(p.hit_threshold, 1u);
+    for (uint32_t i = threadIdx.x; i < slots; i += blockDim.x) {
+        const uint32_t h = set.hits[i];
+        if (set.ids[i] != empty_slot && h < forced_hit && h >= threshold)
+            atomicAdd(&hist[min(h, uint32_t(p.L))], 1u);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        // Above max_active, keep the most-hit items: all above `cutoff` hits and
+        // budget_at_cutoff of those at it.
+        uint32_t budget = 0xffffffffu;
+        if (p.max_active > 0) budget = p.max_active > n_labels ? p.max_active - n_labels : 0;
+        uint32_t above = 0, c = uint32_t(p.L);
+        cutoff = threshold;
+        budget_at_cutoff = 0xffffffffu;
+        for (; c >= threshold; --c) {
+            if (above + hist[c] > budget) {
+                cutoff = c;
+                budget_at_cutoff = budget - above;
+                break;
+            }
+            above += hist[c];
+            if (c == 0) break;
+        }
+    }
+    __syncthreads();
+    for (uint32_t i = threadIdx.x; i < slots; i += blockDim.x) {
+        const uint32_t id = set.ids[i], h = set.hits[i];
+        if (id == empty_slot || h >= forced_hit || h < threshold || h < cutoff) continue;
+        if (h == cutoff && atomicAdd(&n_ties, 1u) >= budget_at_cutoff) continue;
+        out[atomicAdd(&n_out, 1u)] = id;
+    }
+    __syncthreads();
+
+    // Random fill up to min_active (clamped to max_active and to the layer), by rejection
+    // against the set; bounded rounds, so a fill close to n_items may stop short.
+    uint32_t target =
+        p.max_active > 0 ? min(p.min_active, max(p.max_active, n_labels)) : p.min_active;
+    target = min(target, p.n_items);
+    if (n_out < target) {
+        const uint32_t max_rounds = 64 + 8 * (target + blockDim.x - 1) / blockDim.x;
+        for (uint32_t round = 0; round < max_rounds; ++round) {
+            // Every thread reads the count between two barriers, so all leave together.
+            __syncthreads();
+            const uint32_t have = n_out;
+            __syncthreads();
+            if (have >= target) break;
+            const uint64_t draw = splitmix64(p.seed ^ (uint64_t(s) << 40) ^
+                                             (uint64_t(round) * blockDim.x + threadIdx.x));
+            const uint32_t id = uint32_t(((draw >> 32) * p.n_items) >> 32);
+            if (set_insert(set, id, 0)) {
+                const uint32_t pos = atomicAdd(&n_out, 1u);
+                if (pos < target) out[pos] = id;
+            }
+        }
+        __syncthreads();
+        if (threadIdx.x == 0 && n_out > target) n_out = target;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) counts[s] = min(n_out, max_per_sample);
+}
+
+// One block per sample copies its slice into the CSR arrays.
+__global__ void compact_kernel(const uint32_t* padded, uint32_t max_per_sample,
+                               const uint32_t* offsets, uint32_t* ids, uint32_t* entry_sample) {
+    const uint32_t s = blockIdx.x;
+    const uint32_t begin = offsets[s], n = offsets[s + 1] - begin;
+    for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
+        ids[begin + i] = padded[size_t(s) * max_per_sample + i];
+        entry_sample[begin + i] = s;
+    }
+}
+
+uint32_t next_pow2(uint64_t n) {
+    uint32_t p = 1;
+    while (p < n) p <<= 1;
+    return p;
+}
+
+}  // namespace
+
+uint32_t build_active_sets(const tables_view& tables, const uint32_t* codes, uint32_t batch,
+                           const uint32_t* label_offsets, const uint32_t* label_ids,
+                           uint32_t max_labels, const active_set_params& p, active_sets& out,
+                           cudaStream_t stream) {
+    const uint64_t from_buckets =
+        std::min<uint64_t>(uint64_t(p.L) * uint64_t(p.bucket_capacity), p.n_items);
+    const uint64_t fill = std::min(p.min_active, p.n_items);
+    const uint64_t labels = p.force_labels ? max_labels : 0;
+    out.max_per_sample =
+        uint32_t(std::min<uint64_t>(labels + from_buckets + fill, uint64_t(p.n_items) + labels));
+    // Room for the union, the labels, and the fill's rejected draws of one round.
+    const uint32_t slots = next_pow2(2 * (labels + from_buckets + fill) + 2 * block_threads);
+    int device = 0, shared_limit = 0;
+    HSLIDE_CUDA_CHECK(cudaGetDevice(&device));
+    HSLIDE_CUDA_CHECK(
+        cudaDeviceGetAttribute(&shared_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    const size_t fixed_shared = size_t(3 * p.L + 1) * 4;
+    const size_t set_shared = size_t(slots) * 8;
+    const bool in_shared = fixed_shared + set_shared + 1024 <= size_t(shared_limit);
+    HSLIDE_CHECK(fixed_shared + 1024 <= size_t(shared_limit),
+                 "the GPU backend supports at most {} LSH tables per layer, got {}",
+                 (shared_limit - 1024) / 12, p.L);
+    const size_t shared = fixed_shared + (in_shared ? set_shared : 0);
+    if (!in_shared) {
+        out.set_ids.reserve(size_t(batch) * slots, "active-set hash sets");
+        out.set_hits.reserve(size_t(batch) * slots, "active-set hash sets");
+    }
+    out.padded.reserve(size_t(batch) * out.max_per_sample, "active sets");
+    out.counts.reserve(batch + 1, "active-set sizes");
+    out.offsets.reserve(batch + 1, "active-set offsets");
+    HSLIDE_CUDA_CHECK(cudaFuncSetAttribute(
+        active_sets_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared)));
+    HSLIDE_CUDA_CHECK(cudaMemsetAsync(out.counts.data() + batch, 0, 4, stream));
+    active_sets_kernel<<<batch, block_threads, shared, stream>>>(
+        tables, codes, label_offsets, label_ids, p, slots, in_shared, out.set_ids.data(),
+        out.set_hits.data(), out.max_per_sample, out.padded.data(), out.counts.data());
+    HSLIDE_CUDA_LAUNCH();
+    with_temp(out.temp, [&](void* t, size_t& bytes) {
+        return cub::DeviceScan::ExclusiveSum(t, bytes, out.counts.data(), out.offsets.data(),
+                                             batch + 1, stream);
+    });
+    uint32_t total = 0;
+    HSLIDE_CUDA_CHECK(
+        cudaMemcpyAsync(&total, out.offsets.data() + batch, 4, cudaMemcpyDeviceToHost, stream));
+    HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    out.ids.reserve(std::max(total, 1u), "active-set entries");
+    out.entry_sample.reserve(std::max(total, 1u), "active-set entries");
+    compact_kernel<<<batch, block_threads, 0, stream>>>(out.padded.data(), out.max_per_sample,
+                                                        out.offsets.data(), out.ids.data(),
+                                                        out.entry_sample.data());
+    HSLIDE_CUDA_LAUNCH();
+    return total;
+}
+
+}  // namespace hslide::gpu

@@ -1,0 +1,98 @@
+// The test entry points of gpu_testing.hpp: copy in, run the GPU pieces, copy out.
+#include "gpu_lsh.cuh"
+#include "gpu_testing.hpp"
+
+#include <algorithm>
+
+namespace hslide::gpu::testing {
+
+namespace {
+template <class T>
+device_array<T> to_device(const std::vector<T>& v, const char* what) {
+    device_array<T> d(std::max<size_t>(v.size(), 1), what);
+    if (!v.empty())
+        HSLIDE_CUDA_CHECK(
+            cudaMemcpy(d.data(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+}
+template <class T>
+std::vector<T> to_host(const T* d, size_t n) {
+    std::vector<T> v(n);
+    if (n) HSLIDE_CUDA_CHECK(cudaMemcpy(v.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return v;
+}
+}  // namespace
+
+std::vector<uint32_t> hash_rows(const hash_function_data& functions, const std::vector<float>& rows,
+                                uint32_t n_rows, size_t row_stride) {
+    device_hash_family family;
+    family.upload(functions);
+    const auto d_rows = to_device(rows, "test rows");
+    device_array<uint32_t> codes(size_t(n_rows) * functions.L, "test codes");
+    family.hash_rows(d_rows.data(), row_stride, n_rows, codes.data(), nullptr);
+    HSLIDE_CUDA_CHECK(cudaDeviceSynchronize());
+    return to_host(codes.data(), codes.size());
+}
+
+std::vector<std::map<uint32_t, std::vector<uint32_t>>> build_tables(
+    const std::vector<uint32_t>& codes, uint32_t n_items, const lsh_config& config, uint64_t seed) {
+    const auto d_codes = to_device(codes, "test codes");
+    device_tables tables;
+    tables.build(d_codes.data(), n_items, config.L, config.K * config.bits_per_hash,
+                 config.bucket_capacity, seed, nullptr);
+    std::vector<uint64_t> keys;
+    std::vector<uint32_t> begin, items;
+    tables.download(keys, begin, items, nullptr);
+    std::vector<std::map<uint32_t, std::vector<uint32_t>>> out(size_t(config.L));
+    const int code_bits = config.K * config.bits_per_hash;
+    for (size_t b = 0; b < keys.size(); ++b) {
+        auto& bucket =
+            out[size_t(keys[b] >> code_bits)][uint32_t(keys[b] & ((uint64_t{1} << code_bits) - 1))];
+        bucket.assign(items.begin() + begin[b], items.begin() + begin[b + 1]);
+        std::sort(bucket.begin(), bucket.end());
+    }
+    return out;
+}
+
+std::vector<std::vector<uint32_t>> query_active_sets(const std::vector<uint32_t>& item_codes,
+                                                     uint32_t n_items, const lsh_config& config,
+                                                     const active_set_config& active,
+                                                     const std::vector<uint32_t>& sample_codes,
+                                                     const std::vector<uint32_t>& label_offsets,
+                                                     const std::vector<uint32_t>& label_ids,
+                                                     uint64_t seed) {
+    const auto d_items = to_device(item_codes, "test codes");
+    device_tables tables;
+    tables.build(d_items.data(), n_items, config.L, config.K * config.bits_per_hash,
+                 config.bucket_capacity, seed, nullptr);
+    const uint32_t n_samples = uint32_t(sample_codes.size() / size_t(config.L));
+    const auto d_samples = to_device(sample_codes, "test codes");
+    const auto d_offsets = to_device(label_offsets, "test labels");
+    const auto d_labels = to_device(label_ids, "test labels");
+    uint32_t max_labels = 0;
+    for (size_t s = 0; s + 1 < label_offsets.size(); ++s)
+        max_labels = std::max(max_labels, label_offsets[s + 1] - label_offsets[s]);
+    active_set_params p;
+    p.n_items = n_items;
+    p.L = config.L;
+    p.min_active = active.min_active;
+    p.max_active = active.max_active;
+    p.hit_threshold = active.hit_threshold;
+    p.bucket_capacity = config.bucket_capacity;
+    p.force_labels = !label_offsets.empty();
+    p.seed = seed;
+    hslide::gpu::active_sets sets;
+    build_active_sets(tables.view(), d_samples.data(), n_samples, d_offsets.data(), d_labels.data(),
+                      max_labels, p, sets, nullptr);
+    HSLIDE_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto offsets = to_host(sets.offsets.data(), size_t(n_samples) + 1);
+    const auto ids = to_host(sets.ids.data(), offsets.back());
+    std::vector<std::vector<uint32_t>> out(n_samples);
+    for (uint32_t s = 0; s < n_samples; ++s) {
+        out[s].assign(ids.begin() + offsets[s], ids.begin() + offsets[s + 1]);
+        std::sort(out[s].begin(), out[s].end());
+    }
+    return out;
+}
+
+}  // namespace hslide::gpu::testing

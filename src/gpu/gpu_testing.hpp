@@ -1,0 +1,32 @@
+// Entry points into the GPU's LSH pieces for the tests, in plain C++ (no CUDA types), so
+// tests/test_gpu_backend.cpp can compare them with the CPU's hash families, tables and
+// active sets on the same inputs. They run on the current GPU and synchronise.
+#pragma once
+
+#include "hslide/lsh.hpp"
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+namespace hslide::gpu::testing {
+
+/// Codes (n_rows * L) of dense rows that are row_stride floats apart, computed on the GPU.
+std::vector<uint32_t> hash_rows(const hash_function_data& functions, const std::vector<float>& rows,
+                                uint32_t n_rows, size_t row_stride);
+
+/// Per table: bucket code -> its items (ascending), built on the GPU from codes[item * L + t].
+std::vector<std::map<uint32_t, std::vector<uint32_t>>> build_tables(
+    const std::vector<uint32_t>& codes, uint32_t n_items, const lsh_config& config, uint64_t seed);
+
+/// Per sample: its active set (ascending ids), built on the GPU over tables of item_codes,
+/// from sample_codes (n_samples * L) and, when label_offsets is not empty, forced labels.
+std::vector<std::vector<uint32_t>> query_active_sets(const std::vector<uint32_t>& item_codes,
+                                                     uint32_t n_items, const lsh_config& config,
+                                                     const active_set_config& active,
+                                                     const std::vector<uint32_t>& sample_codes,
+                                                     const std::vector<uint32_t>& label_offsets,
+                                                     const std::vector<uint32_t>& label_ids,
+                                                     uint64_t seed);
+
+}  // namespace hslide::gpu::testing

@@ -1,0 +1,342 @@
+// The CUDA backend against the CPU reference: hash codes identical for the same functions,
+// tables identical as sets, active sets identical as sets, training steps that match (every
+// neuron active on both, so the same arithmetic up to summation order), exact predictions,
+// export/import across backends, and P@1 of a short Bibtex run within 0.01.
+//
+// Every test skips (GTEST_SKIP) on a machine without a usable GPU or in a build without CUDA,
+// and runs wherever one is.
+#include "cpu/cpu_backend.hpp"
+#include "hslide/backend.hpp"
+#include "hslide/error.hpp"
+#include "hslide/gpu_devices.hpp"
+#include "hslide/lsh.hpp"
+#include "hslide/rng.hpp"
+#include "test_util.hpp"
+#if HSLIDE_HAVE_CUDA
+#include "gpu/gpu_testing.hpp"
+#endif
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <numeric>
+#include <set>
+#include <vector>
+
+using namespace hslide;
+using hslide::testing::random_dataset;
+
+namespace {
+
+#define HSLIDE_REQUIRE_GPU()                                                             \
+    do {                                                                                 \
+        if (!cuda_build()) GTEST_SKIP() << "built without CUDA: no GPU backend to test"; \
+        std::string problem;                                                             \
+        if (list_gpus(&problem).empty())                                                 \
+            GTEST_SKIP() << "no usable GPU on this machine (" << problem                 \
+                         << "): the GPU tests run where one is";                         \
+    } while (0)
+
+lsh_config make_lsh(hash_kind kind, int K, int L, int bits, int capacity) {
+    lsh_config c;
+    c.kind = kind;
+    c.K = K;
+    c.L = L;
+    c.bits_per_hash = bits;
+    c.bucket_capacity = capacity;
+    return c;
+}
+
+// Rows of random values with some exact zeros and repeated levels (ties).
+std::vector<float> random_rows(uint32_t n_rows, uint32_t dim, size_t stride, rng& gen) {
+    std::vector<float> rows(size_t(n_rows) * stride, 0.0f);
+    for (uint32_t r = 0; r < n_rows; ++r)
+        for (uint32_t i = 0; i < dim; ++i) {
+            const double u = gen.uniform();
+            rows[size_t(r) * stride + i] =
+                u < 0.3 ? 0.0f : (u < 0.4 ? float(int(gen.below(3)) - 1) : float(gen.normal()));
+        }
+    return rows;
+}
+
+#if HSLIDE_HAVE_CUDA
+
+TEST(GpuLsh, CodesMatchTheCpuFamilies) {
+    HSLIDE_REQUIRE_GPU();
+    rng gen(11);
+    for (hash_kind kind : {hash_kind::dwta, hash_kind::wta, hash_kind::simhash, hash_kind::minhash})
+        for (uint32_t dim : {1u, 15u, 16u, 17u, 33u, 128u}) {
+            const lsh_config config = make_lsh(kind, 4, 9, 3, 16);
+            const auto family = hash_family::create(config, dim, gen());
+            const uint32_t n_rows = 77;
+            const size_t stride = (dim + 15) / 16 * 16;
+            const auto rows = random_rows(n_rows, dim, stride, gen);
+            const auto gpu_codes =
+                gpu::testing::hash_rows(family->function_data(), rows, n_rows, stride);
+            std::vector<uint32_t> cpu_codes(size_t(n_rows) * config.L);
+            for (uint32_t r = 0; r < n_rows; ++r)
+                family->codes_dense(&rows[size_t(r) * stride], &cpu_codes[size_t(r) * config.L]);
+            EXPECT_EQ(gpu_codes, cpu_codes) << to_string(kind) << " dim " << dim;
+        }
+}
+
+// Random codes of n_items items in L tables, with few distinct codes so buckets fill.
+std::vector<uint32_t> random_codes(uint32_t n_items, int L, uint32_t n_codes, rng& gen) {
+    std::vector<uint32_t> codes(size_t(n_items) * L);
+    for (auto& c : codes) c = uint32_t(gen.below(n_codes));
+    return codes;
+}
+
+TEST(GpuLsh, TablesHoldTheCpuSetsAndRespectTheCapacity) {
+    HSLIDE_REQUIRE_GPU();
+    rng gen(12);
+    const uint32_t n_items = 1000;
+    for (int capacity : {1000, 7}) {
+        const lsh_config config = make_lsh(hash_kind::dwta, 2, 6, 3, capacity);  // 64 codes
+        const auto codes = random_codes(n_items, config.L, 64, gen);
+        const auto gpu_tables = gpu::testing::build_tables(codes, n_items, config, 5);
+        lsh_tables cpu_tables(make_lsh(hash_kind::dwta, 2, 6, 3, 1000));  // never overflows
+        cpu_tables.build(codes.data(), n_items, 5);
+        ASSERT_EQ(gpu_tables.size(), size_t(config.L));
+        for (int t = 0; t < config.L; ++t) {
+            EXPECT_EQ(gpu_tables[t].size(), cpu_tables.n_buckets(t)) << "table " << t;
+            for (const auto& [code, items] : gpu_tables[t]) {
+                const bucket_view b = cpu_tables.bucket(t, code);
+                std::vector<uint32_t> all(b.items, b.items + b.count);
+                std::sort(all.begin(), all.end());
+                if (capacity >= int(n_items)) {
+                    EXPECT_EQ(items, all) << "table " << t << " code " << code;
+                } else {
+                    EXPECT_EQ(items.size(), std::min<size_t>(all.size(), size_t(capacity)));
+                    EXPECT_TRUE(std::includes(all.begin(), all.end(), items.begin(), items.end()));
+                }
+            }
+        }
+    }
+}
+
+TEST(GpuLsh, ActiveSetsAreTheCpuUnionsWithLabelsFirst) {
+    HSLIDE_REQUIRE_GPU();
+    rng gen(13);
+    const uint32_t n_items = 600, n_samples = 40;
+    const lsh_config config = make_lsh(hash_kind::dwta, 2, 5, 3, 600);
+    const auto item_codes = random_codes(n_items, config.L, 64, gen);
+    const auto sample_codes = random_codes(n_samples, config.L, 64, gen);
+    std::vector<uint32_t> offsets{0}, labels;
+    for (uint32_t s = 0; s < n_samples; ++s) {
+        for (uint32_t i = 0; i < s % 4; ++i) labels.push_back(uint32_t(gen.below(n_items)));
+        std::sort(labels.begin() + offsets.back(), labels.end());
+        labels.erase(std::unique(labels.begin() + offsets.back(), labels.end()), labels.end());
+        offsets.push_back(uint32_t(labels.size()));
+    }
+    lsh_tables cpu_tables(config);
+    cpu_tables.build(item_codes.data(), n_items, 9);
+    for (uint32_t threshold : {1u, 2u}) {
+        active_set_config active;
+        active.hit_threshold = threshold;
+        const auto gpu_sets = gpu::testing::query_active_sets(item_codes, n_items, config, active,
+                                                              sample_codes, offsets, labels, 9);
+        active_set_builder builder(n_items);
+        rng fill(1);
+        for (uint32_t s = 0; s < n_samples; ++s) {
+            std::vector<uint32_t> expected;
+            const uint32_t n_labels = offsets[s + 1] - offsets[s];
+            if (n_labels > 0)  // a point without labels gets no set on the GPU: it is not trained
+                builder.build(cpu_tables, &sample_codes[size_t(s) * config.L],
+                              labels.data() + offsets[s], n_labels, active, fill, expected);
+            std::sort(expected.begin(), expected.end());
+            EXPECT_EQ(gpu_sets[s], expected) << "sample " << s << " threshold " << threshold;
+        }
+    }
+    // Random fill reaches min_active, and max_active cuts the union but keeps the labels.
+    active_set_config filled;
+    filled.min_active = 300;
+    auto sets = gpu::testing::query_active_sets(item_codes, n_items, config, filled, sample_codes,
+                                                offsets, labels, 9);
+    for (uint32_t s = 0; s < n_samples; ++s)
+        if (offsets[s + 1] > offsets[s]) EXPECT_GE(sets[s].size(), 300u) << "sample " << s;
+    active_set_config capped;
+    capped.max_active = 10;
+    sets = gpu::testing::query_active_sets(item_codes, n_items, config, capped, sample_codes,
+                                           offsets, labels, 9);
+    for (uint32_t s = 0; s < n_samples; ++s) {
+        if (offsets[s + 1] == offsets[s]) continue;
+        EXPECT_LE(sets[s].size(), 10u) << "sample " << s;
+        for (uint32_t i = offsets[s]; i < offsets[s + 1]; ++i)
+            EXPECT_TRUE(std::binary_search(sets[s].begin(), sets[s].end(), labels[i]));
+    }
+}
+
+#endif  // HSLIDE_HAVE_CUDA
+
+/// input 50 -> 33 (ReLU) -> 70 outputs; LSH output whose fill makes every neuron active, so
+/// the CPU and GPU compute the same products.
+model_config two_layer_config(sparsity_mode output) {
+    model_config c;
+    c.input_dim = 50;
+    layer_config l;
+    l.size = 33;
+    c.layers.push_back(l);
+    l.size = 70;
+    l.sparsity = output;
+    l.lsh = make_lsh(hash_kind::dwta, 2, 4, 2, 16);
+    l.active.min_active = 70;
+    c.layers.push_back(l);
+    return c;
+}
+
+std::unique_ptr<backend> make_gpu(const model_state& m, const train_config& tc, const char* kind,
+                                  precision_mode precision = precision_mode::fp32) {
+    backend_options o;
+    o.kind = kind;
+    o.precision = precision;
+    return create_backend(o, m, tc);
+}
+
+// Trains a CPU and a GPU backend from the same state on the same batches; compares the
+// per-step losses and the parameters after.
+void expect_same_training(const char* kind, sparsity_mode output, precision_mode precision,
+                          double loss_tolerance, double weight_tolerance) {
+    const model_config config = two_layer_config(output);
+    const model_state initial = model_state::create(config, 3);
+    train_config tc;
+    tc.seed = 4;
+    std::unique_ptr<backend> gpu;
+    try {
+        gpu = make_gpu(initial, tc, kind, precision);
+    } catch (const error& e) {
+        if (e.kind() == error_kind::unsupported &&
+            std::string(e.what()).find("cuBLAS") != std::string::npos)
+            GTEST_SKIP() << e.what();
+        throw;
+    }
+    cpu::cpu_backend cpu(initial, tc, 1, cpu::scalar_kernels(), precision);
+    const dataset data = random_dataset(64, 50, 70, 5);
+    std::vector<uint32_t> rows(data.size());
+    std::iota(rows.begin(), rows.end(), 0u);
+    for (int step = 0; step < 6; ++step) {
+        const batch_view batch{&data, rows.data() + (step % 4) * 16, 16};
+        const step_report c = cpu.train_batch(batch, 0.01f);
+        const step_report g = gpu->train_batch(batch, 0.01f);
+        EXPECT_NEAR(g.loss_sum, c.loss_sum, loss_tolerance * std::abs(c.loss_sum))
+            << "step " << step;
+        EXPECT_EQ(g.samples, c.samples);
+    }
+    model_state from_gpu;
+    gpu->export_state(from_gpu, /*with_optimizer=*/true);
+    const model_state& from_cpu = cpu.model();
+    EXPECT_EQ(from_gpu.adam_step, from_cpu.adam_step);
+    for (size_t l = 0; l < 2; ++l) {
+        const layer_state& a = from_gpu.layers[l];
+        const layer_state& b = from_cpu.layers[l];
+        double worst = 0;
+        for (uint32_t r = 0; r < a.rows; ++r)
+            for (uint32_t i = 0; i < a.width; ++i)
+                worst = std::max(worst, double(std::abs(a.row(r)[i] - b.row(r)[i])));
+        for (size_t j = 0; j < a.bias.size(); ++j)
+            worst = std::max(worst, double(std::abs(a.bias[j] - b.bias[j])));
+        EXPECT_LT(worst, weight_tolerance) << "layer " << l;
+    }
+}
+
+// Six Adam steps of lr 0.01 move weights by up to ~0.06; fp32 sums in another order differ
+// by ~1e-6 relative.
+TEST(GpuBackend, LshTrainingMatchesTheCpu) {
+    HSLIDE_REQUIRE_GPU();
+    expect_same_training("gpu", sparsity_mode::lsh, precision_mode::fp32, 1e-4, 2e-4);
+}
+
+TEST(GpuBackend, Bf16LshTrainingMatchesTheCpuBf16) {
+    HSLIDE_REQUIRE_GPU();
+    // Both round weights and inputs to bf16; a rounding flip on one side moves a product by
+    // one bf16 step (2^-8 relative), hence the looser bounds.
+    expect_same_training("gpu", sparsity_mode::lsh, precision_mode::bf16, 1e-2, 5e-3);
+}
+
+TEST(GpuBackend, DenseOutputMatchesTheCpu) {
+    HSLIDE_REQUIRE_GPU();
+    expect_same_training("gpu-dense", sparsity_mode::dense, precision_mode::fp32, 1e-4, 2e-4);
+}
+
+TEST(GpuBackend, ExactPredictionsAndExportImportMatchTheCpu) {
+    HSLIDE_REQUIRE_GPU();
+    const model_config config = two_layer_config(sparsity_mode::lsh);
+    train_config tc;
+    const dataset data = random_dataset(100, 50, 70, 6);
+    std::vector<uint32_t> rows(data.size());
+    std::iota(rows.begin(), rows.end(), 0u);
+    auto gpu = make_gpu(model_state::create(config, 8), tc, "gpu");
+    for (int step = 0; step < 4; ++step)
+        gpu->train_batch({&data, rows.data() + 25 * step, 25}, 0.01f);
+    model_state trained;
+    gpu->export_state(trained, true);
+    cpu::cpu_backend cpu(trained, tc, 1);
+    const uint32_t k = 5;
+    std::vector<uint32_t> gl(data.size() * k), cl(data.size() * k);
+    std::vector<float> gs(data.size() * k), cs(data.size() * k);
+    const batch_view all{&data, rows.data(), uint32_t(data.size())};
+    try {
+        gpu->predict(all, k, scoring_mode::exact, gl.data(), gs.data());
+    } catch (const error& e) {
+        if (std::string(e.what()).find("cuBLAS") != std::string::npos) GTEST_SKIP() << e.what();
+        throw;
+    }
+    cpu.predict(all, k, scoring_mode::exact, cl.data(), cs.data());
+    for (size_t i = 0; i < gl.size(); ++i) {
+        EXPECT_NEAR(gs[i], cs[i], 1e-4) << "entry " << i;
+        // Labels agree unless two scores are within rounding of each other.
+        if (gl[i] != cl[i]) EXPECT_NEAR(gs[i], cs[i], 1e-5) << "entry " << i;
+    }
+    // The exported state imported back gives the same GPU predictions.
+    auto again = make_gpu(model_state::create(config, 99), tc, "gpu");
+    again->import_state(trained, true);
+    std::vector<uint32_t> al(gl.size());
+    std::vector<float> as(gs.size());
+    again->predict(all, k, scoring_mode::exact, al.data(), as.data());
+    EXPECT_EQ(al, gl);
+    // LSH scoring returns k labels drawn from the active sets (every neuron here).
+    again->predict(all, k, scoring_mode::lsh, al.data(), as.data());
+    for (size_t i = 0; i < al.size(); ++i) EXPECT_LT(al[i], 70u);
+}
+
+TEST(GpuBackend, UnsupportedShapesAreClearErrors) {
+    HSLIDE_REQUIRE_GPU();
+    model_config config = two_layer_config(sparsity_mode::lsh);
+    config.layers.insert(config.layers.begin() + 1, config.layers.front());
+    try {
+        make_gpu(model_state::create(config, 1), train_config{}, "gpu");
+        FAIL() << "a network with two hidden layers was accepted";
+    } catch (const error& e) {
+        EXPECT_EQ(e.kind(), error_kind::unsupported);
+        EXPECT_NE(std::string(e.what()).find("one hidden layer"), std::string::npos) << e.what();
+    }
+}
+
+TEST(GpuBackend, BibtexP1WithinOneHundredthOfTheCpu) {
+    HSLIDE_REQUIRE_GPU();
+    HSLIDE_REQUIRE_SHARED_DATA();
+    const std::string dir = hslide::testing::shared_data_dir() + "/bibtex/";
+    hslide::testing::temp_dir out;
+    auto p1_of = [&](const std::string& backend) {
+        const std::string metrics = out.file(backend + ".jsonl");
+        const auto r = hslide::testing::run_hslide(
+            "train --train " + dir + "Bibtex_data.txt --train-split " + dir +
+            "bibtex_trSplit.txt --test-split " + dir +
+            "bibtex_tstSplit.txt --split-column 1 --epochs 5 --output-sparsity lsh --no-progress "
+            "-q --backend " +
+            backend + " --metrics-out " + metrics);
+        EXPECT_EQ(r.exit_code, 0) << r.output;
+        std::ifstream in(metrics);
+        std::string line, last;
+        while (std::getline(in, line)) last = line;
+        return last.empty() ? -1.0 : nlohmann::json::parse(last)["p@1"].get<double>();
+    };
+    const double cpu = p1_of("cpu"), gpu = p1_of("gpu");
+    EXPECT_GT(cpu, 0.5);
+    EXPECT_NEAR(gpu, cpu, 0.01);
+}
+
+}  // namespace
