@@ -75,7 +75,10 @@ std::string read_text(const std::string& path) {
 }
 
 command_result run_hslide(const std::string& args) {
-    const std::string cmd = std::string(HSLIDE_BINARY_PATH) + " " + args + " 2>&1";
+    // $HSLIDE_BINARY overrides the build's path: scripts/gpu_check.sh runs packed binaries.
+    const char* binary = std::getenv("HSLIDE_BINARY");
+    const std::string cmd =
+        std::string(binary && *binary ? binary : HSLIDE_BINARY_PATH) + " " + args + " 2>&1";
     FILE* pipe = popen(cmd.c_str(), "r");
     if (!pipe) throw std::runtime_error("popen failed");
     std::string output;

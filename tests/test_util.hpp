@@ -53,7 +53,8 @@ struct command_result {
 /// distinct labels.
 dataset random_dataset(uint32_t n, uint32_t features, uint32_t labels, uint64_t seed);
 
-/// Runs `build/hslide <args>` through the shell and captures its output.
+/// Runs `build/hslide <args>` ($HSLIDE_BINARY when set) through the shell and captures its
+/// output.
 command_result run_hslide(const std::string& args);
 
 }  // namespace hslide::testing
