@@ -27,6 +27,7 @@
 #include <vector>
 
 using namespace hslide;
+using hslide::testing::make_lsh_config;
 using hslide::testing::random_dataset;
 
 namespace {
@@ -39,16 +40,6 @@ namespace {
             GTEST_SKIP() << "no usable GPU on this machine (" << problem                 \
                          << "): the GPU tests run where one is";                         \
     } while (0)
-
-lsh_config make_lsh(hash_kind kind, int K, int L, int bits, int capacity) {
-    lsh_config c;
-    c.kind = kind;
-    c.K = K;
-    c.L = L;
-    c.bits_per_hash = bits;
-    c.bucket_capacity = capacity;
-    return c;
-}
 
 // Rows of random values with some exact zeros and repeated levels (ties).
 std::vector<float> random_rows(uint32_t n_rows, uint32_t dim, size_t stride, rng& gen) {
@@ -69,7 +60,7 @@ TEST(GpuLsh, CodesMatchTheCpuFamilies) {
     rng gen(11);
     for (hash_kind kind : {hash_kind::dwta, hash_kind::wta, hash_kind::simhash, hash_kind::minhash})
         for (uint32_t dim : {1u, 15u, 16u, 17u, 33u, 128u}) {
-            const lsh_config config = make_lsh(kind, 4, 9, 3, 16);
+            const lsh_config config = make_lsh_config(kind, 4, 9, 3, 16);
             const auto family = hash_family::create(config, dim, gen());
             const uint32_t n_rows = 77;
             const size_t stride = (dim + 15) / 16 * 16;
@@ -95,10 +86,10 @@ TEST(GpuLsh, TablesHoldTheCpuSetsAndRespectTheCapacity) {
     rng gen(12);
     const uint32_t n_items = 1000;
     for (int capacity : {1000, 7}) {
-        const lsh_config config = make_lsh(hash_kind::dwta, 2, 6, 3, capacity);  // 64 codes
+        const lsh_config config = make_lsh_config(hash_kind::dwta, 2, 6, 3, capacity);  // 64 codes
         const auto codes = random_codes(n_items, config.L, 64, gen);
         const auto gpu_tables = gpu::testing::build_tables(codes, n_items, config, 5);
-        lsh_tables cpu_tables(make_lsh(hash_kind::dwta, 2, 6, 3, 1000));  // never overflows
+        lsh_tables cpu_tables(make_lsh_config(hash_kind::dwta, 2, 6, 3, 1000));  // never overflows
         cpu_tables.build(codes.data(), n_items, 5);
         ASSERT_EQ(gpu_tables.size(), size_t(config.L));
         for (int t = 0; t < config.L; ++t) {
@@ -122,7 +113,7 @@ TEST(GpuLsh, ActiveSetsAreTheCpuUnionsWithLabelsFirst) {
     HSLIDE_REQUIRE_GPU();
     rng gen(13);
     const uint32_t n_items = 600, n_samples = 40;
-    const lsh_config config = make_lsh(hash_kind::dwta, 2, 5, 3, 600);
+    const lsh_config config = make_lsh_config(hash_kind::dwta, 2, 5, 3, 600);
     const auto item_codes = random_codes(n_items, config.L, 64, gen);
     const auto sample_codes = random_codes(n_samples, config.L, 64, gen);
     std::vector<uint32_t> offsets{0}, labels;
@@ -182,7 +173,7 @@ model_config two_layer_config(sparsity_mode output) {
     c.layers.push_back(l);
     l.size = 70;
     l.sparsity = output;
-    l.lsh = make_lsh(hash_kind::dwta, 2, 4, 2, 16);
+    l.lsh = make_lsh_config(hash_kind::dwta, 2, 4, 2, 16);
     l.active.min_active = 70;
     c.layers.push_back(l);
     return c;

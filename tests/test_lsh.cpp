@@ -4,6 +4,7 @@
 #include "hslide/error.hpp"
 #include "hslide/isa.hpp"
 #include "hslide/lsh.hpp"
+#include "test_util.hpp"
 
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -17,23 +18,12 @@
 #include <vector>
 
 using namespace hslide;
+using hslide::testing::make_lsh_config;
 
 namespace {
 
 const hash_kind all_kinds[] = {hash_kind::dwta, hash_kind::wta, hash_kind::simhash,
                                hash_kind::minhash};
-
-lsh_config make_config(hash_kind kind, int K, int L, int bits, int capacity = 128,
-                       insertion_policy policy = insertion_policy::fifo) {
-    lsh_config c;
-    c.kind = kind;
-    c.K = K;
-    c.L = L;
-    c.bits_per_hash = bits;
-    c.bucket_capacity = capacity;
-    c.policy = policy;
-    return c;
-}
 
 // A random vector with roughly `density` of its entries nonzero (at least one), values drawn
 // from a few levels so that ties inside a bin happen, and negatives present.
@@ -110,18 +100,18 @@ const family_case family_cases[] = {
 
 TEST(LshConfig, ValidationRejectsImpossibleSettings) {
     EXPECT_NO_THROW(validate(lsh_config{}));
-    EXPECT_NO_THROW(validate(make_config(hash_kind::dwta, 4, 1, 8)));  // exactly 32 bits
-    EXPECT_THROW(validate(make_config(hash_kind::dwta, 11, 50, 3)), hslide::error);  // 33 bits
-    EXPECT_THROW(validate(make_config(hash_kind::dwta, 1, 50, 33)), hslide::error);
-    EXPECT_THROW(validate(make_config(hash_kind::dwta, 0, 50, 3)), hslide::error);
-    EXPECT_THROW(validate(make_config(hash_kind::dwta, -1, 50, 3)), hslide::error);
-    EXPECT_THROW(validate(make_config(hash_kind::dwta, 6, 0, 3)), hslide::error);
-    EXPECT_THROW(validate(make_config(hash_kind::dwta, 6, 50, 0)), hslide::error);
-    EXPECT_THROW(validate(make_config(hash_kind::dwta, 6, 50, 3, 0)), hslide::error);
-    EXPECT_THROW(hash_family::create(make_config(hash_kind::simhash, 6, 50, 6), 128, 1),
+    EXPECT_NO_THROW(validate(make_lsh_config(hash_kind::dwta, 4, 1, 8)));  // exactly 32 bits
+    EXPECT_THROW(validate(make_lsh_config(hash_kind::dwta, 11, 50, 3)), hslide::error);  // 33 bits
+    EXPECT_THROW(validate(make_lsh_config(hash_kind::dwta, 1, 50, 33)), hslide::error);
+    EXPECT_THROW(validate(make_lsh_config(hash_kind::dwta, 0, 50, 3)), hslide::error);
+    EXPECT_THROW(validate(make_lsh_config(hash_kind::dwta, -1, 50, 3)), hslide::error);
+    EXPECT_THROW(validate(make_lsh_config(hash_kind::dwta, 6, 0, 3)), hslide::error);
+    EXPECT_THROW(validate(make_lsh_config(hash_kind::dwta, 6, 50, 0)), hslide::error);
+    EXPECT_THROW(validate(make_lsh_config(hash_kind::dwta, 6, 50, 3, 0)), hslide::error);
+    EXPECT_THROW(hash_family::create(make_lsh_config(hash_kind::simhash, 6, 50, 6), 128, 1),
                  hslide::error);
     EXPECT_THROW(hash_family::create(lsh_config{}, 0, 1), hslide::error);
-    EXPECT_THROW(lsh_tables(make_config(hash_kind::dwta, 6, 50, 3, 0)), hslide::error);
+    EXPECT_THROW(lsh_tables(make_lsh_config(hash_kind::dwta, 6, 50, 3, 0)), hslide::error);
 }
 
 TEST(LshConfig, NamesRoundTrip) {
@@ -139,7 +129,7 @@ TEST(LshFamily, CodesInRangeAndDenseEqualsSparse) {
     rng gen(101);
     for (hash_kind kind : all_kinds) {
         for (const family_case& fc : family_cases) {
-            const lsh_config c = make_config(kind, fc.K, fc.L, fc.bits);
+            const lsh_config c = make_lsh_config(kind, fc.K, fc.L, fc.bits);
             if (kind == hash_kind::simhash &&
                 static_cast<uint64_t>(fc.K) * fc.L * fc.bits * fc.dim > (uint64_t{1} << 26))
                 continue;
@@ -167,7 +157,7 @@ TEST(LshFamily, KernelVariantsAgree) {
     rng gen(103);
     for (hash_kind kind : all_kinds)
         for (uint32_t dim : {128u, 77u, 300u}) {
-            const lsh_config c = make_config(kind, 6, 50, 3);
+            const lsh_config c = make_lsh_config(kind, 6, 50, 3);
             set_active_isa(isa_level::scalar);
             const auto reference = hash_family::create(c, dim, 3);
             std::vector<std::unique_ptr<hash_family>> variants;
@@ -189,7 +179,7 @@ TEST(LshFamily, KernelVariantsAgree) {
 
 TEST(LshFamily, SparseIdsOutOfRangeThrow) {
     for (hash_kind kind : all_kinds) {
-        const auto f = hash_family::create(make_config(kind, 2, 3, 3), 50, 1);
+        const auto f = hash_family::create(make_lsh_config(kind, 2, 3, 3), 50, 1);
         const uint32_t ids[2] = {3, 50};
         const float vals[2] = {1.0f, 2.0f};
         uint32_t codes[3];
@@ -200,7 +190,7 @@ TEST(LshFamily, SparseIdsOutOfRangeThrow) {
 TEST(LshFamily, DwtaValueIsTheArgmaxOfItsBin) {
     // dim == bin width and one hash: the bin is a permutation of the whole vector, so the
     // position found must hold the largest value, and moving that value moves the code.
-    const lsh_config c = make_config(hash_kind::wta, 1, 4, 3);
+    const lsh_config c = make_lsh_config(hash_kind::wta, 1, 4, 3);
     const auto f = hash_family::create(c, 8, 3);
     rng gen(5);
     for (int v = 0; v < 20; ++v) {
@@ -221,7 +211,7 @@ TEST(LshFamily, DwtaValueIsTheArgmaxOfItsBin) {
 TEST(LshFamily, Deterministic) {
     rng gen(9);
     for (hash_kind kind : all_kinds) {
-        const lsh_config c = make_config(kind, 6, 50, 3);
+        const lsh_config c = make_lsh_config(kind, 6, 50, 3);
         const auto a = hash_family::create(c, 128, 42);
         const auto b = hash_family::create(c, 128, 42);
         const auto other = hash_family::create(c, 128, 43);
@@ -239,7 +229,7 @@ TEST(LshFamily, Deterministic) {
 
 TEST(LshFamily, CodesDenseRowsMatchesOneByOne) {
     rng gen(13);
-    const lsh_config c = make_config(hash_kind::dwta, 6, 50, 3);
+    const lsh_config c = make_lsh_config(hash_kind::dwta, 6, 50, 3);
     const auto f = hash_family::create(c, 128, 1);
     const uint32_t n = 1000, stride = 130;
     std::vector<float> rows(static_cast<size_t>(n) * stride);
@@ -258,7 +248,7 @@ TEST(LshFamily, CollisionRateGrowsWithSimilarity) {
     const uint32_t dim = 128;
     const double rhos[] = {0.95, 0.7, 0.2};
     for (hash_kind kind : all_kinds) {
-        const lsh_config c = make_config(kind, 6, 50, 3);
+        const lsh_config c = make_lsh_config(kind, 6, 50, 3);
         const auto f = hash_family::create(c, dim, 77);
         rng gen(1234);
         double rate[3];
@@ -288,8 +278,8 @@ TEST(LshFamily, CollisionRateGrowsWithSimilarity) {
 TEST(LshFamily, DensificationFillsEmptyBins) {
     // A vector with one nonzero leaves almost every DWTA bin empty: densified, the hashes
     // all borrow the few non-empty values; WTA hashes the empty bins to 0.
-    const lsh_config dw = make_config(hash_kind::dwta, 6, 50, 3);
-    const lsh_config w = make_config(hash_kind::wta, 6, 50, 3);
+    const lsh_config dw = make_lsh_config(hash_kind::dwta, 6, 50, 3);
+    const lsh_config w = make_lsh_config(hash_kind::wta, 6, 50, 3);
     const auto fd = hash_family::create(dw, 128, 5);
     const auto fw = hash_family::create(w, 128, 5);
     std::vector<float> x(128, 0.0f);
@@ -368,7 +358,7 @@ TEST(LshTables, BucketsHoldMatchingItemsWithinCapacity) {
         SCOPED_TRACE(::testing::Message() << "K=" << tc.K << " bits=" << tc.bits << " n=" << tc.n
                                           << " policy=" << to_string(tc.policy));
         const lsh_config c =
-            make_config(hash_kind::dwta, tc.K, tc.L, tc.bits, tc.capacity, tc.policy);
+            make_lsh_config(hash_kind::dwta, tc.K, tc.L, tc.bits, tc.capacity, tc.policy);
         const auto codes = random_codes(tc.n, tc.L, tc.K * tc.bits, gen, tc.skew);
         lsh_tables tables(c);
         tables.build(codes.data(), tc.n, 99);
@@ -407,7 +397,7 @@ TEST(LshTables, BucketsHoldMatchingItemsWithinCapacity) {
 }
 
 TEST(LshTables, EmptyBeforeBuildAndWithNoItems) {
-    const lsh_config c = make_config(hash_kind::dwta, 6, 4, 3);
+    const lsh_config c = make_lsh_config(hash_kind::dwta, 6, 4, 3);
     lsh_tables tables(c);
     EXPECT_EQ(tables.bucket(0, 5).count, 0u);
     tables.build(nullptr, 0, 1);
@@ -416,7 +406,7 @@ TEST(LshTables, EmptyBeforeBuildAndWithNoItems) {
 }
 
 TEST(LshTables, RejectsCodesWiderThanTheConfiguration) {
-    const lsh_config c = make_config(hash_kind::dwta, 2, 1, 3);
+    const lsh_config c = make_lsh_config(hash_kind::dwta, 2, 1, 3);
     std::vector<uint32_t> codes = {1, 64, 3};
     lsh_tables tables(c);
     EXPECT_THROW(tables.build(codes.data(), 3, 1), hslide::error);
@@ -426,7 +416,8 @@ TEST(LshTables, FifoKeepsTheLastOfferedOldestFirst) {
     rng gen(31);
     const int L = 4, capacity = 5;
     const uint32_t n = 400;
-    const lsh_config c = make_config(hash_kind::dwta, 1, L, 3, capacity, insertion_policy::fifo);
+    const lsh_config c =
+        make_lsh_config(hash_kind::dwta, 1, L, 3, capacity, insertion_policy::fifo);
     const auto codes = random_codes(n, L, 3, gen, 0);  // 8 codes: ~50 offers per bucket
     lsh_tables tables(c);
     const uint64_t seed = 2024;
@@ -451,7 +442,7 @@ TEST(LshTables, ReservoirKeepsAFairSample) {
     const int L = 50, capacity = 100;
     const uint32_t n = 1000;
     const lsh_config c =
-        make_config(hash_kind::dwta, 1, L, 2, capacity, insertion_policy::reservoir);
+        make_lsh_config(hash_kind::dwta, 1, L, 2, capacity, insertion_policy::reservoir);
     std::vector<uint32_t> codes(static_cast<size_t>(n) * L, 0);
     std::vector<double> by_rank(10, 0);
     int builds = 0;
@@ -480,7 +471,7 @@ TEST(LshTables, ResultIndependentOfThreadCount) {
     for (insertion_policy policy : {insertion_policy::fifo, insertion_policy::reservoir}) {
         for (int bits : {3, 8}) {  // the direct map (18-bit codes) and the hash map (32-bit)
             const lsh_config c =
-                make_config(hash_kind::dwta, 4 + (bits == 3 ? 2 : 0), L, bits, 4, policy);
+                make_lsh_config(hash_kind::dwta, 4 + (bits == 3 ? 2 : 0), L, bits, 4, policy);
             const auto codes = random_codes(n, L, c.K * bits, gen, 300);
             const int saved = omp_get_max_threads();
             omp_set_num_threads(1);
@@ -513,7 +504,7 @@ namespace {
 //   table 2, code 0: items 3, 6, 2
 // so hits: 3 -> 3, 2 -> 3, 1 -> 1, 4 -> 1, 5 -> 1, 6 -> 1; items 0, 7, 8, 9 never.
 struct small_index {
-    lsh_config config = make_config(hash_kind::dwta, 1, 3, 2, 100);
+    lsh_config config = make_lsh_config(hash_kind::dwta, 1, 3, 2, 100);
     std::vector<uint32_t> codes;
     lsh_tables tables{config};
     small_index() {
@@ -631,7 +622,7 @@ TEST(ActiveSet, RandomFillAndInvariants) {
     rng gen(51);
     const int L = 10;
     const uint32_t n = 3000;
-    const lsh_config c = make_config(hash_kind::dwta, 2, L, 3, 20);
+    const lsh_config c = make_lsh_config(hash_kind::dwta, 2, L, 3, 20);
     const auto codes = random_codes(n, L, 6, gen, 0);
     lsh_tables tables(c);
     tables.build(codes.data(), n, 8);
@@ -692,7 +683,7 @@ TEST(ActiveSet, RandomFillAndInvariants) {
 
 TEST(ActiveSet, RandomFillIsRoughlyUniform) {
     // No tables hit (empty query buckets): the fill alone, 50 of 200 items, many times.
-    const lsh_config c = make_config(hash_kind::dwta, 1, 2, 3);
+    const lsh_config c = make_lsh_config(hash_kind::dwta, 1, 2, 3);
     std::vector<uint32_t> codes(400, 0);
     lsh_tables tables(c);
     tables.build(codes.data(), 200, 1);
@@ -718,7 +709,7 @@ TEST(ActiveSet, RandomFillIsRoughlyUniform) {
 TEST(ActiveSet, QueryWithAnItemsOwnVectorFindsIt) {
     const uint32_t dim = 128, n = 3000;
     for (hash_kind kind : {hash_kind::dwta, hash_kind::simhash}) {
-        const lsh_config c = make_config(kind, 6, 50, 3, 64);
+        const lsh_config c = make_lsh_config(kind, 6, 50, 3, 64);
         const auto family = hash_family::create(c, dim, 11);
         rng gen(71);
         std::vector<float> rows(static_cast<size_t>(n) * dim);

@@ -19,6 +19,18 @@
 
 namespace hslide::testing {
 
+lsh_config make_lsh_config(hash_kind kind, int K, int L, int bits, int capacity,
+                           insertion_policy policy) {
+    lsh_config c;
+    c.kind = kind;
+    c.K = K;
+    c.L = L;
+    c.bits_per_hash = bits;
+    c.bucket_capacity = capacity;
+    c.policy = policy;
+    return c;
+}
+
 dataset random_dataset(uint32_t n, uint32_t features, uint32_t labels, uint64_t seed) {
     dataset d;
     d.source = "random";

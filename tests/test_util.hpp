@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "hslide/dataset.hpp"
+#include "hslide/lsh.hpp"
 
 #include <cstdint>
 #include <string>
@@ -48,6 +49,10 @@ struct command_result {
     int exit_code;
     std::string output;  // stdout and stderr together
 };
+
+/// An LSH configuration with the given family, shape and bucket policy.
+lsh_config make_lsh_config(hash_kind kind, int K, int L, int bits, int capacity = 128,
+                           insertion_policy policy = insertion_policy::fifo);
 
 /// A random dataset: `n` points, 2..6 distinct features with values in [0.2, 1.2), 1..3
 /// distinct labels.

@@ -114,6 +114,13 @@ struct train_config {
     bool deterministic = false;  ///< bit-identical runs (fixed thread count, ordered reductions)
 };
 
+/// Adam's bias corrections after `t` steps (t >= 1): c1 = 1 / (1 - beta1^t) and
+/// c2 = 1 / (1 - beta2^t), computed in double as every backend applies them.
+struct adam_corrections {
+    float c1, c2;
+};
+adam_corrections adam_bias_corrections(const train_config& train, uint64_t t);
+
 /// Throws hslide::error naming the setting when a configuration cannot work.
 void validate(const model_config& model);
 void validate(const train_config& train);

@@ -174,4 +174,9 @@ model_config model_config_from_json(const std::string& json_text) {
     }
 }
 
+adam_corrections adam_bias_corrections(const train_config& train, uint64_t t) {
+    return {float(1.0 / (1.0 - std::pow(double(train.adam_beta1), double(t)))),
+            float(1.0 / (1.0 - std::pow(double(train.adam_beta2), double(t))))};
+}
+
 }  // namespace hslide

@@ -430,13 +430,9 @@ step_report cpu_backend::train_batch(const batch_view& batch, float learning_rat
 
     auto t0 = clock_type::now();
     model_.adam_step += 1;
-    const double t = double(model_.adam_step);
-    const adam_step step{learning_rate,
-                         train_.adam_beta1,
-                         train_.adam_beta2,
-                         train_.adam_epsilon,
-                         float(1.0 / (1.0 - std::pow(double(train_.adam_beta1), t))),
-                         float(1.0 / (1.0 - std::pow(double(train_.adam_beta2), t)))};
+    const adam_corrections corrections = adam_bias_corrections(train_, model_.adam_step);
+    const adam_step step{learning_rate,       train_.adam_beta1, train_.adam_beta2,
+                         train_.adam_epsilon, corrections.c1,    corrections.c2};
     const bool dense_adam = train_.adam == adam_mode::dense;
     for (size_t l = 0; l < model_.layers.size(); ++l) {
         layer_state& layer = model_.layers[l];

@@ -66,6 +66,17 @@ class device_array {
     size_t size_ = 0;
 };
 
+/// Runs a CUB-style call twice: call(nullptr, bytes) asks for the scratch size, then
+/// call(scratch, bytes) runs with `scratch` grown to fit (it is kept for the next call).
+template <class Call>
+void with_scratch(device_array<uint8_t>& scratch, Call&& call) {
+    size_t bytes = 0;
+    HSLIDE_CUDA_CHECK(call(nullptr, bytes));
+    scratch.reserve(bytes > 0 ? bytes : 1, "CUB scratch");
+    bytes = scratch.size();
+    HSLIDE_CUDA_CHECK(call(scratch.data(), bytes));
+}
+
 /// cudaMallocHost with an error that names `what`.
 void* pinned_allocate(size_t bytes, const char* what);
 

@@ -45,15 +45,6 @@ int bits_for(uint64_t n) {  // bits to hold 0..n-1
     return bits;
 }
 
-template <class Call>
-void with_temp(device_array<uint8_t>& temp, Call&& call) {
-    size_t bytes = 0;
-    HSLIDE_CUDA_CHECK(call(nullptr, bytes));
-    temp.reserve(std::max<size_t>(bytes, 1), "CUB scratch");
-    bytes = temp.size();
-    HSLIDE_CUDA_CHECK(call(temp.data(), bytes));
-}
-
 /// One layer's parameters and Adam moments on the device.
 struct device_layer {
     uint32_t rows = 0, width = 0, stride = 0;
@@ -85,17 +76,17 @@ struct row_groups {
     /// Groups n keys (keys and index filled by the caller) of up to key_bits bits.
     void group(uint32_t n, int key_bits, cudaStream_t stream) {
         reserve(n);
-        with_temp(temp, [&](void* t, size_t& bytes) {
+        with_scratch(temp, [&](void* t, size_t& bytes) {
             return cub::DeviceRadixSort::SortPairs(t, bytes, keys.data(), sorted_keys.data(),
                                                    index.data(), order.data(), n, 0, key_bits,
                                                    stream);
         });
         HSLIDE_CUDA_CHECK(cudaMemsetAsync(counts.data(), 0, (size_t(n) + 1) * 4, stream));
-        with_temp(temp, [&](void* t, size_t& bytes) {
+        with_scratch(temp, [&](void* t, size_t& bytes) {
             return cub::DeviceRunLengthEncode::Encode(t, bytes, sorted_keys.data(), unique.data(),
                                                       counts.data(), n_unique.data(), n, stream);
         });
-        with_temp(temp, [&](void* t, size_t& bytes) {
+        with_scratch(temp, [&](void* t, size_t& bytes) {
             return cub::DeviceScan::ExclusiveSum(t, bytes, counts.data(), begin.data(), n + 1,
                                                  stream);
         });
@@ -138,6 +129,8 @@ class gpu_backend final : public backend {
     void dense_backward_and_update(uint32_t batch, float inv_batch, const adam_params& adam);
     void first_layer_update(uint32_t batch, uint32_t nnz, float inv_batch, const adam_params& adam);
     void activate() const { HSLIDE_CUDA_CHECK(cudaSetDevice(device_)); }
+    /// The output layer's active-set settings; `training` forces the labels in.
+    active_set_params output_active_params(bool training, uint64_t seed) const;
 
     model_state shape_;  // config, layer shapes, step count, hash seeds; no parameters
     train_config train_;
@@ -287,6 +280,20 @@ void gpu_backend::rebuild_output_tables() {
     tables_.build(table_codes_.data(), out.rows, cfg.L, cfg.K * cfg.bits_per_hash,
                   cfg.bucket_capacity, derive_seed(shape_.hash_seeds[1], shape_.adam_step),
                   stream_);
+}
+
+active_set_params gpu_backend::output_active_params(bool training, uint64_t seed) const {
+    const layer_config& cfg = shape_.config.layers[1];
+    active_set_params p;
+    p.n_items = layers_[1].rows;
+    p.L = cfg.lsh.L;
+    p.min_active = cfg.active.min_active;
+    p.max_active = cfg.active.max_active;
+    p.hit_threshold = cfg.active.hit_threshold;
+    p.bucket_capacity = cfg.lsh.bucket_capacity;
+    p.force_labels = training;
+    p.seed = seed;
+    return p;
 }
 
 void gpu_backend::rebuild_tables(bool new_functions) {
@@ -462,17 +469,10 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
         const layer_config& cfg = shape_.config.layers[1];
         HSLIDE_CUDA_CHECK(cudaEventRecord(events_[2], stream_));
         device_hash_.hash_rows(hidden_.data(), layers_[0].stride, b, codes_.data(), stream_);
-        active_set_params p;
-        p.n_items = out.rows;
-        p.L = cfg.lsh.L;
-        p.min_active = cfg.active.min_active;
-        p.max_active = cfg.active.max_active;
-        p.hit_threshold = cfg.active.hit_threshold;
-        p.bucket_capacity = cfg.lsh.bucket_capacity;
-        p.force_labels = true;
-        p.seed = derive_seed(train_.seed ^ 0x5eedf111ULL, shape_.adam_step);
-        total = build_active_sets(tables_.view(), codes_.data(), b, csr.label_offsets,
-                                  csr.label_ids, max_labels, p, active_, stream_);
+        total = build_active_sets(
+            tables_.view(), codes_.data(), b, csr.label_offsets, csr.label_ids, max_labels,
+            output_active_params(true, derive_seed(train_.seed ^ 0x5eedf111ULL, shape_.adam_step)),
+            active_, stream_);
         active_entries = total;
         HSLIDE_CUDA_CHECK(cudaEventRecord(events_[3], stream_));
         logits_.reserve(std::max(total, 1u), "active logits");
@@ -497,13 +497,9 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
     }
 
     shape_.adam_step += 1;
-    const double t = double(shape_.adam_step);
-    const adam_params adam{learning_rate,
-                           train_.adam_beta1,
-                           train_.adam_beta2,
-                           train_.adam_epsilon,
-                           float(1.0 / (1.0 - std::pow(double(train_.adam_beta1), t))),
-                           float(1.0 / (1.0 - std::pow(double(train_.adam_beta2), t)))};
+    const adam_corrections corrections = adam_bias_corrections(train_, shape_.adam_step);
+    const adam_params adam{learning_rate,       train_.adam_beta1, train_.adam_beta2,
+                           train_.adam_epsilon, corrections.c1,    corrections.c2};
     if (lsh_output()) {
         HSLIDE_CUDA_CHECK(cudaEventRecord(events_[5], stream_));
         row_groups& g = output_groups_;
@@ -577,17 +573,11 @@ void gpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scor
         } else {
             const layer_config& cfg = shape_.config.layers[1];
             device_hash_.hash_rows(hidden_.data(), layers_[0].stride, b, codes_.data(), stream_);
-            active_set_params p;
-            p.n_items = out.rows;
-            p.L = cfg.lsh.L;
-            p.min_active = cfg.active.min_active;
-            p.max_active = cfg.active.max_active;
-            p.hit_threshold = cfg.active.hit_threshold;
-            p.bucket_capacity = cfg.lsh.bucket_capacity;
-            p.force_labels = false;
-            p.seed = derive_seed(derive_seed(train_.seed ^ 0x9e3d1c7ULL, shape_.adam_step), begin);
-            const uint32_t total = build_active_sets(tables_.view(), codes_.data(), b, nullptr,
-                                                     nullptr, 0, p, active_, stream_);
+            const uint64_t seed =
+                derive_seed(derive_seed(train_.seed ^ 0x9e3d1c7ULL, shape_.adam_step), begin);
+            const uint32_t total =
+                build_active_sets(tables_.view(), codes_.data(), b, nullptr, nullptr, 0,
+                                  output_active_params(false, seed), active_, stream_);
             logits_.reserve(std::max(total, 1u), "active logits");
             sparse_output_forward(out.view(), hidden_.data(), hidden16_.data(), use_bf16(),
                                   active_.ids.data(), active_.entry_sample.data(), total,

@@ -125,15 +125,6 @@ __global__ void gather_kept_kernel(const uint32_t* sorted_items, const uint32_t*
     for (uint32_t k = threadIdx.x % 32; k < n; k += 32) items[to + k] = sorted_items[from + k];
 }
 
-template <class Call>
-void with_temp(device_array<uint8_t>& temp, Call&& call) {
-    size_t bytes = 0;
-    HSLIDE_CUDA_CHECK(call(nullptr, bytes));
-    temp.reserve(std::max<size_t>(bytes, 1), "CUB scratch");
-    bytes = temp.size();
-    HSLIDE_CUDA_CHECK(call(temp.data(), bytes));
-}
-
 int bits_for(uint64_t n) {  // bits to hold 0..n-1
     int bits = 0;
     while ((uint64_t{1} << bits) < n) ++bits;
@@ -167,7 +158,7 @@ void device_tables::build(const uint32_t* codes, uint32_t n_items, int L, int co
     make_keys_kernel<<<blocks_for(n, block_threads), block_threads, 0, stream>>>(
         codes, n_items, L, code_bits, priority_bits, seed, keys_a_.data(), items_a_.data());
     HSLIDE_CUDA_LAUNCH();
-    with_temp(temp_, [&](void* t, size_t& bytes) {
+    with_scratch(temp_, [&](void* t, size_t& bytes) {
         return cub::DeviceRadixSort::SortPairs(t, bytes, keys_a_.data(), keys_b_.data(),
                                                items_a_.data(), items_b_.data(), n, 0, 64, stream);
     });
@@ -176,18 +167,18 @@ void device_tables::build(const uint32_t* codes, uint32_t n_items, int L, int co
     HSLIDE_CUDA_LAUNCH();
     // Lengths past the last bucket must read 0 for the scans below, which run over n + 1.
     HSLIDE_CUDA_CHECK(cudaMemsetAsync(lengths_.data(), 0, (size_t(n) + 1) * 4, stream));
-    with_temp(temp_, [&](void* t, size_t& bytes) {
+    with_scratch(temp_, [&](void* t, size_t& bytes) {
         return cub::DeviceRunLengthEncode::Encode(t, bytes, keys_b_.data(), bucket_keys_.data(),
                                                   lengths_.data(), n_buckets_.data(), n, stream);
     });
-    with_temp(temp_, [&](void* t, size_t& bytes) {
+    with_scratch(temp_, [&](void* t, size_t& bytes) {
         return cub::DeviceScan::ExclusiveSum(t, bytes, lengths_.data(), source_begin_.data(), n + 1,
                                              stream);
     });
     cap_lengths_kernel<<<blocks_for(n + 1, block_threads), block_threads, 0, stream>>>(
         lengths_.data(), n_buckets_.data(), uint32_t(capacity), n + 1, kept_.data());
     HSLIDE_CUDA_LAUNCH();
-    with_temp(temp_, [&](void* t, size_t& bytes) {
+    with_scratch(temp_, [&](void* t, size_t& bytes) {
         return cub::DeviceScan::ExclusiveSum(t, bytes, kept_.data(), bucket_begin_.data(), n + 1,
                                              stream);
     });
@@ -436,7 +427,7 @@ uint32_t build_active_sets(const tables_view& tables, const uint32_t* codes, uin
         tables, codes, label_offsets, label_ids, p, slots, in_shared, out.set_ids.data(),
         out.set_hits.data(), out.max_per_sample, out.padded.data(), out.counts.data());
     HSLIDE_CUDA_LAUNCH();
-    with_temp(out.temp, [&](void* t, size_t& bytes) {
+    with_scratch(out.temp, [&](void* t, size_t& bytes) {
         return cub::DeviceScan::ExclusiveSum(t, bytes, out.counts.data(), out.offsets.data(),
                                              batch + 1, stream);
     });
