@@ -2,6 +2,7 @@
 #include "hslide/backend.hpp"
 
 #include "cpu/cpu_backend.hpp"
+#include "cpu/dense_backend.hpp"
 #include "hslide/error.hpp"
 #include "hslide/gpu_devices.hpp"
 
@@ -35,6 +36,10 @@ std::unique_ptr<backend> create_backend(const backend_options& options, model_st
         return std::make_unique<cpu::cpu_backend>(
             std::move(initial), train, options.threads,
             cpu::kernels_for(options.isa ? *options.isa : active_isa()), options.precision);
+    if (options.kind == "cpu-dense")
+        return std::make_unique<cpu::dense_backend>(
+            std::move(initial), train, options.threads,
+            cpu::kernels_for(options.isa ? *options.isa : active_isa()), options.precision);
     if (options.kind == "gpu") {
 #if HSLIDE_HAVE_CUDA
         std::string problem;
@@ -53,7 +58,7 @@ std::unique_ptr<backend> create_backend(const backend_options& options, model_st
     HSLIDE_CHECK(options.kind != "hybrid",
                  "a hybrid backend is made of workers: create it with create_hybrid_backend");
     throw error(error_kind::invalid_argument,
-                "unknown backend '" + options.kind + "' (valid: cpu, gpu, hybrid)");
+                "unknown backend '" + options.kind + "' (valid: cpu, cpu-dense, gpu, hybrid)");
 }
 
 }  // namespace hslide
