@@ -4,15 +4,18 @@
 #include "top_k.hpp"
 
 #include "hslide/error.hpp"
+#include "hslide/isa.hpp"
 #include "hslide/system_info.hpp"
 
 #include <cblas.h>
 #include <omp.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 
 // Declared here as well as in OpenBLAS's cblas.h: a build that found another vendor's cblas.h
 // still links OpenBLAS's entry points when the CMake check found them.
@@ -39,6 +42,30 @@ double seconds_since(clock_type::time_point t0) {
 constexpr size_t gradient_block_floats = size_t(1) << 18;
 /// Samples scored at once by predict before any training has sized the buffers.
 constexpr uint32_t default_predict_chunk = 128;
+}  // namespace
+
+namespace {
+/// Warns (once a process) when OpenBLAS runs its SSE-era kernels on a CPU with AVX2 or AVX-512.
+/// OpenBLAS picks its kernels from the CPU model at load time; a release older than the CPU
+/// (Debian 12's 0.3.21 on Sapphire/Emerald Rapids) falls back to "Prescott", whose SGEMM is
+/// 2-4x slower here, and a baseline slowed that way would flatter the sparse paths.
+void warn_about_blas_core() {
+#if HSLIDE_HAVE_OPENBLAS_CORENAME
+    static std::once_flag once;
+    std::call_once(once, [] {
+        const std::string core = openblas_get_corename();
+        const bool old_core = core == "Prescott" || core == "Core2" || core == "Penryn" ||
+                              core == "Dunnington" || core == "Nehalem" || core == "Atom";
+        if (!old_core || detected_isa() < isa_level::avx2) return;
+        spdlog::warn(
+            "OpenBLAS does not recognise this CPU and picked its '{}' kernels (no AVX2 or "
+            "AVX-512): the cpu-dense GEMMs run several times slower than they can. Set "
+            "OPENBLAS_CORETYPE={} in the environment for its {} kernels",
+            core, detected_isa() >= isa_level::avx512 ? "SkylakeX" : "Haswell",
+            detected_isa() >= isa_level::avx512 ? "AVX-512" : "AVX2");
+    });
+#endif
+}
 }  // namespace
 
 std::string dense_backend::blas_name() {
@@ -75,6 +102,7 @@ dense_backend::dense_backend(model_state initial, const train_config& train, int
     thread_grad_.assign(size_t(threads_), std::vector<float>(model_.layers[0].stride));
     row_touched_.assign(model_.layers[0].rows, 0);
     set_blas_threads();
+    warn_about_blas_core();
 }
 
 void dense_backend::set_blas_threads() const {
