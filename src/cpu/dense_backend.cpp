@@ -40,7 +40,7 @@ double seconds_since(clock_type::time_point t0) {
 /// Adam pass reads it back from cache, and no gradient as large as the layer is held (another
 /// 686 MB at 670k x 256).
 constexpr size_t gradient_block_floats = size_t(1) << 18;
-/// Samples scored at once by predict before any training has sized the buffers.
+/// The fewest samples predict scores at once (more when training sized the buffers larger).
 constexpr uint32_t default_predict_chunk = 128;
 }  // namespace
 
@@ -416,9 +416,9 @@ void dense_backend::predict(const batch_view& batch, uint32_t k, scoring_mode sc
     if (batch.size == 0) return;
     check_points(*batch.data, batch.rows, batch.size, false);
     set_blas_threads();
-    // Chunks of the training batch size (or 128): an output row of 670k labels is 2.7 MB, so
-    // the buffers stay what training already holds.
-    const uint32_t chunk = capacity_ > 0 ? capacity_ : default_predict_chunk;
+    // Chunks of the training batch size, at least 128: an output row of 670k labels is 2.7 MB,
+    // so the buffers stay about what training already holds.
+    const uint32_t chunk = std::max(capacity_, default_predict_chunk);
     ensure_capacity(std::min(chunk, batch.size));
     const size_t out_layer = model_.layers.size() - 1;
     const uint32_t n_out = model_.neurons(out_layer);
