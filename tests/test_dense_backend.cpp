@@ -266,8 +266,9 @@ TEST(DenseBackend, TrainingMatchesCpuBackendWithDenseLayers) {
 }
 
 TEST(DenseBackend, WideOutputLayerSpansSeveralGradientBlocks) {
-    // 40,000 outputs over 10 inputs (stride 16): the dW SGEMM and Adam run in blocks of 2^18
-    // floats, so this layer takes 3 blocks, the last one partial.
+    // 40,000 outputs over 10 inputs (stride 16): the dW SGEMM and Adam run in blocks of whole
+    // multiples of 16 rows, 16 blocks or more a layer, so this layer takes 16 blocks of 2,512
+    // rows, the last one partial.
     // Tolerance: 3 of its 440k weights (measured) differ by up to 3.8e-4 relative, not 1e-4.
     // Their column belongs to a hidden unit at the ReLU boundary, whose tiny activations differ
     // by a large relative amount between the two summation orders; Adam divides each step by

@@ -36,9 +36,9 @@ double seconds_since(clock_type::time_point t0) {
     return std::chrono::duration<double>(clock_type::now() - t0).count();
 }
 
-/// Floats in one block of a weight gradient (1 MiB): the dW SGEMM of a block writes it and the
-/// Adam pass reads it back from cache, and no gradient as large as the layer is held (another
-/// 686 MB at 670k x 256).
+/// Floats in one block of a weight gradient (1 MiB, per thread): the dW SGEMM of a block writes
+/// it and the Adam pass reads it back from cache, and no gradient as large as the layer is held
+/// (another 686 MB at 670k x 256).
 constexpr size_t gradient_block_floats = size_t(1) << 18;
 /// The fewest samples predict scores at once (more when training sized the buffers larger).
 constexpr uint32_t default_predict_chunk = 128;
@@ -98,7 +98,8 @@ dense_backend::dense_backend(model_state initial, const train_config& train, int
     size_t max_stride = 0;
     for (size_t l = 1; l < n_layers; ++l)
         max_stride = std::max<size_t>(max_stride, model_.layers[l].stride);
-    if (max_stride > 0) grad_block_.resize(std::max(gradient_block_floats, max_stride));
+    grad_blocks_.resize(size_t(threads_));
+    for (aligned_floats& g : grad_blocks_) g.resize(std::max(gradient_block_floats, max_stride));
     thread_grad_.assign(size_t(threads_), std::vector<float>(model_.layers[0].stride));
     row_touched_.assign(model_.layers[0].rows, 0);
     set_blas_threads();
@@ -260,22 +261,43 @@ void dense_backend::apply_gemm_layer(size_t l, uint32_t n, float inv_batch, cons
     else
         std::copy(bias_grad_.begin(), bias_grad_.end(), gradient_out->layers[l].bias.begin());
 
-    // Weights, a block of rows at a time: dW[r0:r0+nb) = delta[:, r0:r0+nb)^T A_{l-1} / B.
-    const uint32_t block = uint32_t(std::max<size_t>(1, grad_block_.size() / layer.stride));
-    for (uint32_t r0 = 0; r0 < layer.rows; r0 += block) {
-        const uint32_t nb = std::min(block, layer.rows - r0);
-        float* g = step ? grad_block_.data() : gradient_out->layers[l].row(r0);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(nb), int(layer.width), int(n),
-                    inv_batch, d + r0, int(ldd), act(l - 1), int(ld(l - 1)), 0.0f, g,
-                    int(layer.stride));
-        if (!step) continue;
-#pragma omp parallel for schedule(static) num_threads(threads_)
-        for (int64_t i = 0; i < int64_t(nb); ++i) {
-            const size_t off = size_t(r0 + uint32_t(i)) * layer.stride;
-            k_.adam(layer.weights.data() + off, layer.adam_m.data() + off,
-                    layer.adam_v.data() + off, g + size_t(i) * layer.stride, layer.width, *step);
+    // Weights, a block of rows at a time: dW[r0:r0+nb) = delta[:, r0:r0+nb)^T A_{l-1} / B,
+    // then Adam on the block while it is still in cache. Each OpenMP thread takes whole blocks
+    // and calls a single-threaded SGEMM: handing every block to OpenBLAS's own threads and
+    // then to OpenMP's for Adam made the two pools alternate hundreds of times a step, and on
+    // 2 shared cores each hand-over waited for the scheduler (13 s a step instead of 1.5).
+    // At least 16 blocks a layer (so threads share small layers too), of whole multiples of 16
+    // rows, at most one gradient block. The blocking depends on the layer alone, not on the
+    // thread count, so every thread count computes the same bits.
+    const uint32_t wanted = ((layer.rows + 15) / 16 + 15) / 16 * 16;
+    const uint32_t block = std::max<uint32_t>(
+        1, std::min<uint32_t>(uint32_t(gradient_block_floats / layer.stride), wanted));
+    const int64_t n_blocks = (int64_t(layer.rows) + block - 1) / block;
+    const float* a = act(l - 1);
+    const int lda = int(ld(l - 1));
+#if HSLIDE_HAVE_OPENBLAS_THREADS
+    openblas_set_num_threads(1);
+#endif
+#pragma omp parallel num_threads(threads_)
+    {
+        float* scratch = grad_blocks_[omp_get_thread_num()].data();
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t b = 0; b < n_blocks; ++b) {
+            const uint32_t r0 = uint32_t(b) * block;
+            const uint32_t nb = std::min(block, layer.rows - r0);
+            float* g = step ? scratch : gradient_out->layers[l].row(r0);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(nb), int(layer.width), int(n),
+                        inv_batch, d + r0, int(ldd), a, lda, 0.0f, g, int(layer.stride));
+            if (!step) continue;
+            for (uint32_t i = 0; i < nb; ++i) {
+                const size_t off = size_t(r0 + i) * layer.stride;
+                k_.adam(layer.weights.data() + off, layer.adam_m.data() + off,
+                        layer.adam_v.data() + off, g + size_t(i) * layer.stride, layer.width,
+                        *step);
+            }
         }
     }
+    set_blas_threads();
 }
 
 void dense_backend::apply_input_layer(const batch_view& batch, float inv_batch,
@@ -473,7 +495,8 @@ backend_info dense_backend::info() const {
     bi.device = read_system_info().cpu_model + " (" + std::to_string(threads_) + " threads, " +
                 blas_name() + ", kernels " + k_.name + ")";
     bi.precision = to_string(precision_mode::fp32);
-    bi.memory_bytes = model_.memory_bytes() + grad_block_.size() * sizeof(float);
+    bi.memory_bytes = model_.memory_bytes();
+    for (const aligned_floats& g : grad_blocks_) bi.memory_bytes += g.size() * sizeof(float);
     for (size_t l = 0; l < act_.size(); ++l)
         bi.memory_bytes += (act_[l].size() + delta_[l].size()) * sizeof(float);
     return bi;

@@ -15,13 +15,15 @@
 //    sample, in place over the logits, which then hold the output deltas.
 //  - backward: dA_{l-1} = delta_l W_l (SGEMM), masked by the ReLU's derivative.
 //  - update: for every later layer, in blocks of rows, dW = delta_l^T A_{l-1} / B (SGEMM) and
-//    Adam on every row of the block, every step. Layer 0 gets the row-sparse gradient an
+//    Adam on every row of the block, every step (OpenMP over blocks, one single-threaded SGEMM
+//    per block, so the block is still in cache for Adam). Layer 0 gets the row-sparse gradient an
 //    embedding bag would: only the rows of features present in the batch's labelled points are
 //    updated (every row under --adam dense), each summed in sample order as cpu_backend does.
 //
-// Threads: BLAS runs with `threads` threads (openblas_set_num_threads where the library is
-// OpenBLAS) and the OpenMP regions with `threads` too. No GEMM is called inside an OpenMP
-// region, so the two thread pools take turns rather than oversubscribing the cores.
+// Threads: the forward and backward GEMMs run on BLAS's threads, `threads` of them
+// (openblas_set_num_threads where the library is OpenBLAS), the rest on `threads` OpenMP
+// threads; the two pools take turns (a few times a step), never run at once. The update's
+// GEMMs run inside the OpenMP region with BLAS set to one thread, so the pools never nest.
 #pragma once
 
 #include "hslide/backend.hpp"
@@ -103,7 +105,7 @@ class dense_backend final : public backend {
     std::vector<aligned_floats> delta_;  // per hidden layer: capacity_ x ld (empty for the output)
     std::vector<double> loss_;           // per sample of the last batch
     std::vector<uint8_t> trained_;       // per sample: has labels
-    aligned_floats grad_block_;          // one block of a GEMM layer's weight gradient
+    std::vector<aligned_floats> grad_blocks_;  // per thread: a block of a layer's weight gradient
     std::vector<std::vector<float>> thread_grad_;  // per thread: one layer-0 row's gradient
     std::vector<input_entry> entries_;             // layer 0's (row, sample) pairs, grouped by row
     std::vector<uint32_t> row_offsets_;            // entries_ of the t-th touched row: [t], [t+1])
