@@ -1,5 +1,6 @@
 // Training-step cost of an Amazon-670K-shaped network on the CPU backend, with the output
-// layer LSH-sparse and with the same output layer dense, measured in one run (see
+// layer LSH-sparse and with the same output layer dense, and on the dense baseline backend
+// (`cpu-dense`: every neuron through OpenBLAS SGEMMs), measured in one run (see
 // bench/training.md).
 //
 // Network: 135,909 inputs -> 256 (ReLU) -> 670,091 outputs (the `hslide train` defaults).
@@ -11,7 +12,8 @@
 // Run: build/bench_train_step --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
 // Configurations (one run, so their ratios are measured together): the LSH output layer at
 // the CPU's best ISA level in fp32 and bf16, at the scalar level, and at the best level on one
-// thread; the dense output layer at the best level.
+// thread; the dense output layer at the best level with hslide's own kernels (backend `cpu`,
+// output sparsity dense), and the cpu-dense backend (BLAS GEMMs, same network and batches).
 // Environment: HSLIDE_BENCH_THREADS (default: all), HSLIDE_BENCH_DENSE_BATCHES (default 3).
 #include "hslide/backend.hpp"
 #include "hslide/isa.hpp"
@@ -53,12 +55,14 @@ const dataset& train_data() {
     return data;
 }
 
-/// One configuration: the output layer's sparsity, the kernel level, precision and threads.
+/// One configuration: the output layer's sparsity, the kernel level, precision, threads and
+/// the backend kind.
 struct step_config {
     sparsity_mode output;
     isa_level isa;
     precision_mode precision;
     int threads;
+    const char* kind = "cpu";
 };
 
 void train_step(benchmark::State& state, step_config sc) {
@@ -76,6 +80,7 @@ void train_step(benchmark::State& state, step_config sc) {
     config.layers.push_back(out);
     train_config tc;
     backend_options bo;
+    bo.kind = sc.kind;
     bo.threads = sc.threads;
     bo.precision = sc.precision;
     bo.isa = sc.isa;
@@ -134,6 +139,10 @@ void register_benchmarks() {
             {sparsity_mode::lsh, best, precision_mode::fp32, 1}, 20);
     add(std::string("train_step/dense_output/") + to_string(best) + "/fp32" + t,
         {sparsity_mode::dense, best, precision_mode::fp32, threads},
+        env_int("HSLIDE_BENCH_DENSE_BATCHES", 3));
+    // The dense baseline: cpu-dense (OpenBLAS). Its Adam and gathers use the best level's kernels.
+    add("train_step/cpu_dense_openblas/fp32" + t,
+        {sparsity_mode::dense, best, precision_mode::fp32, threads, "cpu-dense"},
         env_int("HSLIDE_BENCH_DENSE_BATCHES", 3));
 }
 

@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(build-essential cmake pkg-config libcli11-dev libfmt-dev libspdlog-dev
-          nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev libxxhash-dev)
+          nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev libxxhash-dev libopenblas-dev)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -55,7 +55,7 @@ struct step_report {
 
 /// What a backend is and has.
 struct backend_info {
-    std::string kind;                ///< "cpu" or "gpu"
+    std::string kind;                ///< "cpu", "cpu-dense" or "gpu"
     std::string device;              ///< e.g. CPU model with thread count, or GPU name
     std::string precision;           ///< "fp32" or "bf16"
     uint64_t memory_bytes = 0;       ///< bytes the model replica holds
@@ -122,9 +122,10 @@ class backend {
 
 /// Options for creating a backend.
 struct backend_options {
-    std::string kind = "cpu";  ///< "cpu" | "gpu"
-    int threads = 0;           ///< CPU threads (0 = all)
-    int device = 0;            ///< GPU index
+    /// "cpu" | "cpu-dense" (every neuron, BLAS GEMMs: the dense baseline) | "gpu"
+    std::string kind = "cpu";
+    int threads = 0;  ///< CPU threads (0 = all)
+    int device = 0;   ///< GPU index
     precision_mode precision = precision_mode::fp32;
     /// CPU kernel level; unset = active_isa() (the --isa flag, HSLIDE_ISA or the best level).
     std::optional<isa_level> isa;

@@ -24,6 +24,7 @@ namespace {
 struct scoring_options {
     std::string model_path;
     std::string scoring = "auto";
+    std::string backend = "cpu";
     int threads = 0;
     compute_options compute;
 };
@@ -35,11 +36,16 @@ void add_scoring_options(CLI::App& app, scoring_options& o) {
         ->check(CLI::IsMember({"auto", "exact", "lsh"}))
         ->capture_default_str();
     app.add_option("--threads", o.threads, "CPU threads (0 = all)")->check(CLI::NonNegativeNumber);
+    app.add_option("--backend", o.backend,
+                   "cpu, cpu-dense (every label through BLAS; always exact scoring), gpu, or "
+                   "gpu-dense (every label through cuBLAS; always exact)")
+        ->check(CLI::IsMember({"cpu", "cpu-dense", "gpu", "gpu-dense"}))
+        ->capture_default_str();
     add_compute_options(app, o.compute);
 }
 
-/// The checkpoint's model on a CPU backend, checked against the data's dimensions; scales
-/// `data` as the model's training inputs were.
+/// The checkpoint's model on the --backend, checked against the data's dimensions;
+/// scales `data` as the model's training inputs were.
 std::unique_ptr<backend> open_model(const scoring_options& o, dataset& data,
                                     checkpoint_contents& ck) {
     ck = load_checkpoint(o.model_path);
@@ -51,6 +57,7 @@ std::unique_ptr<backend> open_model(const scoring_options& o, dataset& data,
                  o.model_path, ck.model.config.output_dim());
     if (o.threads > 0) omp_set_num_threads(o.threads);
     backend_options bo;
+    bo.kind = o.backend;
     bo.threads = o.threads;
     apply_compute_options(o.compute, bo);
     train_config tc;

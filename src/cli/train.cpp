@@ -37,8 +37,11 @@ int run_train(int argc, char** argv) {
 
     train_config tc;
     std::string backend_name = "cpu", adam = "sparse", scoring = "auto";
-    app.add_option("--backend", backend_name, "where to train")
-        ->check(CLI::IsMember({"cpu", "gpu", "gpu-dense", "hybrid"}))
+    app.add_option("--backend", backend_name,
+                   "where to train: cpu (LSH-sparse), cpu-dense (every neuron through BLAS: the "
+                   "dense baseline), gpu (LSH on a GPU), gpu-dense (every neuron through "
+                   "cuBLAS), hybrid")
+        ->check(CLI::IsMember({"cpu", "cpu-dense", "gpu", "gpu-dense", "hybrid"}))
         ->capture_default_str();
     app.add_option("--threads", tc.threads, "CPU threads (0 = all)")
         ->check(CLI::NonNegativeNumber)
@@ -165,6 +168,14 @@ int run_train(int argc, char** argv) {
                 to_string(mc.layers[l].lsh.policy), mc.layers[l].active.min_active,
                 mc.layers[l].active.max_active, mc.layers[l].active.hit_threshold);
 
+    // Before the model moves into the backend (mc refers to it).
+    if (backend_name == "cpu-dense" || backend_name == "gpu-dense")
+        for (size_t l = 0; l < mc.layers.size(); ++l)
+            if (mc.is_sparse(l))
+                spdlog::info(
+                    "{} computes every neuron: layer {}'s LSH settings are kept in the model "
+                    "but not used",
+                    backend_name, l);
     backend_options bo;
     bo.kind = backend_name;
     bo.threads = tc.threads;

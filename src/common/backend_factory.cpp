@@ -2,6 +2,7 @@
 #include "hslide/backend.hpp"
 
 #include "cpu/cpu_backend.hpp"
+#include "cpu/dense_backend.hpp"
 #include "hslide/error.hpp"
 #if HSLIDE_HAVE_CUDA
 #include "gpu/gpu_backend.hpp"
@@ -37,6 +38,10 @@ std::unique_ptr<backend> create_backend(const backend_options& options, model_st
         return std::make_unique<cpu::cpu_backend>(
             std::move(initial), train, options.threads,
             cpu::kernels_for(options.isa ? *options.isa : active_isa()), options.precision);
+    if (options.kind == "cpu-dense")
+        return std::make_unique<cpu::dense_backend>(
+            std::move(initial), train, options.threads,
+            cpu::kernels_for(options.isa ? *options.isa : active_isa()), options.precision);
     if (options.kind == "gpu" || options.kind == "gpu-dense") {
 #if HSLIDE_HAVE_CUDA
         return gpu::create_gpu_backend(std::move(initial), train, options.device, options.precision,
@@ -51,7 +56,8 @@ std::unique_ptr<backend> create_backend(const backend_options& options, model_st
     HSLIDE_CHECK(options.kind != "hybrid",
                  "a hybrid backend is made of workers: create it with create_hybrid_backend");
     throw error(error_kind::invalid_argument,
-                "unknown backend '" + options.kind + "' (valid: cpu, gpu, gpu-dense, hybrid)");
+                "unknown backend '" + options.kind +
+                    "' (valid: cpu, cpu-dense, gpu, gpu-dense, hybrid)");
 }
 
 }  // namespace hslide

@@ -62,7 +62,8 @@ struct kernel_table {
     /// Adam on n weights with gradient g (moments m, v updated in place).
     void (*adam)(float* w, float* m, float* v, const float* g, uint32_t n, const adam_step& step);
     /// probs[i] = exp(logits[i] - max) / sum_j exp(logits[j] - max); returns log sum_j
-    /// exp(logits[j]) (the log-partition, for the loss). n >= 1; logits finite.
+    /// exp(logits[j]) (the log-partition, for the loss). n >= 1; logits finite. probs may be
+    /// logits (in place): every variant reads logits[i] before it writes probs[i].
     double (*softmax)(const float* logits, float* probs, uint32_t n);
 
     // --- layer kernels (fp32 weights) ---
