@@ -33,6 +33,8 @@ STAGES = ["hashing", "rebuild", "active_sets", "forward", "backward", "update", 
 STAGE_NAMES = {"hashing": "hashing", "rebuild": "table build", "active_sets": "active sets",
                "forward": "forward", "backward": "backward", "update": "update",
                "transfer": "transfer"}
+# Configurations with a full-softmax output layer (the dense baselines).
+DENSE = {"cpu-nolsh", "cpu-dense", "gpu-dense", "torch-cpu", "torch-gpu"}
 CSV_FIELDS = (["config", "backend", "precision", "isa", "epoch", "train_seconds", "wall_seconds",
                "epoch_seconds", "samples_per_s", "loss", "p@1", "p@3", "p@5",
                "peak_rss_bytes", "peak_gpu_bytes"]
@@ -284,6 +286,24 @@ def report(args):
                       f"{t[1] if t else '—'} | {fmt(final[c], 4)} |")
         md.append("")
         reached = {c: tta[c][0] for c in done if tta.get(c)}
+        dense = [c for c in done if config_parts(c)[0] in DENSE]
+        sparse = [c for c in done if config_parts(c)[0] not in DENSE]
+        if dense and sparse:
+            md.append("Sparse (LSH) against dense (full softmax) configurations, time to the "
+                      "target P@1:\n")
+            for s in sparse:
+                parts = []
+                for d in dense:
+                    if reached.get(s) and reached.get(d):
+                        parts.append(f"{reached[d] / reached[s]:.1f}x faster than {d}")
+                    elif reached.get(s):
+                        parts.append(f"reached it, {d} did not")
+                    elif reached.get(d):
+                        parts.append(f"did not reach it, {d} did")
+                    else:
+                        parts.append(f"neither it nor {d} reached it")
+                md.append(f"- **{s}**: " + "; ".join(parts))
+            md.append("")
         md.append("### Speedup in time to accuracy\n")
         md.append(speedup_matrix(done, reached,
                                  "Each cell is the column's time to the target divided by the "

@@ -5,8 +5,9 @@ set -euo pipefail
 
 packages=(build-essential cmake pkg-config libcli11-dev libfmt-dev libspdlog-dev
           nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev libxxhash-dev
-          # scripts/reproduce.sh: the PyTorch baseline, the report's plots (for /usr/bin/python3)
-          python3-torch python3-numpy python3-matplotlib)
+          # scripts/reproduce.sh: the PyTorch baseline, the report's plots (for /usr/bin/python3);
+          # OpenBLAS so that PyTorch's matrix products do not fall back to the reference BLAS
+          python3-torch python3-numpy python3-matplotlib libopenblas0-pthread)
 
 missing=()
 for p in "${packages[@]}"; do

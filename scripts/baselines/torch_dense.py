@@ -28,9 +28,25 @@ Usage: torch_dense.py --train FILE --test FILE --metrics-out FILE.jsonl [--devic
 import argparse
 import json
 import math
+import os
 import resource
 import sys
 import time
+
+
+def threads_from_argv(argv):
+    for i, arg in enumerate(argv):
+        if arg == "--threads" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--threads="):
+            return arg.split("=", 1)[1]
+    return "0"
+
+
+# The BLAS under Debian's PyTorch (OpenBLAS where installed) keeps its own thread pool: give it
+# the same thread count, set before torch loads it.
+if threads_from_argv(sys.argv) not in ("", "0"):
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", threads_from_argv(sys.argv))
 
 try:
     import numpy as np
