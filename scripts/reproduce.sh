@@ -136,8 +136,8 @@ if [[ ! -x $hslide ]]; then
     ./scripts/build.sh --target hslide >/dev/null
 fi
 info="$("$hslide" info)"
-train_help="$("$hslide" train --help)"
-has_backend() { grep -q -- "--backend TEXT:{[^}]*\b$1\b" <<<"$train_help"; }
+# A backend this hslide accepts: its flag parser takes the name (--print-config stops after parsing).
+has_backend() { "$hslide" train --backend "$1" --print-config >/dev/null 2>&1; }
 best_isa="$(sed -n 's/^cpu kernels: [a-z0-9]* (best on this cpu: \([a-z0-9]*\);.*/\1/p' <<<"$info")"
 has_gpu=0
 if grep -q '^cuda backend in this build: yes' <<<"$info" && command -v nvidia-smi >/dev/null &&
@@ -171,7 +171,7 @@ configs="${configs//,/ }"
 read -r -a config_list <<<"$configs"
 ((${#config_list[@]})) || die "no configurations"
 
-# Checks every configuration before anything runs; fills hslide_args / torch_device.
+# Checks every configuration before anything runs.
 declare -A seen=()
 for c in "${config_list[@]}"; do
     IFS=: read -r backend precision isa rest <<<"$c"
@@ -229,7 +229,6 @@ fi
 
 out="${out:-results/reproduce-$preset-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$out/runs"
-rm -f "$out"/runs/*.jsonl
 "$python" scripts/report.py hardware --hslide "$hslide" --out "$out/hardware.json"
 
 model_args=(--hidden "$hidden" --K "$K" --L "$L" --bits "$bits" --min-active "$min_active")
@@ -262,6 +261,7 @@ for c in "${config_list[@]}"; do
             cmd+=("${extra[@]}" --metrics-out "$metrics") ;;
     esac
     note "== $c"
+    rm -f "$metrics"  # hslide appends to --metrics-out
     printf '%q ' "${cmd[@]}" >"$log"
     printf '\n' >>"$log"
     if "${cmd[@]}" >>"$log" 2>&1; then
