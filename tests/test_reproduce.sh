@@ -77,7 +77,7 @@ for c in configs:
             number(r[key], f"{c} epoch {r['epoch']} {key}")
         if not 0 <= float(r["p@1"]) <= 1 or float(r["peak_rss_bytes"]) <= 0:
             fail(f"{c}: implausible row {r}")
-    if float(mine[-1]["p@1"]) < 0.1:  # chance on tiny is ~0.01; every config learns it
+    if float(mine[-1]["p@1"]) < 0.08:  # chance on tiny is ~0.01; every config learns it
         fail(f"{c}: final P@1 {mine[-1]['p@1']} (did it learn?)")
     if not r["cpu"]:
         fail("no CPU model in the rows")
@@ -117,8 +117,8 @@ for i, c in enumerate(head[1:]):
 m = re.search(r"Target P@1 = \*\*([0-9.]+)\*\*", text)
 if not m or not 0 < float(m.group(1)) <= 1:
     fail("no target P@1 in report.md")
-for needle in ["p1_vs_time.png", "stages.png", "hardware.json", "Intel", "Hardware"]:
-    if needle not in text and needle != "Intel":
+for needle in ["p1_vs_time.png", "stages.png", "hardware.json", "**Hardware:**"]:
+    if needle not in text:
         fail(f"report.md does not mention {needle}")
 
 # The plots: non-empty PNG files with a sane size.
