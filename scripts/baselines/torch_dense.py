@@ -117,11 +117,13 @@ def read_data(path, rows=None):
 
 
 def l2_normalize(vals, offsets):
-    sq = np.add.reduceat(vals * vals, offsets[:-1]) if len(vals) else np.zeros(0)
+    """Each point's values scaled to unit L2 norm (points without features, or all zeros, kept)."""
     counts = np.diff(offsets)
-    norms = np.where(counts > 0, np.sqrt(np.where(counts > 0, sq, 1.0)), 1.0)
+    row_of = np.repeat(np.arange(len(counts)), counts)
+    norms = np.sqrt(np.bincount(row_of, weights=vals.astype(np.float64) ** 2,
+                                minlength=len(counts)))
     norms[norms == 0] = 1.0
-    return (vals / np.repeat(norms, counts)).astype(np.float32)
+    return (vals / norms[row_of]).astype(np.float32)
 
 
 class Net(torch.nn.Module):
