@@ -254,6 +254,7 @@ for c in "${config_list[@]}"; do
                  --threads "$threads" --precision "${precision:-fp32}" --isa "${isa:-auto}")
             case $backend in
                 cpu-nolsh) cmd+=(--backend cpu --output-sparsity dense) ;;
+                cpu-dense | gpu-dense) cmd+=(--backend "$backend" --output-sparsity dense) ;;
                 hybrid-cpu) cmd+=(--backend hybrid --workers "cpu,cpu" --output-sparsity "$sparsity") ;;
                 hybrid-gpu) cmd+=(--backend hybrid --workers "gpu,cpu" --output-sparsity "$sparsity") ;;
                 *) cmd+=(--backend "$backend" --output-sparsity "$sparsity") ;;
