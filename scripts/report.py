@@ -14,8 +14,9 @@ Definitions (also in the report):
   * train seconds: the sum of the epochs' training wall time (evaluation excluded);
   * s/epoch: the mean training wall time of an epoch;
   * time to accuracy: train seconds at the first evaluation with P@1 >= the target;
-  * default target: 90% of the lowest final P@1 among the configurations that converged,
-    where converged means a final P@1 of at least half the best final P@1.
+  * default target: 90% of the lowest final P@1 among the configurations that learned
+    (final P@1 at least a tenth of the best), so every such configuration reached it; the
+    report adds the time to 90% of the best final P@1, which some may not reach.
 """
 import argparse
 import csv
@@ -112,7 +113,7 @@ def hardware(args):
 
 # --- report --------------------------------------------------------------------------------------
 def config_parts(config):
-    parts = (config.split(":") + ["", ""])[:3]
+    parts = (config.split("@")[0].split(":") + ["", ""])[:3]
     backend, precision, isa = parts
     if backend.startswith("torch"):
         return backend, "fp32", ""
@@ -216,10 +217,10 @@ def report(args):
     if args.target_p1 is not None:
         target, rule = args.target_p1, "given with --target-p1"
     elif finals and max(finals) > 0:
-        converged = [p for p in finals if p >= 0.5 * max(finals)]
-        target = 0.9 * min(converged)
-        rule = ("90% of the lowest final P@1 among the configurations that converged "
-                "(final P@1 at least half the best final P@1)")
+        learned = [p for p in finals if p >= 0.1 * max(finals)]
+        target = 0.9 * min(learned)
+        rule = ("90% of the lowest final P@1 among the configurations that learned (final "
+                "P@1 at least a tenth of the best one): an accuracy every one of them reached")
     else:
         target, rule = None, "no configuration has a positive P@1"
     tta = {c: time_to_target(runs[c], target) for c in done} if target is not None else {}
@@ -251,16 +252,17 @@ def report(args):
     md.append("Training wall time per epoch (mean over the epochs; evaluation excluded), "
               "throughput, accuracy after the last epoch, and peak memory (resident set of "
               "the process; GPU memory separately where measured).\n")
-    md.append("| configuration | s/epoch | samples/s | P@1 | P@3 | P@5 | loss | peak RSS (GiB) |")
-    md.append("|---|---:|---:|---:|---:|---:|---:|---:|")
+    md.append("| configuration | epochs | s/epoch | samples/s | P@1 | P@3 | P@5 | loss | "
+              "peak RSS (GiB) |")
+    md.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for c in configs:
         if not runs[c]:
-            md.append(f"| {c} | failed | — | — | — | — | — | — |")
+            md.append(f"| {c} | failed | — | — | — | — | — | — | — |")
             continue
         last = runs[c][-1]
         rates = [r["samples_per_s"] for r in runs[c]]
         peak = max(r.get("peak_rss_bytes") or 0 for r in runs[c]) / 2**30
-        md.append(f"| {c} | {per_epoch[c]:.2f} | {sum(rates) / len(rates):.0f} | "
+        md.append(f"| {c} | {len(runs[c])} | {per_epoch[c]:.2f} | {sum(rates) / len(rates):.0f} | "
                   f"{fmt(last.get('p@1'), 4)} | {fmt(last.get('p@3'), 4)} | "
                   f"{fmt(last.get('p@5'), 4)} | {last['loss']:.4f} | {peak:.2f} |")
     md.append("")
@@ -303,6 +305,18 @@ def report(args):
                     else:
                         parts.append(f"neither it nor {d} reached it")
                 md.append(f"- **{s}**: " + "; ".join(parts))
+            md.append("")
+        high = 0.9 * max(finals)
+        if high > target * 1.001:
+            md.append("### Time to 90% of the best final P@1\n")
+            md.append(f"A higher target, P@1 = **{high:.4f}**, which not every configuration "
+                      "may reach in its epochs:\n")
+            md.append("| configuration | train seconds to it | epoch |")
+            md.append("|---|---:|---:|")
+            for c in done:
+                t = time_to_target(runs[c], high)
+                md.append(f"| {c} | {fmt(t[0], 2) if t else 'not reached'} | "
+                          f"{t[1] if t else '—'} |")
             md.append("")
         md.append("### Speedup in time to accuracy\n")
         md.append(speedup_matrix(done, reached,

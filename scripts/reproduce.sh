@@ -25,7 +25,9 @@
 #   --data-cache DIR    where synthetic data is generated once and reused (results/data)
 #   --hslide PATH       the binary (default build/hslide, built by scripts/build.sh if missing)
 #
-# A configuration is BACKEND[:PRECISION[:ISA]]:
+#   --reuse             keep the runs already complete in --out (same configuration and epoch
+#                       count; the settings are not compared): run only the missing ones
+# A configuration is BACKEND[:PRECISION[:ISA]][@EPOCHS] (@EPOCHS: this one's epoch count):
 #   cpu         hslide's CPU backend, LSH output layer        (cpu, cpu:bf16, cpu:fp32:avx2)
 #   cpu-nolsh   the same backend and kernels, dense output layer (--output-sparsity dense)
 #   cpu-dense   hslide's full-softmax OpenBLAS backend (--backend cpu-dense)
@@ -62,6 +64,7 @@ scoring=exact
 out=""
 data_cache=results/data
 hslide=build/hslide
+reuse=0
 hidden="" K="" L="" bits="" batch="" lr="" min_active=""
 extra=()
 
@@ -87,6 +90,7 @@ while (($#)); do
         --out) need "$@"; out=$2; shift 2 ;;
         --data-cache) need "$@"; data_cache=$2; shift 2 ;;
         --hslide) need "$@"; hslide=$2; shift 2 ;;
+        --reuse) reuse=1; shift ;;
         --hidden) need "$@"; hidden=$2; shift 2 ;;
         --K) need "$@"; K=$2; shift 2 ;;
         --L) need "$@"; L=$2; shift 2 ;;
@@ -174,8 +178,12 @@ read -r -a config_list <<<"$configs"
 # Checks every configuration before anything runs.
 declare -A seen=()
 for c in "${config_list[@]}"; do
-    IFS=: read -r backend precision isa rest <<<"$c"
-    [[ -z ${rest:-} ]] || die "configuration '$c': expected BACKEND[:PRECISION[:ISA]]"
+    spec="${c%@*}"
+    if [[ $c == *@* ]]; then
+        [[ ${c##*@} =~ ^[1-9][0-9]*$ ]] || die "configuration '$c': @EPOCHS must be a positive integer"
+    fi
+    IFS=: read -r backend precision isa rest <<<"$spec"
+    [[ -z ${rest:-} ]] || die "configuration '$c': expected BACKEND[:PRECISION[:ISA]][@EPOCHS]"
     case $backend in
         cpu | cpu-nolsh | cpu-dense | gpu | gpu-dense | hybrid-cpu | hybrid-gpu) ;;
         torch-cpu | torch-gpu)
@@ -232,25 +240,32 @@ mkdir -p "$out/runs"
 "$python" scripts/report.py hardware --hslide "$hslide" --out "$out/hardware.json"
 
 model_args=(--hidden "$hidden" --K "$K" --L "$L" --bits "$bits" --min-active "$min_active")
-common=(--epochs "$epochs" --batch-size "$batch" --lr "$lr" --eval-every 1 --scoring "$scoring"
+common=(--batch-size "$batch" --lr "$lr" --eval-every 1 --scoring "$scoring"
         --eval-max "$eval_max" --no-progress)
 
 # --- the runs -------------------------------------------------------------------------------------
 failed=()
 for c in "${config_list[@]}"; do
-    IFS=: read -r backend precision isa _ <<<"$c"
+    spec="${c%@*}"
+    IFS=: read -r backend precision isa _ <<<"$spec"
+    n_epochs=$epochs
+    [[ $c == *@* ]] && n_epochs=${c##*@}
     file="${c//:/_}"
     log="$out/runs/$file.log"
     metrics="$out/runs/$file.jsonl"
+    if ((reuse)) && [[ -f $metrics ]] && (($(wc -l <"$metrics") == n_epochs)); then
+        note "== $c: reusing $metrics"
+        continue
+    fi
     case $backend in
         torch-cpu | torch-gpu)
             device=cpu
             [[ $backend == torch-gpu ]] && device=cuda
             cmd=("$python" scripts/baselines/torch_dense.py "${torch_data_args[@]}" --device "$device"
-                 --hidden "$hidden" --epochs "$epochs" --batch-size "$batch" --lr "$lr"
+                 --hidden "$hidden" --epochs "$n_epochs" --batch-size "$batch" --lr "$lr"
                  --threads "$threads" --eval-max "$eval_max" --metrics-out "$metrics") ;;
         *)
-            cmd=("$hslide" train "${data_args[@]}" "${model_args[@]}" "${common[@]}"
+            cmd=("$hslide" train "${data_args[@]}" "${model_args[@]}" --epochs "$n_epochs" "${common[@]}"
                  --threads "$threads" --precision "${precision:-fp32}" --isa "${isa:-auto}")
             case $backend in
                 cpu-nolsh) cmd+=(--backend cpu --output-sparsity dense) ;;
