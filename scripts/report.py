@@ -319,13 +319,13 @@ def report(args):
                           f"{t[1] if t else '—'} |")
             md.append("")
         md.append("### Speedup in time to accuracy\n")
-        md.append(speedup_matrix(done, reached,
+        md.append(speedup_matrix([c for c in done if c in reached], reached,
                                  "Each cell is the column's time to the target divided by the "
-                                 "row's; — where either did not reach it."))
+                                 "row's, for the configurations that reached it."))
 
     md.append("## Per-stage breakdown\n")
     md.append("Seconds per epoch in each stage (mean over the epochs). hslide's CPU stages are "
-              "per-thread CPU seconds averaged over the threads; `other` is the epoch's wall "
+              "per-thread CPU seconds averaged over the threads (the hybrid backend's are summed over its workers, so they can add up to more than the wall time); `other` is the epoch's wall "
               "time not in a stage (batching, scheduling, waiting). Table build is the LSH "
               "table rebuilds; active sets are the bucket queries, forced labels and random "
               "fill. The PyTorch baseline has no hashing; its transfer is building the batch "
