@@ -105,6 +105,7 @@ void train_step(benchmark::State& state, step_config sc) {
     // Milliseconds per batch in each stage (CPU time per thread, averaged over threads).
     const double per_batch_ms = 1e3 / double(state.iterations());
     state.counters["hash_ms"] = times.hashing * per_batch_ms;
+    state.counters["active_ms"] = times.active_sets * per_batch_ms;
     state.counters["fwd_ms"] = times.forward * per_batch_ms;
     state.counters["bwd_ms"] = times.backward * per_batch_ms;
     state.counters["update_ms"] = times.update * per_batch_ms;

@@ -70,11 +70,11 @@ tests | bench)
     summary="$out/summary.md"
     {
         echo "Per epoch: training seconds (median over epochs), P@1 after the last epoch, and the"
-        echo "stage seconds of the last epoch (hashing+active sets, forward, backward, update,"
+        echo "stage seconds of the last epoch (hashing, active sets, forward, backward, update,"
         echo "table rebuilds, host-device transfer)."
         echo
-        echo "| preset | backend | precision | s/epoch | P@1 | hash | fwd | bwd | update | rebuild | transfer |"
-        echo "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        echo "| preset | backend | precision | s/epoch | P@1 | hash | sets | fwd | bwd | update | rebuild | transfer |"
+        echo "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     } >"$summary"
     for preset in amazon670k wikilshtc325k; do
         data="$out/data-$preset"
@@ -93,7 +93,8 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 last = rows[-1]
 st = last.get("stage_seconds", {})
 stages = " | ".join(f"{st.get(k, 0):.2f}" for k in
-                    ("hashing", "forward", "backward", "update", "rebuild", "transfer"))
+                    ("hashing", "active_sets", "forward", "backward", "update", "rebuild",
+                     "transfer"))
 print(f"| {sys.argv[2]} | {sys.argv[3]} | {sys.argv[4]} | "
       f"{statistics.median(r['epoch_seconds'] for r in rows):.2f} | "
       f"{last.get('p@1', float('nan')):.4f} | {stages} |")

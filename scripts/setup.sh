@@ -4,7 +4,11 @@
 set -euo pipefail
 
 packages=(build-essential cmake pkg-config libcli11-dev libfmt-dev libspdlog-dev
-          nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev libxxhash-dev libopenblas-dev)
+          nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev libxxhash-dev
+          # --backend cpu-dense (and PyTorch's matrix products: no reference-BLAS fallback)
+          libopenblas-dev libopenblas0-pthread
+          # scripts/reproduce.sh: the PyTorch baseline, the report's plots (for /usr/bin/python3)
+          python3-torch python3-numpy python3-matplotlib)
 
 missing=()
 for p in "${packages[@]}"; do

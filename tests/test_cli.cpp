@@ -73,6 +73,17 @@ TEST(Cli, TrainEvalPredictOnSyntheticData) {
         for (const char* key : {"epoch", "seconds", "samples_per_s", "loss", "p@1", "p@3", "p@5"})
             EXPECT_TRUE(j.contains(key)) << key << " missing in " << line;
         EXPECT_EQ(j["epoch"].get<int>(), records + 1);
+        // What scripts/reproduce.sh reads: memory and the per-stage seconds of the epoch.
+        EXPECT_GT(j["peak_rss_bytes"].get<double>(), 0) << line;
+        double stages = 0;
+        for (const char* stage : {"hashing", "active_sets", "forward", "backward", "update",
+                                  "rebuild", "transfer"}) {
+            ASSERT_TRUE(j["stage_seconds"].contains(stage)) << stage << " missing in " << line;
+            stages += j["stage_seconds"][stage].get<double>();
+        }
+        EXPECT_GT(j["stage_seconds"]["active_sets"].get<double>(), 0) << "an LSH output layer";
+        EXPECT_GT(stages, 0);
+        EXPECT_LE(stages, j["epoch_seconds"].get<double>() * 1.05 + 0.01) << line;
         last_p1 = j["p@1"].get<double>();
         ++records;
     }

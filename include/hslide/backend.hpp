@@ -30,7 +30,8 @@ struct batch_view {
 
 /// Seconds spent in each stage of a step (for breakdowns and benchmarks).
 struct stage_times {
-    double hashing = 0;   ///< LSH codes of the layer inputs and active-set queries
+    double hashing = 0;      ///< LSH codes of the layer inputs
+    double active_sets = 0;  ///< active-set queries: bucket unions, forced labels, random fill
     double forward = 0;   ///< forward pass (dot products, softmax, loss)
     double backward = 0;  ///< backpropagation of deltas
     double update = 0;    ///< gradient reduction and the optimizer
@@ -38,7 +39,9 @@ struct stage_times {
     double transfer = 0;  ///< host<->device copies (GPU backends)
 
     stage_times& operator+=(const stage_times& o);
-    double total() const { return hashing + forward + backward + update + rebuild + transfer; }
+    double total() const {
+        return hashing + active_sets + forward + backward + update + rebuild + transfer;
+    }
 };
 
 /// What one training step did.

@@ -12,6 +12,7 @@ namespace hslide {
 
 stage_times& stage_times::operator+=(const stage_times& o) {
     hashing += o.hashing;
+    active_sets += o.active_sets;
     forward += o.forward;
     backward += o.backward;
     update += o.update;

@@ -153,12 +153,14 @@ void cpu_backend::forward_sample(const dataset& data, uint32_t point, uint32_t s
             else
                 hash.codes_sparse(in.ids.data(), in.act.data(), uint32_t(in.ids.size()),
                                   scratch.codes.data());
+            scratch.times.hashing += seconds_since(t0);
+            t0 = clock_type::now();
             const bool force_labels = output && training;
             scratch.builder.build(lsh_[l].tables, scratch.codes.data(),
                                   force_labels ? y.ids : nullptr, force_labels ? y.count : 0,
                                   model_.config.layers[l].active, gen, out.ids);
+            scratch.times.active_sets += seconds_since(t0);
         }
-        scratch.times.hashing += seconds_since(t0);
 
         t0 = clock_type::now();
         const uint32_t n_active = sparse ? uint32_t(out.ids.size()) : layer.rows;
@@ -273,6 +275,7 @@ void cpu_backend::run_forward_backward(const batch_view& batch, step_report& rep
     // Per-thread CPU seconds, averaged: the share of the parallel phase each stage took.
     for (const auto& s : scratch_) {
         report.times.hashing += s.times.hashing / threads_;
+        report.times.active_sets += s.times.active_sets / threads_;
         report.times.forward += s.times.forward / threads_;
         report.times.backward += s.times.backward / threads_;
     }

@@ -140,7 +140,7 @@ class gpu_backend final : public backend {
     bool dense_output_;
     cudaStream_t stream_ = nullptr;
     cublasHandle_t blas_ = nullptr;
-    cudaEvent_t events_[6] = {};
+    cudaEvent_t events_[7] = {};
 
     device_layer layers_[2];
     std::unique_ptr<hash_family> hash_;  // host copy: the functions' seed and arrays
@@ -466,15 +466,15 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
     const float inv_batch = 1.0f / float(b);
     uint32_t total = 0;
     if (lsh_output()) {
-        const layer_config& cfg = shape_.config.layers[1];
         HSLIDE_CUDA_CHECK(cudaEventRecord(events_[2], stream_));
         device_hash_.hash_rows(hidden_.data(), layers_[0].stride, b, codes_.data(), stream_);
+        HSLIDE_CUDA_CHECK(cudaEventRecord(events_[3], stream_));
         total = build_active_sets(
             tables_.view(), codes_.data(), b, csr.label_offsets, csr.label_ids, max_labels,
             output_active_params(true, derive_seed(train_.seed ^ 0x5eedf111ULL, shape_.adam_step)),
             active_, stream_);
         active_entries = total;
-        HSLIDE_CUDA_CHECK(cudaEventRecord(events_[3], stream_));
+        HSLIDE_CUDA_CHECK(cudaEventRecord(events_[4], stream_));
         logits_.reserve(std::max(total, 1u), "active logits");
         delta_.reserve(std::max(total, 1u), "active gradients");
         sparse_output_forward(out.view(), hidden_.data(), hidden16_.data(), use_bf16(),
@@ -482,18 +482,17 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
                               logits_.data(), stream_);
         softmax_loss(logits_.data(), nullptr, active_.offsets.data(), 0, /*labels_first=*/true, csr,
                      delta_.data(), loss_.data(), stream_);
-        HSLIDE_CUDA_CHECK(cudaEventRecord(events_[4], stream_));
+        HSLIDE_CUDA_CHECK(cudaEventRecord(events_[5], stream_));
         sparse_output_backward(out.view(), use_bf16(), active_.offsets.data(), active_.ids.data(),
                                delta_.data(), hidden_.data(), b, d_hidden_.data(), stream_);
     } else {
-        HSLIDE_CUDA_CHECK(cudaEventRecord(events_[2], stream_));
-        HSLIDE_CUDA_CHECK(cudaEventRecord(events_[3], stream_));
+        for (int e = 2; e <= 4; ++e) HSLIDE_CUDA_CHECK(cudaEventRecord(events_[e], stream_));
         logits_.reserve(size_t(b) * out.rows, "dense logits");
         delta_.reserve(size_t(b) * out.rows, "dense output gradients");
         dense_logits(b, logits_.data());
         softmax_loss(logits_.data(), out.bias.data(), nullptr, out.rows, /*labels_first=*/false,
                      csr, delta_.data(), loss_.data(), stream_);
-        HSLIDE_CUDA_CHECK(cudaEventRecord(events_[4], stream_));
+        HSLIDE_CUDA_CHECK(cudaEventRecord(events_[5], stream_));
     }
 
     shape_.adam_step += 1;
@@ -501,7 +500,7 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
     const adam_params adam{learning_rate,       train_.adam_beta1, train_.adam_beta2,
                            train_.adam_epsilon, corrections.c1,    corrections.c2};
     if (lsh_output()) {
-        HSLIDE_CUDA_CHECK(cudaEventRecord(events_[5], stream_));
+        HSLIDE_CUDA_CHECK(cudaEventRecord(events_[6], stream_));
         row_groups& g = output_groups_;
         g.reserve(total);
         if (total > 0) {
@@ -515,7 +514,7 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
         }
     } else {
         dense_backward_and_update(b, inv_batch, adam);  // backward and update in one
-        HSLIDE_CUDA_CHECK(cudaEventRecord(events_[5], stream_));
+        HSLIDE_CUDA_CHECK(cudaEventRecord(events_[6], stream_));
     }
     first_layer_update(b, batch_nnz_, inv_batch, adam);
     HSLIDE_CUDA_CHECK(cudaMemcpyAsync(loss_host_.data(), loss_.data(), size_t(b) * 4,
@@ -532,13 +531,15 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
         return double(ms) / 1000.0;
     };
     report.seconds = seconds_since(t_start);
-    report.times.transfer = elapsed(0, 1);
-    report.times.forward = elapsed(1, 2) + elapsed(3, 4);
-    report.times.hashing = elapsed(2, 3);
-    report.times.backward = elapsed(4, 5);
-    report.times.update =
-        std::max(0.0, report.seconds - report.times.transfer - report.times.forward -
-                          report.times.hashing - report.times.backward);
+    stage_times& st = report.times;
+    st.transfer = elapsed(0, 1);
+    st.forward = elapsed(1, 2) + elapsed(4, 5);
+    st.hashing = elapsed(2, 3);
+    st.active_sets = elapsed(3, 4);
+    st.backward = elapsed(5, 6);
+    // The rest: the update, and host work (staging the batch, waiting for the set sizes).
+    st.update = std::max(0.0, report.seconds - st.transfer - st.forward - st.hashing -
+                                  st.active_sets - st.backward);
     return report;
 }
 
