@@ -72,9 +72,11 @@ struct worker_stats {
     double wall_seconds = 0;  ///< length of the window
     uint32_t batch_min = 0, batch_max = 0, batch_last = 0;  ///< batch sizes chosen
     double batch_mean = 0;
-    uint64_t merges = 0;        ///< merges of its replica into the shared model
-    double merge_seconds = 0;   ///< time in merges (export, add, import)
-    double staleness_mean = 0;  ///< other workers' merges between its sync and its merge
+    uint64_t merges = 0;              ///< merges of its replica into the shared model
+    double merge_seconds = 0;         ///< time in merges (export, add, import)
+    double merge_wait_seconds = 0;    ///< of which waiting for another worker's merge
+    double merge_import_seconds = 0;  ///< of which importing the rows taken back
+    double staleness_mean = 0;        ///< other workers' merges between its sync and its merge
     uint64_t staleness_max = 0;
     uint64_t rows_merged = 0;  ///< rows (all layers) whose change it added, summed over merges
     uint64_t rows_pulled = 0;  ///< rows it took from the shared model, summed over merges

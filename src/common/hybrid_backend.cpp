@@ -108,6 +108,11 @@ class hybrid_backend final : public backend {
     /// Under shared_mu_: copies into w's base, and lists in w.pulled, every row changed in the
     /// shared model since w's last sync; w is then synced at version_.
     void pull_locked(worker& w);
+    /// Under shared_mu_, merge `v` of w, layer l: adds the change of w's replica (`mine`) in
+    /// `rows` (every row when null) to the shared layer, stamps those rows with v, and takes
+    /// back into w's base (listing them in w.pulled[l]) the rows w's replica lacks.
+    void merge_layer_locked(worker& w, size_t l, const layer_state& mine,
+                            const std::vector<uint32_t>* rows, uint64_t v);
     /// Waits until the queue is empty and every worker idle; rethrows a worker's failure.
     void drain(std::unique_lock<std::mutex>& lock);
     /// drain, then merge every worker: all replicas equal the shared model.
@@ -291,26 +296,23 @@ void hybrid_backend::merge(worker& w) {
     const model_state& mine = held ? *held : w.staging;
     HSLIDE_ASSERT(mine.layers.size() == shared_.layers.size());
     HSLIDE_ASSERT(!tracked || w.changed.size() == shared_.layers.size());
+    w.pulled.resize(shared_.layers.size());
     uint64_t staleness = 0, rows_merged = 0;
+    const auto t_wait = clock_type::now();
+    double wait = 0;
     {
         std::lock_guard<std::mutex> lock(shared_mu_);
+        wait = seconds_since(t_wait);
         staleness = version_ - w.synced_version;
         const uint64_t v = ++version_;
         for (size_t l = 0; l < shared_.layers.size(); ++l) {
             const std::vector<uint32_t>* rows = tracked ? &w.changed[l] : nullptr;
-            add_row_changes(shared_.layers[l], mine.layers[l], w.base.layers[l], l, rows);
-            std::vector<uint64_t>& version = row_version_[l];
-            if (rows) {
-                for (uint32_t r : *rows) version[r] = v;
-                rows_merged += rows->size();
-            } else {
-                std::fill(version.begin(), version.end(), v);
-                rows_merged += version.size();
-            }
+            rows_merged += rows ? rows->size() : shared_.layers[l].rows;
+            merge_layer_locked(w, l, mine.layers[l], rows, v);
         }
-        // Its own rows are among those taken back: the replica gets the sum of every change.
-        pull_locked(w);
+        w.synced_version = v;
     }
+    const auto t_import = clock_type::now();
     if (tracked) {
         w.device->import_rows(w.base, w.pulled);
     } else {
@@ -319,6 +321,7 @@ void hybrid_backend::merge(worker& w) {
         w.base.adam_step = mine.adam_step;
         w.device->import_state(w.base, /*with_optimizer=*/false);
     }
+    const double import = seconds_since(t_import);
     uint64_t rows_pulled = 0;
     for (const auto& rows : w.pulled) rows_pulled += rows.size();
     w.since_merge = 0;
@@ -329,10 +332,72 @@ void hybrid_backend::merge(worker& w) {
             std::clamp(cost / (options_.merge_overhead * w.seconds_per_sample), 1.0, 1e12));
     w.window.merges += 1;
     w.window.merge_seconds += cost;
+    w.window.merge_wait_seconds += wait;
+    w.window.merge_import_seconds += import;
     w.window.rows_merged += rows_merged;
     w.window.rows_pulled += rows_pulled;
     w.staleness_sum += double(staleness);
     w.window.staleness_max = std::max(w.window.staleness_max, staleness);
+}
+
+void hybrid_backend::merge_layer_locked(worker& w, size_t l, const layer_state& m,
+                                        const std::vector<uint32_t>* rows, uint64_t v) {
+    // One pass over the layer's rows, each read and written while it is in cache (a Bibtex
+    // batch touches most rows of the model, so the passes, not the row counts, set the cost).
+    layer_state& s = shared_.layers[l];
+    layer_state& b = w.base.layers[l];
+    HSLIDE_ASSERT(s.weights.size() == m.weights.size() && s.weights.size() == b.weights.size());
+    HSLIDE_ASSERT(s.bias.size() == m.bias.size() && s.bias.size() == b.bias.size());
+    std::vector<uint64_t>& version = row_version_[l];
+    std::vector<uint32_t>& pulled = w.pulled[l];
+    pulled.clear();
+    const uint64_t synced = w.synced_version;
+    const size_t width = s.stride;  // whole padded rows (the padding is zero everywhere)
+    size_t next = 0;                // position in *rows (ascending)
+    for (uint32_t r = 0; r < s.rows; ++r) {
+        bool changed = true;
+        if (rows) {
+            changed = next < rows->size() && (*rows)[next] == r;
+            next += changed;
+        }
+        // Its base holds the shared row exactly when no merge changed it since w's sync.
+        const bool others = version[r] > synced;
+        float* sw = s.row(r);
+        float* bw = b.row(r);
+        if (changed && !others) {
+            // shared == base here, so shared + (mine - base) is mine: copied exactly, and the
+            // replica, which holds it already, needs no import of this row.
+            const float* mw = m.row(r);
+            std::memcpy(sw, mw, width * sizeof(float));
+            std::memcpy(bw, mw, width * sizeof(float));
+            if (l > 0) s.bias[r] = b.bias[r] = m.bias[r];
+            version[r] = v;
+        } else if (changed) {
+            const float* mw = m.row(r);
+            for (size_t i = 0; i < width; ++i) {
+                sw[i] += mw[i] - bw[i];
+                bw[i] = sw[i];
+            }
+            if (l > 0) {
+                s.bias[r] += m.bias[r] - b.bias[r];
+                b.bias[r] = s.bias[r];
+            }
+            version[r] = v;
+            pulled.push_back(r);
+        } else if (others) {
+            std::memcpy(bw, sw, width * sizeof(float));
+            if (l > 0) b.bias[r] = s.bias[r];
+            pulled.push_back(r);
+        }
+    }
+    HSLIDE_ASSERT(!rows || next == rows->size());  // ascending, in range, each once
+    if (l == 0) {
+        // Layer 0's bias is one vector over its neurons: added whole, taken back whole.
+        for (size_t i = 0; i < s.bias.size(); ++i) {
+            s.bias[i] += m.bias[i] - b.bias[i];
+            b.bias[i] = s.bias[i];
+        }
+    }
 }
 
 void hybrid_backend::pull_locked(worker& w) {
