@@ -53,13 +53,16 @@ dataset counting_dataset(uint32_t n) {
 /// records the rows it saw: merges must add up every replica's increments exactly (small
 /// integers are exact in float), and every sample must be seen once. With `track_rows` it
 /// reports the rows it changed and transfers rows (the row-sparse merge path); without, it
-/// keeps the Backend defaults (the whole-model fallback).
+/// keeps the Backend defaults (the whole-model fallback). With `host` its replica is read in
+/// place (host_state), as the CPU backend's is.
 class counting_backend final : public backend {
   public:
-    counting_backend(const model_state& initial, double seconds_per_sample, bool track_rows)
+    counting_backend(const model_state& initial, double seconds_per_sample, bool track_rows,
+                     bool host = false)
         : model_(initial),
           seconds_per_sample_(seconds_per_sample),
           track_rows_(track_rows),
+          host_(host),
           changed_(initial.layers.size()) {}
 
     step_report train_batch(const batch_view& batch, float) override {
@@ -114,6 +117,7 @@ class counting_backend final : public backend {
         model_.copy_rows(in, rows);
     }
     backend_info info() const override { return {"fake", "counting", "fp32", 0, 0}; }
+    const model_state* host_state() const override { return host_ ? &model_ : nullptr; }
     const model_state& model() const { return model_; }
 
     std::vector<uint32_t> seen;
@@ -123,7 +127,7 @@ class counting_backend final : public backend {
   private:
     model_state model_;
     double seconds_per_sample_;
-    bool track_rows_;
+    bool track_rows_, host_;
     row_sets changed_;  // unsorted, with repeats, since the last take
 };
 
@@ -166,15 +170,16 @@ void expect_same_parameters(const model_state& got, const model_state& want,
 
 /// Hybrid options with counting workers of the given speeds; `devices` receives the fakes.
 hybrid_options counting_workers(const std::vector<double>& seconds_per_sample,
-                                std::vector<counting_backend*>& devices, bool track_rows = true) {
+                                std::vector<counting_backend*>& devices, bool track_rows = true,
+                                bool host = false) {
     hybrid_options h;
     devices.assign(seconds_per_sample.size(), nullptr);
     for (size_t i = 0; i < seconds_per_sample.size(); ++i) {
         hybrid_worker_options w;
         const double sps = seconds_per_sample[i];
         counting_backend** slot = &devices[i];
-        w.make_device = [sps, slot, track_rows](const model_state& m, const train_config&) {
-            auto d = std::make_unique<counting_backend>(m, sps, track_rows);
+        w.make_device = [sps, slot, track_rows, host](const model_state& m, const train_config&) {
+            auto d = std::make_unique<counting_backend>(m, sps, track_rows, host);
             *slot = d.get();
             return std::unique_ptr<backend>(std::move(d));
         };
@@ -222,18 +227,24 @@ TEST(HybridMerge, AddsEveryReplicaChange) {
     }
 }
 
-/// Parameter: whether the workers track their rows (row-sparse merges) or fall back to the
-/// Backend defaults (whole-model merges).
-class HybridExactMerge : public ::testing::TestWithParam<bool> {};
+/// How the workers take part in merges.
+enum class merge_path {
+    rows_in_place,  ///< row-sparse, replica read and imported in place (as the CPU backend's)
+    rows_exported,  ///< row-sparse, rows exported and imported through the interface
+    whole_model,    ///< no row tracking: the Backend defaults, whole-model transfers
+};
+
+class HybridExactMerge : public ::testing::TestWithParam<merge_path> {};
 
 TEST_P(HybridExactMerge, EverySampleTrainedOnceAndNoChangeDropped) {
-    const bool track_rows = GetParam();
+    const bool track_rows = GetParam() != merge_path::whole_model;
+    const bool host = GetParam() == merge_path::rows_in_place;
     const model_state initial = integral_model(5);
     const dataset data = counting_dataset(3000);
     std::vector<counting_backend*> devices;
     // Three workers of different speeds and batch sizes: their rows overlap in every layer
     // (sample p changes row p % rows), and their merges interleave.
-    hybrid_options h = counting_workers({2e-6, 1e-5, 4e-6}, devices, track_rows);
+    hybrid_options h = counting_workers({2e-6, 1e-5, 4e-6}, devices, track_rows, host);
     h.policy = schedule_policy::hogbatch;
     h.workers[1].batch_size = 5;
     h.workers[2].batch_size = 37;
@@ -289,10 +300,22 @@ TEST_P(HybridExactMerge, EverySampleTrainedOnceAndNoChangeDropped) {
     EXPECT_EQ(stats[1].batch_max, 5u);  // hogbatch keeps sizes fixed
 }
 
-INSTANTIATE_TEST_SUITE_P(RowsAndWholeModel, HybridExactMerge, ::testing::Values(true, false),
-                         [](const ::testing::TestParamInfo<bool>& info) {
-                             return info.param ? "RowSparse" : "WholeModelFallback";
-                         });
+std::string path_name(const ::testing::TestParamInfo<merge_path>& info) {
+    switch (info.param) {
+        case merge_path::rows_in_place:
+            return "RowSparseInPlace";
+        case merge_path::rows_exported:
+            return "RowSparseExported";
+        case merge_path::whole_model:
+            break;
+    }
+    return "WholeModelFallback";
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, HybridExactMerge,
+                         ::testing::Values(merge_path::rows_in_place, merge_path::rows_exported,
+                                           merge_path::whole_model),
+                         path_name);
 
 TEST(Hybrid, RowsOneWorkerChangedReachTheOthersAtTheirNextSync) {
     const model_state initial = integral_model(9);

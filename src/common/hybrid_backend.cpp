@@ -101,6 +101,7 @@ class hybrid_backend final : public backend {
         model_state base;          // per row: the shared row when it last took it (its last sync)
         model_state staging;       // exported rows of a replica not held in host memory
         row_sets changed, pulled;  // rows of its last merge: changes added, rows taken back
+        row_sets chunk;            // rows of one layer imported at once
         uint64_t synced_version = 0;
         uint32_t batch_size = 0;
         double seconds_per_sample = 0;  // exponential average; 0 = not measured yet
@@ -121,8 +122,10 @@ class hybrid_backend final : public backend {
     /// Under shared_mu_, merge `v` of w, layer l: adds the change of w's replica (`mine`) in
     /// `rows` (every row when null) to the shared layer, stamps those rows with v, and takes
     /// back into w's base (listing them in w.pulled[l]) the rows w's replica lacks.
-    void merge_layer_locked(worker& w, size_t l, const layer_state& mine,
-                            const std::vector<uint32_t>* rows, uint64_t v);
+    /// With `import_now`, the rows taken back are imported into w's replica chunk by chunk
+    /// as they are written (while in cache); the seconds that took are returned.
+    double merge_layer_locked(worker& w, size_t l, const layer_state& mine,
+                              const std::vector<uint32_t>* rows, uint64_t v, bool import_now);
     /// Waits until the queue is empty and every worker idle; rethrows a worker's failure.
     void drain(std::unique_lock<std::mutex>& lock);
     /// drain, then merge every worker: all replicas equal the shared model.
@@ -309,29 +312,36 @@ void hybrid_backend::merge(worker& w) {
     w.pulled.resize(shared_.layers.size());
     uint64_t staleness = 0, rows_merged = 0;
     const auto t_wait = clock_type::now();
-    double wait = 0;
+    double wait = 0, import = 0;
     {
         std::lock_guard<std::mutex> lock(shared_mu_);
         wait = seconds_since(t_wait);
         staleness = version_ - w.synced_version;
         const uint64_t v = ++version_;
+        // A host-resident replica imports the rows as the pass writes them: they are read
+        // back from cache, not memory (the lock is held a little longer, for a copy a row).
+        // Other replicas import after the lock, in one call (one transfer to a device).
+        const bool import_now = tracked && held;
         for (size_t l = 0; l < shared_.layers.size(); ++l) {
             const std::vector<uint32_t>* rows = tracked ? &w.changed[l] : nullptr;
             rows_merged += rows ? rows->size() : shared_.layers[l].rows;
-            merge_layer_locked(w, l, mine.layers[l], rows, v);
+            import += merge_layer_locked(w, l, mine.layers[l], rows, v, import_now);
         }
         w.synced_version = v;
     }
     const auto t_import = clock_type::now();
-    if (tracked) {
+    if (tracked && held) {
+        // Imported during the pass.
+    } else if (tracked) {
         w.device->import_rows(w.base, w.pulled);
+        import = seconds_since(t_import);
     } else {
         // The whole-model fallback; the worker keeps its own hash functions and step count.
         w.base.hash_seeds = mine.hash_seeds;
         w.base.adam_step = mine.adam_step;
         w.device->import_state(w.base, /*with_optimizer=*/false);
+        import = seconds_since(t_import);
     }
-    const double import = seconds_since(t_import);
     uint64_t rows_pulled = 0;
     for (const auto& rows : w.pulled) rows_pulled += rows.size();
     w.since_merge = 0;
@@ -350,17 +360,39 @@ void hybrid_backend::merge(worker& w) {
     w.window.staleness_max = std::max(w.window.staleness_max, staleness);
 }
 
-void hybrid_backend::merge_layer_locked(worker& w, size_t l, const layer_state& m,
-                                        const std::vector<uint32_t>* rows, uint64_t v) {
+double hybrid_backend::merge_layer_locked(worker& w, size_t l, const layer_state& m,
+                                          const std::vector<uint32_t>* rows, uint64_t v,
+                                          bool import_now) {
     // One pass over the layer's rows, each read and written while it is in cache (a Bibtex
     // batch touches most rows of the model, so the passes, not the row counts, set the cost).
     layer_state& s = shared_.layers[l];
     layer_state& b = w.base.layers[l];
     HSLIDE_ASSERT(s.weights.size() == m.weights.size() && s.weights.size() == b.weights.size());
     HSLIDE_ASSERT(s.bias.size() == m.bias.size() && s.bias.size() == b.bias.size());
+    if (l == 0) {
+        // Layer 0's bias is one vector over its neurons: added whole, taken back whole (first:
+        // every row import copies it into the replica).
+        for (size_t i = 0; i < s.bias.size(); ++i) {
+            s.bias[i] += m.bias[i] - b.bias[i];
+            b.bias[i] = s.bias[i];
+        }
+    }
     std::vector<uint64_t>& version = row_version_[l];
     std::vector<uint32_t>& pulled = w.pulled[l];
     pulled.clear();
+    double import_seconds = 0;
+    size_t imported = 0;  // pulled[0, imported) are in the replica
+    auto import_pulled = [&] {
+        if (imported == pulled.size()) return;
+        const auto t0 = clock_type::now();
+        w.chunk.resize(shared_.layers.size());
+        for (auto& c : w.chunk) c.clear();
+        w.chunk[l].assign(pulled.begin() + ptrdiff_t(imported), pulled.end());
+        w.device->import_rows(w.base, w.chunk);
+        imported = pulled.size();
+        import_seconds += seconds_since(t0);
+    };
+    constexpr size_t import_chunk = 64;  // rows: 64 KiB of base at 256 floats a row
     const uint64_t synced = w.synced_version;
     const size_t width = s.stride;  // whole padded rows (the padding is zero everywhere)
     size_t next = 0;                // position in *rows (ascending)
@@ -395,15 +427,11 @@ void hybrid_backend::merge_layer_locked(worker& w, size_t l, const layer_state& 
             if (l > 0) b.bias[r] = s.bias[r];
             pulled.push_back(r);
         }
+        if (import_now && pulled.size() - imported >= import_chunk) import_pulled();
     }
     HSLIDE_ASSERT(!rows || next == rows->size());  // ascending, in range, each once
-    if (l == 0) {
-        // Layer 0's bias is one vector over its neurons: added whole, taken back whole.
-        for (size_t i = 0; i < s.bias.size(); ++i) {
-            s.bias[i] += m.bias[i] - b.bias[i];
-            b.bias[i] = s.bias[i];
-        }
-    }
+    if (import_now) import_pulled();
+    return import_seconds;
 }
 
 void hybrid_backend::pull_locked(worker& w) {
