@@ -36,9 +36,12 @@
 //    since, and is copied into its base. A row the worker changed that nobody else did is
 //    copied (shared = base there, so the sum is the replica's row, exactly) and needs no
 //    import; every other changed or newer row is imported into the replica
-//    (Backend::import_rows), outside the lock. Bases and versions move per row, so every
-//    change is counted once: an overlap of rows between workers adds both changes, and a
-//    row is re-sent to a worker only once per change made by others.
+//    (Backend::import_rows): a host-resident replica (the CPU backend's) 64 rows at a time
+//    during the pass, while the rows are in cache (the lock is then held for the import too,
+//    which costs less than reading the rows back from memory after it); any other after the
+//    lock, in one call (one transfer for a device). Bases and versions move per row, so every
+//    change is counted once: an overlap of rows between workers adds both changes, and a row
+//    is re-sent to a worker only once per change made by others.
 //  - the cost is the rows moved plus an O(rows) scan of 8-byte versions per merge.
 //    Where little of the model changes between merges (large output layers: a batch touches
 //    its active sets only), that is far less than the model; where most rows change (Bibtex:
