@@ -76,7 +76,10 @@ struct worker_stats {
     double merge_seconds = 0;         ///< time in merges (export, add, import)
     double merge_wait_seconds = 0;    ///< of which waiting for another worker's merge
     double merge_import_seconds = 0;  ///< of which importing the rows taken back
-    double staleness_mean = 0;        ///< other workers' merges between its sync and its merge
+    /// Thread CPU time of its batches' training and of its merges (unlike wall times, these
+    /// hardly move when other processes share the cores: for breakdowns on busy machines).
+    double train_cpu_seconds = 0, merge_cpu_seconds = 0;
+    double staleness_mean = 0;  ///< other workers' merges between its sync and its merge
     uint64_t staleness_max = 0;
     uint64_t rows_merged = 0;  ///< rows (all layers) whose change it added, summed over merges
     uint64_t rows_pulled = 0;  ///< rows it took from the shared model, summed over merges

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
+#include <ctime>
 #include <deque>
 #include <exception>
 #include <limits>
@@ -25,6 +26,12 @@ namespace {
 using clock_type = std::chrono::steady_clock;
 double seconds_since(clock_type::time_point t0) {
     return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+/// CPU seconds the calling thread has run.
+double thread_cpu_seconds() {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
 
 constexpr std::pair<const char*, schedule_policy> policy_names[] = {
@@ -239,12 +246,14 @@ void hybrid_backend::run_worker(worker& w) {
             }
             const float scale = std::sqrt(float(rows.size()) / float(options_.reference_batch));
             const auto tt = clock_type::now();
+            const double cpu_train = thread_cpu_seconds();
             report +=
                 w.device->train_batch({data_, rows.data(), uint32_t(rows.size())}, lr * scale);
             if (w.options.injected_delay_per_sample > 0)
                 std::this_thread::sleep_for(std::chrono::duration<double>(
                     w.options.injected_delay_per_sample * double(rows.size())));
             const double train_seconds = seconds_since(tt);
+            const double train_cpu = thread_cpu_seconds() - cpu_train;
             w.since_merge += rows.size();
             if (w.since_merge >= w.merge_interval) merge(w);
 
@@ -257,6 +266,7 @@ void hybrid_backend::run_worker(worker& w) {
             s.samples += rows.size();
             s.batches += 1;
             s.busy_seconds += seconds_since(t0);
+            s.train_cpu_seconds += train_cpu;
             const uint32_t size = uint32_t(rows.size());
             s.batch_min = s.batches == 1 ? size : std::min(s.batch_min, size);
             s.batch_max = std::max(s.batch_max, size);
@@ -294,6 +304,7 @@ void hybrid_backend::choose_batch_sizes() {
 
 void hybrid_backend::merge(worker& w) {
     const auto t0 = clock_type::now();
+    const double cpu0 = thread_cpu_seconds();
     // The rows the replica changed since its last merge: only their change is added (every
     // other row of the replica still equals its base, so its change there is zero).
     const bool tracked = w.device->take_changed_rows(w.changed);
@@ -346,12 +357,14 @@ void hybrid_backend::merge(worker& w) {
     for (const auto& rows : w.pulled) rows_pulled += rows.size();
     w.since_merge = 0;
     const double cost = seconds_since(t0);
+    const double cpu = thread_cpu_seconds() - cpu0;
     std::lock_guard<std::mutex> lock(mu_);
     if (options_.merge_every == 0 && w.seconds_per_sample > 0)
         w.merge_interval = uint64_t(
             std::clamp(cost / (options_.merge_overhead * w.seconds_per_sample), 1.0, 1e12));
     w.window.merges += 1;
     w.window.merge_seconds += cost;
+    w.window.merge_cpu_seconds += cpu;
     w.window.merge_wait_seconds += wait;
     w.window.merge_import_seconds += import;
     w.window.rows_merged += rows_merged;

@@ -180,6 +180,8 @@ void trainer::write_metrics_record(const epoch_record& r) {
                                 {"merge_seconds", w.merge_seconds},
                                 {"merge_wait_seconds", w.merge_wait_seconds},
                                 {"merge_import_seconds", w.merge_import_seconds},
+                                {"train_cpu_seconds", w.train_cpu_seconds},
+                                {"merge_cpu_seconds", w.merge_cpu_seconds},
                                 {"staleness_mean", w.staleness_mean},
                                 {"staleness_max", w.staleness_max},
                                 {"rows_merged", w.rows_merged},
