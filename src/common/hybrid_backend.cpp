@@ -483,8 +483,8 @@ void hybrid_backend::synchronize_models() {
         std::unique_lock<std::mutex> lock(mu_);
         drain(lock);
     }
-    // Every worker is idle: merge each that trained since its last merge, then give the
-    // others the final model (their bases still hold their own hash seeds and step counts).
+    // Every worker is idle: merge each that trained since its last merge, then give every
+    // worker the rows changed since its sync, so that all replicas equal the shared model.
     for (auto& w : workers_)
         if (w->since_merge > 0) merge(*w);
     for (auto& w : workers_) {
