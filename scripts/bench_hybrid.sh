@@ -46,5 +46,24 @@ for w in hybrid[-1][2].get("workers", []):
     print(f"  last run, last epoch: {w['name']}: share {w['update_share']:.2f}, utilisation "
           f"{w['utilisation']:.2f}, batch mean {w['batch_mean']:.0f}, merges {w['merges']}, "
           f"merge {w['merge_seconds']:.3f} s, staleness {w['staleness_mean']:.1f}")
+# Thread CPU times (robust to other processes on the cores): per batch, per merge, and the
+# bound they put on the ratio, train / (train + merges), medians over workers and epochs 2..
+rows = []
+for path in sorted(pathlib.Path(out).glob("hybrid-*.jsonl")):
+    recs = [json.loads(l) for l in path.open()]
+    for r in recs[1:] or recs:
+        for w in r.get("workers", []):
+            if w.get("batches") and w.get("merges") and "train_cpu_seconds" in w:
+                rows.append((w["train_cpu_seconds"] / w["batches"],
+                             w["merge_cpu_seconds"] / w["merges"], w["merges"] / w["batches"],
+                             (w["merge_wait_seconds"] / w["merges"]),
+                             (w["rows_merged"] / w["merges"], w["rows_pulled"] / w["merges"]),
+                             w["train_cpu_seconds"] / (w["train_cpu_seconds"] + w["merge_cpu_seconds"])))
+if rows:
+    med = lambda i: statistics.median(x[i] for x in rows)
+    print(f"cpu time: train {1e3 * med(0):.2f} ms/batch, merge {1e3 * med(1):.3f} ms/merge "
+          f"({med(2):.2f} merges/batch, lock wait {1e3 * med(3):.3f} ms/merge, rows out/in "
+          f"{statistics.median(x[4][0] for x in rows):.0f}/{statistics.median(x[4][1] for x in rows):.0f}); "
+          f"train / (train + merge) = {med(5):.3f}")
 print(f"raw: {out}")
 PY

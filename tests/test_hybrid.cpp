@@ -48,19 +48,34 @@ dataset counting_dataset(uint32_t n) {
     return d;
 }
 
-/// A device whose "training" adds 1 to output-layer weight (row % size) for every sample, and
+/// A device whose "training" adds 1, for every sample p, to one weight of row p % rows of
+/// every layer and to one bias (layer 0: bias p % width; later layers: the row's bias), and
 /// records the rows it saw: merges must add up every replica's increments exactly (small
-/// integers are exact in float), and every sample must be seen once.
+/// integers are exact in float), and every sample must be seen once. With `track_rows` it
+/// reports the rows it changed and transfers rows (the row-sparse merge path); without, it
+/// keeps the Backend defaults (the whole-model fallback). With `host` its replica is read in
+/// place (host_state), as the CPU backend's is.
 class counting_backend final : public backend {
   public:
-    counting_backend(const model_state& initial, double seconds_per_sample)
-        : model_(initial), seconds_per_sample_(seconds_per_sample) {}
+    counting_backend(const model_state& initial, double seconds_per_sample, bool track_rows,
+                     bool host = false)
+        : model_(initial),
+          seconds_per_sample_(seconds_per_sample),
+          track_rows_(track_rows),
+          host_(host),
+          changed_(initial.layers.size()) {}
 
     step_report train_batch(const batch_view& batch, float) override {
-        layer_state& out = model_.layers.back();
         for (uint32_t i = 0; i < batch.size; ++i) {
-            seen.push_back(batch.rows[i]);
-            out.weights[batch.rows[i] % out.weights.size()] += 1.0f;
+            const uint32_t p = batch.rows[i];
+            seen.push_back(p);
+            for (size_t l = 0; l < model_.layers.size(); ++l) {
+                layer_state& layer = model_.layers[l];
+                const uint32_t row = p % layer.rows;
+                layer.row(row)[(p / layer.rows) % layer.width] += 1.0f;
+                layer.bias[l == 0 ? p % layer.width : row] += 1.0f;
+                changed_[l].push_back(row);
+            }
         }
         std::this_thread::sleep_for(
             std::chrono::duration<double>(seconds_per_sample_ * batch.size));
@@ -74,32 +89,97 @@ class counting_backend final : public backend {
     void predict(const batch_view&, uint32_t, scoring_mode, uint32_t*, float*) override {}
     void export_state(model_state& out, bool) const override { out = model_; }
     void import_state(const model_state& in, bool) override {
+        ++full_imports;
         for (size_t l = 0; l < in.layers.size(); ++l) {
             model_.layers[l].weights = in.layers[l].weights;
             model_.layers[l].bias = in.layers[l].bias;
         }
     }
+    bool take_changed_rows(row_sets& rows) override {
+        if (!track_rows_) return backend::take_changed_rows(rows);
+        rows.assign(changed_.size(), {});
+        for (size_t l = 0; l < changed_.size(); ++l) {
+            std::sort(changed_[l].begin(), changed_[l].end());
+            changed_[l].erase(std::unique(changed_[l].begin(), changed_[l].end()),
+                              changed_[l].end());
+            rows[l].swap(changed_[l]);
+        }
+        return true;
+    }
+    void export_rows(const row_sets& rows, model_state& out) const override {
+        if (!track_rows_) return backend::export_rows(rows, out);
+        out.copy_rows(model_, rows);
+    }
+    void import_rows(const model_state& in, const row_sets& rows) override {
+        last_imported = rows;
+        ++row_imports;
+        if (!track_rows_) return backend::import_rows(in, rows);
+        model_.copy_rows(in, rows);
+    }
     backend_info info() const override { return {"fake", "counting", "fp32", 0, 0}; }
+    const model_state* host_state() const override { return host_ ? &model_ : nullptr; }
+    const model_state& model() const { return model_; }
 
     std::vector<uint32_t> seen;
-    int rebuilds = 0;
+    int rebuilds = 0, full_imports = 0, row_imports = 0;
+    row_sets last_imported;
 
   private:
     model_state model_;
     double seconds_per_sample_;
+    bool track_rows_, host_;
+    row_sets changed_;  // unsorted, with repeats, since the last take
 };
+
+/// Integral weights and biases in every layer, so every sum the merges make is exact.
+model_state integral_model(uint64_t seed) {
+    model_state m = model_state::create(tiny_config(), seed);
+    for (layer_state& layer : m.layers) {
+        for (uint32_t r = 0; r < layer.rows; ++r)
+            for (uint32_t i = 0; i < layer.width; ++i) layer.row(r)[i] = float((r + 3 * i) % 7);
+        for (size_t i = 0; i < layer.bias.size(); ++i) layer.bias[i] = float(i % 5);
+    }
+    return m;
+}
+
+/// `initial` plus the counting backends' increments for samples [0, n).
+model_state counted_model(const model_state& initial, uint32_t n) {
+    model_state m = initial;
+    for (uint32_t p = 0; p < n; ++p)
+        for (size_t l = 0; l < m.layers.size(); ++l) {
+            layer_state& layer = m.layers[l];
+            const uint32_t row = p % layer.rows;
+            layer.row(row)[(p / layer.rows) % layer.width] += 1.0f;
+            layer.bias[l == 0 ? p % layer.width : row] += 1.0f;
+        }
+    return m;
+}
+
+/// Weights (padding included) and biases of every layer equal.
+void expect_same_parameters(const model_state& got, const model_state& want,
+                            const std::string& what) {
+    ASSERT_EQ(got.layers.size(), want.layers.size()) << what;
+    for (size_t l = 0; l < want.layers.size(); ++l) {
+        const layer_state &g = got.layers[l], &w = want.layers[l];
+        ASSERT_EQ(g.weights.size(), w.weights.size()) << what;
+        for (size_t i = 0; i < w.weights.size(); ++i)
+            ASSERT_EQ(g.weights[i], w.weights[i]) << what << ": layer " << l << " weight " << i;
+        ASSERT_EQ(g.bias, w.bias) << what << ": layer " << l << " bias";
+    }
+}
 
 /// Hybrid options with counting workers of the given speeds; `devices` receives the fakes.
 hybrid_options counting_workers(const std::vector<double>& seconds_per_sample,
-                                std::vector<counting_backend*>& devices) {
+                                std::vector<counting_backend*>& devices, bool track_rows = true,
+                                bool host = false) {
     hybrid_options h;
     devices.assign(seconds_per_sample.size(), nullptr);
     for (size_t i = 0; i < seconds_per_sample.size(); ++i) {
         hybrid_worker_options w;
         const double sps = seconds_per_sample[i];
         counting_backend** slot = &devices[i];
-        w.make_device = [sps, slot](const model_state& m, const train_config&) {
-            auto d = std::make_unique<counting_backend>(m, sps);
+        w.make_device = [sps, slot, track_rows, host](const model_state& m, const train_config&) {
+            auto d = std::make_unique<counting_backend>(m, sps, track_rows, host);
             *slot = d.get();
             return std::unique_ptr<backend>(std::move(d));
         };
@@ -147,18 +227,28 @@ TEST(HybridMerge, AddsEveryReplicaChange) {
     }
 }
 
-TEST(Hybrid, EverySampleTrainedOnceAndNoChangeDropped) {
-    model_state initial = model_state::create(tiny_config(), 5);
-    // Integral weights: every sum the merges make is exact, so "exactly" can be checked.
-    layer_state& last = initial.layers.back();
-    for (size_t i = 0; i < last.weights.size(); ++i) last.weights[i] = float(i % 7);
+/// How the workers take part in merges.
+enum class merge_path {
+    rows_in_place,  ///< row-sparse, replica read and imported in place (as the CPU backend's)
+    rows_exported,  ///< row-sparse, rows exported and imported through the interface
+    whole_model,    ///< no row tracking: the Backend defaults, whole-model transfers
+};
+
+class HybridExactMerge : public ::testing::TestWithParam<merge_path> {};
+
+TEST_P(HybridExactMerge, EverySampleTrainedOnceAndNoChangeDropped) {
+    const bool track_rows = GetParam() != merge_path::whole_model;
+    const bool host = GetParam() == merge_path::rows_in_place;
+    const model_state initial = integral_model(5);
     const dataset data = counting_dataset(3000);
     std::vector<counting_backend*> devices;
-    hybrid_options h = counting_workers({2e-6, 1e-5, 4e-6}, devices);
+    // Three workers of different speeds and batch sizes: their rows overlap in every layer
+    // (sample p changes row p % rows), and their merges interleave.
+    hybrid_options h = counting_workers({2e-6, 1e-5, 4e-6}, devices, track_rows, host);
     h.policy = schedule_policy::hogbatch;
     h.workers[1].batch_size = 5;
     h.workers[2].batch_size = 37;
-    h.merge_every = 50;  // many merges, interleaved across the three workers
+    h.merge_every = 8;  // many merges; worker 1's change fewer rows than the model has
     h.min_batch = 1;
     auto hybrid = create_hybrid_backend(h, initial, train_config{});
     const uint32_t n = 3000;
@@ -174,27 +264,315 @@ TEST(Hybrid, EverySampleTrainedOnceAndNoChangeDropped) {
     std::iota(expected.begin(), expected.end(), 0u);
     EXPECT_EQ(all, expected);  // none lost, none twice
 
-    // Every increment of every replica is in the merged model, exactly.
+    // Every increment of every replica is in the merged model, exactly once.
+    const model_state want = counted_model(initial, n);
     model_state merged;
     hybrid->export_state(merged, false);
-    const layer_state& out = merged.layers.back();
-    const layer_state& before = initial.layers.back();
-    std::vector<float> count(out.weights.size(), 0.0f);
-    for (uint32_t r = 0; r < n; ++r) count[r % count.size()] += 1.0f;
-    for (size_t i = 0; i < count.size(); ++i)
-        ASSERT_EQ(out.weights[i], before.weights[i] + count[i]) << "weight " << i;
+    expect_same_parameters(merged, want, "merged model");
+    // After synchronize every replica holds the merged model: rows changed by the others
+    // reached each worker at its last sync.
+    for (size_t i = 0; i < devices.size(); ++i)
+        expect_same_parameters(devices[i]->model(), want, "replica " + std::to_string(i));
 
     const auto stats = hybrid->take_worker_stats();
     ASSERT_EQ(stats.size(), 3u);
     uint64_t samples = 0;
-    for (const auto& s : stats) {
+    const uint64_t model_rows = initial.layers[0].rows + initial.layers[1].rows;
+    for (size_t i = 0; i < stats.size(); ++i) {
+        const worker_stats& s = stats[i];
         samples += s.samples;
         EXPECT_GT(s.merges, 0u);
         EXPECT_GT(s.utilisation(), 0.0);
         EXPECT_LE(s.utilisation(), 1.0 + 1e-9);
+        EXPECT_GT(s.rows_merged, 0u);
+        if (track_rows) {
+            // Rows moved, not models: after creation, never a whole-model import.
+            EXPECT_EQ(devices[i]->full_imports, 0) << "worker " << i;
+            EXPECT_GT(devices[i]->row_imports, 0) << "worker " << i;
+        } else {
+            EXPECT_EQ(s.rows_merged, s.merges * model_rows) << "worker " << i;
+        }
     }
+    // Worker 1 trains 5 samples a batch and merges every 2 batches: at most 10 of each
+    // layer's rows change between its merges.
+    if (track_rows) EXPECT_LE(stats[1].rows_merged, stats[1].merges * 20);
     EXPECT_EQ(samples, n);
     EXPECT_EQ(stats[1].batch_max, 5u);  // hogbatch keeps sizes fixed
+}
+
+std::string path_name(const ::testing::TestParamInfo<merge_path>& info) {
+    switch (info.param) {
+        case merge_path::rows_in_place:
+            return "RowSparseInPlace";
+        case merge_path::rows_exported:
+            return "RowSparseExported";
+        case merge_path::whole_model:
+            break;
+    }
+    return "WholeModelFallback";
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, HybridExactMerge,
+                         ::testing::Values(merge_path::rows_in_place, merge_path::rows_exported,
+                                           merge_path::whole_model),
+                         path_name);
+
+TEST(Hybrid, RowsOneWorkerChangedReachTheOthersAtTheirNextSync) {
+    const model_state initial = integral_model(9);
+    const dataset data = counting_dataset(64);
+    std::vector<counting_backend*> devices;
+    hybrid_options h = counting_workers({0, 0, 0}, devices, true);
+    h.policy = schedule_policy::hogbatch;
+    for (auto& w : h.workers) w.batch_size = 4;
+    h.merge_every = 1;
+    auto hybrid = create_hybrid_backend(h, initial, train_config{});
+    const std::vector<uint32_t> batches[] = {{0, 1, 2, 3}, {9, 10, 11, 12}, {2, 3, 17, 18}};
+    uint32_t trained = 0;
+    model_state want = initial;
+    for (const auto& rows : batches) {
+        // One batch of one worker's size: exactly one worker trains it and merges.
+        std::vector<int> before;
+        for (auto* d : devices) before.push_back(int(d->seen.size()));
+        hybrid->train_batch({&data, rows.data(), uint32_t(rows.size())}, 1e-3f);
+        hybrid->synchronize();
+        int trainer = -1;
+        for (size_t i = 0; i < devices.size(); ++i)
+            if (int(devices[i]->seen.size()) != before[i]) {
+                ASSERT_EQ(trainer, -1) << "two workers trained one batch";
+                trainer = int(i);
+            }
+        ASSERT_GE(trainer, 0);
+        for (uint32_t p : rows) {
+            for (size_t l = 0; l < want.layers.size(); ++l) {
+                layer_state& layer = want.layers[l];
+                const uint32_t row = p % layer.rows;
+                layer.row(row)[(p / layer.rows) % layer.width] += 1.0f;
+                layer.bias[l == 0 ? p % layer.width : row] += 1.0f;
+            }
+        }
+        trained += uint32_t(rows.size());
+        // The batch's rows, in every layer: what the others took at their sync, and all.
+        row_sets expected(want.layers.size());
+        for (size_t l = 0; l < want.layers.size(); ++l) {
+            for (uint32_t p : rows) expected[l].push_back(p % want.layers[l].rows);
+            std::sort(expected[l].begin(), expected[l].end());
+            expected[l].erase(std::unique(expected[l].begin(), expected[l].end()),
+                              expected[l].end());
+        }
+        for (size_t i = 0; i < devices.size(); ++i) {
+            expect_same_parameters(devices[i]->model(), want, "replica " + std::to_string(i));
+            if (int(i) != trainer) EXPECT_EQ(devices[i]->last_imported, expected) << i;
+        }
+    }
+    model_state merged;
+    hybrid->export_state(merged, false);
+    expect_same_parameters(merged, want, "merged model");
+    EXPECT_EQ(trained, 12u);
+}
+
+TEST(BackendDefaults, RowTransfersFallBackToTheWholeModel) {
+    // A backend that overrides none of the row-level calls: it reports no tracking, and its
+    // row export and import go through export_state / import_state.
+    const model_state initial = integral_model(12);
+    counting_backend device(initial, 0, /*track_rows=*/false);
+    row_sets rows;
+    EXPECT_FALSE(device.take_changed_rows(rows));
+    EXPECT_TRUE(rows.empty());
+
+    model_state source = integral_model(12);
+    for (layer_state& layer : source.layers) {
+        for (uint32_t r = 0; r < layer.rows; ++r)
+            for (uint32_t i = 0; i < layer.width; ++i) layer.row(r)[i] += 100.0f + float(r);
+        for (float& b : layer.bias) b += 50.0f;
+    }
+    const row_sets some = {{1, 5}, {0, 7, 23}};
+    device.import_rows(source, some);
+    EXPECT_EQ(device.full_imports, 1);
+    model_state want = initial;
+    want.copy_rows(source, some);
+    expect_same_parameters(device.model(), want, "after import_rows");
+    // Layer 0's bias went with the rows; the other rows and later biases did not.
+    EXPECT_EQ(device.model().layers[0].bias, source.layers[0].bias);
+    EXPECT_EQ(device.model().layers[1].bias[1], initial.layers[1].bias[1]);
+    EXPECT_EQ(device.model().layers[1].bias[7], source.layers[1].bias[7]);
+
+    model_state out = integral_model(1);
+    const model_state out_before = out;
+    device.export_rows({{5}, {23}}, out);
+    want = out_before;
+    want.copy_rows(device.model(), {{5}, {23}});
+    expect_same_parameters(out, want, "after export_rows");
+}
+
+namespace {
+
+/// `n` points over `features` features (2..6 each, positive values) with 1..3 of `labels`.
+dataset random_dataset(uint32_t n, uint32_t features, uint32_t labels, uint64_t seed) {
+    dataset d;
+    d.source = "random";
+    d.n_features = features;
+    d.n_labels = labels;
+    rng gen(seed);
+    for (uint32_t p = 0; p < n; ++p) {
+        std::vector<uint32_t> f(features), y(labels);
+        std::iota(f.begin(), f.end(), 0u);
+        shuffle(f.begin(), f.end(), gen);
+        f.resize(2 + gen.below(5));
+        std::sort(f.begin(), f.end());
+        std::vector<float> v(f.size());
+        for (float& x : v) x = 0.2f + gen.uniform();
+        std::iota(y.begin(), y.end(), 0u);
+        shuffle(y.begin(), y.end(), gen);
+        y.resize(1 + gen.below(3));
+        d.push_back(f.data(), v.data(), uint32_t(f.size()), y.data(), uint32_t(y.size()));
+    }
+    return d;
+}
+
+/// input 40 -> 12 -> 10 (dense hidden) -> 60 (LSH output).
+model_config lsh_config_model() {
+    model_config c;
+    c.input_dim = 40;
+    layer_config l;
+    l.lsh.K = 2;
+    l.lsh.L = 6;
+    l.lsh.bits_per_hash = 2;
+    l.lsh.bucket_capacity = 6;
+    l.active.min_active = 6;
+    l.size = 12;
+    c.layers.push_back(l);
+    l.size = 10;
+    c.layers.push_back(l);
+    l.size = 60;
+    l.sparsity = sparsity_mode::lsh;
+    c.layers.push_back(l);
+    return c;
+}
+
+std::vector<uint32_t> iota_rows(uint32_t begin, uint32_t n) {
+    std::vector<uint32_t> rows(n);
+    std::iota(rows.begin(), rows.end(), begin);
+    return rows;
+}
+
+/// Trains one batch on both backends and expects the same active sets in every layer and
+/// the same model after it (same tables, same bf16 copy, same weights).
+void expect_same_step(cpu::cpu_backend& a, cpu::cpu_backend& b, const dataset& data,
+                      const std::vector<uint32_t>& rows) {
+    const batch_view batch{&data, rows.data(), uint32_t(rows.size())};
+    a.train_batch(batch, 0.01f);
+    b.train_batch(batch, 0.01f);
+    for (uint32_t s = 0; s < batch.size; ++s)
+        for (size_t l = 0; l < a.model().layers.size(); ++l)
+            ASSERT_EQ(a.last_active(s, l), b.last_active(s, l)) << "sample " << s << " layer " << l;
+    expect_same_parameters(a.model(), b.model(), "after a step");
+    const uint32_t k = 3;
+    std::vector<uint32_t> la(batch.size * k), lb(batch.size * k);
+    std::vector<float> sa(batch.size * k), sb(batch.size * k);
+    a.predict(batch, k, scoring_mode::lsh, la.data(), sa.data());
+    b.predict(batch, k, scoring_mode::lsh, lb.data(), sb.data());
+    EXPECT_EQ(la, lb);
+    EXPECT_EQ(sa, sb);
+}
+
+}  // namespace
+
+TEST(CpuBackendRows, ReportsExactlyTheRowsItsUpdatesChanged) {
+    const model_config config = lsh_config_model();
+    const model_state initial = model_state::create(config, 21);
+    const dataset data = random_dataset(64, 40, 60, 22);
+    cpu::cpu_backend be(initial, train_config{}, 1);
+    const std::vector<uint32_t> rows = iota_rows(0, 16);
+    be.train_batch({&data, rows.data(), 16}, 0.01f);
+
+    row_sets changed;
+    ASSERT_TRUE(be.take_changed_rows(changed));
+    ASSERT_EQ(changed.size(), 3u);
+    // Layer 0: the batch's features; layer 1 (dense): every row; output: the active sets.
+    std::vector<uint32_t> features, active;
+    for (uint32_t s = 0; s < 16; ++s) {
+        const feature_row x = data.features(rows[s]);
+        features.insert(features.end(), x.ids, x.ids + x.count);
+        const auto& ids = be.last_active(s, 2);
+        active.insert(active.end(), ids.begin(), ids.end());
+    }
+    for (auto* v : {&features, &active}) {
+        std::sort(v->begin(), v->end());
+        v->erase(std::unique(v->begin(), v->end()), v->end());
+    }
+    EXPECT_EQ(changed[0], features);
+    EXPECT_EQ(changed[1], iota_rows(0, 10));
+    EXPECT_EQ(changed[2], active);
+    EXPECT_LT(active.size(), 60u);  // sparse: some rows untouched
+    // Rows not reported did not move.
+    for (size_t l = 0; l < 3; ++l) {
+        const layer_state &now = be.model().layers[l], &before = initial.layers[l];
+        for (uint32_t r = 0; r < now.rows; ++r) {
+            if (std::binary_search(changed[l].begin(), changed[l].end(), r)) continue;
+            for (uint32_t i = 0; i < now.width; ++i)
+                ASSERT_EQ(now.row(r)[i], before.row(r)[i]) << "layer " << l << " row " << r;
+            if (l > 0) ASSERT_EQ(now.bias[r], before.bias[r]);
+        }
+    }
+    // A new period: nothing changed since; imported rows are not changes of its own.
+    ASSERT_TRUE(be.take_changed_rows(changed));
+    for (const auto& r : changed) EXPECT_TRUE(r.empty());
+    be.import_rows(initial, {{1, 2}, {3}, {4, 5}});
+    ASSERT_TRUE(be.take_changed_rows(changed));
+    for (const auto& r : changed) EXPECT_TRUE(r.empty());
+
+    // Dense Adam moves every row every step, and says so.
+    train_config dense;
+    dense.adam = adam_mode::dense;
+    cpu::cpu_backend all(initial, dense, 1);
+    all.train_batch({&data, rows.data(), 16}, 0.01f);
+    ASSERT_TRUE(all.take_changed_rows(changed));
+    EXPECT_EQ(changed[0], iota_rows(0, 40));
+    EXPECT_EQ(changed[2], iota_rows(0, 60));
+}
+
+TEST(CpuBackendRows, ImportedRowsActLikeAWholeImport) {
+    // A trained replica's changed rows imported into a fresh bf16 backend give the same
+    // weights, bf16 copy and, after the next table rebuild (which re-hashes the imported
+    // rows), the same tables as importing the whole state.
+    const model_config config = lsh_config_model();
+    const model_state initial = model_state::create(config, 31);
+    const dataset data = random_dataset(96, 40, 60, 32);
+    const auto& k = cpu::best_kernels();
+    cpu::cpu_backend trained(initial, train_config{}, 1, k, precision_mode::bf16);
+    for (uint32_t b = 0; b < 64; b += 16) {
+        const std::vector<uint32_t> rows = iota_rows(b, 16);
+        trained.train_batch({&data, rows.data(), 16}, 0.05f);
+    }
+    row_sets changed;
+    ASSERT_TRUE(trained.take_changed_rows(changed));
+    const model_state params = trained.model().parameters();
+
+    cpu::cpu_backend by_rows(initial, train_config{}, 1, k, precision_mode::bf16);
+    by_rows.import_rows(params, changed);
+    expect_same_parameters(by_rows.model(), params, "rows imported");
+    EXPECT_EQ(by_rows.model().adam_step, 0u);  // its own step count stays
+    cpu::cpu_backend whole(initial, train_config{}, 1, k, precision_mode::bf16);
+    whole.import_state(params, false);
+    by_rows.rebuild_tables(false);
+    expect_same_step(by_rows, whole, data, iota_rows(64, 32));
+}
+
+TEST(CpuBackendRows, RebuildFromCachedCodesEqualsAFullRehash) {
+    // Rebuilds re-hash only the rows changed since they were hashed: the tables must be the
+    // ones hashing every row gives (a whole import re-hashes every row).
+    const model_config config = lsh_config_model();
+    const model_state initial = model_state::create(config, 41);
+    const dataset data = random_dataset(96, 40, 60, 42);
+    cpu::cpu_backend be(initial, train_config{}, 1);
+    for (uint32_t b = 0; b < 64; b += 16) {
+        const std::vector<uint32_t> rows = iota_rows(b, 16);
+        be.train_batch({&data, rows.data(), 16}, 0.05f);
+    }
+    be.rebuild_tables(false);
+    cpu::cpu_backend fresh(model_state::create(config, 99), train_config{}, 1);
+    fresh.import_state(be.model(), true);
+    expect_same_step(be, fresh, data, iota_rows(64, 32));
 }
 
 TEST(Hybrid, AdaptivePolicyMeetsTheRequestedUpdateShares) {

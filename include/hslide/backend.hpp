@@ -75,10 +75,17 @@ struct worker_stats {
     double wall_seconds = 0;  ///< length of the window
     uint32_t batch_min = 0, batch_max = 0, batch_last = 0;  ///< batch sizes chosen
     double batch_mean = 0;
-    uint64_t merges = 0;        ///< merges of its replica into the shared model
-    double merge_seconds = 0;   ///< time in merges (export, add, import with table rebuild)
+    uint64_t merges = 0;              ///< merges of its replica into the shared model
+    double merge_seconds = 0;         ///< time in merges (export, add, import)
+    double merge_wait_seconds = 0;    ///< of which waiting for another worker's merge
+    double merge_import_seconds = 0;  ///< of which importing the rows taken back
+    /// Thread CPU time of its batches' training and of its merges (unlike wall times, these
+    /// hardly move when other processes share the cores: for breakdowns on busy machines).
+    double train_cpu_seconds = 0, merge_cpu_seconds = 0;
     double staleness_mean = 0;  ///< other workers' merges between its sync and its merge
     uint64_t staleness_max = 0;
+    uint64_t rows_merged = 0;  ///< rows (all layers) whose change it added, summed over merges
+    uint64_t rows_pulled = 0;  ///< rows it took from the shared model, summed over merges
 
     double utilisation() const { return wall_seconds > 0 ? busy_seconds / wall_seconds : 0; }
 };
@@ -110,6 +117,30 @@ class backend {
     /// so a checkpoint can be written without a copy the size of the model; nullptr when
     /// export_state is the only way to read it.
     virtual const model_state* host_state() const { return nullptr; }
+
+    // Row-level transfers, for row-sparse merges (the hybrid backend): a merge moves only the
+    // rows that changed. A backend that knows the rows its updates touch overrides all three;
+    // the defaults fall back to whole-model export_state / import_state, so every backend can
+    // take part in a hybrid, just with whole-model cost.
+
+    /// Writes into `rows` the rows of each layer this replica's training changed since the
+    /// last call (or since it was created or last imported a whole state with import_state),
+    /// and starts a new period; rows written by import_rows are not changes of its own. Rows
+    /// may be reported that did not move (a touched row whose update was zero). Returns false
+    /// when the backend does not track rows (the default): treat every row as changed.
+    virtual bool take_changed_rows(row_sets& rows);
+
+    /// Copies the weights and biases (not Adam state) of `rows` into `out`, which must have
+    /// this model's shapes already; other rows of `out` are left as they are. The default
+    /// exports the whole state and copies the rows out of it.
+    virtual void export_rows(const row_sets& rows, model_state& out) const;
+
+    /// Overwrites the weights and biases of `rows` with those of `in` (shaped like this
+    /// model), keeping Adam state, hash functions and the step count. Derived copies (a bf16
+    /// copy) follow at once; LSH tables may keep the imported neurons in their old buckets
+    /// until the next rebuild_tables (a backend's own updates leave them stale the same way).
+    /// The default exports the whole state, patches the rows and imports it (tables rebuilt).
+    virtual void import_rows(const model_state& in, const row_sets& rows);
 
     virtual backend_info info() const = 0;
 

@@ -16,12 +16,51 @@
 // Model sharing. Each worker trains its own replica (with its own Adam moments and tables). The
 // shared model holds parameters only. Every `merge_every` samples (by default: after training
 // twice as long as its last merge took) a worker merges: it adds its replica's change since
-// its last sync (replica - base) to the shared model, under a lock, and
-// takes the result as its new replica and base; importing rebuilds its tables. Changes are
-// added, never overwritten, so no worker's work is dropped however the merges interleave; a
-// worker's staleness is the number of other merges between its sync and its merge. Merges are
-// per worker and asynchronous: no worker waits for another. synchronize() merges every worker
-// once more, so after it all replicas equal the shared model.
+// its last sync (replica - base) to the shared model, under a lock, and takes back what the
+// shared model has that its replica lacks. Changes are added, never overwritten, so no
+// worker's work is dropped however the merges interleave; a worker's staleness is the number
+// of other merges between its sync and its merge. Merges are per worker and asynchronous: no
+// worker waits for another (except for the lock, for the length of one merge).
+// synchronize() merges every worker once more, so after it all replicas equal the shared model.
+//
+// Row-sparse merges. A merge moves rows, not models (a row: an input feature's layer-0
+// weights, or a neuron's weights and bias; layer 0's bias vector goes with every merge):
+//  - the worker's backend reports the rows its training changed since the last merge
+//    (Backend::take_changed_rows; the CPU backend knows them from its update's row grouping);
+//    every other row of the replica still equals the worker's base, so its change there is
+//    zero, and adding only the reported rows is the whole change;
+//  - the shared model stamps every row with the version (merge count) that last changed it,
+//    and the worker's base holds, per row, the shared row as of its last sync. Under the
+//    lock, in one pass per layer: a row the worker changed gets replica - base added and the
+//    new version; a row whose version is newer than the worker's sync was changed by others
+//    since, and is copied into its base. A row the worker changed that nobody else did is
+//    copied (shared = base there, so the sum is the replica's row, exactly) and needs no
+//    import; every other changed or newer row is imported into the replica
+//    (Backend::import_rows): a host-resident replica (the CPU backend's) 64 rows at a time
+//    during the pass, while the rows are in cache (the lock is then held for the import too,
+//    which costs less than reading the rows back from memory after it); any other after the
+//    lock, in one call (one transfer for a device). Bases and versions move per row, so every
+//    change is counted once: an overlap of rows between workers adds both changes, and a row
+//    is re-sent to a worker only once per change made by others.
+//  - the cost is the rows moved plus an O(rows) scan of 8-byte versions per merge.
+//    Where little of the model changes between merges (large output layers: a batch touches
+//    its active sets only), that is far less than the model; where most rows change (Bibtex:
+//    a 128-sample batch touches 88% of the 1836 input features) it saves the copies of
+//    whole-model merges but not the rows themselves (bench/hybrid.md).
+//  - a backend that does not track rows (the Backend defaults) takes part with whole-model
+//    transfers: all its rows count as changed, and it imports the whole shared model.
+//
+// Tables. A row import does not rebuild the replica's LSH tables: the CPU backend re-hashes
+// the imported rows at its next rebuild_tables (it keeps every row's codes and re-hashes only
+// rows changed or imported since), and rebuilds come on the trainer's schedule, passed to
+// every worker (rebuild_tables sets a flag each worker acts on before its next batch). This is
+// the freshness single-backend training has: tables are an index for choosing candidate
+// neurons, built from the weights of the last rebuild, while the update itself moves rows
+// every batch; the rows other workers changed are such updates too. Forward and backward
+// always read the current weights, labels are always in the active set, so stale buckets
+// change which other neurons are sampled, never the arithmetic. (Whole-model merges rebuilt
+// every worker's tables on every merge, which cost O(neurons x L) per merge.) The tables
+// cannot take single neurons in and out cheaply: buckets are packed one after another (CSR).
 #pragma once
 
 #include "hslide/backend.hpp"

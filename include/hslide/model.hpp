@@ -35,7 +35,9 @@ class aligned_array {
     aligned_array(const aligned_array& other) { *this = other; }
     aligned_array& operator=(const aligned_array& other) {
         if (this != &other) {
-            resize(other.size_);
+            // Same size: copy into the block held (a fresh one costs page faults and zeroing,
+            // which dominated whole-model copies of a few MB).
+            if (other.size_ != size_) resize(other.size_);
             if (size_) __builtin_memcpy(data(), other.data(), size_ * sizeof(T));
         }
         return *this;
@@ -84,6 +86,13 @@ struct layer_state {
     const float* row(uint32_t r) const { return weights.data() + static_cast<size_t>(r) * stride; }
 };
 
+/// Rows of each layer (`rows[l]`: row ids of layer l, ascending, each once), for row-level
+/// transfers between replicas. Row r of layer 0 is input feature r's weights (layer 0 is
+/// feature-major); row r of a later layer is neuron r's weights and its bias. Layer 0's bias
+/// (one value per neuron of layer 0, which every batch changes) goes with every row-level
+/// copy.
+using row_sets = std::vector<std::vector<uint32_t>>;
+
 /// The whole model: configuration, parameters, optimizer state and hashing seeds.
 struct model_state {
     model_config config;
@@ -102,6 +111,13 @@ struct model_state {
 
     /// A copy of the weights, biases, step count and hash seeds, without the Adam moments.
     model_state parameters() const;
+
+    /// Row sets holding every row of every layer.
+    row_sets all_rows() const;
+
+    /// Copies the weights and biases of `rows` (and layer 0's bias) from `src`, which must
+    /// have the same shapes (checked); Adam state, step count and hash seeds are not touched.
+    void copy_rows(const model_state& src, const row_sets& rows);
 
     /// Neurons in layer l.
     uint32_t neurons(size_t l) const { return config.layers[l].size; }

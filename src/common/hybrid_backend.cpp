@@ -10,6 +10,8 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstring>
+#include <ctime>
 #include <deque>
 #include <exception>
 #include <limits>
@@ -25,6 +27,12 @@ using clock_type = std::chrono::steady_clock;
 double seconds_since(clock_type::time_point t0) {
     return std::chrono::duration<double>(clock_type::now() - t0).count();
 }
+/// CPU seconds the calling thread has run.
+double thread_cpu_seconds() {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
 
 constexpr std::pair<const char*, schedule_policy> policy_names[] = {
     {"hogbatch", schedule_policy::hogbatch}, {"adaptive", schedule_policy::adaptive}};
@@ -34,6 +42,42 @@ void copy_parameters(model_state& dst, const model_state& src) {
         dst.layers[l].weights = src.layers[l].weights;
         dst.layers[l].bias = src.layers[l].bias;
     }
+}
+
+/// s += m - b, then b = s, over n floats (three distinct rows: restrict lets it vectorise
+/// without overlap checks).
+inline void add_change_and_take(float* __restrict s, const float* __restrict m, float* __restrict b,
+                                size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+        s[i] += m[i] - b[i];
+        b[i] = s[i];
+    }
+}
+
+/// shared.row(r) += replica.row(r) - base.row(r) for r in `rows` (every row when null), with
+/// the biases that go with them (layer 0's whole bias vector). Rows are added and copied with
+/// their padding (zero in every replica), a whole number of cache lines each.
+void add_row_changes(layer_state& s, const layer_state& r, const layer_state& b, size_t l,
+                     const std::vector<uint32_t>* rows) {
+    HSLIDE_ASSERT(s.weights.size() == r.weights.size() && s.weights.size() == b.weights.size());
+    HSLIDE_ASSERT(s.bias.size() == r.bias.size() && s.bias.size() == b.bias.size());
+    auto add_row = [&](uint32_t row) {
+        float* sw = s.row(row);
+        const float* rw = r.row(row);
+        const float* bw = b.row(row);
+        for (uint32_t i = 0; i < s.stride; ++i) sw[i] += rw[i] - bw[i];
+        if (l > 0) s.bias[row] += r.bias[row] - b.bias[row];
+    };
+    if (rows) {
+        for (uint32_t row : *rows) {
+            HSLIDE_ASSERT(row < s.rows);
+            add_row(row);
+        }
+    } else {
+        for (uint32_t row = 0; row < s.rows; ++row) add_row(row);
+    }
+    if (l == 0)
+        for (size_t i = 0; i < s.bias.size(); ++i) s.bias[i] += r.bias[i] - b.bias[i];
 }
 
 class hybrid_backend final : public backend {
@@ -61,7 +105,10 @@ class hybrid_backend final : public backend {
         hybrid_worker_options options;
         std::string name;
         std::unique_ptr<backend> device;
-        model_state base;  // the shared parameters at its last sync
+        model_state base;          // per row: the shared row when it last took it (its last sync)
+        model_state staging;       // exported rows of a replica not held in host memory
+        row_sets changed, pulled;  // rows of its last merge: changes added, rows taken back
+        row_sets chunk;            // rows of one layer imported at once
         uint64_t synced_version = 0;
         uint32_t batch_size = 0;
         double seconds_per_sample = 0;  // exponential average; 0 = not measured yet
@@ -76,6 +123,16 @@ class hybrid_backend final : public backend {
     void run_worker(worker& w);
     /// Adds w's change to the shared model and makes the result w's replica (w idle).
     void merge(worker& w);
+    /// Under shared_mu_: copies into w's base, and lists in w.pulled, every row changed in the
+    /// shared model since w's last sync; w is then synced at version_.
+    void pull_locked(worker& w);
+    /// Under shared_mu_, merge `v` of w, layer l: adds the change of w's replica (`mine`) in
+    /// `rows` (every row when null) to the shared layer, stamps those rows with v, and takes
+    /// back into w's base (listing them in w.pulled[l]) the rows w's replica lacks.
+    /// With `import_now`, the rows taken back are imported into w's replica chunk by chunk
+    /// as they are written (while in cache); the seconds that took are returned.
+    double merge_layer_locked(worker& w, size_t l, const layer_state& mine,
+                              const std::vector<uint32_t>* rows, uint64_t v, bool import_now);
     /// Waits until the queue is empty and every worker idle; rethrows a worker's failure.
     void drain(std::unique_lock<std::mutex>& lock);
     /// drain, then merge every worker: all replicas equal the shared model.
@@ -97,9 +154,11 @@ class hybrid_backend final : public backend {
     step_report pending_;
     clock_type::time_point window_start_ = clock_type::now();
 
-    std::mutex shared_mu_;  // the shared model and its version
+    std::mutex shared_mu_;  // the shared model, its version and its rows' versions
     model_state shared_;
-    uint64_t version_ = 0;
+    uint64_t version_ = 0;  // merges (and imports) so far
+    std::vector<std::vector<uint64_t>>
+        row_version_;  // per layer and row: last version to change it
 };
 
 hybrid_backend::hybrid_backend(const hybrid_options& options, const model_state& initial,
@@ -113,6 +172,7 @@ hybrid_backend::hybrid_backend(const hybrid_options& options, const model_state&
     HSLIDE_CHECK(options_.merge_every > 0 || options_.merge_overhead > 0,
                  "an automatic merge interval needs a positive merge overhead");
     shared_ = initial.parameters();
+    for (const layer_state& layer : shared_.layers) row_version_.emplace_back(layer.rows, 0);
     std::vector<int> kind_count(2, 0);
     for (const hybrid_worker_options& wo : options_.workers) {
         HSLIDE_CHECK(wo.update_share > 0, "every hybrid worker's update share must be positive");
@@ -186,12 +246,14 @@ void hybrid_backend::run_worker(worker& w) {
             }
             const float scale = std::sqrt(float(rows.size()) / float(options_.reference_batch));
             const auto tt = clock_type::now();
+            const double cpu_train = thread_cpu_seconds();
             report +=
                 w.device->train_batch({data_, rows.data(), uint32_t(rows.size())}, lr * scale);
             if (w.options.injected_delay_per_sample > 0)
                 std::this_thread::sleep_for(std::chrono::duration<double>(
                     w.options.injected_delay_per_sample * double(rows.size())));
             const double train_seconds = seconds_since(tt);
+            const double train_cpu = thread_cpu_seconds() - cpu_train;
             w.since_merge += rows.size();
             if (w.since_merge >= w.merge_interval) merge(w);
 
@@ -204,6 +266,7 @@ void hybrid_backend::run_worker(worker& w) {
             s.samples += rows.size();
             s.batches += 1;
             s.busy_seconds += seconds_since(t0);
+            s.train_cpu_seconds += train_cpu;
             const uint32_t size = uint32_t(rows.size());
             s.batch_min = s.batches == 1 ? size : std::min(s.batch_min, size);
             s.batch_max = std::max(s.batch_max, size);
@@ -241,33 +304,169 @@ void hybrid_backend::choose_batch_sizes() {
 
 void hybrid_backend::merge(worker& w) {
     const auto t0 = clock_type::now();
+    const double cpu0 = thread_cpu_seconds();
+    // The rows the replica changed since its last merge: only their change is added (every
+    // other row of the replica still equals its base, so its change there is zero).
+    const bool tracked = w.device->take_changed_rows(w.changed);
     // A host-resident replica is read in place (the worker is between batches); others export.
-    model_state exported;
     const model_state* held = w.device->host_state();
-    if (!held) w.device->export_state(exported, /*with_optimizer=*/false);
-    const model_state& mine = held ? *held : exported;
-    uint64_t staleness = 0;
+    if (!held) {
+        if (w.staging.layers.empty()) w.staging = w.base;  // the shapes, once
+        if (tracked)
+            w.device->export_rows(w.changed, w.staging);
+        else
+            w.device->export_state(w.staging, /*with_optimizer=*/false);
+    }
+    const model_state& mine = held ? *held : w.staging;
+    HSLIDE_ASSERT(mine.layers.size() == shared_.layers.size());
+    HSLIDE_ASSERT(!tracked || w.changed.size() == shared_.layers.size());
+    w.pulled.resize(shared_.layers.size());
+    uint64_t staleness = 0, rows_merged = 0;
+    const auto t_wait = clock_type::now();
+    double wait = 0, import = 0;
     {
         std::lock_guard<std::mutex> lock(shared_mu_);
+        wait = seconds_since(t_wait);
         staleness = version_ - w.synced_version;
-        add_replica_change(shared_, mine, w.base);
-        w.synced_version = ++version_;
-        copy_parameters(w.base, shared_);
+        const uint64_t v = ++version_;
+        // A host-resident replica imports the rows as the pass writes them: they are read
+        // back from cache, not memory (the lock is held a little longer, for a copy a row).
+        // Other replicas import after the lock, in one call (one transfer to a device).
+        const bool import_now = tracked && held;
+        for (size_t l = 0; l < shared_.layers.size(); ++l) {
+            const std::vector<uint32_t>* rows = tracked ? &w.changed[l] : nullptr;
+            rows_merged += rows ? rows->size() : shared_.layers[l].rows;
+            import += merge_layer_locked(w, l, mine.layers[l], rows, v, import_now);
+        }
+        w.synced_version = v;
     }
-    // The worker keeps its own hash functions and step count.
-    w.base.hash_seeds = mine.hash_seeds;
-    w.base.adam_step = mine.adam_step;
-    w.device->import_state(w.base, /*with_optimizer=*/false);
+    const auto t_import = clock_type::now();
+    if (tracked && held) {
+        // Imported during the pass.
+    } else if (tracked) {
+        w.device->import_rows(w.base, w.pulled);
+        import = seconds_since(t_import);
+    } else {
+        // The whole-model fallback; the worker keeps its own hash functions and step count.
+        w.base.hash_seeds = mine.hash_seeds;
+        w.base.adam_step = mine.adam_step;
+        w.device->import_state(w.base, /*with_optimizer=*/false);
+        import = seconds_since(t_import);
+    }
+    uint64_t rows_pulled = 0;
+    for (const auto& rows : w.pulled) rows_pulled += rows.size();
     w.since_merge = 0;
     const double cost = seconds_since(t0);
+    const double cpu = thread_cpu_seconds() - cpu0;
     std::lock_guard<std::mutex> lock(mu_);
     if (options_.merge_every == 0 && w.seconds_per_sample > 0)
         w.merge_interval = uint64_t(
             std::clamp(cost / (options_.merge_overhead * w.seconds_per_sample), 1.0, 1e12));
     w.window.merges += 1;
     w.window.merge_seconds += cost;
+    w.window.merge_cpu_seconds += cpu;
+    w.window.merge_wait_seconds += wait;
+    w.window.merge_import_seconds += import;
+    w.window.rows_merged += rows_merged;
+    w.window.rows_pulled += rows_pulled;
     w.staleness_sum += double(staleness);
     w.window.staleness_max = std::max(w.window.staleness_max, staleness);
+}
+
+double hybrid_backend::merge_layer_locked(worker& w, size_t l, const layer_state& m,
+                                          const std::vector<uint32_t>* rows, uint64_t v,
+                                          bool import_now) {
+    // One pass over the layer's rows, each read and written while it is in cache (a Bibtex
+    // batch touches most rows of the model, so the passes, not the row counts, set the cost).
+    layer_state& s = shared_.layers[l];
+    layer_state& b = w.base.layers[l];
+    HSLIDE_ASSERT(s.weights.size() == m.weights.size() && s.weights.size() == b.weights.size());
+    HSLIDE_ASSERT(s.bias.size() == m.bias.size() && s.bias.size() == b.bias.size());
+    if (l == 0) {
+        // Layer 0's bias is one vector over its neurons: added whole, taken back whole (first:
+        // every row import copies it into the replica).
+        for (size_t i = 0; i < s.bias.size(); ++i) {
+            s.bias[i] += m.bias[i] - b.bias[i];
+            b.bias[i] = s.bias[i];
+        }
+    }
+    std::vector<uint64_t>& version = row_version_[l];
+    std::vector<uint32_t>& pulled = w.pulled[l];
+    pulled.clear();
+    double import_seconds = 0;
+    size_t imported = 0;  // pulled[0, imported) are in the replica
+    auto import_pulled = [&] {
+        if (imported == pulled.size()) return;
+        const auto t0 = clock_type::now();
+        w.chunk.resize(shared_.layers.size());
+        for (auto& c : w.chunk) c.clear();
+        w.chunk[l].assign(pulled.begin() + ptrdiff_t(imported), pulled.end());
+        w.device->import_rows(w.base, w.chunk);
+        imported = pulled.size();
+        import_seconds += seconds_since(t0);
+    };
+    constexpr size_t import_chunk = 64;  // rows: 64 KiB of base at 256 floats a row
+    const uint64_t synced = w.synced_version;
+    const size_t width = s.stride;  // whole padded rows (the padding is zero everywhere)
+    size_t next = 0;                // position in *rows (ascending)
+    for (uint32_t r = 0; r < s.rows; ++r) {
+        bool changed = true;
+        if (rows) {
+            changed = next < rows->size() && (*rows)[next] == r;
+            next += changed;
+        }
+        // Its base holds the shared row exactly when no merge changed it since w's sync.
+        const bool others = version[r] > synced;
+        float* sw = s.row(r);
+        float* bw = b.row(r);
+        if (changed && !others) {
+            // shared == base here, so shared + (mine - base) is mine: copied exactly, and the
+            // replica, which holds it already, needs no import of this row.
+            const float* mw = m.row(r);
+            std::memcpy(sw, mw, width * sizeof(float));
+            std::memcpy(bw, mw, width * sizeof(float));
+            if (l > 0) s.bias[r] = b.bias[r] = m.bias[r];
+            version[r] = v;
+        } else if (changed) {
+            add_change_and_take(sw, m.row(r), bw, width);
+            if (l > 0) {
+                s.bias[r] += m.bias[r] - b.bias[r];
+                b.bias[r] = s.bias[r];
+            }
+            version[r] = v;
+            pulled.push_back(r);
+        } else if (others) {
+            std::memcpy(bw, sw, width * sizeof(float));
+            if (l > 0) b.bias[r] = s.bias[r];
+            pulled.push_back(r);
+        }
+        if (import_now && pulled.size() - imported >= import_chunk) import_pulled();
+    }
+    HSLIDE_ASSERT(!rows || next == rows->size());  // ascending, in range, each once
+    if (import_now) import_pulled();
+    return import_seconds;
+}
+
+void hybrid_backend::pull_locked(worker& w) {
+    // A row whose version is at most w's synced version was last changed by a merge w has
+    // already seen (versions are given and rows copied under this lock): its base holds it.
+    // The scan is O(rows), 8 bytes a row, against O(changed rows x width) for the copies.
+    w.pulled.resize(shared_.layers.size());
+    for (size_t l = 0; l < shared_.layers.size(); ++l) {
+        const layer_state& s = shared_.layers[l];
+        layer_state& b = w.base.layers[l];
+        const std::vector<uint64_t>& version = row_version_[l];
+        std::vector<uint32_t>& pulled = w.pulled[l];
+        pulled.clear();
+        for (uint32_t r = 0; r < s.rows; ++r) {
+            if (version[r] <= w.synced_version) continue;
+            std::memcpy(b.row(r), s.row(r), s.stride * sizeof(float));
+            if (l > 0) b.bias[r] = s.bias[r];
+            pulled.push_back(r);
+        }
+        if (l == 0) b.bias = s.bias;
+    }
+    w.synced_version = version_;
 }
 
 void hybrid_backend::drain(std::unique_lock<std::mutex>& lock) {
@@ -284,15 +483,19 @@ void hybrid_backend::synchronize_models() {
         std::unique_lock<std::mutex> lock(mu_);
         drain(lock);
     }
-    // Every worker is idle: merge each that trained since its last merge, then give the
-    // others the final model (their bases still hold their own hash seeds and step counts).
+    // Every worker is idle: merge each that trained since its last merge, then give every
+    // worker the rows changed since its sync, so that all replicas equal the shared model.
     for (auto& w : workers_)
         if (w->since_merge > 0) merge(*w);
     for (auto& w : workers_) {
-        if (w->synced_version == version_) continue;
-        copy_parameters(w->base, shared_);
-        w->synced_version = version_;
-        w->device->import_state(w->base, false);
+        {
+            std::lock_guard<std::mutex> lock(shared_mu_);
+            if (w->synced_version == version_) continue;
+            pull_locked(*w);
+        }
+        // Rows, even for a backend without row tracking: its default import_rows keeps the
+        // replica's own hash functions and step count.
+        w->device->import_rows(w->base, w->pulled);
     }
 }
 
@@ -349,6 +552,7 @@ void hybrid_backend::import_state(const model_state& in, bool with_optimizer) {
     std::lock_guard<std::mutex> lock(shared_mu_);
     copy_parameters(shared_, in);
     ++version_;
+    for (auto& version : row_version_) std::fill(version.begin(), version.end(), version_);
     for (auto& w : workers_) {
         w->device->import_state(in, with_optimizer);
         copy_parameters(w->base, in);
@@ -405,18 +609,8 @@ const char* to_string(schedule_policy policy) {
 void add_replica_change(model_state& shared, const model_state& replica, const model_state& base) {
     HSLIDE_ASSERT(shared.layers.size() == replica.layers.size() &&
                   shared.layers.size() == base.layers.size());
-    for (size_t l = 0; l < shared.layers.size(); ++l) {
-        layer_state& s = shared.layers[l];
-        const layer_state& r = replica.layers[l];
-        const layer_state& b = base.layers[l];
-        HSLIDE_ASSERT(s.weights.size() == r.weights.size() && s.weights.size() == b.weights.size());
-        HSLIDE_ASSERT(s.bias.size() == r.bias.size() && s.bias.size() == b.bias.size());
-        float* sw = s.weights.data();
-        const float* rw = r.weights.data();
-        const float* bw = b.weights.data();
-        for (size_t i = 0; i < s.weights.size(); ++i) sw[i] += rw[i] - bw[i];
-        for (size_t i = 0; i < s.bias.size(); ++i) s.bias[i] += r.bias[i] - b.bias[i];
-    }
+    for (size_t l = 0; l < shared.layers.size(); ++l)
+        add_row_changes(shared.layers[l], replica.layers[l], base.layers[l], l, nullptr);
 }
 
 std::unique_ptr<backend> create_hybrid_backend(const hybrid_options& options,

@@ -1,4 +1,4 @@
-// Allocation and initialisation of model_state.
+// Allocation, initialisation and row copies of model_state.
 #include "hslide/model.hpp"
 
 #include "hslide/error.hpp"
@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <numeric>
 
 namespace hslide {
 
@@ -91,6 +92,38 @@ model_state model_state::create(const model_config& config, uint64_t seed) {
         m.hash_seeds[l] = derive_seed(seed, 2000 + l);
     }
     return m;
+}
+
+row_sets model_state::all_rows() const {
+    row_sets rows(layers.size());
+    for (size_t l = 0; l < layers.size(); ++l) {
+        rows[l].resize(layers[l].rows);
+        std::iota(rows[l].begin(), rows[l].end(), 0u);
+    }
+    return rows;
+}
+
+void model_state::copy_rows(const model_state& src, const row_sets& rows) {
+    HSLIDE_CHECK(src.layers.size() == layers.size() && rows.size() == layers.size(),
+                 "row copy: {} layers from a model of {} into one of {}", rows.size(),
+                 src.layers.size(), layers.size());
+    for (size_t l = 0; l < layers.size(); ++l) {
+        layer_state& dst = layers[l];
+        const layer_state& from = src.layers[l];
+        HSLIDE_CHECK(from.rows == dst.rows && from.width == dst.width &&
+                         from.stride == dst.stride && from.bias.size() == dst.bias.size() &&
+                         dst.weights.size() == size_t(dst.rows) * dst.stride &&
+                         from.weights.size() == dst.weights.size(),
+                     "row copy: layer {} is {}x{} in the source, {}x{} in the target", l, from.rows,
+                     from.width, dst.rows, dst.width);
+        for (uint32_t r : rows[l]) {
+            HSLIDE_CHECK(r < dst.rows, "row copy: row {} of layer {} is out of range ({} rows)", r,
+                         l, dst.rows);
+            std::memcpy(dst.row(r), from.row(r), dst.stride * sizeof(float));
+            if (l > 0) dst.bias[r] = from.bias[r];
+        }
+        if (l == 0) dst.bias = from.bias;
+    }
 }
 
 size_t model_state::parameter_count() const {

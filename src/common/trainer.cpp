@@ -179,8 +179,14 @@ void trainer::write_metrics_record(const epoch_record& r) {
                                 {"batch_last", w.batch_last},
                                 {"merges", w.merges},
                                 {"merge_seconds", w.merge_seconds},
+                                {"merge_wait_seconds", w.merge_wait_seconds},
+                                {"merge_import_seconds", w.merge_import_seconds},
+                                {"train_cpu_seconds", w.train_cpu_seconds},
+                                {"merge_cpu_seconds", w.merge_cpu_seconds},
                                 {"staleness_mean", w.staleness_mean},
-                                {"staleness_max", w.staleness_max}});
+                                {"staleness_max", w.staleness_max},
+                                {"rows_merged", w.rows_merged},
+                                {"rows_pulled", w.rows_pulled}});
     if (r.evaluated) {
         for (int k = 1; k <= int(r.metrics.precision.size()); ++k) {
             j[fmt::format("p@{}", k)] = r.metrics.p_at(k);

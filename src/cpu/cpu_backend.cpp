@@ -36,10 +36,13 @@ cpu_backend::cpu_backend(model_state initial, const train_config& train, int thr
     const size_t n_layers = model_.layers.size();
     lsh_.resize(n_layers);
     groups_.resize(n_layers);
+    changed_.resize(n_layers);
     uint32_t max_sparse = 0, max_width = 0, max_L = 0;
     for (size_t l = 0; l < n_layers; ++l) {
         max_width = std::max(max_width, model_.layers[l].width);
         groups_[l].slot.assign(model_.layers[l].rows, -1);
+        changed_[l].flag.assign(model_.layers[l].rows, 0);
+        lsh_[l].stale.flag.assign(model_.layers[l].rows, 0);
         if (model_.config.is_sparse(l)) {
             max_sparse = std::max(max_sparse, model_.neurons(l));
             max_L = std::max<uint32_t>(max_L, model_.config.layers[l].lsh.L);
@@ -74,21 +77,63 @@ void cpu_backend::refresh_bf16_layer(size_t l) {
         k_.to_bf16(layer.row(uint32_t(r)), w16.row(uint32_t(r)), layer.width);
 }
 
+void cpu_backend::row_marks::take(std::vector<uint32_t>& out) {
+    out.clear();
+    const uint32_t rows = uint32_t(flag.size());
+    if (all) {
+        out.resize(rows);
+        std::iota(out.begin(), out.end(), 0u);
+    } else if (list.size() * 8 >= rows) {
+        // Most rows marked: a scan of the flags sorts them in O(rows).
+        for (uint32_t r = 0; r < rows; ++r)
+            if (flag[r]) out.push_back(r);
+    } else {
+        out.assign(list.begin(), list.end());
+        std::sort(out.begin(), out.end());
+    }
+    for (uint32_t r : list) flag[r] = 0;
+    list.clear();
+    all = false;
+}
+
+void cpu_backend::mark_updated_rows(size_t l, bool every_row) {
+    row_marks& stale = lsh_[l].stale;
+    const bool sparse = model_.config.is_sparse(l);
+    if (every_row) {
+        changed_[l].mark_all();
+        if (sparse) stale.mark_all();
+        return;
+    }
+    for (uint32_t row : groups_[l].touched) {
+        changed_[l].mark(row);
+        if (sparse) stale.mark(row);
+    }
+}
+
 void cpu_backend::build_layer_tables(size_t l) {
     const lsh_config& cfg = model_.config.layers[l].lsh;
     const layer_state& layer = model_.layers[l];
     sparse_layer& sl = lsh_[l];
-    if (!sl.hash || sl.hash->seed() != model_.hash_seeds[l])
-        sl.hash = hash_family::create(cfg, layer.width, model_.hash_seeds[l]);
     const uint32_t n = layer.rows, L = uint32_t(cfg.L);
-    std::vector<uint32_t> codes(size_t(n) * L);
+    if (!sl.hash || sl.hash->seed() != model_.hash_seeds[l]) {
+        sl.hash = hash_family::create(cfg, layer.width, model_.hash_seeds[l]);
+        sl.stale.mark_all();  // new functions: every code changes
+    }
+    if (sl.codes.size() != size_t(n) * L) {
+        sl.codes.resize(size_t(n) * L);
+        sl.stale.mark_all();
+    }
+    // Only the rows changed or imported since they were hashed: the others' codes stand.
+    std::vector<uint32_t> rows;
+    sl.stale.take(rows);
     const hash_family& hash = *sl.hash;
+    uint32_t* codes = sl.codes.data();
 #pragma omp parallel for schedule(dynamic, 256) num_threads(threads_)
-    for (int64_t j = 0; j < int64_t(n); ++j)
-        hash.codes_dense(layer.row(uint32_t(j)), &codes[size_t(j) * L]);
+    for (int64_t k = 0; k < int64_t(rows.size()); ++k)
+        hash.codes_dense(layer.row(rows[k]), &codes[size_t(rows[k]) * L]);
     if (sl.tables.n_items() == 0) sl.tables = lsh_tables(cfg);
     // The insertion order depends on the step count, so a resumed run rebuilds identically.
-    sl.tables.build(codes.data(), n, derive_seed(model_.hash_seeds[l], model_.adam_step));
+    sl.tables.build(codes, n, derive_seed(model_.hash_seeds[l], model_.adam_step));
 }
 
 void cpu_backend::rebuild_tables(bool new_functions) {
@@ -420,6 +465,7 @@ step_report cpu_backend::train_batch(const batch_view& batch, float learning_rat
         const bool all_rows = l > 0 && !model_.config.is_sparse(l);
         if (!all_rows) group_rows(batch, l);
         for_each_row_gradient(batch, l, adam_row);
+        mark_updated_rows(l, all_rows || dense_adam);
         row_groups& g = groups_[l];
         if (dense_adam && !all_rows) {
             // SLIDE's behaviour: rows the batch did not touch still move with their momentum.
@@ -524,9 +570,59 @@ void cpu_backend::import_state(const model_state& in, bool with_optimizer) {
     }
     if (with_optimizer) model_.adam_step = in.adam_step;
     model_.hash_seeds = in.hash_seeds;
+    std::vector<uint32_t> discard;
     for (size_t l = 0; l < model_.layers.size(); ++l) {
+        changed_[l].take(discard);  // a new starting point for take_changed_rows
         if (use_bf16()) refresh_bf16_layer(l);
-        if (model_.config.is_sparse(l)) build_layer_tables(l);
+        if (model_.config.is_sparse(l)) {
+            lsh_[l].stale.mark_all();
+            build_layer_tables(l);
+        }
+    }
+}
+
+bool cpu_backend::take_changed_rows(row_sets& rows) {
+    rows.resize(model_.layers.size());
+    for (size_t l = 0; l < model_.layers.size(); ++l) changed_[l].take(rows[l]);
+    return true;
+}
+
+void cpu_backend::export_rows(const row_sets& rows, model_state& out) const {
+    out.copy_rows(model_, rows);
+}
+
+void cpu_backend::import_rows(const model_state& in, const row_sets& rows) {
+    HSLIDE_CHECK(in.layers.size() == model_.layers.size() && rows.size() == model_.layers.size(),
+                 "imported rows: {} layers of a {}-layer model, this one has {}", rows.size(),
+                 in.layers.size(), model_.layers.size());
+    for (size_t l = 0; l < model_.layers.size(); ++l) {
+        layer_state& dst = model_.layers[l];
+        const layer_state& src = in.layers[l];
+        HSLIDE_CHECK(src.rows == dst.rows && src.width == dst.width && src.stride == dst.stride &&
+                         src.weights.size() == dst.weights.size() &&
+                         src.bias.size() == dst.bias.size(),
+                     "imported layer {} is {}x{}, this model's is {}x{}", l, src.rows, src.width,
+                     dst.rows, dst.width);
+        const std::vector<uint32_t>& ids = rows[l];
+        for (uint32_t r : ids)
+            HSLIDE_CHECK(r < dst.rows, "imported row {} of layer {} is out of range ({} rows)", r,
+                         l, dst.rows);
+            // The bf16 copy is rounded while the row is in cache.
+#pragma omp parallel for schedule(static) num_threads(threads_) if (ids.size() >= 1024)
+        for (int64_t k = 0; k < int64_t(ids.size()); ++k) {
+            const uint32_t r = ids[k];
+            std::memcpy(dst.row(r), src.row(r), dst.stride * sizeof(float));
+            if (use_bf16()) k_.to_bf16(dst.row(r), weights16_[l].row(r), dst.width);
+        }
+        if (l == 0) {
+            dst.bias = src.bias;
+        } else {
+            for (uint32_t r : ids) dst.bias[r] = src.bias[r];
+        }
+        // Imported rows are not this replica's changes (take_changed_rows), but their codes
+        // are stale: the next rebuild re-hashes them.
+        if (model_.config.is_sparse(l))
+            for (uint32_t r : ids) lsh_[l].stale.mark(r);
     }
 }
 

@@ -15,6 +15,13 @@
 // to 32 values, one cache line): the forward products and the backward W^T delta read it, and
 // phase 3 re-rounds each row it updates. The fp32 weights stay the master copy (gradients,
 // Adam, checkpoints and sparse-input gathers use them).
+//
+// Row tracking. The backend marks the rows each update changed (phase 3's touched rows; every
+// row of a dense layer, or of every layer with dense Adam) for two readers: take_changed_rows
+// (row-sparse merges of the hybrid backend) and the LSH rebuild, which keeps every sparse
+// layer's bucket codes and re-hashes only the rows changed or imported since they were
+// computed (a rebuild gives the same tables as hashing every row: codes are a function of the
+// row and the hash functions).
 #pragma once
 
 #include "hslide/backend.hpp"
@@ -40,6 +47,11 @@ class cpu_backend final : public backend {
     void import_state(const model_state& in, bool with_optimizer) override;
     backend_info info() const override;
     const model_state* host_state() const override { return &model_; }
+    bool take_changed_rows(row_sets& rows) override;
+    void export_rows(const row_sets& rows, model_state& out) const override;
+    /// Copies the rows and re-rounds their bf16 copy; the tables keep the imported neurons
+    /// in their old buckets until the next rebuild_tables, which re-hashes just those rows.
+    void import_rows(const model_state& in, const row_sets& rows) override;
 
     /// Forward and backward on `batch` without updating: writes the batch-mean gradient of
     /// the loss into `gradient` (shaped like the model; zero where the batch did not touch)
@@ -83,9 +95,27 @@ class cpu_backend final : public backend {
         const bf16* row(uint32_t r) const { return values.data() + size_t(r) * stride; }
         bf16* row(uint32_t r) { return values.data() + size_t(r) * stride; }
     };
+    /// A set of rows of one layer, marked one at a time: a flag per row and the marked list,
+    /// so marking and taking cost O(rows marked), never O(rows).
+    struct row_marks {
+        std::vector<uint8_t> flag;
+        std::vector<uint32_t> list;
+        bool all = false;
+        void mark(uint32_t r) {
+            if (!all && !flag[r]) {
+                flag[r] = 1;
+                list.push_back(r);
+            }
+        }
+        void mark_all() { all = true; }
+        /// Writes the marked rows into `out`, ascending, and unmarks them.
+        void take(std::vector<uint32_t>& out);
+    };
     struct sparse_layer {
         std::unique_ptr<hash_family> hash;
         lsh_tables tables;
+        std::vector<uint32_t> codes;  // codes[row * L + t], of the rows as last hashed
+        row_marks stale;              // rows changed or imported since they were hashed
     };
     /// Rows touched by a batch (in increasing order), grouped: entries of touched[t] are
     /// [offsets[t], offsets[t+1]).
@@ -105,7 +135,11 @@ class cpu_backend final : public backend {
     /// in parallel, with the batch-mean gradient (bias_grad unused for layer 0).
     template <class Visit>
     void for_each_row_gradient(const batch_view& batch, size_t l, Visit&& visit);
+    /// Re-hashes the stale rows of sparse layer l (all of them after new hash functions) and
+    /// rebuilds its tables from the codes.
     void build_layer_tables(size_t l);
+    /// Marks the rows phase 3 of layer l updated (changed_, and the stale codes).
+    void mark_updated_rows(size_t l, bool every_row);
     /// Adds the batch-mean gradient of layer 0's bias (width floats) to `out`.
     void add_layer0_bias_gradient(const batch_view& batch, float* out) const;
     /// Rounds the bf16 copy of every row of layer l (bf16 precision only).
@@ -123,6 +157,7 @@ class cpu_backend final : public backend {
     std::vector<thread_scratch> scratch_;
     std::vector<sample_buffers> samples_;
     std::vector<row_groups> groups_;  // per layer
+    std::vector<row_marks> changed_;  // per layer: rows updated since take_changed_rows
     std::vector<float> layer0_bias_grad_;
 };
 
