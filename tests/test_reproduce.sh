@@ -6,14 +6,14 @@
 # that bad input stops with a message and exit code 2.
 #
 # Usage: tests/test_reproduce.sh HSLIDE_BINARY
-# HSLIDE_REPRO_TEST_CONFIGS replaces the configuration list, e.g. to add cpu-dense once that
-# backend is built: HSLIDE_REPRO_TEST_CONFIGS="cpu cpu:bf16 cpu-nolsh cpu-dense hybrid-cpu torch-cpu".
+# HSLIDE_REPRO_TEST_CONFIGS replaces the configuration list, e.g.
+# HSLIDE_REPRO_TEST_CONFIGS="cpu cpu-dense torch-cpu".
 # Exits 77 (ctest: skipped) when Debian's python3-torch / -numpy / -matplotlib are missing.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 hslide="$(realpath "${1:?usage: test_reproduce.sh HSLIDE_BINARY}")"
 python="${PYTHON:-/usr/bin/python3}"
-configs="${HSLIDE_REPRO_TEST_CONFIGS:-cpu cpu:bf16 cpu-nolsh hybrid-cpu torch-cpu cpu@4}"
+configs="${HSLIDE_REPRO_TEST_CONFIGS:-cpu cpu:bf16 cpu-nolsh cpu-dense hybrid-cpu torch-cpu cpu@4}"
 epochs=3
 
 if ! "$python" -c 'import torch, numpy, matplotlib' 2>/dev/null; then
