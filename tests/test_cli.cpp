@@ -76,8 +76,8 @@ TEST(Cli, TrainEvalPredictOnSyntheticData) {
         // What scripts/reproduce.sh reads: memory and the per-stage seconds of the epoch.
         EXPECT_GT(j["peak_rss_bytes"].get<double>(), 0) << line;
         double stages = 0;
-        for (const char* stage : {"hashing", "active_sets", "forward", "backward", "update",
-                                  "rebuild", "transfer"}) {
+        for (const char* stage :
+             {"hashing", "active_sets", "forward", "backward", "update", "rebuild", "transfer"}) {
             ASSERT_TRUE(j["stage_seconds"].contains(stage)) << stage << " missing in " << line;
             stages += j["stage_seconds"][stage].get<double>();
         }

@@ -32,11 +32,11 @@ struct batch_view {
 struct stage_times {
     double hashing = 0;      ///< LSH codes of the layer inputs
     double active_sets = 0;  ///< active-set queries: bucket unions, forced labels, random fill
-    double forward = 0;   ///< forward pass (dot products, softmax, loss)
-    double backward = 0;  ///< backpropagation of deltas
-    double update = 0;    ///< gradient reduction and the optimizer
-    double rebuild = 0;   ///< table rebuilds
-    double transfer = 0;  ///< host<->device copies (GPU backends)
+    double forward = 0;      ///< forward pass (dot products, softmax, loss)
+    double backward = 0;     ///< backpropagation of deltas
+    double update = 0;       ///< gradient reduction and the optimizer
+    double rebuild = 0;      ///< table rebuilds
+    double transfer = 0;     ///< host<->device copies (GPU backends)
 
     stage_times& operator+=(const stage_times& o);
     double total() const {

@@ -56,9 +56,9 @@ std::unique_ptr<backend> create_backend(const backend_options& options, model_st
     }
     HSLIDE_CHECK(options.kind != "hybrid",
                  "a hybrid backend is made of workers: create it with create_hybrid_backend");
-    throw error(error_kind::invalid_argument,
-                "unknown backend '" + options.kind +
-                    "' (valid: cpu, cpu-dense, gpu, gpu-dense, hybrid)");
+    throw error(
+        error_kind::invalid_argument,
+        "unknown backend '" + options.kind + "' (valid: cpu, cpu-dense, gpu, gpu-dense, hybrid)");
 }
 
 }  // namespace hslide

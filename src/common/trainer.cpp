@@ -162,9 +162,9 @@ void trainer::write_metrics_record(const epoch_record& r) {
     j["mean_active_output"] = r.mean_active_output;
     j["backend"] = options_.backend_name;
     j["peak_rss_bytes"] = peak_rss_bytes();
-    j["stage_seconds"] = {{"hashing", r.times.hashing},     {"active_sets", r.times.active_sets},
-                          {"forward", r.times.forward},     {"backward", r.times.backward},
-                          {"update", r.times.update},       {"rebuild", r.times.rebuild},
+    j["stage_seconds"] = {{"hashing", r.times.hashing},  {"active_sets", r.times.active_sets},
+                          {"forward", r.times.forward},  {"backward", r.times.backward},
+                          {"update", r.times.update},    {"rebuild", r.times.rebuild},
                           {"transfer", r.times.transfer}};
     for (const worker_stats& w : r.workers)
         j["workers"].push_back({{"name", w.name},

@@ -538,8 +538,8 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
     st.active_sets = elapsed(3, 4);
     st.backward = elapsed(5, 6);
     // The rest: the update, and host work (staging the batch, waiting for the set sizes).
-    st.update = std::max(0.0, report.seconds - st.transfer - st.forward - st.hashing -
-                                  st.active_sets - st.backward);
+    st.update = std::max(
+        0.0, report.seconds - st.transfer - st.forward - st.hashing - st.active_sets - st.backward);
     return report;
 }
 
