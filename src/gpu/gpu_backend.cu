@@ -138,9 +138,27 @@ class gpu_backend final : public backend {
     std::string device_name_;
     precision_mode precision_;
     bool dense_output_;
-    cudaStream_t stream_ = nullptr;
-    cublasHandle_t blas_ = nullptr;
-    cudaEvent_t events_[7] = {};
+    /// The stream, cuBLAS handle and timing events, released by their own destructor so that
+    /// a constructor that throws part-way (out of memory) leaks none of them.
+    struct cuda_handles {
+        int device = 0;
+        cudaStream_t stream = nullptr;
+        cublasHandle_t blas = nullptr;
+        cudaEvent_t events[7] = {};
+        ~cuda_handles() {
+            // Errors are ignored: a destructor must not throw (the process may be exiting).
+            cudaSetDevice(device);
+            if (stream) cudaStreamSynchronize(stream);
+            if (blas) cublas().destroy(blas);
+            for (cudaEvent_t e : events)
+                if (e) cudaEventDestroy(e);
+            if (stream) cudaStreamDestroy(stream);
+        }
+    };
+    cuda_handles handles_;
+    cudaStream_t& stream_ = handles_.stream;
+    cublasHandle_t& blas_ = handles_.blas;
+    cudaEvent_t (&events_)[7] = handles_.events;
 
     device_layer layers_[2];
     std::unique_ptr<hash_family> hash_;  // host copy: the functions' seed and arrays
@@ -194,6 +212,7 @@ gpu_backend::gpu_backend(model_state initial, const train_config& train, int dev
     HSLIDE_CHECK_KIND(device >= 0 && size_t(device) < gpus.size(), error_kind::invalid_argument,
                       "GPU {} does not exist (this machine has {})", device, gpus.size());
     device_name_ = gpus[size_t(device)].name;
+    handles_.device = device;
     activate();
     HSLIDE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     for (auto& e : events_) HSLIDE_CUDA_CHECK(cudaEventCreate(&e));
@@ -212,13 +231,9 @@ gpu_backend::gpu_backend(model_state initial, const train_config& train, int dev
 }
 
 gpu_backend::~gpu_backend() {
-    // Destructors must not throw: errors here are ignored (the process may be exiting).
+    // Work in flight may still read the device arrays, which are freed before handles_.
     cudaSetDevice(device_);
     if (stream_) cudaStreamSynchronize(stream_);
-    if (blas_) cublas().destroy(blas_);
-    for (auto e : events_)
-        if (e) cudaEventDestroy(e);
-    if (stream_) cudaStreamDestroy(stream_);
 }
 
 void gpu_backend::upload_layer(size_t l, const layer_state& src, bool with_optimizer) {
