@@ -23,38 +23,11 @@
 #include <vector>
 
 using namespace hslide;
+using hslide::testing::random_dataset;
 using hslide::testing::run_hslide;
 using hslide::testing::temp_dir;
 
 namespace {
-
-/// A random dataset: `n` points with 2..6 features (values in [0.2, 1.2)) and 1..3 labels;
-/// every `unlabelled_every`-th point has no labels (0 = none without), which training skips
-/// but counts in the batch mean.
-dataset random_dataset(uint32_t n, uint32_t features, uint32_t labels, uint64_t seed,
-                       uint32_t unlabelled_every = 0) {
-    dataset d;
-    d.source = "random";
-    d.n_features = features;
-    d.n_labels = labels;
-    rng gen(seed);
-    for (uint32_t p = 0; p < n; ++p) {
-        std::vector<uint32_t> f(features);
-        std::iota(f.begin(), f.end(), 0u);
-        shuffle(f.begin(), f.end(), gen);
-        f.resize(2 + gen.below(5));
-        std::sort(f.begin(), f.end());
-        std::vector<float> v(f.size());
-        for (auto& x : v) x = 0.2f + gen.uniform();
-        std::vector<uint32_t> y(labels);
-        std::iota(y.begin(), y.end(), 0u);
-        shuffle(y.begin(), y.end(), gen);
-        y.resize(1 + gen.below(3));
-        if (unlabelled_every && p % unlabelled_every == unlabelled_every - 1) y.clear();
-        d.push_back(f.data(), v.data(), uint32_t(f.size()), y.data(), uint32_t(y.size()));
-    }
-    return d;
-}
 
 /// input 20 -> 12 -> 10 -> `outputs`, every layer dense.
 model_config dense_config(uint32_t outputs = 30) {

@@ -31,7 +31,8 @@ lsh_config make_lsh_config(hash_kind kind, int K, int L, int bits, int capacity,
     return c;
 }
 
-dataset random_dataset(uint32_t n, uint32_t features, uint32_t labels, uint64_t seed) {
+dataset random_dataset(uint32_t n, uint32_t features, uint32_t labels, uint64_t seed,
+                       uint32_t unlabelled_every) {
     dataset d;
     d.source = "random";
     d.n_features = features;
@@ -49,6 +50,7 @@ dataset random_dataset(uint32_t n, uint32_t features, uint32_t labels, uint64_t 
         std::iota(y.begin(), y.end(), 0u);
         shuffle(y.begin(), y.end(), gen);
         y.resize(1 + gen.below(3));
+        if (unlabelled_every && p % unlabelled_every == unlabelled_every - 1) y.clear();
         d.push_back(f.data(), v.data(), uint32_t(f.size()), y.data(), uint32_t(y.size()));
     }
     return d;

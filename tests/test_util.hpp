@@ -55,8 +55,10 @@ lsh_config make_lsh_config(hash_kind kind, int K, int L, int bits, int capacity 
                            insertion_policy policy = insertion_policy::fifo);
 
 /// A random dataset: `n` points, 2..6 distinct features with values in [0.2, 1.2), 1..3
-/// distinct labels.
-dataset random_dataset(uint32_t n, uint32_t features, uint32_t labels, uint64_t seed);
+/// distinct labels; with `unlabelled_every` > 0, every unlabelled_every-th point has no labels
+/// (training skips it but counts it in the batch mean).
+dataset random_dataset(uint32_t n, uint32_t features, uint32_t labels, uint64_t seed,
+                       uint32_t unlabelled_every = 0);
 
 /// Runs `build/hslide <args>` ($HSLIDE_BINARY when set) through the shell and captures its
 /// output.

@@ -111,6 +111,10 @@ struct model_state {
 
     /// A copy of the weights, biases, step count and hash seeds, without the Adam moments.
     model_state parameters() const;
+    /// Takes `in`'s weights, biases and hash seeds (and, with `with_optimizer`, its Adam
+    /// moments and step count): what a host backend's import_state does. Throws hslide::error
+    /// naming the layer when `in` has other shapes.
+    void assign(const model_state& in, bool with_optimizer);
 
     /// Row sets holding every row of every layer.
     row_sets all_rows() const;

@@ -139,4 +139,26 @@ size_t model_state::memory_bytes() const {
     return n;
 }
 
+void model_state::assign(const model_state& in, bool with_optimizer) {
+    HSLIDE_CHECK(in.layers.size() == layers.size(), "imported model has {} layers, this one {}",
+                 in.layers.size(), layers.size());
+    for (size_t l = 0; l < in.layers.size(); ++l) {
+        layer_state& dst = layers[l];
+        const layer_state& src = in.layers[l];
+        HSLIDE_CHECK(src.rows == dst.rows && src.width == dst.width && src.stride == dst.stride,
+                     "imported layer {} is {}x{}, this model's is {}x{}", l, src.rows, src.width,
+                     dst.rows, dst.width);
+        dst.weights = src.weights;
+        dst.bias = src.bias;
+        if (with_optimizer) {
+            dst.adam_m = src.adam_m;
+            dst.adam_v = src.adam_v;
+            dst.bias_m = src.bias_m;
+            dst.bias_v = src.bias_v;
+        }
+    }
+    if (with_optimizer) adam_step = in.adam_step;
+    hash_seeds = in.hash_seeds;
+}
+
 }  // namespace hslide

@@ -467,26 +467,7 @@ void dense_backend::export_state(model_state& out, bool with_optimizer) const {
 }
 
 void dense_backend::import_state(const model_state& in, bool with_optimizer) {
-    HSLIDE_CHECK(in.layers.size() == model_.layers.size(),
-                 "imported model has {} layers, this one {}", in.layers.size(),
-                 model_.layers.size());
-    for (size_t l = 0; l < in.layers.size(); ++l) {
-        layer_state& dst = model_.layers[l];
-        const layer_state& src = in.layers[l];
-        HSLIDE_CHECK(src.rows == dst.rows && src.width == dst.width && src.stride == dst.stride,
-                     "imported layer {} is {}x{}, this model's is {}x{}", l, src.rows, src.width,
-                     dst.rows, dst.width);
-        dst.weights = src.weights;
-        dst.bias = src.bias;
-        if (with_optimizer) {
-            dst.adam_m = src.adam_m;
-            dst.adam_v = src.adam_v;
-            dst.bias_m = src.bias_m;
-            dst.bias_v = src.bias_v;
-        }
-    }
-    if (with_optimizer) model_.adam_step = in.adam_step;
-    model_.hash_seeds = in.hash_seeds;  // unused here, but kept for a later `--backend cpu`
+    model_.assign(in, with_optimizer);  // hash seeds too: unused here, kept for `--backend cpu`
 }
 
 backend_info dense_backend::info() const {
