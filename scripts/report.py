@@ -396,6 +396,7 @@ def plots(directory, configs, runs, stage_means, target):
                 label=STAGE_NAMES.get(s, s))
         left = [l + w for l, w in zip(left, widths)]
     ax.invert_yaxis()
+    ax.set_xlim(0, max(left + [1e-9]) * 1.04)  # bars end inside the frame, never on its edge
     ax.set_xlabel("seconds per epoch")
     ax.set_title("Per-stage breakdown")
     ax.legend(fontsize=8, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.2 - 0.4 / len(names)))
