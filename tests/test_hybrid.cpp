@@ -406,28 +406,7 @@ TEST(BackendDefaults, RowTransfersFallBackToTheWholeModel) {
 
 namespace {
 
-/// `n` points over `features` features (2..6 each, positive values) with 1..3 of `labels`.
-dataset random_dataset(uint32_t n, uint32_t features, uint32_t labels, uint64_t seed) {
-    dataset d;
-    d.source = "random";
-    d.n_features = features;
-    d.n_labels = labels;
-    rng gen(seed);
-    for (uint32_t p = 0; p < n; ++p) {
-        std::vector<uint32_t> f(features), y(labels);
-        std::iota(f.begin(), f.end(), 0u);
-        shuffle(f.begin(), f.end(), gen);
-        f.resize(2 + gen.below(5));
-        std::sort(f.begin(), f.end());
-        std::vector<float> v(f.size());
-        for (float& x : v) x = 0.2f + gen.uniform();
-        std::iota(y.begin(), y.end(), 0u);
-        shuffle(y.begin(), y.end(), gen);
-        y.resize(1 + gen.below(3));
-        d.push_back(f.data(), v.data(), uint32_t(f.size()), y.data(), uint32_t(y.size()));
-    }
-    return d;
-}
+using hslide::testing::random_dataset;
 
 /// input 40 -> 12 -> 10 (dense hidden) -> 60 (LSH output).
 model_config lsh_config_model() {

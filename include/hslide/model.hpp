@@ -115,6 +115,9 @@ struct model_state {
     /// moments and step count): what a host backend's import_state does. Throws hslide::error
     /// naming the layer when `in` has other shapes.
     void assign(const model_state& in, bool with_optimizer);
+    /// Throws hslide::error naming the layer when `in` has other layer shapes than this model
+    /// (the check every import makes first).
+    void check_same_layout(const model_state& in) const;
 
     /// Row sets holding every row of every layer.
     row_sets all_rows() const;

@@ -139,15 +139,23 @@ size_t model_state::memory_bytes() const {
     return n;
 }
 
-void model_state::assign(const model_state& in, bool with_optimizer) {
+void model_state::check_same_layout(const model_state& in) const {
     HSLIDE_CHECK(in.layers.size() == layers.size(), "imported model has {} layers, this one {}",
                  in.layers.size(), layers.size());
     for (size_t l = 0; l < in.layers.size(); ++l) {
-        layer_state& dst = layers[l];
+        const layer_state& dst = layers[l];
         const layer_state& src = in.layers[l];
         HSLIDE_CHECK(src.rows == dst.rows && src.width == dst.width && src.stride == dst.stride,
                      "imported layer {} is {}x{}, this model's is {}x{}", l, src.rows, src.width,
                      dst.rows, dst.width);
+    }
+}
+
+void model_state::assign(const model_state& in, bool with_optimizer) {
+    check_same_layout(in);
+    for (size_t l = 0; l < in.layers.size(); ++l) {
+        layer_state& dst = layers[l];
+        const layer_state& src = in.layers[l];
         dst.weights = src.weights;
         dst.bias = src.bias;
         if (with_optimizer) {

@@ -224,6 +224,7 @@ gpu_backend::gpu_backend(model_state initial, const train_config& train, int dev
     shape_ = model_state::layout(config);
     shape_.adam_step = initial.adam_step;
     shape_.hash_seeds = initial.hash_seeds;
+    shape_.check_same_layout(initial);
     for (size_t l = 0; l < 2; ++l) upload_layer(l, initial.layers[l], /*with_optimizer=*/true);
     initial = model_state{};  // the host copy is no longer needed: free it before tables
     if (lsh_output()) rebuild_output_tables();
@@ -237,11 +238,9 @@ gpu_backend::~gpu_backend() {
 }
 
 void gpu_backend::upload_layer(size_t l, const layer_state& src, bool with_optimizer) {
+    // `src` has this layer's shape: the constructor and import_state check the layout first.
     device_layer& dst = layers_[l];
     const layer_state& shape = shape_.layers[l];
-    HSLIDE_CHECK(src.rows == shape.rows && src.width == shape.width && src.stride == shape.stride,
-                 "imported layer {} is {}x{}, this model's is {}x{}", l, src.rows, src.width,
-                 shape.rows, shape.width);
     dst.rows = shape.rows;
     dst.width = shape.width;
     dst.stride = shape.stride;
@@ -636,8 +635,7 @@ void gpu_backend::export_state(model_state& out, bool with_optimizer) const {
 }
 
 void gpu_backend::import_state(const model_state& in, bool with_optimizer) {
-    HSLIDE_CHECK(in.layers.size() == 2, "imported model has {} layers, this one 2",
-                 in.layers.size());
+    shape_.check_same_layout(in);
     activate();
     for (size_t l = 0; l < 2; ++l) upload_layer(l, in.layers[l], with_optimizer);
     if (with_optimizer) shape_.adam_step = in.adam_step;
