@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -48,6 +49,13 @@ dataset counting_dataset(uint32_t n) {
     return d;
 }
 
+/// Contention between fake devices, as CPU threads beside a GPU's feeding thread: while a
+/// harmful device trains, every other device's batches take `slowdown` times longer.
+struct contention {
+    std::atomic<int> harmful_busy{0};
+    double slowdown = 0;
+};
+
 /// A device whose "training" adds 1, for every sample p, to one weight of row p % rows of
 /// every layer and to one bias (layer 0: bias p % width; later layers: the row's bias), and
 /// records the rows it saw: merges must add up every replica's increments exactly (small
@@ -77,8 +85,15 @@ class counting_backend final : public backend {
                 changed_[l].push_back(row);
             }
         }
-        std::this_thread::sleep_for(
-            std::chrono::duration<double>(seconds_per_sample_ * batch.size));
+        double seconds = seconds_per_sample_ * batch.size;
+        if (contention_ && harmful_) {
+            ++contention_->harmful_busy;
+            std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+            --contention_->harmful_busy;
+        } else {
+            if (contention_ && contention_->harmful_busy > 0) seconds *= 1 + contention_->slowdown;
+            std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+        }
         step_report r;
         r.samples = batch.size;
         r.loss_sum = batch.size;
@@ -119,6 +134,11 @@ class counting_backend final : public backend {
     backend_info info() const override { return {"fake", "counting", "fp32", 0, 0}; }
     const model_state* host_state() const override { return host_ ? &model_ : nullptr; }
     const model_state& model() const { return model_; }
+    /// Makes this device slow the others down (harmful) or suffer from it.
+    void set_contention(contention* c, bool harmful) {
+        contention_ = c;
+        harmful_ = harmful;
+    }
 
     std::vector<uint32_t> seen;
     int rebuilds = 0, full_imports = 0, row_imports = 0;
@@ -128,6 +148,8 @@ class counting_backend final : public backend {
     model_state model_;
     double seconds_per_sample_;
     bool track_rows_, host_;
+    contention* contention_ = nullptr;
+    bool harmful_ = false;
     row_sets changed_;  // unsorted, with repeats, since the last take
 };
 
@@ -576,6 +598,56 @@ TEST(Hybrid, AdaptivePolicyMeetsTheRequestedUpdateShares) {
     EXPECT_NEAR(stats[1].update_share, 0.4, 0.04);
     // The slow worker got the smaller batches.
     EXPECT_LT(stats[1].batch_mean, stats[0].batch_mean);
+}
+
+TEST(HybridAdaptive, ParksAWorkerThatSlowsTheOthersMoreThanItAdds) {
+    // Worker 1 is 50x slower per sample, and while it trains worker 0 runs at half speed (as
+    // CPU threads contending with a GPU's feeding thread would make it): the adaptive policy
+    // must notice and give it a share near zero. No sample is lost and no change dropped.
+    const model_state initial = integral_model(9);
+    const uint32_t n = 60000;
+    const dataset data = counting_dataset(n);
+    std::vector<counting_backend*> devices;
+    hybrid_options h = counting_workers({2e-5, 1e-3}, devices);
+    h.policy = schedule_policy::adaptive;
+    h.reference_batch = 64;
+    h.park_window_seconds = 0.1;
+    auto hybrid = create_hybrid_backend(h, initial, train_config{});
+    contention c;
+    c.slowdown = 1.0;
+    devices[0]->set_contention(&c, false);
+    devices[1]->set_contention(&c, true);
+    EXPECT_EQ(feed(*hybrid, data, n, 64), n);
+    const auto stats = hybrid->take_worker_stats();
+    ASSERT_EQ(stats.size(), 2u);
+    EXPECT_EQ(stats[0].samples + stats[1].samples, n);
+    EXPECT_LT(double(stats[1].samples) / n, 0.05) << "the harmful worker kept its share";
+    EXPECT_GT(stats[1].parked_seconds, 0.5 * stats[1].wall_seconds);
+    EXPECT_EQ(stats[0].parked_seconds, 0.0);
+    model_state merged;
+    hybrid->export_state(merged, false);
+    expect_same_parameters(merged, counted_model(initial, n), "merged model");
+}
+
+TEST(HybridAdaptive, KeepsASlowWorkerThatHelps) {
+    // Worker 1 is 4x slower and harms nobody: it adds about a quarter to the throughput, so
+    // after being measured it keeps training, with its update share.
+    const model_state initial = integral_model(10);
+    const uint32_t n = 60000;
+    const dataset data = counting_dataset(n);
+    std::vector<counting_backend*> devices;
+    hybrid_options h = counting_workers({2e-5, 8e-5}, devices);
+    h.policy = schedule_policy::adaptive;
+    h.reference_batch = 64;
+    h.park_window_seconds = 0.1;
+    auto hybrid = create_hybrid_backend(h, initial, train_config{});
+    EXPECT_EQ(feed(*hybrid, data, n, 64), n);
+    const auto stats = hybrid->take_worker_stats();
+    ASSERT_EQ(stats.size(), 2u);
+    EXPECT_GT(double(stats[1].samples) / n, 0.1);
+    EXPECT_GT(stats[1].update_share, 0.35);
+    EXPECT_GT(stats[1].parked_seconds, 0.0) << "it was never measured";
+    EXPECT_LT(stats[1].parked_seconds, 0.3 * stats[1].wall_seconds);
 }
 
 TEST(Hybrid, RebuildRequestsReachEveryWorker) {

@@ -86,6 +86,8 @@ struct worker_stats {
     uint64_t staleness_max = 0;
     uint64_t rows_merged = 0;  ///< rows (all layers) whose change it added, summed over merges
     uint64_t rows_pulled = 0;  ///< rows it took from the shared model, summed over merges
+    /// Hybrid, adaptive: time it was parked, found not to help (or sitting out a measurement).
+    double parked_seconds = 0;
 
     double utilisation() const { return wall_seconds > 0 ? busy_seconds / wall_seconds : 0; }
 };

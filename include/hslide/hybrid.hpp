@@ -10,6 +10,14 @@
 //    throughput (an exponential average of seconds per sample at its current size), so that
 //    worker w makes share s_w of all model updates: b_w ∝ throughput_w / s_w, scaled so the
 //    mean batch is the reference batch size, within [min_batch, max_batch].
+//    Adaptive also tests whether the slowest worker helps at all (a CPU beside a much faster
+//    GPU may cost the GPU more, in contended cores, merges and stale updates, than it adds):
+//    while it trains less than `park_below_share` of the samples, the samples per second of
+//    all workers together are compared, in windows of wall time, with those of the others
+//    while it sits out; unless it adds at least `park_min_gain` of their rate it is parked
+//    (no batches: a share of zero) for a while that doubles at each such verdict, then it is
+//    tried again (src/common/usefulness_probe.hpp). A parked worker merges what it trained
+//    before it rests, and takes the shared model before its next batch.
 //  - learning rate: a worker with batch b uses lr * sqrt(b / reference_batch) (the square-root
 //    rule, which keeps the noise scale of Adam's steps constant across batch sizes).
 //
@@ -102,6 +110,11 @@ struct hybrid_options {
     /// accuracy suffers most from stale replicas; rarer for big ones, whose merges cost more).
     uint64_t merge_every = 0;
     double merge_overhead = 0.5;
+    /// Adaptive: check whether the slowest worker helps while it trains less than this share
+    /// of the samples (0 = never: no worker is parked).
+    double park_below_share = 0.25;
+    double park_min_gain = 0.05;     ///< it must add this fraction of the others' samples/s
+    double park_window_seconds = 2;  ///< length of each measuring window
 };
 
 /// Creates the workers' backends from `initial` (each gets a copy) and starts their threads.

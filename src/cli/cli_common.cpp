@@ -273,6 +273,12 @@ void add_hybrid_options(CLI::App& app, hybrid_cli& o) {
     app.add_option("--max-batch", o.max_batch, "hybrid, adaptive: largest batch size")
         ->check(CLI::PositiveNumber)
         ->capture_default_str();
+    app.add_option("--park-below-share", o.park_below_share,
+                   "hybrid, adaptive: while the slowest worker trains less than this share of "
+                   "the samples, measure whether the others are as fast without it, and if so "
+                   "park it (no batches) for a while (0 = never)")
+        ->check(CLI::Range(0.0, 1.0))
+        ->capture_default_str();
 }
 
 hybrid_options make_hybrid_options(const hybrid_cli& o, const backend_options& device,
@@ -323,6 +329,7 @@ hybrid_options make_hybrid_options(const hybrid_cli& o, const backend_options& d
     h.merge_every = o.merge_every;
     h.min_batch = o.min_batch;
     h.max_batch = o.max_batch;
+    h.park_below_share = o.park_below_share;
     for (size_t i = 0; i < n; ++i) {
         hybrid_worker_options w;
         w.device = device;

@@ -82,6 +82,7 @@ struct hybrid_cli {
     std::string share = "1";
     uint64_t merge_every = 0;
     uint32_t min_batch = 8, max_batch = 8192;
+    double park_below_share = 0.25;
 };
 void add_hybrid_options(CLI::App& app, hybrid_cli& options);
 /// The hybrid backend's options: one worker per --workers entry, each list flag giving one

@@ -201,17 +201,22 @@ int run_train(int argc, char** argv) {
             line += fmt::format("  P@1 {:.4f} P@3 {:.4f} P@5 {:.4f}", r.metrics.p_at(1),
                                 r.metrics.p_at(3), r.metrics.p_at(5));
         std::printf("%s\n", line.c_str());
-        for (const worker_stats& w : r.workers)
+        for (const worker_stats& w : r.workers) {
             std::printf(
                 "    %-5s %8llu samples  %6llu batches (%.0f%% of updates)  batch %u..%u "
                 "(mean %.0f, now %u)  busy %.0f%%  %llu merges %.1f s  staleness %.1f "
-                "(max %llu)  rows/merge %.0f out %.0f in\n",
+                "(max %llu)  rows/merge %.0f out %.0f in",
                 w.name.c_str(), (unsigned long long)w.samples, (unsigned long long)w.batches,
                 100 * w.update_share, w.batch_min, w.batch_max, w.batch_mean, w.batch_last,
                 100 * w.utilisation(), (unsigned long long)w.merges, w.merge_seconds,
                 w.staleness_mean, (unsigned long long)w.staleness_max,
                 w.merges ? double(w.rows_merged) / double(w.merges) : 0.0,
                 w.merges ? double(w.rows_pulled) / double(w.merges) : 0.0);
+            if (w.parked_seconds > 0)
+                std::printf("  parked %.0f%%",
+                            w.wall_seconds > 0 ? 100 * w.parked_seconds / w.wall_seconds : 0.0);
+            std::printf("\n");
+        }
         std::fflush(stdout);
     });
     for (auto it = records.rbegin(); it != records.rend(); ++it) {

@@ -3,8 +3,10 @@
 
 #include "enum_names.hpp"
 #include "hslide/error.hpp"
+#include "usefulness_probe.hpp"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <chrono>
@@ -80,6 +82,14 @@ void add_row_changes(layer_state& s, const layer_state& r, const layer_state& b,
         for (size_t i = 0; i < s.bias.size(); ++i) s.bias[i] += r.bias[i] - b.bias[i];
 }
 
+detail::usefulness_settings probe_settings(const hybrid_options& o) {
+    detail::usefulness_settings s;
+    s.probe_share = o.policy == schedule_policy::adaptive ? o.park_below_share : 0;
+    s.min_gain = o.park_min_gain;
+    s.window_seconds = o.park_window_seconds;
+    return s;
+}
+
 class hybrid_backend final : public backend {
   public:
     hybrid_backend(const hybrid_options& options, const model_state& initial,
@@ -104,6 +114,7 @@ class hybrid_backend final : public backend {
     struct worker {
         hybrid_worker_options options;
         std::string name;
+        size_t index = 0;
         std::unique_ptr<backend> device;
         model_state base;          // per row: the shared row when it last took it (its last sync)
         model_state staging;       // exported rows of a replica not held in host memory
@@ -115,6 +126,9 @@ class hybrid_backend final : public backend {
         uint64_t since_merge = 0;
         uint64_t merge_interval = 0;  // samples
         bool rebuild_pending = false, rehash_pending = false;
+        bool training = false;        // in a batch (its merge included)
+        bool was_parked = false;      // as the probe last said
+        bool resync_pending = false;  // unparked: take the shared model before training
         worker_stats window;
         double staleness_sum = 0;
         std::thread thread;
@@ -138,11 +152,14 @@ class hybrid_backend final : public backend {
     /// drain, then merge every worker: all replicas equal the shared model.
     void synchronize_models();
     void choose_batch_sizes();
+    /// Under mu_, after a batch: the usefulness probe's step; true when it unparked a worker
+    /// (the caller wakes the workers).
+    bool run_probe();
     size_t queue_capacity() const;
+    double now() const { return seconds_since(start_); }
 
     hybrid_options options_;
     std::vector<std::unique_ptr<worker>> workers_;
-    double share_sum_ = 0;
 
     mutable std::mutex mu_;  // the queue, pending report, flags, statistics
     std::condition_variable work_ready_, work_done_;
@@ -152,7 +169,11 @@ class hybrid_backend final : public backend {
     bool stop_ = false;
     std::exception_ptr failure_;
     step_report pending_;
-    clock_type::time_point window_start_ = clock_type::now();
+    const clock_type::time_point start_ = clock_type::now();
+    clock_type::time_point window_start_ = start_;
+    detail::usefulness_probe probe_;
+    bool idle_ = false;  // no queued work and no worker busy, since idle_since_
+    double idle_since_ = 0;
 
     std::mutex shared_mu_;  // the shared model, its version and its rows' versions
     model_state shared_;
@@ -163,7 +184,7 @@ class hybrid_backend final : public backend {
 
 hybrid_backend::hybrid_backend(const hybrid_options& options, const model_state& initial,
                                const train_config& train)
-    : options_(options) {
+    : options_(options), probe_(probe_settings(options), options.workers.size()) {
     HSLIDE_CHECK(!options_.workers.empty(), "the hybrid backend needs at least one worker");
     HSLIDE_CHECK(options_.min_batch >= 1 && options_.min_batch <= options_.max_batch,
                  "hybrid batch bounds must satisfy 1 <= min ({}) <= max ({})", options_.min_batch,
@@ -180,6 +201,7 @@ hybrid_backend::hybrid_backend(const hybrid_options& options, const model_state&
         auto w = std::make_unique<worker>();
         w->options = wo;
         w->name = fmt::format("{}{}", wo.device.kind, kind_count[wo.device.kind == "gpu"]++);
+        w->index = workers_.size();
         try {
             w->device = wo.make_device ? wo.make_device(initial, train)
                                        : create_backend(wo.device, initial, train);
@@ -191,7 +213,6 @@ hybrid_backend::hybrid_backend(const hybrid_options& options, const model_state&
         w->batch_size = std::clamp(wo.batch_size, options_.min_batch, options_.max_batch);
         w->merge_interval = options_.merge_every ? options_.merge_every : 1;
         w->window.name = w->name;
-        share_sum_ += wo.update_share;
         workers_.push_back(std::move(w));
     }
     for (auto& w : workers_) w->thread = std::thread([this, &w] { run_worker(*w); });
@@ -219,11 +240,13 @@ void hybrid_backend::run_worker(worker& w) {
     std::vector<uint32_t> rows;
     for (;;) {
         float lr = 0;
-        bool rebuild = false, rehash = false;
+        bool rebuild = false, rehash = false, resync = false;
         {
             std::unique_lock<std::mutex> lock(mu_);
             // After a failure nothing more is trained: the caller gets the error instead.
-            work_ready_.wait(lock, [&] { return stop_ || (!queue_.empty() && !failure_); });
+            work_ready_.wait(lock, [&] {
+                return stop_ || (!queue_.empty() && !failure_ && !probe_.parked(w.index));
+            });
             if (stop_) return;
             const size_t n = std::min<size_t>(w.batch_size, queue_.size());
             rows.clear();
@@ -232,13 +255,18 @@ void hybrid_backend::run_worker(worker& w) {
             queue_.erase(queue_.begin(), queue_.begin() + ptrdiff_t(n));
             rebuild = std::exchange(w.rebuild_pending, false);
             rehash = std::exchange(w.rehash_pending, false);
+            resync = std::exchange(w.resync_pending, false);
             ++busy_;
+            w.training = true;
         }
         work_done_.notify_all();  // room in the queue
 
         step_report report;
         const auto t0 = clock_type::now();
+        bool woke = false;
         try {
+            // Back from parking: its replica missed the others' merges meanwhile.
+            if (resync) merge(w);
             if (rebuild || rehash) {
                 const auto tr = clock_type::now();
                 w.device->rebuild_tables(rehash);
@@ -257,46 +285,98 @@ void hybrid_backend::run_worker(worker& w) {
             w.since_merge += rows.size();
             if (w.since_merge >= w.merge_interval) merge(w);
 
-            std::lock_guard<std::mutex> lock(mu_);
-            const double per_sample = train_seconds / double(rows.size());
-            w.seconds_per_sample = w.seconds_per_sample == 0
-                                       ? per_sample
-                                       : 0.7 * w.seconds_per_sample + 0.3 * per_sample;
-            worker_stats& s = w.window;
-            s.samples += rows.size();
-            s.batches += 1;
-            s.busy_seconds += seconds_since(t0);
-            s.train_cpu_seconds += train_cpu;
-            const uint32_t size = uint32_t(rows.size());
-            s.batch_min = s.batches == 1 ? size : std::min(s.batch_min, size);
-            s.batch_max = std::max(s.batch_max, size);
-            s.batch_last = size;
-            pending_ += report;
-            if (options_.policy == schedule_policy::adaptive) choose_batch_sizes();
+            bool parked_with_changes = false;
+            {
+                std::lock_guard<std::mutex> lock(mu_);
+                const double per_sample = train_seconds / double(rows.size());
+                w.seconds_per_sample = w.seconds_per_sample == 0
+                                           ? per_sample
+                                           : 0.7 * w.seconds_per_sample + 0.3 * per_sample;
+                worker_stats& s = w.window;
+                s.samples += rows.size();
+                s.batches += 1;
+                s.busy_seconds += seconds_since(t0);
+                s.train_cpu_seconds += train_cpu;
+                const uint32_t size = uint32_t(rows.size());
+                s.batch_min = s.batches == 1 ? size : std::min(s.batch_min, size);
+                s.batch_max = std::max(s.batch_max, size);
+                s.batch_last = size;
+                pending_ += report;
+                w.training = false;
+                probe_.on_batch(w.index, rows.size(), now());
+                if (options_.policy == schedule_policy::adaptive) {
+                    woke = run_probe();
+                    choose_batch_sizes();
+                }
+                parked_with_changes = probe_.parked(w.index) && w.since_merge > 0;
+            }
+            // A parked worker's changes reach the others now, not when it is back.
+            if (parked_with_changes) merge(w);
         } catch (...) {
             std::lock_guard<std::mutex> lock(mu_);
             if (!failure_) failure_ = std::current_exception();
         }
         {
             std::lock_guard<std::mutex> lock(mu_);
+            w.training = false;
             --busy_;
+            if (busy_ == 0 && queue_.empty()) {
+                idle_ = true;
+                idle_since_ = now();
+            }
         }
+        if (woke) work_ready_.notify_all();
         work_done_.notify_all();
     }
+}
+
+bool hybrid_backend::run_probe() {
+    std::vector<bool> busy(workers_.size());
+    for (const auto& w : workers_) busy[w->index] = w->training;
+    if (!probe_.update(now(), busy)) return false;
+    bool woke = false;
+    for (auto& w : workers_) {
+        const bool parked = probe_.parked(w->index);
+        if (w->was_parked && !parked) {
+            w->resync_pending = true;
+            woke = true;
+        }
+        w->was_parked = parked;
+    }
+    for (const detail::usefulness_verdict& v : probe_.take_verdicts()) {
+        const std::string& name = workers_[v.worker]->name;
+        if (v.helps)
+            spdlog::info("hybrid: {} helps: {:.0f} samples/s with it, {:.0f} without; kept", name,
+                         v.rate_all, v.rate_without);
+        else
+            spdlog::info(
+                "hybrid: {} does not help: {:.0f} samples/s with it, {:.0f} without; parked "
+                "for {:.1f} s",
+                name, v.rate_all, v.rate_without, v.parked_for_seconds);
+    }
+    return woke;
 }
 
 void hybrid_backend::choose_batch_sizes() {
     // Worker w makes throughput_w / b_w updates a second; b_w = c * throughput_w / share_w gives
     // each the update share it asks for, and c makes the mean batch the reference size.
-    double sum = 0;
+    // Parked workers take no batches and have no share.
+    double sum = 0, active_share = 0;
+    size_t active = 0;
     for (const auto& w : workers_) {
+        if (probe_.parked(w->index)) continue;
         if (w->seconds_per_sample <= 0) return;  // not every worker measured yet
-        sum += (1.0 / w->seconds_per_sample) / (w->options.update_share / share_sum_);
+        active_share += w->options.update_share;
+        ++active;
     }
-    const double total = double(options_.reference_batch) * double(workers_.size());
+    for (const auto& w : workers_)
+        if (!probe_.parked(w->index))
+            sum += (1.0 / w->seconds_per_sample) / (w->options.update_share / active_share);
+    const double total = double(options_.reference_batch) * double(active);
     for (auto& w : workers_) {
+        if (probe_.parked(w->index)) continue;
         const double want =
-            total * (1.0 / w->seconds_per_sample) / (w->options.update_share / share_sum_) / sum;
+            total * (1.0 / w->seconds_per_sample) / (w->options.update_share / active_share) / sum;
         w->batch_size = uint32_t(
             std::clamp(want, double(options_.min_batch), double(options_.max_batch)) + 0.5);
     }
@@ -513,6 +593,12 @@ step_report hybrid_backend::train_batch(const batch_view& batch, float learning_
     });
     if (failure_) std::rethrow_exception(failure_);
     for (uint32_t i = 0; i < batch.size; ++i) queue_.push_back({batch.rows[i], learning_rate});
+    if (idle_) {
+        // The workers had nothing to do (the trainer evaluated, or waited for a merge): that
+        // time says nothing about their speed.
+        probe_.pause(now() - idle_since_);
+        idle_ = false;
+    }
     work_ready_.notify_all();
     return std::exchange(pending_, step_report{});
 }
@@ -589,6 +675,7 @@ std::vector<worker_stats> hybrid_backend::take_worker_stats() {
         s.update_share = all_batches ? double(s.batches) / double(all_batches) : 0;
         s.batch_mean = s.batches ? double(s.samples) / double(s.batches) : 0;
         s.staleness_mean = s.merges ? w->staleness_sum / double(s.merges) : 0;
+        s.parked_seconds = probe_.take_parked_seconds(w->index, now());
         out.push_back(s);
         w->window = worker_stats{};
         w->window.name = w->name;

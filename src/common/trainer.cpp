@@ -181,6 +181,7 @@ void trainer::write_metrics_record(const epoch_record& r) {
                                 {"merge_seconds", w.merge_seconds},
                                 {"merge_wait_seconds", w.merge_wait_seconds},
                                 {"merge_import_seconds", w.merge_import_seconds},
+                                {"parked_seconds", w.parked_seconds},
                                 {"train_cpu_seconds", w.train_cpu_seconds},
                                 {"merge_cpu_seconds", w.merge_cpu_seconds},
                                 {"staleness_mean", w.staleness_mean},
