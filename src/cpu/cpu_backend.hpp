@@ -118,11 +118,13 @@ class cpu_backend final : public backend {
         row_marks stale;              // rows changed or imported since they were hashed
     };
     /// Rows touched by a batch (in increasing order), grouped: entries of touched[t] are
-    /// [offsets[t], offsets[t+1]).
+    /// [offsets[t], offsets[t+1]), each a sample and its coefficient for the row (layer 0:
+    /// the feature's value; later layers: the neuron's delta).
     struct row_groups {
         std::vector<int32_t> slot;  // per row: index in touched, or -1
-        std::vector<uint32_t> touched, offsets, entry_sample, entry_index;
-        std::vector<uint32_t> order_scratch, count_scratch;
+        std::vector<uint32_t> touched, offsets, entry_sample;
+        std::vector<float> entry_coef;
+        std::vector<uint32_t> count;  // per row, 0 between batches (grouping's counters)
     };
 
     void ensure_buffers(uint32_t batch_size);
