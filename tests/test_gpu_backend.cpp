@@ -1,7 +1,8 @@
 // The CUDA backend against the CPU reference: hash codes identical for the same functions,
 // tables identical as sets, active sets identical as sets, training steps that match (every
 // neuron active on both, so the same arithmetic up to summation order), exact predictions,
-// export/import across backends, and P@1 of a short Bibtex run within 0.01.
+// export/import across backends, row transfers for hybrid merges, and P@1 of a short Bibtex
+// run within 0.01.
 //
 // Every test skips (GTEST_SKIP) on a machine without a usable GPU or in a build without CUDA,
 // and runs wherever one is.
@@ -291,6 +292,114 @@ TEST(GpuBackend, ExactPredictionsAndExportImportMatchTheCpu) {
     // LSH scoring returns k labels drawn from the active sets (every neuron here).
     again->predict(all, k, scoring_mode::lsh, al.data(), as.data());
     for (size_t i = 0; i < al.size(); ++i) EXPECT_LT(al[i], 70u);
+}
+
+// Rows of layer l that differ between two states (weights or, past layer 0, bias).
+std::set<uint32_t> rows_that_differ(const model_state& a, const model_state& b, size_t l) {
+    std::set<uint32_t> rows;
+    const layer_state &x = a.layers[l], &y = b.layers[l];
+    for (uint32_t r = 0; r < x.rows; ++r) {
+        bool differs = l > 0 && x.bias[r] != y.bias[r];
+        for (uint32_t i = 0; i < x.width && !differs; ++i) differs = x.row(r)[i] != y.row(r)[i];
+        if (differs) rows.insert(r);
+    }
+    return rows;
+}
+
+// Row transfers for hybrid merges, in fp32 and bf16 (whose copy must follow imported rows).
+void expect_row_transfers(precision_mode precision) {
+    model_config config = two_layer_config(sparsity_mode::lsh);
+    config.layers[1].active.min_active = 8;
+    const model_state initial = model_state::create(config, 12);
+    train_config tc;
+    auto gpu = make_gpu(initial, tc, "gpu", precision);
+    row_sets changed;
+    ASSERT_TRUE(gpu->take_changed_rows(changed));
+    ASSERT_EQ(changed.size(), 2u);
+    EXPECT_TRUE(changed[0].empty() && changed[1].empty()) << "changes before any training";
+
+    const dataset data = random_dataset(64, 50, 70, 13);
+    std::vector<uint32_t> rows(data.size());
+    std::iota(rows.begin(), rows.end(), 0u);
+    model_state before, after;
+    gpu->export_state(before, false);
+    for (int step = 0; step < 2; ++step)
+        gpu->train_batch({&data, rows.data() + 16 * step, 16}, 0.01f);
+    gpu->export_state(after, false);
+    ASSERT_TRUE(gpu->take_changed_rows(changed));
+    // Layer 0: exactly the features of the batches' points.
+    std::set<uint32_t> features;
+    for (uint32_t p = 0; p < 32; ++p) {
+        const feature_row x = data.features(p);
+        features.insert(x.ids, x.ids + x.count);
+    }
+    EXPECT_EQ(std::set<uint32_t>(changed[0].begin(), changed[0].end()), features);
+    // Every row that moved is reported, in each layer.
+    for (size_t l = 0; l < 2; ++l) {
+        const std::set<uint32_t> reported(changed[l].begin(), changed[l].end());
+        for (uint32_t r : rows_that_differ(before, after, l))
+            EXPECT_TRUE(reported.count(r)) << "layer " << l << " row " << r << " moved unreported";
+    }
+    EXPECT_FALSE(changed[1].empty());
+    ASSERT_TRUE(gpu->take_changed_rows(changed));
+    EXPECT_TRUE(changed[0].empty() && changed[1].empty()) << "a take must start a new period";
+
+    // export_rows writes exactly the chosen rows (and layer 0's bias vector).
+    const row_sets chosen = {{1, 2, 49}, {0, 5, 69}};
+    model_state out = model_state::create(config, 77);
+    const model_state untouched = out;
+    gpu->export_rows(chosen, out);
+    for (size_t l = 0; l < 2; ++l) {
+        const std::set<uint32_t> want(chosen[l].begin(), chosen[l].end());
+        for (uint32_t r = 0; r < out.layers[l].rows; ++r) {
+            const layer_state& expected = want.count(r) ? after.layers[l] : untouched.layers[l];
+            for (uint32_t i = 0; i < out.layers[l].width; ++i)
+                ASSERT_EQ(out.layers[l].row(r)[i], expected.row(r)[i]) << l << " " << r;
+            if (l > 0) ASSERT_EQ(out.layers[l].bias[r], expected.bias[r]);
+        }
+    }
+    EXPECT_EQ(out.layers[0].bias, after.layers[0].bias);
+
+    // import_rows overwrites exactly those rows; they are not changes of the replica's own.
+    const model_state donor = model_state::create(config, 55);
+    gpu->import_rows(donor, chosen);
+    model_state merged;
+    gpu->export_state(merged, false);
+    model_state expected = after;
+    expected.copy_rows(donor, chosen);
+    for (size_t l = 0; l < 2; ++l) {
+        EXPECT_TRUE(rows_that_differ(merged, expected, l).empty()) << "layer " << l;
+        EXPECT_EQ(merged.layers[l].bias, expected.layers[l].bias) << "layer " << l;
+    }
+    ASSERT_TRUE(gpu->take_changed_rows(changed));
+    EXPECT_TRUE(changed[0].empty() && changed[1].empty()) << "imported rows reported as changes";
+
+    // The derived copies followed: exact scores equal those of a replica given the whole state.
+    auto fresh = make_gpu(model_state::create(config, 99), tc, "gpu", precision);
+    fresh->import_state(expected, false);
+    const uint32_t k = 3;
+    std::vector<uint32_t> a(data.size() * k), b(a.size());
+    std::vector<float> as(a.size()), bs(a.size());
+    const batch_view all{&data, rows.data(), uint32_t(data.size())};
+    try {
+        gpu->predict(all, k, scoring_mode::exact, a.data(), as.data());
+    } catch (const error& e) {
+        if (std::string(e.what()).find("cuBLAS") != std::string::npos) GTEST_SKIP() << e.what();
+        throw;
+    }
+    fresh->predict(all, k, scoring_mode::exact, b.data(), bs.data());
+    EXPECT_EQ(a, b);
+    EXPECT_EQ(as, bs);
+}
+
+TEST(GpuBackend, RowTransfersMoveExactlyTheChosenRows) {
+    HSLIDE_REQUIRE_GPU();
+    expect_row_transfers(precision_mode::fp32);
+}
+
+TEST(GpuBackend, Bf16RowImportsRefreshTheBf16Copy) {
+    HSLIDE_REQUIRE_GPU();
+    expect_row_transfers(precision_mode::bf16);
 }
 
 TEST(GpuBackend, UnsupportedShapesAreClearErrors) {

@@ -12,10 +12,13 @@
 //     from the batch's nonzeros sorted by feature.
 // The host waits twice per step: for the size of the active sets (kernel grids and sorts
 // are sized by it) and for the per-sample losses at the end.
+// The update also flags the rows it changed, so that a hybrid merge moves only those rows
+// (take_changed_rows, export_rows, import_rows: gpu_rows.cuh).
 #include "cublas_loader.hpp"
 #include "gpu_backend.hpp"
 #include "gpu_layers.cuh"
 #include "gpu_lsh.cuh"
+#include "gpu_rows.cuh"
 #include "hslide/error.hpp"
 #include "hslide/gpu_devices.hpp"
 #include "hslide/lsh.hpp"
@@ -29,6 +32,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 
 namespace hslide::gpu {
 
@@ -112,9 +116,14 @@ class gpu_backend final : public backend {
                  float* scores) override;
     void export_state(model_state& out, bool with_optimizer) const override;
     void import_state(const model_state& in, bool with_optimizer) override;
+    bool take_changed_rows(row_sets& rows) override;
+    void export_rows(const row_sets& rows, model_state& out) const override;
+    void import_rows(const model_state& in, const row_sets& rows) override;
     backend_info info() const override;
 
   private:
+    /// Rows of a layer moved per transfer: bounds the pinned and device staging blocks.
+    static constexpr uint32_t rows_per_chunk = 65536;
     /// Copies the batch's CSR arrays to the device; returns the largest label count.
     uint32_t upload_batch(const batch_view& batch, bool check_labels);
     batch_csr device_batch(uint32_t size) const;
@@ -131,6 +140,12 @@ class gpu_backend final : public backend {
     void activate() const { HSLIDE_CUDA_CHECK(cudaSetDevice(device_)); }
     /// The output layer's active-set settings; `training` forces the labels in.
     active_set_params output_active_params(bool training, uint64_t seed) const;
+    /// No row changed since now (creation, a whole import, a take).
+    void reset_changed_rows();
+    /// Calls chunk(ids, n) for consecutive chunks of layer l's `rows`, each checked against
+    /// the layer and copied to the device (row_ids_) first.
+    template <class Chunk>
+    void for_row_chunks(size_t l, const std::vector<uint32_t>& rows, Chunk&& chunk) const;
 
     model_state shape_;  // config, layer shapes, step count, hash seeds; no parameters
     train_config train_;
@@ -184,6 +199,15 @@ class gpu_backend final : public backend {
     device_array<uint32_t> top_labels_;
     device_array<float> top_scores_;
     pinned_array<float> loss_host_;
+
+    // Row traffic for hybrid merges (gpu_rows.cuh).
+    device_array<uint8_t> changed_[2];      // per row: updated since the last take
+    bool all_changed_[2] = {false, false};  // a dense update changed every row
+    mutable pinned_array<uint8_t> changed_host_;
+    mutable pinned_array<uint32_t> row_ids_host_;
+    mutable pinned_array<float> row_block_host_, row_bias_host_;
+    mutable device_array<uint32_t> row_ids_;
+    mutable device_array<float> row_block_, row_bias_;
 };
 
 gpu_backend::gpu_backend(model_state initial, const train_config& train, int device,
@@ -227,6 +251,7 @@ gpu_backend::gpu_backend(model_state initial, const train_config& train, int dev
     shape_.check_same_layout(initial);
     for (size_t l = 0; l < 2; ++l) upload_layer(l, initial.layers[l], /*with_optimizer=*/true);
     initial = model_state{};  // the host copy is no longer needed: free it before tables
+    reset_changed_rows();
     if (lsh_output()) rebuild_output_tables();
     HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
@@ -458,6 +483,7 @@ void gpu_backend::first_layer_update(uint32_t batch, uint32_t nnz, float inv_bat
         first_layer_rows_adam(layers_[0].view(), g.unique.data(), g.begin.data(), g.n_unique.data(),
                               nnz, g.order.data(), nonzero_sample_.data(), csr.feature_values,
                               d_hidden_.data(), inv_batch, adam, stream_);
+        mark_rows(changed_[0].data(), g.unique.data(), g.n_unique.data(), nnz, stream_);
     }
     first_layer_bias_adam(layers_[0].view(), d_hidden_.data(), batch, inv_batch, adam, stream_);
 }
@@ -525,9 +551,11 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
             output_rows_adam(out.view(), g.unique.data(), g.begin.data(), g.n_unique.data(), total,
                              g.order.data(), active_.entry_sample.data(), delta_.data(),
                              hidden_.data(), inv_batch, adam, stream_);
+            mark_rows(changed_[1].data(), g.unique.data(), g.n_unique.data(), total, stream_);
         }
     } else {
         dense_backward_and_update(b, inv_batch, adam);  // backward and update in one
+        all_changed_[1] = true;
         HSLIDE_CUDA_CHECK(cudaEventRecord(events_[6], stream_));
     }
     first_layer_update(b, batch_nnz_, inv_batch, adam);
@@ -641,7 +669,132 @@ void gpu_backend::import_state(const model_state& in, bool with_optimizer) {
     if (with_optimizer) shape_.adam_step = in.adam_step;
     shape_.hash_seeds = in.hash_seeds;
     if (lsh_output()) rebuild_output_tables();
+    reset_changed_rows();
     HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void gpu_backend::reset_changed_rows() {
+    for (size_t l = 0; l < 2; ++l) {
+        changed_[l].reserve(layers_[l].rows, "row change flags");
+        changed_[l].zero(stream_);
+        all_changed_[l] = false;
+    }
+}
+
+bool gpu_backend::take_changed_rows(row_sets& rows) {
+    activate();
+    rows.assign(2, {});
+    for (size_t l = 0; l < 2; ++l) {
+        const uint32_t n = layers_[l].rows;
+        if (all_changed_[l]) {
+            rows[l].resize(n);
+            std::iota(rows[l].begin(), rows[l].end(), 0u);
+            continue;
+        }
+        changed_host_.reserve(n, "row change flags");
+        HSLIDE_CUDA_CHECK(cudaMemcpyAsync(changed_host_.data(), changed_[l].data(), n,
+                                          cudaMemcpyDeviceToHost, stream_));
+        HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        const uint8_t* flags = changed_host_.data();
+        for (uint32_t r = 0; r < n; ++r)
+            if (flags[r]) rows[l].push_back(r);
+    }
+    reset_changed_rows();
+    return true;
+}
+
+template <class Chunk>
+void gpu_backend::for_row_chunks(size_t l, const std::vector<uint32_t>& rows, Chunk&& chunk) const {
+    const uint32_t n_rows = layers_[l].rows;
+    for (size_t begin = 0; begin < rows.size(); begin += rows_per_chunk) {
+        const uint32_t n = uint32_t(std::min<size_t>(rows_per_chunk, rows.size() - begin));
+        row_ids_host_.reserve(n, "row transfer staging");
+        for (uint32_t i = 0; i < n; ++i) {
+            const uint32_t r = rows[begin + i];
+            HSLIDE_CHECK(r < n_rows, "row transfer: row {} of layer {} is out of range ({} rows)",
+                         r, l, n_rows);
+            row_ids_host_.data()[i] = r;
+        }
+        row_ids_.reserve(n, "row transfer staging");
+        HSLIDE_CUDA_CHECK(cudaMemcpyAsync(row_ids_.data(), row_ids_host_.data(), size_t(n) * 4,
+                                          cudaMemcpyHostToDevice, stream_));
+        chunk(row_ids_host_.data(), n);
+    }
+}
+
+void gpu_backend::export_rows(const row_sets& rows, model_state& out) const {
+    shape_.check_same_layout(out);
+    HSLIDE_CHECK(rows.size() == 2, "row export: {} layers of rows for a 2-layer model",
+                 rows.size());
+    activate();
+    for (size_t l = 0; l < 2; ++l) {
+        const device_layer& src = layers_[l];
+        layer_state& dst = out.layers[l];
+        const bool row_bias = l > 0;  // layer 0's bias is one vector, copied whole below
+        for_row_chunks(l, rows[l], [&](const uint32_t* ids, uint32_t n) {
+            const size_t floats = size_t(n) * src.stride;
+            row_block_.reserve(floats, "row transfer staging");
+            row_bias_.reserve(n, "row transfer staging");
+            row_block_host_.reserve(floats, "row transfer staging");
+            row_bias_host_.reserve(n, "row transfer staging");
+            gather_rows(src.view(), row_ids_.data(), n, row_block_.data(),
+                        row_bias ? row_bias_.data() : nullptr, stream_);
+            HSLIDE_CUDA_CHECK(cudaMemcpyAsync(row_block_host_.data(), row_block_.data(), floats * 4,
+                                              cudaMemcpyDeviceToHost, stream_));
+            if (row_bias)
+                HSLIDE_CUDA_CHECK(cudaMemcpyAsync(row_bias_host_.data(), row_bias_.data(),
+                                                  size_t(n) * 4, cudaMemcpyDeviceToHost, stream_));
+            HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+            for (uint32_t i = 0; i < n; ++i) {
+                std::memcpy(dst.row(ids[i]), row_block_host_.data() + size_t(i) * src.stride,
+                            size_t(src.stride) * 4);
+                if (row_bias) dst.bias[ids[i]] = row_bias_host_.data()[i];
+            }
+        });
+        if (!row_bias) {
+            HSLIDE_CUDA_CHECK(cudaMemcpyAsync(dst.bias.data(), src.bias.data(), dst.bias.size() * 4,
+                                              cudaMemcpyDeviceToHost, stream_));
+            HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        }
+    }
+}
+
+void gpu_backend::import_rows(const model_state& in, const row_sets& rows) {
+    shape_.check_same_layout(in);
+    HSLIDE_CHECK(rows.size() == 2, "row import: {} layers of rows for a 2-layer model",
+                 rows.size());
+    activate();
+    for (size_t l = 0; l < 2; ++l) {
+        device_layer& dst = layers_[l];
+        const layer_state& src = in.layers[l];
+        const bool row_bias = l > 0;
+        for_row_chunks(l, rows[l], [&](const uint32_t* ids, uint32_t n) {
+            const size_t floats = size_t(n) * dst.stride;
+            row_block_.reserve(floats, "row transfer staging");
+            row_bias_.reserve(n, "row transfer staging");
+            row_block_host_.reserve(floats, "row transfer staging");
+            row_bias_host_.reserve(n, "row transfer staging");
+            for (uint32_t i = 0; i < n; ++i) {
+                std::memcpy(row_block_host_.data() + size_t(i) * dst.stride, src.row(ids[i]),
+                            size_t(dst.stride) * 4);
+                if (row_bias) row_bias_host_.data()[i] = src.bias[ids[i]];
+            }
+            HSLIDE_CUDA_CHECK(cudaMemcpyAsync(row_block_.data(), row_block_host_.data(), floats * 4,
+                                              cudaMemcpyHostToDevice, stream_));
+            if (row_bias)
+                HSLIDE_CUDA_CHECK(cudaMemcpyAsync(row_bias_.data(), row_bias_host_.data(),
+                                                  size_t(n) * 4, cudaMemcpyHostToDevice, stream_));
+            scatter_rows(dst.view(), row_ids_.data(), n, row_block_.data(),
+                         row_bias ? row_bias_.data() : nullptr, stream_);
+            // The staging blocks are refilled by the next chunk.
+            HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        });
+        if (!row_bias) {
+            HSLIDE_CUDA_CHECK(cudaMemcpyAsync(dst.bias.data(), src.bias.data(), src.bias.size() * 4,
+                                              cudaMemcpyHostToDevice, stream_));
+            HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        }
+    }
 }
 
 backend_info gpu_backend::info() const {

@@ -1,5 +1,6 @@
 // The GPU backend's layer kernels (see gpu_layers.cuh for what each computes).
 #include "gpu_layers.cuh"
+#include "launch.cuh"
 
 #include <algorithm>
 #include <cfloat>
@@ -12,10 +13,6 @@ constexpr int block_threads = 256;
 constexpr int warps_per_block = block_threads / 32;
 // Hidden rows of up to 1024 floats: 256 float4 chunks, 8 per lane of a warp.
 constexpr int max_chunks_per_lane = 8;
-
-uint32_t blocks_for(uint64_t n, uint32_t per_block) {
-    return uint32_t((n + per_block - 1) / per_block);
-}
 
 __device__ float warp_sum(float v) {
     for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -1,5 +1,6 @@
 // GPU hashing, table building and active sets (see gpu_lsh.cuh for the design).
 #include "gpu_lsh.cuh"
+#include "launch.cuh"
 
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_run_length_encode.cuh>
@@ -14,10 +15,6 @@ namespace {
 constexpr uint32_t empty_slot = 0xffffffffu;
 constexpr uint32_t forced_hit = 0x40000000u;  // added to a label's hit count: never cut
 constexpr int block_threads = 256;
-
-uint32_t blocks_for(uint64_t n, uint32_t per_block) {
-    return uint32_t((n + per_block - 1) / per_block);
-}
 
 // Bin families: one warp per row; the raw values of all hashes go to shared memory, then
 // each lane finishes tables (densification reads the other hashes' raw values).
