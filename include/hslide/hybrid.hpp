@@ -34,7 +34,8 @@
 // Row-sparse merges. A merge moves rows, not models (a row: an input feature's layer-0
 // weights, or a neuron's weights and bias; layer 0's bias vector goes with every merge):
 //  - the worker's backend reports the rows its training changed since the last merge
-//    (Backend::take_changed_rows; the CPU backend knows them from its update's row grouping);
+//    (Backend::take_changed_rows; the CPU backend knows them from its update's row grouping,
+//    the GPU backend from flags its update sets on the device);
 //    every other row of the replica still equals the worker's base, so its change there is
 //    zero, and adding only the reported rows is the whole change;
 //  - the shared model stamps every row with the version (merge count) that last changed it,
