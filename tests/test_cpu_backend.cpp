@@ -263,36 +263,44 @@ TEST(CpuBackend, SparseOutputActiveSetHoldsLabelsFirstAndIsSparse) {
     }
 }
 
-TEST(CpuBackend, TwoThreadsGiveTheSameModelAsOneThread) {
-    const model_config config = small_config(sparsity_mode::lsh, sparsity_mode::lsh);
-    const dataset data = random_dataset(200, 20, 30, 21);
+/// Trains one backend on 1 thread and one on `threads` through the same batches (tables
+/// rebuilt with new functions after `rebuild_after` batches); per-row reductions in sample
+/// order make the result independent of the thread count: not merely within tolerance, but
+/// bit for bit. Returns the smallest active-entry count of the output layer seen in a batch.
+uint64_t expect_thread_count_invariance(const model_config& config, const dataset& data,
+                                        uint32_t batch, int threads, uint32_t rebuild_after) {
     const model_state initial = model_state::create(config, 21);
     train_config tc;
-    cpu::cpu_backend one(initial, tc, 1), two(initial, tc, 2);
+    cpu::cpu_backend one(initial, tc, 1), many(initial, tc, threads);
     std::vector<uint32_t> rows(data.size());
     std::iota(rows.begin(), rows.end(), 0u);
-    for (uint32_t b = 0; b + 16 <= rows.size(); b += 16) {
-        const auto r1 = one.train_batch({&data, rows.data() + b, 16}, 0.01f);
-        const auto r2 = two.train_batch({&data, rows.data() + b, 16}, 0.01f);
-        EXPECT_EQ(r1.loss_sum, r2.loss_sum);
-        if (b == 96) {
+    uint64_t fewest = UINT64_MAX;
+    for (uint32_t b = 0; b + batch <= rows.size(); b += batch) {
+        const auto r1 = one.train_batch({&data, rows.data() + b, batch}, 0.01f);
+        const auto rn = many.train_batch({&data, rows.data() + b, batch}, 0.01f);
+        EXPECT_EQ(r1.loss_sum, rn.loss_sum);
+        fewest = std::min(fewest, r1.active_per_layer.back());
+        if (b / batch + 1 == rebuild_after) {
             one.rebuild_tables(true);
-            two.rebuild_tables(true);
+            many.rebuild_tables(true);
         }
     }
     model_state a, b;
     one.export_state(a, true);
-    two.export_state(b, true);
-    // Per-row reductions in sample order make the result independent of the thread count:
-    // not merely within tolerance, but bit for bit.
+    many.export_state(b, true);
     EXPECT_TRUE(same_parameters(a, b));
     EXPECT_FALSE(same_parameters(a, initial));
+    return fewest;
+}
+
+TEST(CpuBackend, TwoThreadsGiveTheSameModelAsOneThread) {
+    expect_thread_count_invariance(small_config(sparsity_mode::lsh, sparsity_mode::lsh),
+                                   random_dataset(200, 20, 30, 21), 16, 2, 7);
 }
 
 TEST(CpuBackend, LargeBatchesGroupRowsInParallelWithTheSameResult) {
     // Batches with tens of thousands of (sample, row) entries: the update's row grouping then
-    // splits the rows between threads, and the model must still be bit for bit the one
-    // thread's, at a thread count that does not divide the rows evenly.
+    // splits the rows between threads, at a thread count that does not divide them evenly.
     model_config config;
     config.input_dim = 300;
     layer_config hidden;
@@ -305,23 +313,9 @@ TEST(CpuBackend, LargeBatchesGroupRowsInParallelWithTheSameResult) {
     out.lsh = hslide::testing::make_lsh_config(hash_kind::dwta, 3, 8, 3);
     out.active.min_active = 600;
     config.layers.push_back(out);
-    const dataset data = random_dataset(192, 300, 2999, 31);
-    const model_state initial = model_state::create(config, 31);
-    train_config tc;
-    cpu::cpu_backend one(initial, tc, 1), three(initial, tc, 3);
-    std::vector<uint32_t> rows(data.size());
-    std::iota(rows.begin(), rows.end(), 0u);
-    for (uint32_t b = 0; b < rows.size(); b += 64) {
-        const auto r1 = one.train_batch({&data, rows.data() + b, 64}, 0.01f);
-        const auto r3 = three.train_batch({&data, rows.data() + b, 64}, 0.01f);
-        ASSERT_GE(r1.active_per_layer[1], 64u * 600u);  // the parallel grouping's case
-        EXPECT_EQ(r1.loss_sum, r3.loss_sum);
-    }
-    model_state a, b;
-    one.export_state(a, true);
-    three.export_state(b, true);
-    EXPECT_TRUE(same_parameters(a, b));
-    EXPECT_FALSE(same_parameters(a, initial));
+    const uint64_t fewest =
+        expect_thread_count_invariance(config, random_dataset(192, 300, 2999, 31), 64, 3, 2);
+    EXPECT_GE(fewest, 64u * 600u);  // the parallel grouping's case
 }
 
 TEST(CpuBackend, AdamStepMatchesHandComputation) {

@@ -600,6 +600,18 @@ TEST(Hybrid, AdaptivePolicyMeetsTheRequestedUpdateShares) {
     EXPECT_LT(stats[1].batch_mean, stats[0].batch_mean);
 }
 
+/// An adaptive hybrid of counting workers of the given speeds, with 0.1-second windows for
+/// the usefulness check (the tests run for about a second).
+std::unique_ptr<backend> adaptive_with_short_windows(const std::vector<double>& seconds_per_sample,
+                                                     const model_state& initial,
+                                                     std::vector<counting_backend*>& devices) {
+    hybrid_options h = counting_workers(seconds_per_sample, devices);
+    h.policy = schedule_policy::adaptive;
+    h.reference_batch = 64;
+    h.park_window_seconds = 0.1;
+    return create_hybrid_backend(h, initial, train_config{});
+}
+
 TEST(HybridAdaptive, ParksAWorkerThatSlowsTheOthersMoreThanItAdds) {
     // Worker 1 is 50x slower per sample, and while it trains worker 0 runs at half speed (as
     // CPU threads contending with a GPU's feeding thread would make it): the adaptive policy
@@ -608,11 +620,7 @@ TEST(HybridAdaptive, ParksAWorkerThatSlowsTheOthersMoreThanItAdds) {
     const uint32_t n = 60000;
     const dataset data = counting_dataset(n);
     std::vector<counting_backend*> devices;
-    hybrid_options h = counting_workers({2e-5, 1e-3}, devices);
-    h.policy = schedule_policy::adaptive;
-    h.reference_batch = 64;
-    h.park_window_seconds = 0.1;
-    auto hybrid = create_hybrid_backend(h, initial, train_config{});
+    auto hybrid = adaptive_with_short_windows({2e-5, 1e-3}, initial, devices);
     contention c;
     c.slowdown = 1.0;
     devices[0]->set_contention(&c, false);
@@ -636,11 +644,7 @@ TEST(HybridAdaptive, KeepsASlowWorkerThatHelps) {
     const uint32_t n = 60000;
     const dataset data = counting_dataset(n);
     std::vector<counting_backend*> devices;
-    hybrid_options h = counting_workers({2e-5, 8e-5}, devices);
-    h.policy = schedule_policy::adaptive;
-    h.reference_batch = 64;
-    h.park_window_seconds = 0.1;
-    auto hybrid = create_hybrid_backend(h, initial, train_config{});
+    auto hybrid = adaptive_with_short_windows({2e-5, 8e-5}, initial, devices);
     EXPECT_EQ(feed(*hybrid, data, n, 64), n);
     const auto stats = hybrid->take_worker_stats();
     ASSERT_EQ(stats.size(), 2u);

@@ -146,6 +146,9 @@ class gpu_backend final : public backend {
     /// the layer and copied to the device (row_ids_) first.
     template <class Chunk>
     void for_row_chunks(size_t l, const std::vector<uint32_t>& rows, Chunk&& chunk) const;
+    /// Room for n packed rows of `stride` floats (and their biases) on both sides; returns
+    /// the floats of the block.
+    size_t reserve_row_staging(uint32_t n, uint32_t stride) const;
 
     model_state shape_;  // config, layer shapes, step count, hash seeds; no parameters
     train_config train_;
@@ -722,6 +725,15 @@ void gpu_backend::for_row_chunks(size_t l, const std::vector<uint32_t>& rows, Ch
     }
 }
 
+size_t gpu_backend::reserve_row_staging(uint32_t n, uint32_t stride) const {
+    const size_t floats = size_t(n) * stride;
+    row_block_.reserve(floats, "row transfer staging");
+    row_bias_.reserve(n, "row transfer staging");
+    row_block_host_.reserve(floats, "row transfer staging");
+    row_bias_host_.reserve(n, "row transfer staging");
+    return floats;
+}
+
 void gpu_backend::export_rows(const row_sets& rows, model_state& out) const {
     shape_.check_same_layout(out);
     HSLIDE_CHECK(rows.size() == 2, "row export: {} layers of rows for a 2-layer model",
@@ -732,11 +744,7 @@ void gpu_backend::export_rows(const row_sets& rows, model_state& out) const {
         layer_state& dst = out.layers[l];
         const bool row_bias = l > 0;  // layer 0's bias is one vector, copied whole below
         for_row_chunks(l, rows[l], [&](const uint32_t* ids, uint32_t n) {
-            const size_t floats = size_t(n) * src.stride;
-            row_block_.reserve(floats, "row transfer staging");
-            row_bias_.reserve(n, "row transfer staging");
-            row_block_host_.reserve(floats, "row transfer staging");
-            row_bias_host_.reserve(n, "row transfer staging");
+            const size_t floats = reserve_row_staging(n, src.stride);
             gather_rows(src.view(), row_ids_.data(), n, row_block_.data(),
                         row_bias ? row_bias_.data() : nullptr, stream_);
             HSLIDE_CUDA_CHECK(cudaMemcpyAsync(row_block_host_.data(), row_block_.data(), floats * 4,
@@ -769,11 +777,7 @@ void gpu_backend::import_rows(const model_state& in, const row_sets& rows) {
         const layer_state& src = in.layers[l];
         const bool row_bias = l > 0;
         for_row_chunks(l, rows[l], [&](const uint32_t* ids, uint32_t n) {
-            const size_t floats = size_t(n) * dst.stride;
-            row_block_.reserve(floats, "row transfer staging");
-            row_bias_.reserve(n, "row transfer staging");
-            row_block_host_.reserve(floats, "row transfer staging");
-            row_bias_host_.reserve(n, "row transfer staging");
+            const size_t floats = reserve_row_staging(n, dst.stride);
             for (uint32_t i = 0; i < n; ++i) {
                 std::memcpy(row_block_host_.data() + size_t(i) * dst.stride, src.row(ids[i]),
                             size_t(dst.stride) * 4);
