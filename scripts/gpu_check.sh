@@ -10,7 +10,8 @@
 #                                           # WikiLSHTC-325K-shaped presets (full label and
 #                                           # feature counts, SCALE x the points, default 0.1)
 #                                           # with the gpu, gpu bf16, gpu-dense bf16 and cpu
-#                                           # (all cores) backends, EPOCHS each (default 2)
+#                                           # (all cores) backends, EPOCHS each (default 2),
+#                                           # and on Amazon-670K hybrid cpu+gpu (adaptive)
 #
 # With the device tool: run `scripts/gpu_check.sh pack` here, then
 #   run(command="scripts/gpu_check.sh tests", carry=["gpu-pack"])
@@ -79,12 +80,16 @@ tests | bench)
     for preset in amazon670k wikilshtc325k; do
         data="$out/data-$preset"
         "$pack/bin/hslide" gen --preset "$preset" --scale "$scale" --out "$data" -q
-        for config in "gpu fp32" "gpu bf16" "gpu-dense bf16" "cpu fp32"; do
+        configs=("gpu fp32" "gpu bf16" "gpu-dense bf16" "cpu fp32")
+        [[ $preset == amazon670k ]] && configs+=("hybrid fp32")
+        for config in "${configs[@]}"; do
             read -r backend precision <<<"$config"
             name="$preset-$backend-$precision"
+            extra=()
+            [[ $backend == hybrid ]] && extra=(--workers cpu,gpu --schedule adaptive)
             "$pack/bin/hslide" train --train "$data/train.txt" --test "$data/test.txt" \
                 --backend "$backend" --precision "$precision" --epochs "$epochs" \
-                --batch-size 256 --no-progress --metrics-out "$out/$name.jsonl" \
+                --batch-size 256 --no-progress --metrics-out "$out/$name.jsonl" "${extra[@]}" \
                 >"$out/$name.log" 2>&1 || echo "($name failed: see $name.log)" >>"$summary"
             if [[ -s $out/$name.jsonl ]]; then
                 python3 - "$out/$name.jsonl" "$preset" "$backend" "$precision" >>"$summary" <<'EOF'
@@ -98,6 +103,14 @@ stages = " | ".join(f"{st.get(k, 0):.2f}" for k in
 print(f"| {sys.argv[2]} | {sys.argv[3]} | {sys.argv[4]} | "
       f"{statistics.median(r['epoch_seconds'] for r in rows):.2f} | "
       f"{last.get('p@1', float('nan')):.4f} | {stages} |")
+# Hybrid: each worker's share of samples and updates, utilisation and parked time, per epoch.
+for r in rows:
+    for w in r.get("workers", []):
+        wall = w["wall_seconds"] or 1
+        print(f"|  | epoch {r['epoch']}: {w['name']} | | "
+              f"{w['samples']} samples, {100 * w['update_share']:.0f}% of updates | "
+              f"busy {100 * w['utilisation']:.0f}% | "
+              f"parked {100 * w['parked_seconds'] / wall:.0f}% | | | | | | |")
 EOF
             fi
         done

@@ -173,6 +173,7 @@ void trainer::write_metrics_record(const epoch_record& r) {
                                 {"update_share", w.update_share},
                                 {"utilisation", w.utilisation()},
                                 {"busy_seconds", w.busy_seconds},
+                                {"wall_seconds", w.wall_seconds},
                                 {"batch_min", w.batch_min},
                                 {"batch_mean", w.batch_mean},
                                 {"batch_max", w.batch_max},
