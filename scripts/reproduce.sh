@@ -8,7 +8,7 @@
 #
 # Usage: scripts/reproduce.sh [--preset NAME --scale S | --train FILE --test FILE] [options]
 #                             [-- extra flags for every `hslide train`]
-#   --preset NAME       amazon670k (default), wikilshtc325k, delicious200k, tiny
+#   --preset NAME       amazon670k (default), wikilshtc325k, delicious200k, amazon3m, tiny
 #   --scale S           synthetic point-count factor (default 0.01)
 #   --labels N, --features N, --data-seed N (2024)   synthetic data overrides
 #   --train FILE, --test FILE, --train-split FILE, --test-split FILE, --split-column K
@@ -116,9 +116,11 @@ case $preset in
     amazon670k) p_hidden=128 p_K=6 p_L=50 p_bits=2 p_batch=256 p_min_active=1024 ;;
     wikilshtc325k) p_hidden=128 p_K=5 p_L=350 p_bits=2 p_batch=256 p_min_active=1024 ;;
     delicious200k) p_hidden=128 p_K=6 p_L=50 p_bits=2 p_batch=128 p_min_active=1024 ;;
+    # No paper setting: K=8 gives 2^16 buckets a table, about 43 of the 2.8M neurons each.
+    amazon3m) p_hidden=128 p_K=8 p_L=50 p_bits=2 p_batch=256 p_min_active=1024 ;;
     # tiny (tests): 500 labels, below the automatic LSH threshold, so LSH is forced.
     tiny) p_hidden=64 p_K=3 p_L=16 p_bits=2 p_batch=64 p_min_active=64 sparsity=lsh ;;
-    *) die "unknown preset '$preset' (valid: amazon670k, wikilshtc325k, delicious200k, tiny)" ;;
+    *) die "unknown preset '$preset' (valid: amazon670k, wikilshtc325k, delicious200k, amazon3m, tiny)" ;;
 esac
 hidden=${hidden:-$p_hidden} K=${K:-$p_K} L=${L:-$p_L} bits=${bits:-$p_bits} batch=${batch:-$p_batch}
 min_active=${min_active:-$p_min_active} lr=${lr:-0.002}
