@@ -15,6 +15,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <set>
 #include <vector>
 
 using namespace hslide;
@@ -373,21 +374,30 @@ TEST(CpuBackend, AdamStepMatchesHandComputation) {
 }
 
 TEST(CpuBackend, SparseAdamLeavesUntouchedRowsDenseAdamMovesThem) {
-    const model_config config = small_config(sparsity_mode::dense, sparsity_mode::lsh);
-    const dataset data = random_dataset(8, 20, 30, 41);
+    // 200 outputs, so a sample's active set (at most L x capacity = 32 plus labels) leaves most
+    // of them untouched.
+    model_config config = small_config(sparsity_mode::dense, sparsity_mode::lsh);
+    config.layers.back().size = 200;
+    const uint32_t out = uint32_t(config.layers.size() - 1);
+    const dataset data = random_dataset(8, 20, 200, 41);
     const model_state initial = model_state::create(config, 41);
     std::vector<uint32_t> first = {0, 1}, second = {2};
-    for (adam_mode mode : {adam_mode::sparse, adam_mode::dense}) {
+    for (adam_mode mode : {adam_mode::sparse, adam_mode::dense, adam_mode::input_dense}) {
+        SCOPED_TRACE(to_string(mode));
         train_config tc;
         tc.adam = mode;
         cpu::cpu_backend be(initial, tc, 1);
         be.train_batch({&data, first.data(), 2}, 0.01f);
+        std::set<uint32_t> active_first;
+        for (uint32_t s = 0; s < 2; ++s)
+            for (uint32_t id : be.last_active(s, out)) active_first.insert(id);
         const model_state after_first = be.model();
         model_state grad;
         cpu::cpu_backend probe(after_first, tc, 1);
         probe.compute_gradient({&data, second.data(), 1}, grad);
         be.train_batch({&data, second.data(), 1}, 0.01f);
-        // Input rows touched by the first batch only: gradient zero in the second.
+        // Input rows touched by the first batch only: gradient zero in the second. They
+        // move with their momentum unless Adam is sparse on the input layer.
         const feature_row x0 = data.features(0);
         int compared = 0;
         for (uint32_t k = 0; k < x0.count; ++k) {
@@ -402,6 +412,19 @@ TEST(CpuBackend, SparseAdamLeavesUntouchedRowsDenseAdamMovesThem) {
             ++compared;
         }
         EXPECT_GT(compared, 0);
+        // Output rows active in the first batch only: only dense Adam moves them (whole rows
+        // are compared: an input unit that was 0 leaves its weight's momentum at 0).
+        const auto& active_second = be.last_active(0, out);
+        const layer_state &was = after_first.layers[out], &is = be.model().layers[out];
+        int compared_out = 0;
+        for (uint32_t r : active_first) {
+            if (std::count(active_second.begin(), active_second.end(), r)) continue;
+            const bool moved = was.bias[r] != is.bias[r] ||
+                               !std::equal(was.row(r), was.row(r) + was.width, is.row(r));
+            EXPECT_EQ(moved, mode == adam_mode::dense) << "output row " << r;
+            ++compared_out;
+        }
+        EXPECT_GT(compared_out, 0);
     }
 }
 

@@ -60,9 +60,16 @@ struct model_config {
 enum class adam_mode {
     sparse,  ///< update only the touched rows (default; lazy Adam with the global step count)
     dense,   ///< SLIDE's behaviour: every row every batch, untouched rows with a zero gradient
+    /// dense on the input layer (every feature row moves with its momentum every batch),
+    /// sparse on the others (the big output layer moves only its active rows)
+    input_dense,
 };
 adam_mode parse_adam_mode(const std::string& name);
 const char* to_string(adam_mode mode);
+/// Whether Adam moves layer l's untouched rows (with a zero gradient) in this mode.
+inline bool adam_moves_untouched_rows(adam_mode mode, size_t l) {
+    return mode == adam_mode::dense || (mode == adam_mode::input_dense && l == 0);
+}
 
 /// How predictions score the output layer.
 enum class scoring_mode {

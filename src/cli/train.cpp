@@ -67,8 +67,9 @@ int run_train(int argc, char** argv) {
     app.add_option("--beta2", tc.adam_beta2, "Adam beta2")->capture_default_str();
     app.add_option("--adam-eps", tc.adam_epsilon, "Adam epsilon")->capture_default_str();
     app.add_option("--adam", adam,
-                   "sparse: update only touched rows; dense: every row every step (SLIDE)")
-        ->check(CLI::IsMember({"sparse", "dense"}))
+                   "sparse: update only touched rows; dense: every row every step (SLIDE); "
+                   "input-dense: every input-layer row, the touched rows of the others")
+        ->check(CLI::IsMember({"sparse", "dense", "input-dense"}))
         ->capture_default_str();
     app.add_option("--rebuild", tc.rebuild_every, "samples between LSH table rebuilds (initially)")
         ->check(CLI::PositiveNumber)

@@ -463,8 +463,8 @@ step_report cpu_backend::train_batch(const batch_view& batch, float learning_rat
     const adam_corrections corrections = adam_bias_corrections(train_, model_.adam_step);
     const adam_step step{learning_rate,       train_.adam_beta1, train_.adam_beta2,
                          train_.adam_epsilon, corrections.c1,    corrections.c2};
-    const bool dense_adam = train_.adam == adam_mode::dense;
     for (size_t l = 0; l < model_.layers.size(); ++l) {
+        const bool dense_adam = adam_moves_untouched_rows(train_.adam, l);
         layer_state& layer = model_.layers[l];
         // Adam on one row's weights and (past layer 0, whose bias is a vector) its bias.
         auto adam_row = [&](uint32_t row, const float* grad, float bias_grad) {

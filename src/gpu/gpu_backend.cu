@@ -226,8 +226,8 @@ gpu_backend::gpu_backend(model_state initial, const train_config& train, int dev
                       "the GPU backend supports hidden layers of at most 1024 neurons, got {}",
                       initial.layers[0].width);
     HSLIDE_CHECK_KIND(train.adam == adam_mode::sparse, error_kind::unsupported,
-                      "the GPU backend updates touched rows only: --adam dense (SLIDE's update "
-                      "of every row) is CPU-only");
+                      "the GPU backend updates touched rows only: --adam dense and "
+                      "input-dense (which also move untouched rows) are CPU-only for now");
     dense_output_ = dense_output || !config.is_sparse(1);
 
     std::string problem;
