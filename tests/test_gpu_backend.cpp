@@ -191,11 +191,13 @@ std::unique_ptr<backend> make_gpu(const model_state& m, const train_config& tc, 
 // Trains a CPU and a GPU backend from the same state on the same batches; compares the
 // per-step losses and the parameters after.
 void expect_same_training(const char* kind, sparsity_mode output, precision_mode precision,
-                          double loss_tolerance, double weight_tolerance) {
+                          double loss_tolerance, double weight_tolerance,
+                          adam_mode adam = adam_mode::sparse) {
     const model_config config = two_layer_config(output);
     const model_state initial = model_state::create(config, 3);
     train_config tc;
     tc.seed = 4;
+    tc.adam = adam;
     std::unique_ptr<backend> gpu;
     try {
         gpu = make_gpu(initial, tc, kind, precision);
@@ -239,6 +241,13 @@ void expect_same_training(const char* kind, sparsity_mode output, precision_mode
 TEST(GpuBackend, LshTrainingMatchesTheCpu) {
     HSLIDE_REQUIRE_GPU();
     expect_same_training("gpu", sparsity_mode::lsh, precision_mode::fp32, 1e-4, 2e-4);
+}
+
+TEST(GpuBackend, InputDenseAdamTrainingMatchesTheCpu) {
+    HSLIDE_REQUIRE_GPU();
+    // Batches of 16 of 64 points leave input rows untouched: they must move as on the CPU.
+    expect_same_training("gpu", sparsity_mode::lsh, precision_mode::fp32, 1e-4, 2e-4,
+                         adam_mode::input_dense);
 }
 
 TEST(GpuBackend, Bf16LshTrainingMatchesTheCpuBf16) {
@@ -412,6 +421,15 @@ TEST(GpuBackend, UnsupportedShapesAreClearErrors) {
     } catch (const error& e) {
         EXPECT_EQ(e.kind(), error_kind::unsupported);
         EXPECT_NE(std::string(e.what()).find("one hidden layer"), std::string::npos) << e.what();
+    }
+    train_config slide;
+    slide.adam = adam_mode::dense;
+    try {
+        make_gpu(model_state::create(two_layer_config(sparsity_mode::lsh), 1), slide, "gpu");
+        FAIL() << "--adam dense was accepted";
+    } catch (const error& e) {
+        EXPECT_EQ(e.kind(), error_kind::unsupported);
+        EXPECT_NE(std::string(e.what()).find("--adam dense"), std::string::npos) << e.what();
     }
 }
 

@@ -199,6 +199,7 @@ class gpu_backend final : public backend {
     device_array<float> dense_gradient_, bias_gradient_;
     row_groups output_groups_, input_groups_;
     device_array<uint32_t> nonzero_sample_;
+    device_array<uint8_t> input_touched_;  // --adam input-dense: the step's first-layer rows
     device_array<uint32_t> top_labels_;
     device_array<float> top_scores_;
     pinned_array<float> loss_host_;
@@ -225,9 +226,9 @@ gpu_backend::gpu_backend(model_state initial, const train_config& train, int dev
     HSLIDE_CHECK_KIND(initial.layers[0].stride <= 1024, error_kind::unsupported,
                       "the GPU backend supports hidden layers of at most 1024 neurons, got {}",
                       initial.layers[0].width);
-    HSLIDE_CHECK_KIND(train.adam == adam_mode::sparse, error_kind::unsupported,
-                      "the GPU backend updates touched rows only: --adam dense and "
-                      "input-dense (which also move untouched rows) are CPU-only for now");
+    HSLIDE_CHECK_KIND(train.adam != adam_mode::dense, error_kind::unsupported,
+                      "--adam dense (SLIDE's update of every row of every layer) is CPU-only; "
+                      "the GPU backend takes sparse and input-dense");
     dense_output_ = dense_output || !config.is_sparse(1);
 
     std::string problem;
@@ -487,6 +488,15 @@ void gpu_backend::first_layer_update(uint32_t batch, uint32_t nnz, float inv_bat
                               nnz, g.order.data(), nonzero_sample_.data(), csr.feature_values,
                               d_hidden_.data(), inv_batch, adam, stream_);
         mark_rows(changed_[0].data(), g.unique.data(), g.n_unique.data(), nnz, stream_);
+    }
+    if (adam_moves_untouched_rows(train_.adam, 0)) {
+        // The other rows move with their momentum, as the CPU's input-dense Adam does.
+        input_touched_.reserve(layers_[0].rows, "first-layer row flags");
+        input_touched_.zero(stream_);
+        if (nnz > 0)
+            mark_rows(input_touched_.data(), g.unique.data(), g.n_unique.data(), nnz, stream_);
+        untouched_rows_adam(layers_[0].view(), input_touched_.data(), adam, stream_);
+        all_changed_[0] = true;
     }
     first_layer_bias_adam(layers_[0].view(), d_hidden_.data(), batch, inv_batch, adam, stream_);
 }

@@ -248,6 +248,14 @@ __global__ void rows_adam_kernel(layer_view layer, const uint32_t* unique_rows,
                      adam);
 }
 
+__global__ void untouched_rows_adam_kernel(layer_view layer, const uint8_t* touched,
+                                           adam_params adam) {
+    const size_t q = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (q >= size_t(layer.rows) * layer.stride / 4) return;
+    if (touched[4 * q / layer.stride]) return;
+    adam4(layer, 4 * q, make_float4(0, 0, 0, 0), adam);
+}
+
 __global__ void first_layer_bias_adam_kernel(layer_view layer, const float* d_hidden,
                                              uint32_t batch, float inv_batch, adam_params adam) {
     const uint32_t c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -433,6 +441,14 @@ void first_layer_rows_adam(const layer_view& layer, const uint32_t* unique_rows,
     rows_adam_kernel<true><<<blocks_for(max_unique, warps_per_block), block_threads, 0, stream>>>(
         layer, unique_rows, segment_begin, n_unique, order, nonzero_sample, values, d_hidden,
         inv_batch, adam);
+    HSLIDE_CUDA_LAUNCH();
+}
+
+void untouched_rows_adam(const layer_view& layer, const uint8_t* touched, const adam_params& adam,
+                         cudaStream_t stream) {
+    const size_t n4 = size_t(layer.rows) * layer.stride / 4;
+    untouched_rows_adam_kernel<<<blocks_for(n4, block_threads), block_threads, 0, stream>>>(
+        layer, touched, adam);
     HSLIDE_CUDA_LAUNCH();
 }
 

@@ -97,6 +97,11 @@ void first_layer_rows_adam(const layer_view& layer, const uint32_t* unique_rows,
                            const float* d_hidden, float inv_batch, const adam_params& adam,
                            cudaStream_t stream);
 
+/// Adam with a zero gradient (momentum only) on every row of the layer whose touched[row] is
+/// 0 (--adam input-dense on the first layer: rows the batch did not touch still move).
+void untouched_rows_adam(const layer_view& layer, const uint8_t* touched, const adam_params& adam,
+                         cudaStream_t stream);
+
 /// Adam on the first layer's bias with the batch-mean of d_hidden.
 void first_layer_bias_adam(const layer_view& layer, const float* d_hidden, uint32_t batch,
                            float inv_batch, const adam_params& adam, cudaStream_t stream);
