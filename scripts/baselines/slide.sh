@@ -18,7 +18,8 @@
 #              optimisation flags only for icpc (-O2 -DNDEBUG -xHost -qopt-zmm-usage=high);
 #              here its SLIDE/*.cpp are compiled directly with the GCC equivalents
 #              -std=c++14 -O2 -DNDEBUG -march=native -mprefer-vector-width=512 -fopenmp
-#              (+ -DOPT_CPX_BF16=1 where the CPU has avx512_bf16: its OPT_CPX_BF16 option).
+#              (+ -DOPT_CPX_BF16=1 -flax-vector-conversions where the CPU has avx512_bf16:
+#              its OPT_CPX_BF16 option; GCC types _mm512_cvtneps_pbh as __m256bh).
 #              Two GCC-only adaptations, none for ICC: (1) a force-included header that
 #              defines _mm512_mask_exp_ps (an SVML intrinsic that only Intel's compilers
 #              provide) lane by lane with expf; (2) in the build copy, `sed` turns the
@@ -194,14 +195,21 @@ static inline __m512 _mm512_mask_exp_ps(__m512 src, __mmask16 k, __m512 a) {
 }
 EOF
         flags=(-std=c++14 -O2 -DNDEBUG -march=native -mprefer-vector-width=512 -fopenmp)
-        grep -qw avx512_bf16 /proc/cpuinfo && flags+=(-DOPT_CPX_BF16=1)
+        # OPT_CPX_BF16: native fp32->bf16 conversion; GCC's _mm512_cvtneps_pbh returns
+        # __m256bh where their code expects __m256i, hence -flax-vector-conversions.
+        grep -qw avx512_bf16 /proc/cpuinfo && flags+=(-DOPT_CPX_BF16=1 -flax-vector-conversions)
         mkdir -p "$build_dir/obj-$variant"
         for f in "$build_dir/src-$variant"/*.cpp; do
             g++ "${flags[@]}" -I"$build_dir/src-$variant" -I"$cnpy_dir" -include "$build_dir/svml_compat.h" \
-                -c "$f" -o "$build_dir/obj-$variant/$(basename "$f" .cpp).o" &
-            (( $(jobs -rp | wc -l) < 2 )) || wait -n
+                -c "$f" -o "$build_dir/obj-$variant/$(basename "$f" .cpp).o" \
+                >"$build_dir/obj-$variant/$(basename "$f" .cpp).log" 2>&1 &
+            (( $(jobs -rp | wc -l) < 2 )) || wait -n || true
         done
         wait
+        for f in "$build_dir/src-$variant"/*.cpp; do
+            o="$build_dir/obj-$variant/$(basename "$f" .cpp)"
+            [[ -f "$o.o" ]] || { grep -A3 'error' "$o.log" | head -20 >&2; die "compiling $(basename "$f") failed (log: $o.log)"; }
+        done
         g++ -fopenmp -o "$exe" "$build_dir/obj-$variant"/*.o "$build_dir/cnpy/libcnpy.a" -lz \
             >"$build_dir/build-$variant.log" 2>&1 || { cat "$build_dir/build-$variant.log" >&2; die "link failed"; }
     fi
