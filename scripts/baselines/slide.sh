@@ -253,7 +253,7 @@ rm -f "$work_dir/log.txt"
 echo "slide.sh: $label: $n_train train / $n_test test points, $in_dim -> $hidden -> $n_labels, K=$K L=$L RangePow=$range_pow batch=$batch lr=$lr epochs=$epochs threads=$threads eval=$eval_mode" >&2
 (cd "$work_dir" && OMP_NUM_THREADS="$threads" /usr/bin/time -v "$exe" "$cfg" \
     >"$work_dir/stdout.txt" 2>"$work_dir/time.txt") \
-    || { tail -5 "$work_dir/stdout.txt" "$work_dir/time.txt" >&2; die "SLIDE failed (logs in $work_dir)"; }
+    || { tail -n 5 "$work_dir/stdout.txt" "$work_dir/time.txt" >&2; die "SLIDE failed (logs in $work_dir)"; }
 rm -f "$work_dir/savedWeight.npz"
 
 # --- results: log.txt has "Epoch e" and, after each evaluation, "<batches so far> <training
