@@ -216,6 +216,8 @@ EOF
 fi
 
 # --- config (keys as in SLIDE's Config_amz.csv) ------------------------------------------
+# Stepsize (batches between extra evaluations during training; 1000 in Config_amz.csv) is set
+# out of reach: those evaluations are outside SLIDE's training clock and only cost wall time.
 eval_sparsity=1
 [[ "$eval_mode" == lsh ]] && eval_sparsity="$sparsity"
 cfg="$work_dir/config.csv"
