@@ -25,7 +25,8 @@ int run_gen(int argc, char** argv) {
     synthetic_config sc;
     std::string out_dir;
     int threads = 0;
-    app.add_option("--preset", sc.preset, "amazon670k, delicious200k, wikilshtc325k, amazon3m or tiny")
+    app.add_option("--preset", sc.preset,
+                   "amazon670k, delicious200k, wikilshtc325k, amazon3m or tiny")
         ->capture_default_str();
     app.add_option("--scale", sc.scale, "multiplies the preset's point counts")
         ->check(CLI::PositiveNumber)
