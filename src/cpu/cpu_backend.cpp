@@ -414,11 +414,15 @@ void cpu_backend::for_each_row_gradient(const batch_view& batch, size_t l, Visit
     const bool all_rows = l > 0 && !model_.config.is_sparse(l);
     const row_groups& g = groups_[l];
     const int64_t n_rows = all_rows ? int64_t(layer.rows) : int64_t(g.touched.size());
+    // Long runs of consecutive rows per thread keep the prefetchers streaming (128 rather
+    // than 16 made the 2-thread Amazon-670K update ~10% faster); at least 16 chunks a
+    // thread keep small layers balanced.
+    const int64_t chunk = std::clamp<int64_t>(n_rows / (16 * int64_t(threads_)), 16, 128);
 #pragma omp parallel num_threads(threads_)
     {
         thread_scratch& scratch = scratch_[omp_get_thread_num()];
         float* grad = scratch.grad.data();
-#pragma omp for schedule(dynamic, 16)
+#pragma omp for schedule(dynamic, chunk)
         for (int64_t t = 0; t < n_rows; ++t) {
             std::fill(grad, grad + layer.stride, 0.0f);
             float bias_grad = 0.0f;
