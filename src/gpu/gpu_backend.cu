@@ -327,16 +327,7 @@ void gpu_backend::rebuild_output_tables() {
 
 active_set_params gpu_backend::output_active_params(bool training, uint64_t seed) const {
     const layer_config& cfg = shape_.config.layers[1];
-    active_set_params p;
-    p.n_items = layers_[1].rows;
-    p.L = cfg.lsh.L;
-    p.min_active = cfg.active.min_active;
-    p.max_active = cfg.active.max_active;
-    p.hit_threshold = cfg.active.hit_threshold;
-    p.bucket_capacity = cfg.lsh.bucket_capacity;
-    p.force_labels = training;
-    p.seed = seed;
-    return p;
+    return active_set_params::of(layers_[1].rows, cfg.lsh, cfg.active, training, seed);
 }
 
 void gpu_backend::rebuild_tables(bool new_functions) {

@@ -93,6 +93,21 @@ struct active_set_params {
     int bucket_capacity = 0;
     bool force_labels = false;  ///< training: labels first; a point without labels gets none
     uint64_t seed = 0;          ///< random fill
+
+    /// The parameters of a layer of `n_items` neurons with these tables and active-set settings.
+    static active_set_params of(uint32_t n_items, const lsh_config& lsh,
+                                const active_set_config& active, bool force_labels, uint64_t seed) {
+        active_set_params p;
+        p.n_items = n_items;
+        p.L = lsh.L;
+        p.min_active = active.min_active;
+        p.max_active = active.max_active;
+        p.hit_threshold = active.hit_threshold;
+        p.bucket_capacity = lsh.bucket_capacity;
+        p.force_labels = force_labels;
+        p.seed = seed;
+        return p;
+    }
 };
 
 /// Per-sample active sets in CSR form on the device.

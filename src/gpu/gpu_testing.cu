@@ -72,15 +72,8 @@ std::vector<std::vector<uint32_t>> query_active_sets(const std::vector<uint32_t>
     uint32_t max_labels = 0;
     for (size_t s = 0; s + 1 < label_offsets.size(); ++s)
         max_labels = std::max(max_labels, label_offsets[s + 1] - label_offsets[s]);
-    active_set_params p;
-    p.n_items = n_items;
-    p.L = config.L;
-    p.min_active = active.min_active;
-    p.max_active = active.max_active;
-    p.hit_threshold = active.hit_threshold;
-    p.bucket_capacity = config.bucket_capacity;
-    p.force_labels = !label_offsets.empty();
-    p.seed = seed;
+    const active_set_params p =
+        active_set_params::of(n_items, config, active, !label_offsets.empty(), seed);
     hslide::gpu::active_sets sets;
     build_active_sets(tables.view(), d_samples.data(), n_samples, d_offsets.data(), d_labels.data(),
                       max_labels, p, sets, nullptr);
