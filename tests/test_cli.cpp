@@ -238,17 +238,10 @@ TEST(Cli, InfoReportsTheMachine) {
 
 TEST(Cli, BibtexWithDefaultsReachesP1OfAtLeast060) {
     HSLIDE_REQUIRE_SHARED_DATA();
-    const std::string dir = hslide::testing::shared_data_dir() + "/bibtex/";
     temp_dir out;
-    const auto r =
-        run_hslide("train --train " + dir + "Bibtex_data.txt --train-split " + dir +
-                   "bibtex_trSplit.txt --test-split " + dir +
-                   "bibtex_tstSplit.txt --split-column 1 --threads 2 --no-progress --metrics-out " +
-                   out.file("m.jsonl"));
+    const auto r = run_hslide("train " + hslide::testing::bibtex_train_flags() +
+                              "--split-column 1 --threads 2 --no-progress --metrics-out " +
+                              out.file("m.jsonl"));
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    std::ifstream in(out.file("m.jsonl"));
-    std::string line, last;
-    while (std::getline(in, line)) last = line;
-    const double p1 = nlohmann::json::parse(last)["p@1"].get<double>();
-    EXPECT_GE(p1, 0.60) << r.output;
+    EXPECT_GE(hslide::testing::last_p_at_1(out.file("m.jsonl")), 0.60) << r.output;
 }

@@ -393,14 +393,9 @@ TEST(DenseBackendCli, TrainEvalPredictOnTinyPreset) {
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find("backend: cpu-dense"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("final: P@1"), std::string::npos) << r.output;
-    std::ifstream in(metrics);
-    std::string line, last;
-    int records = 0;
-    while (std::getline(in, line)) {
-        last = line;
-        ++records;
-    }
-    ASSERT_EQ(records, 3);
+    const std::vector<std::string> records = hslide::testing::read_lines(metrics);
+    ASSERT_EQ(records.size(), 3u);
+    const std::string& last = records.back();
     const auto j = nlohmann::json::parse(last);
     EXPECT_EQ(j["backend"], "cpu-dense");
     EXPECT_EQ(j["mean_active_output"].get<double>(), 500.0);  // every label
@@ -428,15 +423,13 @@ TEST(DenseBackendCli, TrainEvalPredictOnTinyPreset) {
     r = run_hslide("predict --backend cpu-dense --model " + model + " --data " +
                    dir.file("test.txt") + data + "-q --topk 3 --out " + preds);
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    std::ifstream p(preds);
-    int lines = 0;
-    while (std::getline(p, line)) {
+    const std::vector<std::string> lines = hslide::testing::read_lines(preds);
+    for (const std::string& line : lines) {
         std::istringstream ss(line);
         std::string item;
         int items = 0;
         while (ss >> item) ++items;
         EXPECT_EQ(items, 3) << line;
-        ++lines;
     }
-    EXPECT_EQ(lines, 500);
+    EXPECT_EQ(lines.size(), 500u);
 }

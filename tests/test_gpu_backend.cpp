@@ -436,21 +436,15 @@ TEST(GpuBackend, UnsupportedShapesAreClearErrors) {
 TEST(GpuBackend, BibtexP1WithinOneHundredthOfTheCpu) {
     HSLIDE_REQUIRE_GPU();
     HSLIDE_REQUIRE_SHARED_DATA();
-    const std::string dir = hslide::testing::shared_data_dir() + "/bibtex/";
     hslide::testing::temp_dir out;
     auto p1_of = [&](const std::string& backend) {
         const std::string metrics = out.file(backend + ".jsonl");
         const auto r = hslide::testing::run_hslide(
-            "train --train " + dir + "Bibtex_data.txt --train-split " + dir +
-            "bibtex_trSplit.txt --test-split " + dir +
-            "bibtex_tstSplit.txt --split-column 1 --epochs 5 --output-sparsity lsh --no-progress "
-            "-q --backend " +
+            "train " + hslide::testing::bibtex_train_flags() +
+            "--split-column 1 --epochs 5 --output-sparsity lsh --no-progress -q --backend " +
             backend + " --metrics-out " + metrics);
         EXPECT_EQ(r.exit_code, 0) << r.output;
-        std::ifstream in(metrics);
-        std::string line, last;
-        while (std::getline(in, line)) last = line;
-        return last.empty() ? -1.0 : nlohmann::json::parse(last)["p@1"].get<double>();
+        return hslide::testing::last_p_at_1(metrics);
     };
     const double cpu = p1_of("cpu"), gpu = p1_of("gpu");
     EXPECT_GT(cpu, 0.5);

@@ -695,20 +695,15 @@ TEST(Hybrid, TwoCpuWorkersTrainTheSameModelShape) {
 
 TEST(HybridCli, BibtexHybridOfTwoOneThreadWorkersMatchesSingleBackendP1) {
     HSLIDE_REQUIRE_SHARED_DATA();
-    const std::string dir = hslide::testing::shared_data_dir() + "/bibtex/";
     hslide::testing::temp_dir tmp;
-    const std::string data = "--train " + dir + "Bibtex_data.txt --train-split " + dir +
-                             "bibtex_trSplit.txt --test-split " + dir +
-                             "bibtex_tstSplit.txt --no-progress --eval-every 10 ";
+    const std::string data =
+        hslide::testing::bibtex_train_flags() + "--no-progress --eval-every 10 ";
     auto final_p1 = [&](const std::string& args, const std::string& name) {
         const std::string metrics = tmp.file(name + ".jsonl");
         const auto r =
             hslide::testing::run_hslide("train " + data + args + " --metrics-out " + metrics);
         EXPECT_EQ(r.exit_code, 0) << r.output;
-        std::ifstream in(metrics);
-        std::string line, last;
-        while (std::getline(in, line)) last = line;
-        return last.empty() ? 0.0 : nlohmann::json::parse(last).value("p@1", 0.0);
+        return hslide::testing::last_p_at_1(metrics);
     };
     const double single = final_p1("--threads 2", "single");
     const double hybrid = final_p1(

@@ -3,6 +3,8 @@
 
 #include "hslide/rng.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <numeric>
 #include <sstream>
 #include <stdexcept>
@@ -86,6 +89,26 @@ std::string read_text(const std::string& path) {
     std::stringstream ss;
     ss << in.rdbuf();
     return ss.str();
+}
+
+std::vector<std::string> read_lines(const std::string& path) {
+    std::ifstream in(path);
+    std::vector<std::string> lines;
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    return lines;
+}
+
+double last_p_at_1(const std::string& metrics_path) {
+    const std::vector<std::string> lines = read_lines(metrics_path);
+    if (lines.empty()) return std::numeric_limits<double>::quiet_NaN();
+    return nlohmann::json::parse(lines.back())
+        .value("p@1", std::numeric_limits<double>::quiet_NaN());
+}
+
+std::string bibtex_train_flags() {
+    const std::string dir = shared_data_dir() + "/bibtex/";
+    return "--train " + dir + "Bibtex_data.txt --train-split " + dir +
+           "bibtex_trSplit.txt --test-split " + dir + "bibtex_tstSplit.txt ";
 }
 
 command_result run_hslide(const std::string& args) {

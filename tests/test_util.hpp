@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace hslide::testing {
 
@@ -43,6 +44,17 @@ void write_text(const std::string& path, const std::string& text);
 
 /// Reads a whole file.
 std::string read_text(const std::string& path);
+
+/// The lines of a text file (none when it is missing).
+std::vector<std::string> read_lines(const std::string& path);
+
+/// P@1 of the last record of a --metrics-out file; NaN when it has none (so any comparison
+/// fails).
+double last_p_at_1(const std::string& metrics_path);
+
+/// `--train ... --train-split ... --test-split ... ` for the shared Bibtex files (callers
+/// check HSLIDE_REQUIRE_SHARED_DATA first).
+std::string bibtex_train_flags();
 
 /// The result of running the hslide binary.
 struct command_result {
