@@ -599,6 +599,37 @@ TEST_P(kernel_level, weighted_row_sum) {
     check_weighted_row_sum<float>(k().weighted_row_sum, ref().weighted_row_sum, g);
 }
 
+TEST_P(kernel_level, weighted_vector_sum) {
+    // Vectors in separate allocations, each with NaN guards (a read past `width` poisons the
+    // sum); the update relies on the result equalling n axpy calls of the same level bit for
+    // bit, which is checked too.
+    rng g = gen(13);
+    for (uint32_t width : test_sizes) {
+        for (uint32_t n : row_counts) {
+            SCOPED_TRACE("width = " + std::to_string(width) + ", n = " + std::to_string(n));
+            std::vector<guarded<float>> vectors;
+            std::vector<const float*> pointers;
+            for (uint32_t i = 0; i < n; ++i) vectors.push_back(random_vector(width, g, nan_f));
+            for (const auto& v : vectors) pointers.push_back(v.data());
+            const auto coef = random_vector(n, g, nan_f);
+            const auto out0 = random_vector(width, g, canary_f);
+            auto got = copy_of(out0), want = copy_of(out0), by_axpy = copy_of(out0);
+            k().weighted_vector_sum(pointers.data(), coef.data(), n, width, got.data());
+            ref().weighted_vector_sum(pointers.data(), coef.data(), n, width, want.data());
+            for (uint32_t i = 0; i < n; ++i) k().axpy(coef[i], pointers[i], by_axpy.data(), width);
+            for (uint32_t i = 0; i < width; ++i)
+                ASSERT_EQ(bits_of(got[i]), bits_of(by_axpy[i])) << "differs from axpy at " << i;
+            EXPECT_TRUE(all_close(got.data(), want.data(), width, [&](size_t i) {
+                double mag = std::fabs(out0[i]);
+                for (uint32_t kk = 0; kk < n; ++kk)
+                    mag += std::fabs(double(coef[kk]) * vectors[kk][i]);
+                return elementwise_bound(mag);
+            }));
+            EXPECT_TRUE(got.guards_intact());
+        }
+    }
+}
+
 TEST_P(kernel_level, active_dots_bf16) {
     rng g = gen(9);
     check_active_dots<bf16>(k().active_dots_bf16, ref().active_dots_bf16, g);

@@ -418,31 +418,41 @@ void cpu_backend::for_each_row_gradient(const batch_view& batch, size_t l, Visit
     // than 16 made the 2-thread Amazon-670K update ~10% faster); at least 16 chunks a
     // thread keep small layers balanced.
     const int64_t chunk = std::clamp<int64_t>(n_rows / (16 * int64_t(threads_)), 16, 128);
+    // A row's gradient is a weighted sum of per-sample vectors (layer 0's deltas, or the
+    // layer's input): weighted_vector_sum keeps the row in registers while the vectors stream
+    // past, where an axpy per entry loaded and stored the whole row each time (which made small
+    // dense layers store-bound). Same roundings, same order. Sparse inputs (an active set of
+    // the layer below) scatter into the row after the dense ones.
 #pragma omp parallel num_threads(threads_)
     {
         thread_scratch& scratch = scratch_[omp_get_thread_num()];
         float* grad = scratch.grad.data();
+        scratch.sparse_entries.clear();
 #pragma omp for schedule(dynamic, chunk)
         for (int64_t t = 0; t < n_rows; ++t) {
             std::fill(grad, grad + layer.stride, 0.0f);
-            float bias_grad = 0.0f;
             const uint32_t row = all_rows ? uint32_t(t) : g.touched[t];
+            const size_t entries = all_rows ? batch.size : g.offsets[t + 1] - g.offsets[t];
+            if (scratch.entry_vectors.size() < entries) {
+                scratch.entry_vectors.resize(entries);
+                scratch.entry_coefs.resize(entries);
+            }
+            float bias_grad = 0.0f;
+            uint32_t n_dense = 0;
             // coef: layer 0, the feature's value x_f (row f gets x_f times the sample's
             // layer-0 delta); later layers, the neuron's delta d (its row gets d times the
             // layer's input, its bias d).
             auto add_entry = [&](uint32_t s, float coef) {
                 const float c = coef * inv_batch;
                 const sample_buffers& sb = samples_[s];
-                if (l == 0) {
-                    k_.axpy(c, sb.layers[0].delta.data(), grad, layer.width);
-                    return;
-                }
-                const layer_buffers& in = sb.layers[l - 1];
-                if (in.ids.empty())
-                    k_.axpy(c, in.act.data(), grad, layer.width);
-                else
-                    k_.scatter_axpy(c, in.ids.data(), in.act.data(), grad, uint32_t(in.ids.size()));
                 bias_grad += c;
+                if (l == 0 || sb.layers[l - 1].ids.empty()) {
+                    scratch.entry_vectors[n_dense] =
+                        l == 0 ? sb.layers[0].delta.data() : sb.layers[l - 1].act.data();
+                    scratch.entry_coefs[n_dense++] = c;
+                } else {
+                    scratch.sparse_entries.push_back({s, c});
+                }
             };
             if (all_rows) {
                 for (uint32_t s = 0; s < batch.size; ++s)
@@ -451,6 +461,13 @@ void cpu_backend::for_each_row_gradient(const batch_view& batch, size_t l, Visit
                 for (uint32_t e = g.offsets[t]; e < g.offsets[t + 1]; ++e)
                     add_entry(g.entry_sample[e], g.entry_coef[e]);
             }
+            k_.weighted_vector_sum(scratch.entry_vectors.data(), scratch.entry_coefs.data(),
+                                   n_dense, layer.width, grad);
+            for (const auto& [s, c] : scratch.sparse_entries) {
+                const layer_buffers& in = samples_[s].layers[l - 1];
+                k_.scatter_axpy(c, in.ids.data(), in.act.data(), grad, uint32_t(in.ids.size()));
+            }
+            scratch.sparse_entries.clear();
             visit(row, grad, bias_grad);
         }
     }

@@ -29,6 +29,7 @@
 #include "kernels.hpp"
 
 #include <memory>
+#include <utility>
 #include <vector>
 
 namespace hslide::cpu {
@@ -85,6 +86,11 @@ class cpu_backend final : public backend {
         std::vector<uint32_t> codes;
         std::vector<float> dense;
         std::vector<float> grad;
+        // A row's gradient terms in the update: its samples' dense input vectors and their
+        // coefficients, and the (sample, coefficient) pairs whose input is sparse.
+        std::vector<const float*> entry_vectors;
+        std::vector<float> entry_coefs;
+        std::vector<std::pair<uint32_t, float>> sparse_entries;
         std::vector<bf16> input16;  // a layer's input rounded to bf16 (bf16 precision)
         stage_times times;
     };

@@ -84,6 +84,12 @@ void weighted_row_sum_impl(const T* rows, size_t stride, uint32_t width, const u
     }
 }
 
+void weighted_vector_sum_scalar(const float* const* vectors, const float* coef, uint32_t n,
+                                uint32_t width, float* out) {
+    for (uint32_t k = 0; k < n; ++k)
+        for (uint32_t i = 0; i < width; ++i) out[i] += coef[k] * vectors[k][i];
+}
+
 float identity(float x) {
     return x;
 }
@@ -125,6 +131,7 @@ const kernel_table& scalar_kernels() {
                                     softmax_scalar,
                                     active_dots_scalar,
                                     weighted_row_sum_scalar,
+                                    weighted_vector_sum_scalar,
                                     to_bf16_scalar,
                                     active_dots_bf16_scalar,
                                     weighted_row_sum_bf16_scalar};

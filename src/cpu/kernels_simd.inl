@@ -182,20 +182,19 @@ void active_dots_simd(const T* rows, size_t stride, uint32_t width, const uint32
 
 // out += sum_k coef[k] * row_k, a block of B vectors of out at a time held in registers while
 // every row streams past, so out is read and written once per block, not once per row.
-template <class V, class T>
-void weighted_row_sum_simd(const T* rows, size_t stride, uint32_t width, const uint32_t* ids,
-                           const float* coef, uint32_t n, float* out) {
+// out[0..width) += sum_k coef[k] * row_at(k)[0..width). The output is held in registers, 8
+// vectors at a time, while the rows stream past: no load and store of `out` per row.
+template <class V, class T, class RowAt>
+inline void weighted_sum(RowAt row_at, uint32_t width, const float* coef, uint32_t n, float* out) {
     constexpr uint32_t L = V::lanes, B = 8;
     uint32_t c = 0;
     for (; c + B * L <= width; c += B * L) {
         typename V::vec acc[B];
         for (uint32_t j = 0; j < B; ++j) acc[j] = V::load(out + c + j * L);
         for (uint32_t k = 0; k < n; ++k) {
-            if (k + prefetch_rows_ahead < n) {
-                const size_t ahead = ids ? ids[k + prefetch_rows_ahead] : k + prefetch_rows_ahead;
-                prefetch_span(rows + ahead * stride + c, B * L);
-            }
-            const T* row = rows + size_t(ids ? ids[k] : k) * stride + c;
+            if (k + prefetch_rows_ahead < n)
+                prefetch_span(row_at(k + prefetch_rows_ahead) + c, B * L);
+            const T* row = row_at(k) + c;
             const auto ck = V::set1(coef[k]);
             for (uint32_t j = 0; j < B; ++j) acc[j] = V::fmadd(ck, V::load(row + j * L), acc[j]);
         }
@@ -206,7 +205,7 @@ void weighted_row_sum_simd(const T* rows, size_t stride, uint32_t width, const u
         const uint32_t m = width - c < L ? width - c : L;
         auto acc = m == L ? V::load(out + c) : V::load_n(out + c, m);
         for (uint32_t k = 0; k < n; ++k) {
-            const T* row = rows + size_t(ids ? ids[k] : k) * stride + c;
+            const T* row = row_at(k) + c;
             acc = V::fmadd(V::set1(coef[k]), m == L ? V::load(row) : V::load_n(row, m), acc);
         }
         if (m == L)
@@ -214,6 +213,19 @@ void weighted_row_sum_simd(const T* rows, size_t stride, uint32_t width, const u
         else
             V::store_n(out + c, acc, m);
     }
+}
+
+template <class V, class T>
+void weighted_row_sum_simd(const T* rows, size_t stride, uint32_t width, const uint32_t* ids,
+                           const float* coef, uint32_t n, float* out) {
+    weighted_sum<V, T>([&](uint32_t k) { return rows + size_t(ids ? ids[k] : k) * stride; }, width,
+                       coef, n, out);
+}
+
+template <class V>
+void weighted_vector_sum_simd(const float* const* vectors, const float* coef, uint32_t n,
+                              uint32_t width, float* out) {
+    weighted_sum<V, float>([&](uint32_t k) { return vectors[k]; }, width, coef, n, out);
 }
 
 template <class V>
@@ -238,6 +250,7 @@ constexpr kernel_table make_table(const char* name, isa_level level,
                         softmax_simd<V>,
                         active_dots_simd<V, float>,
                         weighted_row_sum_simd<V, float>,
+                        weighted_vector_sum_simd<V>,
                         to_bf16_simd<V>,
                         dots_bf16,
                         weighted_row_sum_simd<V, bf16>};
