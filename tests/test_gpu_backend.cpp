@@ -162,6 +162,41 @@ TEST(GpuLsh, ActiveSetsAreTheCpuUnionsWithLabelsFirst) {
     }
 }
 
+TEST(GpuLsh, RandomFillReachesItsTargetEvenCloseToTheLayerSize) {
+    // The fill must count ids the threshold dropped as free (the CPU does), and reach
+    // min_active even when it needs nearly every id of a large layer (rejection sampling
+    // alone would stop short there).
+    HSLIDE_REQUIRE_GPU();
+    rng gen(14);
+    for (const uint32_t n_items : {100u, 600u, 20000u}) {
+        const uint32_t n_samples = 8;
+        const lsh_config config = make_lsh_config(hash_kind::dwta, 2, 5, 3, 600);
+        const auto item_codes = random_codes(n_items, config.L, 64, gen);
+        const auto sample_codes = random_codes(n_samples, config.L, 64, gen);
+        std::vector<uint32_t> offsets{0}, labels;
+        for (uint32_t s = 0; s < n_samples; ++s) {
+            labels.push_back(uint32_t(gen.below(n_items)));
+            offsets.push_back(uint32_t(labels.size()));
+        }
+        for (const uint32_t min_active : {n_items, n_items - n_items / 50}) {
+            active_set_config active;
+            active.hit_threshold = 2;
+            active.min_active = min_active;
+            const auto sets = gpu::testing::query_active_sets(item_codes, n_items, config, active,
+                                                              sample_codes, offsets, labels, 9);
+            for (uint32_t s = 0; s < n_samples; ++s) {
+                SCOPED_TRACE("n_items " + std::to_string(n_items) + ", min_active " +
+                             std::to_string(min_active) + ", sample " + std::to_string(s));
+                ASSERT_EQ(sets[s].size(), min_active);
+                EXPECT_TRUE(std::adjacent_find(sets[s].begin(), sets[s].end()) == sets[s].end())
+                    << "an id appears twice";
+                EXPECT_LT(sets[s].back(), n_items);
+                EXPECT_TRUE(std::binary_search(sets[s].begin(), sets[s].end(), labels[s]));
+            }
+        }
+    }
+}
+
 #endif  // HSLIDE_HAVE_CUDA
 
 /// input 50 -> 33 (ReLU) -> 70 outputs; LSH output whose fill makes every neuron active, so

@@ -44,28 +44,34 @@ __global__ void hash_rows_simhash_kernel(simhash_view f, const float* rows, size
 
 }  // namespace
 
-void device_hash_family::upload(const hash_function_data& data) {
+void device_hash_family::upload(const hash_function_data& data, cudaStream_t stream) {
+    // Work already queued on `stream` may still read the old functions; the copies are
+    // ordered after it on the same stream (a plain cudaMemcpy would run on the legacy stream,
+    // which a non-blocking stream does not wait for), and are finished before returning
+    // because they read pageable memory the caller owns.
+    HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream));
     kind_ = data.kind;
     L_ = data.L;
     code_bits_ = data.K * data.bits_per_hash;
     if (data.kind == hash_kind::simhash) {
         signs_.resize(data.signs.size(), "simhash projections");
-        HSLIDE_CUDA_CHECK(
-            cudaMemcpy(signs_.data(), data.signs.data(), signs_.bytes(), cudaMemcpyHostToDevice));
+        HSLIDE_CUDA_CHECK(cudaMemcpyAsync(signs_.data(), data.signs.data(), signs_.bytes(),
+                                          cudaMemcpyHostToDevice, stream));
         sim_ = simhash_view{signs_.data(), data.dim, data.sign_stride,
                             data.K,        data.L,   data.bits_per_hash};
     } else {
+        HSLIDE_CHECK(size_t(data.n_hashes) * 4 <= 40 * 1024,
+                     "the GPU backend supports at most 10240 hashes per layer (K * L), got {}",
+                     data.n_hashes);
         bins_.resize(data.bins.size(), "LSH bins");
-        HSLIDE_CUDA_CHECK(
-            cudaMemcpy(bins_.data(), data.bins.data(), bins_.bytes(), cudaMemcpyHostToDevice));
+        HSLIDE_CUDA_CHECK(cudaMemcpyAsync(bins_.data(), data.bins.data(), bins_.bytes(),
+                                          cudaMemcpyHostToDevice, stream));
         bin_ = bin_hash_view{bins_.data(),       data.n_hashes, data.width,
                              data.value_mask,    data.K,        data.L,
                              data.bits_per_hash, data.densify,  data.kind == hash_kind::minhash,
                              data.densify_seed};
-        HSLIDE_CHECK(size_t(data.n_hashes) * 4 <= 40 * 1024,
-                     "the GPU backend supports at most 10240 hashes per layer (K * L), got {}",
-                     data.n_hashes);
     }
+    HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
 void device_hash_family::hash_rows(const float* rows, size_t row_stride, uint32_t n_rows,
@@ -220,20 +226,49 @@ namespace {
 struct set_view {
     uint32_t* ids;
     uint32_t* hits;
-    uint32_t mask;  // slots - 1 (a power of two)
+    uint32_t mask;   // slots - 1 (a power of two)
+    uint32_t shift;  // 32 - log2(slots)
 };
 
-// Adds `add` hits to id, inserting it when absent; true when this call inserted it.
-__device__ bool set_insert(const set_view& set, uint32_t id, uint32_t add) {
-    uint32_t slot = (id * 2654435761u) & set.mask;
+// An item's hit count once it is in the output (chosen, or a label): the fill skips it.
+constexpr uint32_t taken = 0xffffffffu;
+
+// The slot where the probe for `id` starts. Fibonacci hashing keeps the product's high bits:
+// its low bits depend only on the low bits of id, so ids equal modulo the table size would
+// all start at one slot.
+__device__ uint32_t home_slot(const set_view& set, uint32_t id) {
+    return (id * 2654435761u) >> set.shift;
+}
+
+// The slot holding id, inserting it (with 0 hits) when absent.
+__device__ uint32_t set_find_or_insert(const set_view& set, uint32_t id) {
+    uint32_t slot = home_slot(set, id);
     for (;;) {
         const uint32_t prev = atomicCAS(&set.ids[slot], empty_slot, id);
-        if (prev == empty_slot || prev == id) {
-            if (add) atomicAdd(&set.hits[slot], add);
-            return prev == empty_slot;
-        }
+        if (prev == empty_slot || prev == id) return slot;
         slot = (slot + 1) & set.mask;
     }
+}
+
+// Adds `add` hits to id, inserting it when absent.
+__device__ void set_add_hits(const set_view& set, uint32_t id, uint32_t add) {
+    atomicAdd(&set.hits[set_find_or_insert(set, id)], add);
+}
+
+// Takes id for the output unless it is taken already (chosen, a label, or claimed by another
+// thread): true for exactly one caller per id. Ids seen in buckets but dropped (too few hits,
+// or cut by max_active) can be claimed, as on the CPU.
+__device__ bool set_claim(const set_view& set, uint32_t id) {
+    return atomicExch(&set.hits[set_find_or_insert(set, id)], taken) != taken;
+}
+
+__device__ uint32_t gcd(uint32_t a, uint32_t b) {
+    while (b) {
+        const uint32_t r = a % b;
+        a = b;
+        b = r;
+    }
+    return a;
 }
 
 // The bucket of `key` by binary search over the sorted bucket keys: [begin, end) of items.
@@ -275,6 +310,7 @@ __global__ void active_sets_kernel(tables_view tables, const uint32_t* codes,
         set.hits = global_hits + size_t(s) * slots;
     }
     set.mask = slots - 1;
+    set.shift = 32 - uint32_t(__ffs(int(slots)) - 1);
     __shared__ uint32_t n_out, n_ties, cutoff, budget_at_cutoff;
     uint32_t* out = padded + size_t(s) * max_per_sample;
 
@@ -296,14 +332,14 @@ __global__ void active_sets_kernel(tables_view tables, const uint32_t* codes,
     for (uint32_t i = threadIdx.x; i < n_labels; i += blockDim.x) {
         const uint32_t label = label_ids[label_begin + i];
         out[i] = label;
-        set_insert(set, label, forced_hit);
+        set_add_hits(set, label, forced_hit);
     }
     __syncthreads();
     // The union: one warp per table, lanes over the bucket's items.
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
     for (int t = int(warp); t < p.L; t += n_warps)
         for (uint32_t k = bucket_begin[t] + lane; k < bucket_end[t]; k += 32)
-            set_insert(set, tables.items[k], 1);
+            set_add_hits(set, tables.items[k], 1);
     __syncthreads();
 
     const uint32_t threshold = max(p.hit_threshold, 1u);
@@ -334,32 +370,54 @@ __global__ void active_sets_kernel(tables_view tables, const uint32_t* codes,
     __syncthreads();
     for (uint32_t i = threadIdx.x; i < slots; i += blockDim.x) {
         const uint32_t id = set.ids[i], h = set.hits[i];
-        if (id == empty_slot || h >= forced_hit || h < threshold || h < cutoff) continue;
+        if (id == empty_slot || h < threshold || h < cutoff) continue;
+        if (h >= forced_hit) {  // a label: in the output already
+            set.hits[i] = taken;
+            continue;
+        }
         if (h == cutoff && atomicAdd(&n_ties, 1u) >= budget_at_cutoff) continue;
+        set.hits[i] = taken;
         out[atomicAdd(&n_out, 1u)] = id;
     }
     __syncthreads();
 
-    // Random fill up to min_active (clamped to max_active and to the layer), by rejection
-    // against the set; bounded rounds, so a fill close to n_items may stop short.
+    // Random fill up to min_active (clamped to max_active and to the layer) from the ids not
+    // taken. Rejection sampling while at most half of the free ids are needed, as on the CPU;
+    // whatever is still missing then (a fill close to the layer size, or an unlucky run of
+    // draws) comes from one pass over a pseudo-random permutation of all ids, so the set
+    // always reaches its target.
     uint32_t target =
         p.max_active > 0 ? min(p.min_active, max(p.max_active, n_labels)) : p.min_active;
     target = min(target, p.n_items);
-    if (n_out < target) {
-        const uint32_t max_rounds = 64 + 8 * (target + blockDim.x - 1) / blockDim.x;
-        for (uint32_t round = 0; round < max_rounds; ++round) {
-            // Every thread reads the count between two barriers, so all leave together.
+    const uint32_t chosen = n_out;
+    if (chosen < target) {
+        auto take = [&](uint32_t id) {
+            if (!set_claim(set, id)) return;
+            const uint32_t pos = atomicAdd(&n_out, 1u);
+            if (pos < target) out[pos] = id;
+        };
+        // Every thread reads the count between two barriers, so all leave a loop together.
+        auto have_target = [&]() {
             __syncthreads();
             const uint32_t have = n_out;
             __syncthreads();
-            if (have >= target) break;
+            return have >= target;
+        };
+        const uint32_t need = target - chosen, free_ids = p.n_items - chosen;
+        const uint32_t max_rounds = 2 * need <= free_ids ? 16 + 4 * need / blockDim.x : 0;
+        for (uint32_t round = 0; round < max_rounds && !have_target(); ++round) {
             const uint64_t draw = splitmix64(p.seed ^ (uint64_t(s) << 40) ^
                                              (uint64_t(round) * blockDim.x + threadIdx.x));
-            const uint32_t id = uint32_t(((draw >> 32) * p.n_items) >> 32);
-            if (set_insert(set, id, 0)) {
-                const uint32_t pos = atomicAdd(&n_out, 1u);
-                if (pos < target) out[pos] = id;
-            }
+            take(uint32_t(((draw >> 32) * p.n_items) >> 32));
+        }
+        // The permutation i -> (a * i + b) mod n_items, a coprime to n_items.
+        const uint64_t mix = splitmix64(p.seed ^ (uint64_t(s) << 40) ^ 0xf111f111f111ULL);
+        uint32_t a = uint32_t(mix % p.n_items) | 1u;
+        while (gcd(a, p.n_items) != 1) a = a + 1 < p.n_items ? a + 1 : 1;
+        const uint64_t b = (mix >> 32) % p.n_items;
+        for (uint32_t base = 0; base < p.n_items && !have_target(); base += blockDim.x) {
+            const uint32_t i = base + threadIdx.x;
+            if (i < p.n_items) take(uint32_t((uint64_t(a) * i + b) % p.n_items));
         }
         __syncthreads();
         if (threadIdx.x == 0 && n_out > target) n_out = target;
@@ -397,7 +455,11 @@ uint32_t build_active_sets(const tables_view& tables, const uint32_t* codes, uin
     const uint64_t labels = p.force_labels ? max_labels : 0;
     out.max_per_sample =
         uint32_t(std::min<uint64_t>(labels + from_buckets + fill, uint64_t(p.n_items) + labels));
-    // Room for the union, the labels, and the fill's rejected draws of one round.
+    HSLIDE_CHECK(uint64_t(batch) * out.max_per_sample < (uint64_t{1} << 32),
+                 "a batch of {} samples with up to {} active neurons each has too many entries "
+                 "for the GPU backend's 32-bit offsets: use a smaller batch or --min-active",
+                 batch, out.max_per_sample);
+    // Room for the union, the labels, and the fill's overshoot of one round.
     const uint32_t slots = next_pow2(2 * (labels + from_buckets + fill) + 2 * block_threads);
     int device = 0, shared_limit = 0;
     HSLIDE_CUDA_CHECK(cudaGetDevice(&device));

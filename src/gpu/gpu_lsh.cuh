@@ -15,9 +15,11 @@
 // open-addressing hash set (shared memory when it fits, else a per-sample slice of global
 // memory that the block clears itself: never a memset of anything sized by the layer), with
 // the labels forced in first, keeps the items hit at least hit_threshold times (cut to the
-// most-hit ones above max_active), and fills up to min_active with random items. Unlike the
-// CPU path, the order of the union within a set is not deterministic (atomics place items);
-// the set is.
+// most-hit ones above max_active), and fills up to min_active with random items (ids seen but
+// dropped are eligible again, as on the CPU). Unlike the CPU path, the order of the union
+// within a set is not deterministic (atomics place items). The set is, except where
+// max_active cuts among items with equal hit counts: which of those are kept is then
+// arbitrary (the CPU keeps the first seen).
 #pragma once
 
 #include "device_hash.hpp"
@@ -31,8 +33,9 @@ namespace hslide::gpu {
 /// A hash family copied to the device.
 class device_hash_family {
   public:
-    /// Copies `data`'s arrays to the device (synchronously: families change rarely).
-    void upload(const hash_function_data& data);
+    /// Copies `data`'s arrays to the device, ordered after the work queued on `stream` and
+    /// finished on return (families change rarely).
+    void upload(const hash_function_data& data, cudaStream_t stream);
 
     /// Writes the L codes of each of n_rows dense rows (row r at rows + r * row_stride, dim
     /// floats) to codes[r * L .. + L).

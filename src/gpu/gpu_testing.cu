@@ -26,7 +26,7 @@ std::vector<T> to_host(const T* d, size_t n) {
 std::vector<uint32_t> hash_rows(const hash_function_data& functions, const std::vector<float>& rows,
                                 uint32_t n_rows, size_t row_stride) {
     device_hash_family family;
-    family.upload(functions);
+    family.upload(functions, nullptr);
     const auto d_rows = to_device(rows, "test rows");
     device_array<uint32_t> codes(size_t(n_rows) * functions.L, "test codes");
     family.hash_rows(d_rows.data(), row_stride, n_rows, codes.data(), nullptr);
