@@ -544,3 +544,42 @@ TEST(CpuBackend, LshScoringRanksASubsetWithTheExactScores) {
     }
     EXPECT_GT(padded, 0) << "the LSH active sets (min 8 of 30) should leave some slots empty";
 }
+
+TEST(CpuBackend, BlockedExactScoringMatchesScoringEveryNeuronPerPoint) {
+    // Exact scoring runs blocks of output rows against chunks of points. An LSH output layer
+    // whose fill makes every neuron active scores every row per point with the same kernel,
+    // so the two must agree bit for bit: labels, scores, ties and padding. 20,000 output rows
+    // (three row blocks of 512 KiB at this width, the last partial) and 300 points (two chunks
+    // of 256); k from 1 to past the layer size; 1 and 3 threads; fp32 and bf16.
+    model_config config = small_config(sparsity_mode::dense, sparsity_mode::lsh);
+    config.layers.back().size = 20000;
+    config.layers.back().active.min_active = 20000;
+    const dataset data = random_dataset(300, 20, 20000, 62);
+    std::vector<uint32_t> rows(300);
+    std::iota(rows.begin(), rows.end(), 0u);
+    for (const precision_mode precision : {precision_mode::fp32, precision_mode::bf16}) {
+        for (const int threads : {1, 3}) {
+            train_config tc;
+            cpu::cpu_backend be(model_state::create(config, 62), tc, threads, cpu::best_kernels(),
+                                precision);
+            for (uint32_t b = 0; b < 300; b += 50)
+                be.train_batch({&data, rows.data() + b, 50}, 0.01f);
+            for (const uint32_t k : {1u, 5u, 20001u}) {
+                SCOPED_TRACE("precision " + std::string(to_string(precision)) + ", threads " +
+                             std::to_string(threads) + ", k " + std::to_string(k));
+                const uint32_t n = k > 20000 ? 8 : 300;  // a full ranking costs O(rows log k)
+                std::vector<uint32_t> exact_labels(n * k), every_labels(n * k);
+                std::vector<float> exact_scores(n * k), every_scores(n * k);
+                be.predict({&data, rows.data(), n}, k, scoring_mode::exact, exact_labels.data(),
+                           exact_scores.data());
+                be.predict({&data, rows.data(), n}, k, scoring_mode::lsh, every_labels.data(),
+                           every_scores.data());
+                ASSERT_EQ(exact_labels, every_labels);
+                for (size_t i = 0; i < exact_scores.size(); ++i)
+                    ASSERT_EQ(std::memcmp(&exact_scores[i], &every_scores[i], 4), 0)
+                        << "score " << i << ": " << exact_scores[i] << " vs " << every_scores[i];
+                if (k > 20000) EXPECT_EQ(exact_labels[20000], UINT32_MAX);
+            }
+        }
+    }
+}

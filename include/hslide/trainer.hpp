@@ -17,7 +17,9 @@ namespace hslide {
 
 /// How to evaluate a model on a test set.
 struct evaluation_options {
-    scoring_mode scoring = scoring_mode::automatic;
+    /// exact by default: P@k of the model itself, as the published SLIDE systems report it
+    /// (LSH scoring measures the model and its tables' recall together).
+    scoring_mode scoring = scoring_mode::exact;
     size_t max_points = 0;      ///< evaluate on the first max_points test points (0 = all)
     uint32_t batch_size = 512;  ///< points per predict() call
     metrics_config metrics;

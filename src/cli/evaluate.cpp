@@ -23,7 +23,7 @@ namespace {
 
 struct scoring_options {
     std::string model_path;
-    std::string scoring = "auto";
+    std::string scoring = "exact";
     std::string backend = "cpu";
     int threads = 0;
     compute_options compute;
@@ -32,7 +32,9 @@ struct scoring_options {
 void add_scoring_options(CLI::App& app, scoring_options& o) {
     app.add_option("--model", o.model_path, "checkpoint written by `hslide train --save`")
         ->required();
-    app.add_option("--scoring", o.scoring, "auto, exact (every label) or lsh")
+    app.add_option("--scoring", o.scoring,
+                   "exact (every label), lsh (the LSH active set only), or auto (lsh for LSH "
+                   "output layers)")
         ->check(CLI::IsMember({"auto", "exact", "lsh"}))
         ->capture_default_str();
     app.add_option("--threads", o.threads, "CPU threads (0 = all)")->check(CLI::NonNegativeNumber);

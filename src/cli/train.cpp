@@ -36,7 +36,7 @@ int run_train(int argc, char** argv) {
     add_model_options(app, mopt);
 
     train_config tc;
-    std::string backend_name = "cpu", adam = "sparse", scoring = "auto";
+    std::string backend_name = "cpu", adam = "sparse", scoring = "exact";
     app.add_option("--backend", backend_name,
                    "where to train: cpu (LSH-sparse), cpu-dense (every neuron through BLAS: the "
                    "dense baseline), gpu (LSH on a GPU), gpu-dense (every neuron through "
@@ -87,7 +87,9 @@ int run_train(int argc, char** argv) {
     trainer_options to;
     app.add_option("--eval-every", to.eval_every, "evaluate every N epochs (0 = only at the end)")
         ->capture_default_str();
-    app.add_option("--scoring", scoring, "evaluation scoring: auto, exact (every label) or lsh")
+    app.add_option("--scoring", scoring,
+                   "evaluation scoring: exact (every label), lsh (the LSH active set only), or "
+                   "auto (lsh for LSH output layers)")
         ->check(CLI::IsMember({"auto", "exact", "lsh"}))
         ->capture_default_str();
     app.add_option("--eval-max", to.eval.max_points,

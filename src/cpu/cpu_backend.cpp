@@ -152,9 +152,12 @@ void cpu_backend::ensure_buffers(uint32_t batch_size) {
 }
 
 void cpu_backend::forward_sample(const dataset& data, uint32_t point, uint32_t s, bool training,
-                                 bool exact_output, uint64_t sample_seed, thread_scratch& scratch) {
+                                 output_pass output_mode, uint64_t sample_seed,
+                                 thread_scratch& scratch) {
+    HSLIDE_ASSERT(!training || output_mode == output_pass::active_set);
     sample_buffers& sb = samples_[s];
     const size_t n_layers = model_.layers.size();
+    const size_t layers_to_run = n_layers - (output_mode == output_pass::skip ? 1 : 0);
     const feature_row x = data.features(point);
     const label_row y = data.labels(point);
     auto t0 = clock_type::now();
@@ -182,12 +185,13 @@ void cpu_backend::forward_sample(const dataset& data, uint32_t point, uint32_t s
     scratch.times.forward += seconds_since(t0);
 
     rng gen(sample_seed);
-    for (size_t l = 1; l < n_layers; ++l) {
+    for (size_t l = 1; l < layers_to_run; ++l) {
         const layer_state& layer = model_.layers[l];
         const layer_buffers& in = sb.layers[l - 1];
         layer_buffers& out = sb.layers[l];
         const bool output = l + 1 == n_layers;
-        const bool sparse = model_.config.is_sparse(l) && !(output && exact_output);
+        const bool sparse =
+            model_.config.is_sparse(l) && !(output && output_mode == output_pass::every_neuron);
 
         t0 = clock_type::now();
         out.ids.clear();
@@ -303,7 +307,7 @@ void cpu_backend::run_forward_backward(const batch_view& batch, step_report& rep
 #pragma omp for schedule(dynamic, 2)
         for (int64_t s = 0; s < int64_t(batch.size); ++s) {
             const uint32_t point = batch.rows[s];
-            forward_sample(data, point, uint32_t(s), true, false,
+            forward_sample(data, point, uint32_t(s), true, output_pass::active_set,
                            derive_seed(step_seed, uint64_t(s)), scratch);
             if (samples_[s].trained) backward_sample(data, point, uint32_t(s), scratch);
         }
@@ -557,12 +561,16 @@ double cpu_backend::compute_gradient(const batch_view& batch, model_state& gradi
 void cpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scoring,
                           uint32_t* labels, float* scores) {
     HSLIDE_CHECK(k > 0, "top-k must be positive");
-    // One buffer set per thread, not per sample: exact scores of 670k labels are 2.7 MB a point.
-    ensure_buffers(uint32_t(threads_));
+    const size_t out_layer = model_.layers.size() - 1;
     const bool exact = scoring == scoring_mode::exact ||
                        (scoring == scoring_mode::automatic && !output_is_sparse());
-    const uint64_t predict_seed = derive_seed(train_.seed ^ 0x9e3d1c7ULL, model_.adam_step);
-    const size_t out_layer = model_.layers.size() - 1;
+    // The blocked exact path needs the output layer's input as a dense vector per sample.
+    if (exact && !model_.config.is_sparse(out_layer - 1))
+        return predict_exact(batch, k, labels, scores);
+    // One buffer set per thread, not per sample: exact scores of 670k labels are 2.7 MB a point.
+    ensure_buffers(uint32_t(threads_));
+    const uint64_t seed = predict_seed();
+    const output_pass pass = exact ? output_pass::every_neuron : output_pass::active_set;
 #pragma omp parallel num_threads(threads_)
     {
         const int thread = omp_get_thread_num();
@@ -570,12 +578,129 @@ void cpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scor
         std::vector<std::pair<float, uint32_t>> heap;
 #pragma omp for schedule(dynamic, 4)
         for (int64_t s = 0; s < int64_t(batch.size); ++s) {
-            forward_sample(*batch.data, batch.rows[s], uint32_t(thread), false, exact,
-                           derive_seed(predict_seed, uint64_t(s)), scratch);
+            forward_sample(*batch.data, batch.rows[s], uint32_t(thread), false, pass,
+                           derive_seed(seed, uint64_t(s)), scratch);
             const layer_buffers& out = samples_[thread].layers[out_layer];
             select_top_k(out.act.data(), out.ids.empty() ? nullptr : out.ids.data(),
                          uint32_t(out.act.size()), k, labels + size_t(s) * k,
                          scores + size_t(s) * k, heap);
+        }
+    }
+}
+
+void cpu_backend::predict_exact(const batch_view& batch, uint32_t k, uint32_t* labels,
+                                float* scores) {
+    // Scoring a point against every output row one point at a time streams the whole layer
+    // from memory per point (686 MB at 670k x 256): memory-bound, ~30 ms a point on 2 cores.
+    // Here a block of rows small enough to stay in L2 is scored against a chunk of points
+    // before the next block is read, so the layer streams once a chunk, and block_dots reads
+    // each row once for four points. The scores are the per-point path's bit for bit
+    // (block_dots gives active_dots' values).
+    const size_t out_layer = model_.layers.size() - 1;
+    const layer_state& layer = model_.layers[out_layer];
+    const uint32_t width = layer.width;
+    const size_t in_stride = use_bf16() ? weights16_[out_layer].stride : layer.stride;
+    const size_t value_bytes = use_bf16() ? sizeof(bf16) : sizeof(float);
+    const uint32_t block_rows = uint32_t(std::clamp<size_t>(
+        (size_t(512) << 10) / (in_stride * value_bytes), 16, std::max<size_t>(layer.rows, 16)));
+    const int64_t n_blocks = (int64_t(layer.rows) + block_rows - 1) / block_rows;
+    constexpr uint32_t chunk = 256;
+    const uint64_t seed = predict_seed();
+    ensure_buffers(std::min(chunk, batch.size));
+    hidden_matrix_.resize(size_t(chunk) * in_stride);  // bf16 inputs use its first half
+    // Each thread keeps a min-heap of the best `kept` (score, id) pairs per point over the
+    // blocks it scores, ordered as select_top_k orders them (higher score, then smaller id).
+    using candidate = std::pair<float, uint32_t>;
+    auto worse = [](const candidate& a, const candidate& b) {
+        return a.first > b.first || (a.first == b.first && a.second < b.second);
+    };
+    const uint32_t kept = std::min(k, layer.rows);
+    std::vector<std::vector<candidate>> best(static_cast<size_t>(threads_));
+    std::vector<std::vector<uint32_t>> best_count(static_cast<size_t>(threads_));
+    for (uint32_t begin = 0; begin < batch.size; begin += chunk) {
+        const uint32_t n = std::min(chunk, batch.size - begin);
+#pragma omp parallel num_threads(threads_)
+        {
+            const int thread = omp_get_thread_num();
+            thread_scratch& scratch = scratch_[thread];
+#pragma omp for schedule(dynamic, 4)
+            for (int64_t s = 0; s < int64_t(n); ++s) {
+                // The hidden layers only (the seed serves LSH hidden layers, as per point).
+                forward_sample(*batch.data, batch.rows[begin + s], uint32_t(s), false,
+                               output_pass::skip, derive_seed(seed, uint64_t(begin) + uint64_t(s)),
+                               scratch);
+                const std::vector<float>& h = samples_[s].layers[out_layer - 1].act;
+                if (use_bf16())
+                    k_.to_bf16(
+                        h.data(),
+                        reinterpret_cast<bf16*>(hidden_matrix_.data()) + size_t(s) * in_stride,
+                        width);
+                else
+                    std::copy(h.begin(), h.end(), hidden_matrix_.data() + size_t(s) * in_stride);
+            }
+            std::vector<candidate>& heaps = best[size_t(thread)];
+            std::vector<uint32_t>& counts = best_count[size_t(thread)];
+            heaps.resize(size_t(n) * kept);
+            counts.assign(n, 0);
+            constexpr uint32_t inputs = 4;  // points per block_dots call
+            std::vector<float>& logits = scratch.dense;
+            logits.resize(size_t(inputs) * block_rows);
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t blk = 0; blk < n_blocks; ++blk) {
+                const uint32_t r0 = uint32_t(blk) * block_rows;
+                const uint32_t nb = std::min(block_rows, layer.rows - r0);
+                for (uint32_t s0 = 0; s0 < n; s0 += inputs) {
+                    const uint32_t n_x = std::min(inputs, n - s0);
+                    if (use_bf16()) {
+                        const bf16_weights& w16 = weights16_[out_layer];
+                        const bf16* x16 = reinterpret_cast<const bf16*>(hidden_matrix_.data());
+                        for (uint32_t j = 0; j < n_x; ++j)
+                            k_.active_dots_bf16(w16.row(r0), w16.stride, width, nullptr, nb,
+                                                x16 + size_t(s0 + j) * in_stride,
+                                                layer.bias.data() + r0,
+                                                logits.data() + size_t(j) * block_rows);
+                    } else {
+                        k_.block_dots(layer.row(r0), layer.stride, width, nb,
+                                      hidden_matrix_.data() + size_t(s0) * in_stride, in_stride,
+                                      n_x, layer.bias.data() + r0, logits.data(), block_rows);
+                    }
+                    for (uint32_t j = 0; j < n_x; ++j) {
+                        const float* z = logits.data() + size_t(j) * block_rows;
+                        candidate* heap = heaps.data() + size_t(s0 + j) * kept;
+                        uint32_t& count = counts[s0 + j];
+                        for (uint32_t i = 0; i < nb; ++i) {
+                            const candidate c{z[i], r0 + i};
+                            if (std::isnan(c.first)) continue;  // skipped, as select_top_k does
+                            if (count < kept) {
+                                heap[count++] = c;
+                                std::push_heap(heap, heap + count, worse);
+                            } else if (worse(c, heap[0])) {
+                                std::pop_heap(heap, heap + kept, worse);
+                                heap[kept - 1] = c;
+                                std::push_heap(heap, heap + kept, worse);
+                            }
+                        }
+                    }
+                }
+            }
+            // Merge the threads' candidates per point (after the loop's implicit barrier).
+            std::vector<candidate> top;
+            std::vector<float> cand_score;
+            std::vector<uint32_t> cand_id;
+#pragma omp for schedule(static)
+            for (int64_t s = 0; s < int64_t(n); ++s) {
+                cand_score.clear();
+                cand_id.clear();
+                for (int t = 0; t < threads_; ++t)
+                    for (uint32_t j = 0; j < best_count[size_t(t)][size_t(s)]; ++j) {
+                        const candidate& c = best[size_t(t)][size_t(s) * kept + j];
+                        cand_score.push_back(c.first);
+                        cand_id.push_back(c.second);
+                    }
+                const size_t at = size_t(begin + uint32_t(s)) * k;
+                select_top_k(cand_score.data(), cand_id.data(), uint32_t(cand_score.size()), k,
+                             labels + at, scores + at, top);
+            }
         }
     }
 }

@@ -26,6 +26,7 @@
 
 #include "hslide/backend.hpp"
 #include "hslide/lsh.hpp"
+#include "hslide/rng.hpp"
 #include "kernels.hpp"
 
 #include <memory>
@@ -133,9 +134,20 @@ class cpu_backend final : public backend {
         std::vector<uint32_t> count;  // per row, 0 between batches (grouping's counters)
     };
 
+    /// What forward_sample does with the output layer.
+    enum class output_pass {
+        active_set,    ///< its LSH active set (every neuron when the layer is dense)
+        every_neuron,  ///< every neuron, whatever the layer's sparsity
+        skip,          ///< nothing: stop after the last hidden layer
+    };
+
     void ensure_buffers(uint32_t batch_size);
     void forward_sample(const dataset& data, uint32_t point, uint32_t s, bool training,
-                        bool exact_output, uint64_t sample_seed, thread_scratch& scratch);
+                        output_pass output, uint64_t sample_seed, thread_scratch& scratch);
+    /// predict with exact scores: the batch's last hidden layers as one matrix, times blocks of
+    /// output rows through BLAS (each block read once a chunk of samples, not once a sample),
+    /// a running top-k per sample and thread, merged at the end.
+    void predict_exact(const batch_view& batch, uint32_t k, uint32_t* labels, float* scores);
     void backward_sample(const dataset& data, uint32_t point, uint32_t s, thread_scratch& scratch);
     void run_forward_backward(const batch_view& batch, step_report& report);
     void group_rows(const batch_view& batch, size_t l);
@@ -153,6 +165,11 @@ class cpu_backend final : public backend {
     /// Rounds the bf16 copy of every row of layer l (bf16 precision only).
     void refresh_bf16_layer(size_t l);
     bool use_bf16() const { return precision_ == precision_mode::bf16; }
+    /// The seed of predict's random draws (active-set fills), point i drawing from
+    /// derive_seed(predict_seed(), i).
+    uint64_t predict_seed() const {
+        return derive_seed(train_.seed ^ 0x9e3d1c7ULL, model_.adam_step);
+    }
     bool output_is_sparse() const { return model_.config.is_sparse(model_.layers.size() - 1); }
 
     model_state model_;
@@ -167,6 +184,7 @@ class cpu_backend final : public backend {
     std::vector<row_groups> groups_;  // per layer
     std::vector<row_marks> changed_;  // per layer: rows updated since take_changed_rows
     std::vector<float> layer0_bias_grad_;
+    std::vector<float> hidden_matrix_;  // predict_exact: the chunk's last hidden layers
 };
 
 }  // namespace hslide::cpu

@@ -71,6 +71,13 @@ struct kernel_table {
     /// (bias == nullptr: no bias). Prefetches the rows a few ahead.
     void (*active_dots)(const float* rows, size_t stride, uint32_t width, const uint32_t* ids,
                         uint32_t n, const float* x, const float* bias, float* out);
+    /// active_dots of rows 0..n-1 for n_x inputs at once: out[j * out_stride + a] = bias[a] +
+    /// <row a, xs + j * x_stride> (bias == nullptr: no bias), each value bit for bit what
+    /// active_dots of the same level gives. Each row is read once for up to 4 inputs: exact
+    /// scoring, where the rows come from cache and their loads are the limit.
+    void (*block_dots)(const float* rows, size_t stride, uint32_t width, uint32_t n,
+                       const float* xs, size_t x_stride, uint32_t n_x, const float* bias,
+                       float* out, size_t out_stride);
     /// Weighted row sum: out[0..width) += sum_i coef[i] * row ids[i]. The sparse-input layer's
     /// forward (rows = feature rows, coef = feature values) and the backward of a layer
     /// (rows = active neurons' weights, coef = their deltas).

@@ -180,10 +180,55 @@ void active_dots_simd(const T* rows, size_t stride, uint32_t width, const uint32
     active_dots_with(row_dot<V, T>, rows, stride, width, ids, n, x, bias, out);
 }
 
-// out += sum_k coef[k] * row_k, a block of B vectors of out at a time held in registers while
-// every row streams past, so out is read and written once per block, not once per row.
+// Four inputs per row: the accumulators of row_dot, four times over (16 vector registers), so
+// every value is row_dot's bit for bit while the row is loaded once. With 8-lane vectors the
+// 16 registers are all there are: that level scores one input at a time.
+template <class V>
+void block_dots_simd(const float* rows, size_t stride, uint32_t width, uint32_t n, const float* xs,
+                     size_t x_stride, uint32_t n_x, const float* bias, float* out,
+                     size_t out_stride) {
+    constexpr uint32_t L = V::lanes, X = 4;
+    if (n_x != X || L < 16) {
+        for (uint32_t j = 0; j < n_x; ++j)
+            active_dots_simd<V, float>(rows, stride, width, nullptr, n, xs + j * x_stride, bias,
+                                       out + j * out_stride);
+        return;
+    }
+    for (uint32_t a = 0; a < n; ++a) {
+        if (a + prefetch_rows_ahead < n)
+            prefetch_span(rows + (a + prefetch_rows_ahead) * stride, width);
+        const float* row = rows + size_t(a) * stride;
+        typename V::vec acc[X][4];
+        for (uint32_t j = 0; j < X; ++j)
+            for (uint32_t c = 0; c < 4; ++c) acc[j][c] = V::zero();
+        uint32_t i = 0;
+        for (; i + 4 * L <= width; i += 4 * L)
+            for (uint32_t c = 0; c < 4; ++c) {
+                const auto r = V::load(row + i + c * L);
+                for (uint32_t j = 0; j < X; ++j)
+                    acc[j][c] = V::fmadd(r, V::load(xs + j * x_stride + i + c * L), acc[j][c]);
+            }
+        for (; i + L <= width; i += L) {
+            const auto r = V::load(row + i);
+            for (uint32_t j = 0; j < X; ++j)
+                acc[j][0] = V::fmadd(r, V::load(xs + j * x_stride + i), acc[j][0]);
+        }
+        if (i < width) {
+            const auto r = V::load_n(row + i, width - i);
+            for (uint32_t j = 0; j < X; ++j)
+                acc[j][1] = V::fmadd(r, V::load_n(xs + j * x_stride + i, width - i), acc[j][1]);
+        }
+        for (uint32_t j = 0; j < X; ++j) {
+            const float s =
+                V::reduce_add(V::add(V::add(acc[j][0], acc[j][1]), V::add(acc[j][2], acc[j][3])));
+            out[j * out_stride + a] = bias ? s + bias[a] : s;
+        }
+    }
+}
+
 // out[0..width) += sum_k coef[k] * row_at(k)[0..width). The output is held in registers, 8
-// vectors at a time, while the rows stream past: no load and store of `out` per row.
+// vectors at a time, while the rows stream past: out is read and written once per block of 8
+// vectors, not once per row.
 template <class V, class T, class RowAt>
 inline void weighted_sum(RowAt row_at, uint32_t width, const float* coef, uint32_t n, float* out) {
     constexpr uint32_t L = V::lanes, B = 8;
@@ -249,6 +294,7 @@ constexpr kernel_table make_table(const char* name, isa_level level,
                         adam_simd<V>,
                         softmax_simd<V>,
                         active_dots_simd<V, float>,
+                        block_dots_simd<V>,
                         weighted_row_sum_simd<V, float>,
                         weighted_vector_sum_simd<V>,
                         to_bf16_simd<V>,
