@@ -207,6 +207,44 @@ void active_dots_small(benchmark::State& state, const kernel_table& k) {
     report(state, bytes, 2.0 * small_rows * width);
 }
 
+// block_dots of an L2-resident block of rows against 4 inputs: exact scoring's inner loop
+// (beside active_dots_small, which scores the same block for one input).
+void block_dots_small(benchmark::State& state, const kernel_table& k) {
+    aligned_floats wf(size_t(small_rows) * stride);
+    fill_floats(wf.data(), wf.size(), -0.05f, 0.05f, 35);
+    const auto bias = random_floats(small_rows, -0.01f, 0.01f, 36);
+    const uint32_t inputs = 4;
+    const auto xs = random_floats(size_t(inputs) * stride, 0.0f, 1.0f, 37);
+    std::vector<float> out(size_t(inputs) * small_rows);
+    for (auto _ : state) {
+        k.block_dots(wf.data(), stride, width, small_rows, xs.data(), stride, inputs, bias.data(),
+                     out.data(), small_rows);
+        benchmark::DoNotOptimize(out.data());
+        benchmark::ClobberMemory();
+    }
+    // Rows once, bias and out per row and input, the inputs once.
+    const double bytes =
+        double(small_rows) * (width * 4.0 + 4.0 * (1 + inputs)) + double(inputs) * width * 4.0;
+    report(state, bytes, 2.0 * inputs * small_rows * width);
+}
+
+// weighted_vector_sum of `n` vectors (a row's gradient over the samples of a batch that
+// touched it; 128 = a dense layer's row in a batch of 128).
+void weighted_vector_sum_bench(benchmark::State& state, const kernel_table& k, uint32_t n) {
+    const auto vectors = random_floats(size_t(n) * stride, -1.0f, 1.0f, 38);
+    const auto coef = random_floats(n, -1e-3f, 1e-3f, 39);
+    std::vector<const float*> pointers(n);
+    for (uint32_t i = 0; i < n; ++i) pointers[i] = vectors.data() + size_t(i) * stride;
+    std::vector<float> out(width, 0.0f);
+    for (auto _ : state) {
+        k.weighted_vector_sum(pointers.data(), coef.data(), n, width, out.data());
+        benchmark::DoNotOptimize(out.data());
+        benchmark::ClobberMemory();
+    }
+    const double bytes = double(n) * (width * 4.0 + 12.0) + 2.0 * width * 4.0;
+    report(state, bytes, 2.0 * n * width);
+}
+
 // weighted_row_sum of `n` random rows of a block of `rows` rows: the input layer's forward
 // (75 feature rows of 135,909) and the output layer's backward (4,096 rows of 670,091).
 template <class T>
@@ -484,6 +522,11 @@ void register_all() {
                [](benchmark::State& s, const kernel_table& k) { active_dots_big<bf16>(s, k); });
     each_level("active_dots_bf16", small_shape,
                [](benchmark::State& s, const kernel_table& k) { active_dots_small<bf16>(s, k); });
+
+    each_level("block_dots", "rows:1024/inputs:4/width:256", block_dots_small);
+    each_level(
+        "weighted_vector_sum", "n:128/width:256",
+        [](benchmark::State& s, const kernel_table& k) { weighted_vector_sum_bench(s, k, 128); });
 
     each_level("weighted_row_sum", "rows:135909/active:75/width:256",
                [](benchmark::State& s, const kernel_table& k) {
