@@ -604,10 +604,6 @@ void cpu_backend::predict_exact(const batch_view& batch, uint32_t k, uint32_t* l
     const uint32_t block_rows = uint32_t(std::clamp<size_t>(
         (size_t(512) << 10) / (in_stride * value_bytes), 16, std::max<size_t>(layer.rows, 16)));
     const int64_t n_blocks = (int64_t(layer.rows) + block_rows - 1) / block_rows;
-    constexpr uint32_t chunk = 256;
-    const uint64_t seed = predict_seed();
-    ensure_buffers(std::min(chunk, batch.size));
-    hidden_matrix_.resize(size_t(chunk) * in_stride);  // bf16 inputs use its first half
     // Each thread keeps a min-heap of the best `kept` (score, id) pairs per point over the
     // blocks it scores, ordered as select_top_k orders them (higher score, then smaller id).
     using candidate = std::pair<float, uint32_t>;
@@ -615,6 +611,11 @@ void cpu_backend::predict_exact(const batch_view& batch, uint32_t k, uint32_t* l
         return a.first > b.first || (a.first == b.first && a.second < b.second);
     };
     const uint32_t kept = std::min(k, layer.rows);
+    // 256 points a chunk, fewer when k is large: at most 2^22 candidates (32 MiB) a thread.
+    const uint32_t chunk = uint32_t(std::clamp<uint64_t>((uint64_t{1} << 22) / kept, 1, 256));
+    const uint64_t seed = predict_seed();
+    ensure_buffers(std::min(chunk, batch.size));
+    hidden_matrix_.resize(size_t(chunk) * in_stride);  // bf16 inputs use its first half
     std::vector<std::vector<candidate>> best(static_cast<size_t>(threads_));
     std::vector<std::vector<uint32_t>> best_count(static_cast<size_t>(threads_));
     for (uint32_t begin = 0; begin < batch.size; begin += chunk) {
