@@ -101,7 +101,9 @@ class counting_backend final : public backend {
         return r;
     }
     void rebuild_tables(bool) override { ++rebuilds; }
-    void predict(const batch_view&, uint32_t, scoring_mode, uint32_t*, float*) override {}
+    void predict(const batch_view&, uint32_t, scoring_mode, uint32_t*, float*) override {
+        ++predictions;
+    }
     void export_state(model_state& out, bool) const override { out = model_; }
     void import_state(const model_state& in, bool) override {
         ++full_imports;
@@ -141,7 +143,7 @@ class counting_backend final : public backend {
     }
 
     std::vector<uint32_t> seen;
-    int rebuilds = 0, full_imports = 0, row_imports = 0;
+    int rebuilds = 0, full_imports = 0, row_imports = 0, predictions = 0;
     row_sets last_imported;
 
   private:
@@ -652,6 +654,22 @@ TEST(HybridAdaptive, KeepsASlowWorkerThatHelps) {
     EXPECT_GT(stats[1].update_share, 0.35);
     EXPECT_GT(stats[1].parked_seconds, 0.0) << "it was never measured";
     EXPECT_LT(stats[1].parked_seconds, 0.3 * stats[1].wall_seconds);
+}
+
+TEST(Hybrid, TheFastestWorkerPredicts) {
+    // Every replica is the shared model once predict has synchronised them: the worker that
+    // trained fastest per sample scores (a GPU beside CPU threads), not the first listed.
+    const model_state initial = integral_model(11);
+    const dataset data = counting_dataset(4000);
+    std::vector<counting_backend*> devices;
+    auto hybrid =
+        create_hybrid_backend(counting_workers({1e-4, 1e-5}, devices), initial, train_config{});
+    feed(*hybrid, data, 4000, 64);
+    std::vector<uint32_t> rows{0, 1}, labels(2);
+    std::vector<float> scores(2);
+    hybrid->predict({&data, rows.data(), 2}, 1, scoring_mode::exact, labels.data(), scores.data());
+    EXPECT_EQ(devices[0]->predictions, 0);
+    EXPECT_EQ(devices[1]->predictions, 1);
 }
 
 TEST(Hybrid, RebuildRequestsReachEveryWorker) {

@@ -620,7 +620,18 @@ void hybrid_backend::rebuild_tables(bool new_functions) {
 void hybrid_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scoring,
                              uint32_t* labels, float* scores) {
     synchronize_models();
-    workers_.front()->device->predict(batch, k, scoring, labels, scores);
+    // Every replica is the shared model now: the fastest trainer (per sample, as measured)
+    // predicts, so a GPU worker scores where there is one (exact scoring of a large output
+    // layer is a GEMM there, a long pass on the CPU).
+    worker* fastest = workers_.front().get();
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (auto& w : workers_)
+            if (w->seconds_per_sample > 0 && (fastest->seconds_per_sample <= 0 ||
+                                              w->seconds_per_sample < fastest->seconds_per_sample))
+                fastest = w.get();
+    }
+    fastest->device->predict(batch, k, scoring, labels, scores);
 }
 
 void hybrid_backend::export_state(model_state& out, bool with_optimizer) const {
