@@ -684,7 +684,9 @@ void cpu_backend::predict_exact(const batch_view& batch, uint32_t k, uint32_t* l
                     }
                 }
             }
-            // Merge the threads' candidates per point (after the loop's implicit barrier).
+            // Merge the team's candidates per point (after the loop's implicit barrier; the
+            // team may be smaller than threads_ when OpenMP limits it).
+            const int team = omp_get_num_threads();
             std::vector<candidate> top;
             std::vector<float> cand_score;
             std::vector<uint32_t> cand_id;
@@ -692,7 +694,7 @@ void cpu_backend::predict_exact(const batch_view& batch, uint32_t k, uint32_t* l
             for (int64_t s = 0; s < int64_t(n); ++s) {
                 cand_score.clear();
                 cand_id.clear();
-                for (int t = 0; t < threads_; ++t)
+                for (int t = 0; t < team; ++t)
                     for (uint32_t j = 0; j < best_count[size_t(t)][size_t(s)]; ++j) {
                         const candidate& c = best[size_t(t)][size_t(s) * kept + j];
                         cand_score.push_back(c.first);
