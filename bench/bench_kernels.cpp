@@ -207,18 +207,17 @@ void active_dots_small(benchmark::State& state, const kernel_table& k) {
     report(state, bytes, 2.0 * small_rows * width);
 }
 
-// block_dots of an L2-resident block of rows against 4 inputs: exact scoring's inner loop
-// (beside active_dots_small, which scores the same block for one input).
-void block_dots_small(benchmark::State& state, const kernel_table& k) {
+// dots16 of an L2-resident block of rows against 16 inputs: exact scoring's product (beside
+// active_dots_small, which scores the same block for one input).
+void dots16_small(benchmark::State& state, const kernel_table& k) {
     aligned_floats wf(size_t(small_rows) * stride);
     fill_floats(wf.data(), wf.size(), -0.05f, 0.05f, 35);
     const auto bias = random_floats(small_rows, -0.01f, 0.01f, 36);
-    const uint32_t inputs = 4;
-    const auto xs = random_floats(size_t(inputs) * stride, 0.0f, 1.0f, 37);
+    const uint32_t inputs = 16;
+    const auto xt = random_floats(size_t(inputs) * width, 0.0f, 1.0f, 37);
     std::vector<float> out(size_t(inputs) * small_rows);
     for (auto _ : state) {
-        k.block_dots(wf.data(), stride, width, small_rows, xs.data(), stride, inputs, bias.data(),
-                     out.data(), small_rows);
+        k.dots16(wf.data(), stride, width, small_rows, xt.data(), bias.data(), out.data());
         benchmark::DoNotOptimize(out.data());
         benchmark::ClobberMemory();
     }
@@ -523,7 +522,7 @@ void register_all() {
     each_level("active_dots_bf16", small_shape,
                [](benchmark::State& s, const kernel_table& k) { active_dots_small<bf16>(s, k); });
 
-    each_level("block_dots", "rows:1024/inputs:4/width:256", block_dots_small);
+    each_level("dots16", "rows:1024/inputs:16/width:256", dots16_small);
     each_level(
         "weighted_vector_sum", "n:128/width:256",
         [](benchmark::State& s, const kernel_table& k) { weighted_vector_sum_bench(s, k, 128); });

@@ -593,9 +593,10 @@ void cpu_backend::predict_exact(const batch_view& batch, uint32_t k, uint32_t* l
     // Scoring a point against every output row one point at a time streams the whole layer
     // from memory per point (686 MB at 670k x 256): memory-bound, ~30 ms a point on 2 cores.
     // Here a block of rows small enough to stay in L2 is scored against a chunk of points
-    // before the next block is read, so the layer streams once a chunk, and block_dots reads
-    // each row once for four points. The scores are the per-point path's bit for bit
-    // (block_dots gives active_dots' values).
+    // before the next block is read, so the layer streams once a chunk. In fp32, dots16
+    // multiplies the block by 16 points at once (the hidden vectors transposed): a GEMM
+    // without horizontal sums. Its sums run in element order, so scores can differ from the
+    // per-point kernel's in the last bits; bf16 keeps the per-point kernel over the block.
     const size_t out_layer = model_.layers.size() - 1;
     const layer_state& layer = model_.layers[out_layer];
     const uint32_t width = layer.width;
@@ -615,7 +616,9 @@ void cpu_backend::predict_exact(const batch_view& batch, uint32_t k, uint32_t* l
     const uint32_t chunk = uint32_t(std::clamp<uint64_t>((uint64_t{1} << 22) / kept, 1, 256));
     const uint64_t seed = predict_seed();
     ensure_buffers(std::min(chunk, batch.size));
-    hidden_matrix_.resize(size_t(chunk) * in_stride);  // bf16 inputs use its first half
+    // fp32: groups of 16 transposed points (the chunk rounded up to 16); bf16: a row a point
+    // (using half of each in_stride floats).
+    hidden_matrix_.resize(size_t(chunk + 15) / 16 * 16 * in_stride);
     std::vector<std::vector<candidate>> best(static_cast<size_t>(threads_));
     std::vector<std::vector<uint32_t>> best_count(static_cast<size_t>(threads_));
     for (uint32_t begin = 0; begin < batch.size; begin += chunk) {
@@ -631,19 +634,30 @@ void cpu_backend::predict_exact(const batch_view& batch, uint32_t k, uint32_t* l
                                output_pass::skip, derive_seed(seed, uint64_t(begin) + uint64_t(s)),
                                scratch);
                 const std::vector<float>& h = samples_[s].layers[out_layer - 1].act;
-                if (use_bf16())
+                if (use_bf16()) {
                     k_.to_bf16(
                         h.data(),
                         reinterpret_cast<bf16*>(hidden_matrix_.data()) + size_t(s) * in_stride,
                         width);
-                else
-                    std::copy(h.begin(), h.end(), hidden_matrix_.data() + size_t(s) * in_stride);
+                } else {
+                    // Groups of 16 points, each transposed: element i of point s at
+                    // [(s / 16) * width * 16 + i * 16 + s % 16].
+                    float* group = hidden_matrix_.data() + size_t(s / 16) * width * 16;
+                    for (uint32_t i = 0; i < width; ++i) group[size_t(i) * 16 + s % 16] = h[i];
+                }
             }
+            // The last group's missing points: zeros (their scores are never read).
+            if (!use_bf16())
+#pragma omp single
+                for (uint32_t s = n; s % 16 != 0; ++s) {
+                    float* group = hidden_matrix_.data() + size_t(s / 16) * width * 16;
+                    for (uint32_t i = 0; i < width; ++i) group[size_t(i) * 16 + s % 16] = 0.0f;
+                }
             std::vector<candidate>& heaps = best[size_t(thread)];
             std::vector<uint32_t>& counts = best_count[size_t(thread)];
             heaps.resize(size_t(n) * kept);
             counts.assign(n, 0);
-            constexpr uint32_t inputs = 4;  // points per block_dots call
+            constexpr uint32_t inputs = 16;  // points per dots16 call
             std::vector<float>& logits = scratch.dense;
             logits.resize(size_t(inputs) * block_rows);
 #pragma omp for schedule(dynamic, 1)
@@ -652,6 +666,8 @@ void cpu_backend::predict_exact(const batch_view& batch, uint32_t k, uint32_t* l
                 const uint32_t nb = std::min(block_rows, layer.rows - r0);
                 for (uint32_t s0 = 0; s0 < n; s0 += inputs) {
                     const uint32_t n_x = std::min(inputs, n - s0);
+                    // Score of row r0 + i for point s0 + j: logits[i * row_step + j * col_step].
+                    size_t row_step = 1, col_step = block_rows;
                     if (use_bf16()) {
                         const bf16_weights& w16 = weights16_[out_layer];
                         const bf16* x16 = reinterpret_cast<const bf16*>(hidden_matrix_.data());
@@ -661,16 +677,18 @@ void cpu_backend::predict_exact(const batch_view& batch, uint32_t k, uint32_t* l
                                                 layer.bias.data() + r0,
                                                 logits.data() + size_t(j) * block_rows);
                     } else {
-                        k_.block_dots(layer.row(r0), layer.stride, width, nb,
-                                      hidden_matrix_.data() + size_t(s0) * in_stride, in_stride,
-                                      n_x, layer.bias.data() + r0, logits.data(), block_rows);
+                        k_.dots16(layer.row(r0), layer.stride, width, nb,
+                                  hidden_matrix_.data() + size_t(s0) * width,
+                                  layer.bias.data() + r0, logits.data());
+                        row_step = inputs;
+                        col_step = 1;
                     }
                     for (uint32_t j = 0; j < n_x; ++j) {
-                        const float* z = logits.data() + size_t(j) * block_rows;
+                        const float* z = logits.data() + size_t(j) * col_step;
                         candidate* heap = heaps.data() + size_t(s0 + j) * kept;
                         uint32_t& count = counts[s0 + j];
                         for (uint32_t i = 0; i < nb; ++i) {
-                            const candidate c{z[i], r0 + i};
+                            const candidate c{z[size_t(i) * row_step], r0 + i};
                             if (std::isnan(c.first)) continue;  // skipped, as select_top_k does
                             if (count < kept) {
                                 heap[count++] = c;

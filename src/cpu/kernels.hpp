@@ -71,13 +71,12 @@ struct kernel_table {
     /// (bias == nullptr: no bias). Prefetches the rows a few ahead.
     void (*active_dots)(const float* rows, size_t stride, uint32_t width, const uint32_t* ids,
                         uint32_t n, const float* x, const float* bias, float* out);
-    /// active_dots of rows 0..n-1 for n_x inputs at once: out[j * out_stride + a] = bias[a] +
-    /// <row a, xs + j * x_stride> (bias == nullptr: no bias), each value bit for bit what
-    /// active_dots of the same level gives. Each row is read once for up to 4 inputs: exact
-    /// scoring, where the rows come from cache and their loads are the limit.
-    void (*block_dots)(const float* rows, size_t stride, uint32_t width, uint32_t n,
-                       const float* xs, size_t x_stride, uint32_t n_x, const float* bias,
-                       float* out, size_t out_stride);
+    /// Rows 0..n-1 times 16 inputs stored transposed (xt[i * 16 + j] is input j's element i):
+    /// out[a * 16 + j] = bias[a] + <row a, input j> (bias == nullptr: no bias), each sum in
+    /// order i = 0..width-1. Exact scoring's product: a row element is broadcast against 16
+    /// inputs at once, so no horizontal sums and no reloads of the row per input.
+    void (*dots16)(const float* rows, size_t stride, uint32_t width, uint32_t n, const float* xt,
+                   const float* bias, float* out);
     /// Weighted row sum: out[0..width) += sum_i coef[i] * row ids[i]. The sparse-input layer's
     /// forward (rows = feature rows, coef = feature values) and the backward of a layer
     /// (rows = active neurons' weights, coef = their deltas).

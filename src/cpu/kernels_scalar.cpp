@@ -99,12 +99,14 @@ void active_dots_scalar(const float* rows, size_t stride, uint32_t width, const 
     active_dots_impl(rows, stride, width, ids, n, x, bias, out, identity);
 }
 
-void block_dots_scalar(const float* rows, size_t stride, uint32_t width, uint32_t n,
-                       const float* xs, size_t x_stride, uint32_t n_x, const float* bias,
-                       float* out, size_t out_stride) {
-    for (uint32_t j = 0; j < n_x; ++j)
-        active_dots_scalar(rows, stride, width, nullptr, n, xs + j * x_stride, bias,
-                           out + j * out_stride);
+void dots16_scalar(const float* rows, size_t stride, uint32_t width, uint32_t n, const float* xt,
+                   const float* bias, float* out) {
+    for (uint32_t a = 0; a < n; ++a)
+        for (uint32_t j = 0; j < 16; ++j) {
+            float s = 0.0f;
+            for (uint32_t i = 0; i < width; ++i) s += rows[a * stride + i] * xt[i * 16 + j];
+            out[a * 16 + j] = bias ? s + bias[a] : s;
+        }
 }
 
 void weighted_row_sum_scalar(const float* rows, size_t stride, uint32_t width, const uint32_t* ids,
@@ -138,7 +140,7 @@ const kernel_table& scalar_kernels() {
                                     adam_scalar,
                                     softmax_scalar,
                                     active_dots_scalar,
-                                    block_dots_scalar,
+                                    dots16_scalar,
                                     weighted_row_sum_scalar,
                                     weighted_vector_sum_scalar,
                                     to_bf16_scalar,

@@ -180,50 +180,39 @@ void active_dots_simd(const T* rows, size_t stride, uint32_t width, const uint32
     active_dots_with(row_dot<V, T>, rows, stride, width, ids, n, x, bias, out);
 }
 
-// Four inputs per row: the accumulators of row_dot, four times over (16 vector registers), so
-// every value is row_dot's bit for bit while the row is loaded once. With 8-lane vectors the
-// 16 registers are all there are: that level scores one input at a time.
+// R rows at a time against the 16 inputs (16 / lanes vectors): per element, one load of the
+// inputs' vectors and R broadcasts of row elements feed R * 16 / lanes FMAs.
+template <class V, uint32_t R>
+inline void dots16_rows(const float* rows, size_t stride, uint32_t width, uint32_t a,
+                        const float* xt, const float* bias, float* out) {
+    constexpr uint32_t L = V::lanes, NV = 16 / L;
+    typename V::vec acc[R][NV];
+    for (uint32_t r = 0; r < R; ++r)
+        for (uint32_t v = 0; v < NV; ++v) acc[r][v] = V::zero();
+    const float* w = rows + size_t(a) * stride;
+    for (uint32_t i = 0; i < width; ++i) {
+        typename V::vec x[NV];
+        for (uint32_t v = 0; v < NV; ++v) x[v] = V::load(xt + size_t(i) * 16 + v * L);
+        for (uint32_t r = 0; r < R; ++r) {
+            const auto wb = V::set1(w[r * stride + i]);
+            for (uint32_t v = 0; v < NV; ++v) acc[r][v] = V::fmadd(wb, x[v], acc[r][v]);
+        }
+    }
+    for (uint32_t r = 0; r < R; ++r)
+        for (uint32_t v = 0; v < NV; ++v) {
+            const auto s = bias ? V::add(acc[r][v], V::set1(bias[a + r])) : acc[r][v];
+            V::store(out + size_t(a + r) * 16 + v * L, s);
+        }
+}
+
 template <class V>
-void block_dots_simd(const float* rows, size_t stride, uint32_t width, uint32_t n, const float* xs,
-                     size_t x_stride, uint32_t n_x, const float* bias, float* out,
-                     size_t out_stride) {
-    constexpr uint32_t L = V::lanes, X = 4;
-    if (n_x != X || L < 16) {
-        for (uint32_t j = 0; j < n_x; ++j)
-            active_dots_simd<V, float>(rows, stride, width, nullptr, n, xs + j * x_stride, bias,
-                                       out + j * out_stride);
-        return;
-    }
-    for (uint32_t a = 0; a < n; ++a) {
-        if (a + prefetch_rows_ahead < n)
-            prefetch_span(rows + (a + prefetch_rows_ahead) * stride, width);
-        const float* row = rows + size_t(a) * stride;
-        typename V::vec acc[X][4];
-        for (uint32_t j = 0; j < X; ++j)
-            for (uint32_t c = 0; c < 4; ++c) acc[j][c] = V::zero();
-        uint32_t i = 0;
-        for (; i + 4 * L <= width; i += 4 * L)
-            for (uint32_t c = 0; c < 4; ++c) {
-                const auto r = V::load(row + i + c * L);
-                for (uint32_t j = 0; j < X; ++j)
-                    acc[j][c] = V::fmadd(r, V::load(xs + j * x_stride + i + c * L), acc[j][c]);
-            }
-        for (; i + L <= width; i += L) {
-            const auto r = V::load(row + i);
-            for (uint32_t j = 0; j < X; ++j)
-                acc[j][0] = V::fmadd(r, V::load(xs + j * x_stride + i), acc[j][0]);
-        }
-        if (i < width) {
-            const auto r = V::load_n(row + i, width - i);
-            for (uint32_t j = 0; j < X; ++j)
-                acc[j][1] = V::fmadd(r, V::load_n(xs + j * x_stride + i, width - i), acc[j][1]);
-        }
-        for (uint32_t j = 0; j < X; ++j) {
-            const float s =
-                V::reduce_add(V::add(V::add(acc[j][0], acc[j][1]), V::add(acc[j][2], acc[j][3])));
-            out[j * out_stride + a] = bias ? s + bias[a] : s;
-        }
-    }
+void dots16_simd(const float* rows, size_t stride, uint32_t width, uint32_t n, const float* xt,
+                 const float* bias, float* out) {
+    // 8 accumulators: enough independent FMA chains to cover the FMA latency on two ports.
+    constexpr uint32_t R = V::lanes == 16 ? 8 : 4;
+    uint32_t a = 0;
+    for (; a + R <= n; a += R) dots16_rows<V, R>(rows, stride, width, a, xt, bias, out);
+    for (; a < n; ++a) dots16_rows<V, 1>(rows, stride, width, a, xt, bias, out);
 }
 
 // out[0..width) += sum_k coef[k] * row_at(k)[0..width). The output is held in registers, 8
@@ -294,7 +283,7 @@ constexpr kernel_table make_table(const char* name, isa_level level,
                         adam_simd<V>,
                         softmax_simd<V>,
                         active_dots_simd<V, float>,
-                        block_dots_simd<V>,
+                        dots16_simd<V>,
                         weighted_row_sum_simd<V, float>,
                         weighted_vector_sum_simd<V>,
                         to_bf16_simd<V>,
