@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <set>
 #include <vector>
@@ -601,4 +602,43 @@ TEST(CpuBackend, BlockedExactScoringMatchesScoringEveryNeuronPerPoint) {
             }
         }
     }
+}
+
+TEST(CpuBackend, MultiProbeScoringScoresASupersetOfTheSingleProbeSet) {
+    // No random fill, so an LSH prediction scores exactly the union of the point's buckets:
+    // with probes, every label scored without them is scored too (with the same value), and
+    // some points gain labels.
+    model_config config = small_config(sparsity_mode::dense, sparsity_mode::lsh);
+    config.layers.back().active.min_active = 0;
+    const dataset data = random_dataset(60, 20, 30, 63);
+    std::vector<uint32_t> rows(60);
+    std::iota(rows.begin(), rows.end(), 0u);
+    train_config tc;
+    const model_state initial = model_state::create(config, 63);
+    cpu::cpu_backend plain(initial, tc, 2);
+    config.layers.back().active.probes = 2;
+    model_state probing_state = initial;
+    probing_state.config = config;
+    cpu::cpu_backend probing(probing_state, tc, 2);
+    const uint32_t k = 30;
+    std::vector<uint32_t> l0(60 * k), l2(60 * k);
+    std::vector<float> s0(60 * k), s2(60 * k);
+    plain.predict({&data, rows.data(), 60}, k, scoring_mode::lsh, l0.data(), s0.data());
+    probing.predict({&data, rows.data(), 60}, k, scoring_mode::lsh, l2.data(), s2.data());
+    int gained = 0;
+    for (uint32_t s = 0; s < 60; ++s) {
+        std::map<uint32_t, float> with_probes;
+        for (uint32_t i = 0; i < k; ++i)
+            if (l2[s * k + i] != UINT32_MAX) with_probes[l2[s * k + i]] = s2[s * k + i];
+        size_t without = 0;
+        for (uint32_t i = 0; i < k; ++i) {
+            const uint32_t label = l0[s * k + i];
+            if (label == UINT32_MAX) continue;
+            ++without;
+            ASSERT_TRUE(with_probes.count(label)) << "point " << s << " lost label " << label;
+            EXPECT_EQ(with_probes[label], s0[s * k + i]);
+        }
+        gained += with_probes.size() > without;
+    }
+    EXPECT_GT(gained, 0) << "probes found no extra label for any point";
 }

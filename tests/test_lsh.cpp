@@ -1,6 +1,7 @@
 // Tests of the LSH layer: hash families (ranges, dense == sparse, determinism, the LSH
 // property), bucket tables (membership, capacity, FIFO and reservoir, thread-count
 // independence) and the active-set query.
+#include "hslide/config.hpp"
 #include "hslide/error.hpp"
 #include "hslide/isa.hpp"
 #include "hslide/lsh.hpp"
@@ -8,6 +9,7 @@
 
 #include <gtest/gtest.h>
 #include <omp.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -114,6 +116,27 @@ TEST(LshConfig, ValidationRejectsImpossibleSettings) {
     EXPECT_THROW(lsh_tables(make_lsh_config(hash_kind::dwta, 6, 50, 3, 0)), hslide::error);
 }
 
+TEST(LshConfig, ProbesRoundTripThroughTheModelConfigJson) {
+    // Checkpoints store the model config as JSON: probes survive it, and a config written
+    // before probes existed reads as 0.
+    model_config c;
+    c.input_dim = 10;
+    layer_config l;
+    l.size = 8;
+    c.layers.push_back(l);
+    l.size = 5000;
+    l.sparsity = sparsity_mode::lsh;
+    l.active.probes = 3;
+    c.layers.push_back(l);
+    const std::string json = model_config_to_json(c);
+    EXPECT_EQ(model_config_from_json(json).layers[1].active.probes, 3u);
+    auto old = nlohmann::json::parse(json);
+    for (auto& layer : old["layers"]) layer.erase("probes");
+    EXPECT_EQ(model_config_from_json(old.dump()).layers[1].active.probes, 0u);
+    c.layers[1].active.probes = 65;
+    EXPECT_THROW(validate(c), hslide::error);
+}
+
 TEST(LshConfig, NamesRoundTrip) {
     for (hash_kind k : all_kinds) EXPECT_EQ(parse_hash_kind(to_string(k)), k);
     EXPECT_EQ(parse_insertion_policy("fifo"), insertion_policy::fifo);
@@ -206,6 +229,69 @@ TEST(LshFamily, DwtaValueIsTheArgmaxOfItsBin) {
             EXPECT_EQ(dense_codes(*f, e)[t], codes[t]);
         }
     }
+}
+
+TEST(LshFamily, ProbeCodesAreTheRunnerUpBucketsNearestFirst) {
+    // A brute-force reference from the family's bins: with every coordinate positive no bin
+    // is empty (no densification), a sub-hash is the first position of its bin's maximum,
+    // and its probe swaps in the runner-up; a table's probes follow the margins, smallest
+    // first; past its K runner-ups a table repeats its base code.
+    for (const hash_kind kind : {hash_kind::dwta, hash_kind::wta}) {
+        const lsh_config c = make_lsh_config(kind, 3, 8, 3);
+        const auto f = hash_family::create(c, 64, 11);
+        const hash_function_data d = f->function_data();
+        rng gen(12);
+        for (int v = 0; v < 20; ++v) {
+            std::vector<float> x(64);
+            for (auto& e : x) e = 0.01f + static_cast<float>(gen.uniform());
+            if (v == 0) x[d.bins[1]] = x[d.bins[0]];  // a tie: margin 0, probed first
+            const auto base = dense_codes(*f, x);
+            for (const uint32_t probes : {1u, 2u, 5u}) {
+                std::vector<uint32_t> got(size_t(c.L) * (1 + probes));
+                f->probe_codes_dense(x.data(), probes, got.data());
+                for (int t = 0; t < c.L; ++t) {
+                    std::vector<uint32_t> winner(c.K), second(c.K);
+                    std::vector<std::pair<float, int>> margins;
+                    for (int k = 0; k < c.K; ++k) {
+                        const uint32_t* bin = d.bins.data() + size_t(t * c.K + k) * d.width;
+                        std::vector<float> vals(d.width);
+                        for (uint32_t j = 0; j < d.width; ++j) vals[j] = x[bin[j]];
+                        winner[k] =
+                            uint32_t(std::max_element(vals.begin(), vals.end()) - vals.begin());
+                        vals[winner[k]] = -1.0f;
+                        second[k] =
+                            uint32_t(std::max_element(vals.begin(), vals.end()) - vals.begin());
+                        margins.push_back({x[bin[winner[k]]] - x[bin[second[k]]], k});
+                    }
+                    std::sort(margins.begin(), margins.end());
+                    auto code_of = [&](const std::vector<uint32_t>& w) {
+                        uint32_t code = 0;
+                        for (int k = 0; k < c.K; ++k) code = (code << c.bits_per_hash) | w[k];
+                        return code;
+                    };
+                    const uint32_t* row = got.data() + size_t(t) * (1 + probes);
+                    ASSERT_EQ(row[0], base[t]);
+                    ASSERT_EQ(row[0], code_of(winner));
+                    for (uint32_t p = 0; p < probes; ++p) {
+                        std::vector<uint32_t> w = winner;
+                        if (p < uint32_t(c.K)) w[margins[p].second] = second[margins[p].second];
+                        EXPECT_EQ(row[1 + p], code_of(w)) << to_string(kind) << " vector " << v
+                                                          << " table " << t << " probe " << p;
+                    }
+                }
+            }
+        }
+    }
+    // Families without runner-ups repeat their base codes.
+    const auto sim = hash_family::create(make_lsh_config(hash_kind::simhash, 4, 5, 1), 32, 3);
+    rng gen(13);
+    std::vector<float> x(32);
+    for (auto& e : x) e = static_cast<float>(gen.normal());
+    const auto base = dense_codes(*sim, x);
+    std::vector<uint32_t> got(5 * 3);
+    sim->probe_codes_dense(x.data(), 2, got.data());
+    for (int t = 0; t < 5; ++t)
+        for (int p = 0; p < 3; ++p) EXPECT_EQ(got[size_t(t) * 3 + p], base[t]);
 }
 
 TEST(LshFamily, Deterministic) {
@@ -616,6 +702,24 @@ TEST(ActiveSet, UnionThresholdForcedAndCap) {
     EXPECT_THROW(
         builder.build(idx.tables, query, std::vector<uint32_t>{10}.data(), 1, cfg, gen, out),
         hslide::error);
+}
+
+TEST(ActiveSet, MultiProbeQueriesUnionEveryBucketOnceATable) {
+    // Two codes a table (table 0: bucket 2 twice; table 1: buckets 0 and 1; table 2: bucket 0
+    // twice). A repeated code is one bucket: item 8 (only in table 0's bucket 2) has 1 hit,
+    // so the threshold of 2 keeps {2, 3, 5} and not 8.
+    small_index idx;
+    const uint32_t probes[6] = {2, 2, 0, 1, 0, 0};
+    active_set_builder builder(10);
+    rng gen(1);
+    std::vector<uint32_t> out;
+    active_set_config cfg;
+    builder.build(idx.tables, probes, nullptr, 0, cfg, gen, out, 2);
+    EXPECT_EQ(as_set(out), (std::set<uint32_t>{0, 1, 2, 3, 5, 6, 7, 8}));
+    EXPECT_EQ(out.size(), 8u);
+    cfg.hit_threshold = 2;
+    builder.build(idx.tables, probes, nullptr, 0, cfg, gen, out, 2);
+    EXPECT_EQ(as_set(out), (std::set<uint32_t>{2, 3, 5}));
 }
 
 TEST(ActiveSet, RandomFillAndInvariants) {

@@ -113,6 +113,13 @@ class hash_family {
     virtual void codes_sparse(const uint32_t* ids, const float* values, uint32_t nnz,
                               uint32_t* codes) const = 0;
 
+    /// Multi-probe codes of a query: for each table t, codes[t * (1 + probes)] is codes_dense's
+    /// code, and the next `probes` are codes of nearby buckets: the code x would have if one
+    /// sub-hash's winner lost to its runner-up, the sub-hashes won by the smallest margin
+    /// first. DWTA and WTA have runner-ups; a table with fewer than `probes` of them, and the
+    /// other families, repeat the base code (a repeated bucket adds nothing to a union).
+    virtual void probe_codes_dense(const float* x, uint32_t probes, uint32_t* codes) const;
+
     /// Codes of n_rows dense rows: row r is rows[r * row_stride .. + dim), its codes go to
     /// codes[r * L .. + L) (the layout lsh_tables::build reads). Parallel over rows with
     /// OpenMP (serial when called inside a parallel region).
@@ -191,6 +198,9 @@ struct active_set_config {
     uint32_t min_active = 0;     ///< random fill up to this many (clamped to max_active > 0)
     uint32_t max_active = 0;     ///< cap (0 = no cap); labels are never dropped
     uint32_t hit_threshold = 1;  ///< keep only items found in at least this many tables (0 = 1)
+    /// Multi-probe at prediction (never in training): besides its own bucket, each table
+    /// contributes the `probes` buckets nearest to it (hash_family::probe_codes_dense).
+    uint32_t probes = 0;
 };
 
 /// Per-thread scratch for active-set queries: a stamp array over the items, so no memset of
@@ -207,10 +217,12 @@ class active_set_builder {
     /// The kept union items stay in first-seen order. The random fill draws from `gen` by
     /// rejection against the stamps, or by a partial shuffle of the unchosen items when more
     /// than half of them are needed (the only case with O(n_items) work). Throws
-    /// hslide::error when a forced id is >= tables.n_items().
+    /// hslide::error when a forced id is >= tables.n_items(). With `codes_per_table` > 1
+    /// (multi-probe queries, hash_family::probe_codes_dense), table t's buckets are those of
+    /// codes[t * codes_per_table .. + codes_per_table), a repeated code counted once.
     void build(const lsh_tables& tables, const uint32_t* codes, const uint32_t* forced,
                uint32_t n_forced, const active_set_config& config, rng& gen,
-               std::vector<uint32_t>& out);
+               std::vector<uint32_t>& out, uint32_t codes_per_table = 1);
 
   private:
     struct mark {

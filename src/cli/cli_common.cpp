@@ -175,6 +175,25 @@ void add_model_options(CLI::App& app, model_options& o) {
         ->check(CLI::PositiveNumber)
         ->delimiter(',')
         ->default_str(list_text(o.hit_threshold));
+    add_probes_option(app, o.probes);
+}
+
+void set_probes(model_config& config, const std::vector<uint32_t>& probes) {
+    const size_t n = config.layers.size() - 1;
+    HSLIDE_CHECK(probes.size() == 1 || probes.size() == n,
+                 "--probes takes one value or one per layer after the first ({} here), got {}", n,
+                 probes.size());
+    for (size_t l = 1; l < config.layers.size(); ++l)
+        config.layers[l].active.probes = probes.size() == 1 ? probes[0] : probes[l - 1];
+}
+
+void add_probes_option(CLI::App& app, std::vector<uint32_t>& probes) {
+    app.add_option("--probes", probes,
+                   "LSH scoring: each table also looks in this many nearby buckets (multi-probe; "
+                   "DWTA and WTA; more recall for more time; training never probes)")
+        ->check(CLI::Range(0, 64))
+        ->delimiter(',')
+        ->default_str(list_text(probes));
 }
 
 model_config make_model_config(const model_options& o, uint32_t input_dim, uint32_t output_dim) {
@@ -210,6 +229,7 @@ model_config make_model_config(const model_options& o, uint32_t input_dim, uint3
             layer.active.min_active = pick(o.min_active, "--min-active", l);
             layer.active.max_active = pick(o.max_active, "--max-active", l);
             layer.active.hit_threshold = pick(o.hit_threshold, "--hit-threshold", l);
+            layer.active.probes = pick(o.probes, "--probes", l);
         }
         config.layers.push_back(layer);
     }

@@ -51,10 +51,14 @@ struct model_options {
     std::vector<int> K{lsh_config{}.K}, L{lsh_config{}.L}, bits{lsh_config{}.bits_per_hash},
         bucket_capacity{lsh_config{}.bucket_capacity};
     std::vector<std::string> insertion{"fifo"};
-    std::vector<uint32_t> min_active{1024}, max_active{0}, hit_threshold{1};
+    std::vector<uint32_t> min_active{1024}, max_active{0}, hit_threshold{1}, probes{0};
 };
 
 void add_model_options(CLI::App& app, model_options& options);
+/// --probes: multi-probe LSH scoring, one value or one per layer after the first.
+void add_probes_option(CLI::App& app, std::vector<uint32_t>& probes);
+/// Sets the LSH layers' probes from --probes values (one, or one per layer after the first);
+void set_probes(model_config& config, const std::vector<uint32_t>& probes);
 model_config make_model_config(const model_options& options, uint32_t input_dim,
                                uint32_t output_dim);
 /// Scales `data`'s feature values as the model's input normalization says.

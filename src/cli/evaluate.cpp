@@ -27,6 +27,7 @@ struct scoring_options {
     std::string backend = "cpu";
     int threads = 0;
     compute_options compute;
+    std::vector<uint32_t> probes;  // empty: the model's own
 };
 
 void add_scoring_options(CLI::App& app, scoring_options& o) {
@@ -44,6 +45,8 @@ void add_scoring_options(CLI::App& app, scoring_options& o) {
         ->check(CLI::IsMember({"cpu", "cpu-dense", "gpu", "gpu-dense"}))
         ->capture_default_str();
     add_compute_options(app, o.compute);
+    add_probes_option(app, o.probes);
+    app.get_option("--probes")->default_str("the model's");
 }
 
 /// The checkpoint's model on the --backend, checked against the data's dimensions;
@@ -62,6 +65,7 @@ std::unique_ptr<backend> open_model(const scoring_options& o, dataset& data,
     bo.kind = o.backend;
     bo.threads = o.threads;
     apply_compute_options(o.compute, bo);
+    if (!o.probes.empty()) set_probes(ck.model.config, o.probes);
     train_config tc;
     normalize_inputs(data, ck.model.config);
     return create_backend(bo, std::move(ck.model), tc);

@@ -98,6 +98,8 @@ void validate(const model_config& model) {
                 layer.active.max_active == 0 || layer.active.max_active >= layer.active.min_active,
                 "layer {}: max-active ({}) is below min-active ({})", l, layer.active.max_active,
                 layer.active.min_active);
+            HSLIDE_CHECK(layer.active.probes <= 64, "layer {}: --probes {} is more than 64", l,
+                         layer.active.probes);
             HSLIDE_CHECK(layer.active.hit_threshold >= 1 &&
                              layer.active.hit_threshold <= static_cast<uint32_t>(layer.lsh.L),
                          "layer {}: hit-threshold must be in [1, L={}], got {}", l, layer.lsh.L,
@@ -142,7 +144,8 @@ std::string model_config_to_json(const model_config& config) {
                                {"insertion", to_string(layer.lsh.policy)},
                                {"min_active", layer.active.min_active},
                                {"max_active", layer.active.max_active},
-                               {"hit_threshold", layer.active.hit_threshold}});
+                               {"hit_threshold", layer.active.hit_threshold},
+                               {"probes", layer.active.probes}});
     }
     return j.dump();
 }
@@ -167,6 +170,7 @@ model_config model_config_from_json(const std::string& json_text) {
             layer.active.min_active = jl.at("min_active").get<uint32_t>();
             layer.active.max_active = jl.at("max_active").get<uint32_t>();
             layer.active.hit_threshold = jl.at("hit_threshold").get<uint32_t>();
+            layer.active.probes = jl.value("probes", 0u);  // absent in older checkpoints
             config.layers.push_back(layer);
         }
         return config;

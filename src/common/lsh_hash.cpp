@@ -76,6 +76,15 @@ void hash_family::codes_dense_rows(const float* rows, uint32_t n_rows, size_t ro
         codes_dense(rows + static_cast<size_t>(r) * row_stride, codes + static_cast<size_t>(r) * L);
 }
 
+void hash_family::probe_codes_dense(const float* x, uint32_t probes, uint32_t* codes) const {
+    // No runner-ups: the base codes, each repeated. Written from the last table back, so the
+    // base codes can be computed in place at the front.
+    codes_dense(x, codes);
+    for (int t = config_.L; t-- > 0;)
+        for (uint32_t p = 0; p <= probes; ++p)
+            codes[static_cast<size_t>(t) * (1 + probes) + p] = codes[t];
+}
+
 namespace {
 
 constexpr int densify_probes = 100;
@@ -295,20 +304,73 @@ class bin_family final : public hash_family {
         return 0;
     }
 
-    void finish(const int32_t* values, uint32_t* codes) const {
+    uint32_t table_code(const int32_t* values, int t) const {
         const int K = config_.K, bits = config_.bits_per_hash;
+        uint64_t code = 0;
+        for (int k = 0; k < K; ++k) {
+            const uint32_t h = static_cast<uint32_t>(t * K + k);
+            uint32_t v = values[h] >= 0 ? static_cast<uint32_t>(values[h])
+                                        : (densify_ ? densified(values, h) : 0u);
+            code = (code << bits) | (v & value_mask_);
+        }
+        return static_cast<uint32_t>(code);
+    }
+
+    void finish(const int32_t* values, uint32_t* codes) const {
+        for (int t = 0; t < config_.L; ++t) codes[t] = table_code(values, t);
+    }
+
+  public:
+    void probe_codes_dense(const float* x, uint32_t probes, uint32_t* codes) const override {
+        if (minhash_ || probes == 0) return hash_family::probe_codes_dense(x, probes, codes);
+        int32_t* values = sized(thread_scratch().values, n_hashes_);
+        scan_(x, bin_layout{bins_.data(), interleaved_.data(), width_, n_hashes_, dim_}, values);
+        const int K = config_.K;
+        struct candidate {
+            float margin;
+            int k;
+            int32_t runner_up;
+        };
+        std::vector<candidate> found;
         for (int t = 0; t < config_.L; ++t) {
-            uint64_t code = 0;
+            uint32_t* out = codes + static_cast<size_t>(t) * (1 + probes);
+            out[0] = table_code(values, t);
+            // Each sub-hash's runner-up under the scan's rule (a nonzero value; the first of
+            // equal values), and by how much the winner beat it.
+            found.clear();
             for (int k = 0; k < K; ++k) {
                 const uint32_t h = static_cast<uint32_t>(t * K + k);
-                uint32_t v = values[h] >= 0 ? static_cast<uint32_t>(values[h])
-                                            : (densify_ ? densified(values, h) : 0u);
-                code = (code << bits) | (v & value_mask_);
+                if (values[h] < 0) continue;
+                const uint32_t* bin = bins_.data() + static_cast<size_t>(h) * width_;
+                const float best = x[bin[values[h]]];
+                int32_t second = -1;
+                float second_value = 0.0f;
+                for (uint32_t j = 0; j < width_; ++j) {
+                    const float v = x[bin[j]];
+                    if (static_cast<int32_t>(j) == values[h] || v == 0.0f) continue;
+                    if (second < 0 || v > second_value)
+                        second = static_cast<int32_t>(j), second_value = v;
+                }
+                if (second >= 0) found.push_back({best - second_value, k, second});
             }
-            codes[t] = static_cast<uint32_t>(code);
+            std::sort(found.begin(), found.end(), [](const candidate& a, const candidate& b) {
+                return a.margin < b.margin || (a.margin == b.margin && a.k < b.k);
+            });
+            for (uint32_t p = 0; p < probes; ++p) {
+                if (p >= found.size()) {
+                    out[1 + p] = out[0];
+                    continue;
+                }
+                const uint32_t h = static_cast<uint32_t>(t * K + found[p].k);
+                const int32_t winner = values[h];
+                values[h] = found[p].runner_up;
+                out[1 + p] = table_code(values, t);
+                values[h] = winner;
+            }
         }
     }
 
+  private:
     struct inv_entry {
         uint32_t hash, pos;
     };

@@ -249,7 +249,7 @@ active_set_builder::active_set_builder(uint32_t n_items) : marks_(n_items) {}
 void active_set_builder::build(const lsh_tables& tables, const uint32_t* codes,
                                const uint32_t* forced, uint32_t n_forced,
                                const active_set_config& config, rng& gen,
-                               std::vector<uint32_t>& out) {
+                               std::vector<uint32_t>& out, uint32_t codes_per_table) {
     const uint32_t n = tables.n_items();
     if (marks_.size() < n) marks_.resize(n);
     // Two stamp values per query: `chosen` marks ids in `out`, `seen` ids met in a bucket.
@@ -279,10 +279,15 @@ void active_set_builder::build(const lsh_tables& tables, const uint32_t* codes,
     views_.clear();
     if (codes != nullptr && n > 0) {
         for (int t = 0; t < L; ++t) {
-            const bucket_view bv = tables.bucket(t, codes[t]);
-            if (bv.count == 0) continue;
-            views_.push_back(bv);
-            for (uint32_t k = 0; k < bv.count; ++k) __builtin_prefetch(marks + bv.items[k], 1);
+            const uint32_t* table_codes = codes + static_cast<size_t>(t) * codes_per_table;
+            for (uint32_t p = 0; p < codes_per_table; ++p) {
+                if (std::find(table_codes, table_codes + p, table_codes[p]) != table_codes + p)
+                    continue;  // a repeated probe: the same bucket
+                const bucket_view bv = tables.bucket(t, table_codes[p]);
+                if (bv.count == 0) continue;
+                views_.push_back(bv);
+                for (uint32_t k = 0; k < bv.count; ++k) __builtin_prefetch(marks + bv.items[k], 1);
+            }
         }
     }
     for (const bucket_view& bv : views_) {

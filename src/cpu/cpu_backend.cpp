@@ -197,7 +197,14 @@ void cpu_backend::forward_sample(const dataset& data, uint32_t point, uint32_t s
         out.ids.clear();
         if (sparse) {
             const hash_family& hash = *lsh_[l].hash;
-            if (in.ids.empty())
+            // Queries probe nearby buckets too (a dense input only; training never does).
+            const uint32_t probes =
+                training || !in.ids.empty() ? 0 : model_.config.layers[l].active.probes;
+            if (scratch.codes.size() < size_t(hash.config().L) * (1 + probes))
+                scratch.codes.resize(size_t(hash.config().L) * (1 + probes));
+            if (probes > 0)
+                hash.probe_codes_dense(in.act.data(), probes, scratch.codes.data());
+            else if (in.ids.empty())
                 hash.codes_dense(in.act.data(), scratch.codes.data());
             else
                 hash.codes_sparse(in.ids.data(), in.act.data(), uint32_t(in.ids.size()),
@@ -207,7 +214,7 @@ void cpu_backend::forward_sample(const dataset& data, uint32_t point, uint32_t s
             const bool force_labels = output && training;
             scratch.builder.build(lsh_[l].tables, scratch.codes.data(),
                                   force_labels ? y.ids : nullptr, force_labels ? y.count : 0,
-                                  model_.config.layers[l].active, gen, out.ids);
+                                  model_.config.layers[l].active, gen, out.ids, 1 + probes);
             scratch.times.active_sets += seconds_since(t0);
         }
 

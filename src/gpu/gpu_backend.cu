@@ -598,6 +598,10 @@ void gpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scor
     HSLIDE_CHECK(k > 0, "top-k must be positive");
     activate();
     const bool exact = dense_output_ || scoring == scoring_mode::exact;
+    HSLIDE_CHECK_KIND(exact || shape_.config.layers[1].active.probes == 0, error_kind::unsupported,
+                      "multi-probe LSH scoring (--probes {}) runs on the CPU backend only; use "
+                      "--probes 0 or --scoring exact on the GPU",
+                      shape_.config.layers[1].active.probes);
     const device_layer& out = layers_[1];
     // Exact scores of every label are batch x rows floats: score in chunks of at most 1 GiB.
     const uint32_t chunk =
