@@ -189,8 +189,8 @@ void set_probes(model_config& config, const std::vector<uint32_t>& probes) {
 
 void add_probes_option(CLI::App& app, std::vector<uint32_t>& probes) {
     app.add_option("--probes", probes,
-                   "LSH scoring: each table also looks in this many nearby buckets (multi-probe; "
-                   "DWTA and WTA; more recall for more time; training never probes)")
+                   "LSH queries at prediction: each table also looks in this many nearby buckets "
+                   "(multi-probe; DWTA and WTA; more recall for more time; training never probes)")
         ->check(CLI::Range(0, 64))
         ->delimiter(',')
         ->default_str(list_text(probes));

@@ -57,7 +57,7 @@ struct model_options {
 void add_model_options(CLI::App& app, model_options& options);
 /// --probes: multi-probe LSH scoring, one value or one per layer after the first.
 void add_probes_option(CLI::App& app, std::vector<uint32_t>& probes);
-/// Sets the LSH layers' probes from --probes values (one, or one per layer after the first);
+/// Sets the LSH layers' probes from --probes values (one, or one per layer after the first).
 void set_probes(model_config& config, const std::vector<uint32_t>& probes);
 model_config make_model_config(const model_options& options, uint32_t input_dim,
                                uint32_t output_dim);
