@@ -202,16 +202,9 @@ TEST(GpuLsh, RandomFillReachesItsTargetEvenCloseToTheLayerSize) {
 /// input 50 -> 33 (ReLU) -> 70 outputs; LSH output whose fill makes every neuron active, so
 /// the CPU and GPU compute the same products.
 model_config two_layer_config(sparsity_mode output) {
-    model_config c;
-    c.input_dim = 50;
-    layer_config l;
-    l.size = 33;
-    c.layers.push_back(l);
-    l.size = 70;
-    l.sparsity = output;
-    l.lsh = make_lsh_config(hash_kind::dwta, 2, 4, 2, 16);
-    l.active.min_active = 70;
-    c.layers.push_back(l);
+    model_config c = hslide::testing::two_layer_model(50, 33, 70, output);
+    c.layers[1].lsh = make_lsh_config(hash_kind::dwta, 2, 4, 2, 16);
+    c.layers[1].active.min_active = 70;
     return c;
 }
 

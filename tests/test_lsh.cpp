@@ -119,15 +119,8 @@ TEST(LshConfig, ValidationRejectsImpossibleSettings) {
 TEST(LshConfig, ProbesRoundTripThroughTheModelConfigJson) {
     // Checkpoints store the model config as JSON: probes survive it, and a config written
     // before probes existed reads as 0.
-    model_config c;
-    c.input_dim = 10;
-    layer_config l;
-    l.size = 8;
-    c.layers.push_back(l);
-    l.size = 5000;
-    l.sparsity = sparsity_mode::lsh;
-    l.active.probes = 3;
-    c.layers.push_back(l);
+    model_config c = hslide::testing::two_layer_model(10, 8, 5000, sparsity_mode::lsh);
+    c.layers[1].active.probes = 3;
     const std::string json = model_config_to_json(c);
     EXPECT_EQ(model_config_from_json(json).layers[1].active.probes, 3u);
     auto old = nlohmann::json::parse(json);

@@ -34,6 +34,19 @@ lsh_config make_lsh_config(hash_kind kind, int K, int L, int bits, int capacity,
     return c;
 }
 
+model_config two_layer_model(uint32_t input_dim, uint32_t hidden, uint32_t outputs,
+                             sparsity_mode output) {
+    model_config c;
+    c.input_dim = input_dim;
+    layer_config l;
+    l.size = hidden;
+    c.layers.push_back(l);
+    l.size = outputs;
+    l.sparsity = output;
+    c.layers.push_back(l);
+    return c;
+}
+
 dataset random_dataset(uint32_t n, uint32_t features, uint32_t labels, uint64_t seed,
                        uint32_t unlabelled_every) {
     dataset d;

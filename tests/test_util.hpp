@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "hslide/config.hpp"
 #include "hslide/dataset.hpp"
 #include "hslide/lsh.hpp"
 
@@ -65,6 +66,11 @@ struct command_result {
 /// An LSH configuration with the given family, shape and bucket policy.
 lsh_config make_lsh_config(hash_kind kind, int K, int L, int bits, int capacity = 128,
                            insertion_policy policy = insertion_policy::fifo);
+
+/// input_dim -> hidden (dense, ReLU) -> outputs, the output layer `output` sparse or dense
+/// with the default LSH and active-set settings.
+model_config two_layer_model(uint32_t input_dim, uint32_t hidden, uint32_t outputs,
+                             sparsity_mode output);
 
 /// A random dataset: `n` points, 2..6 distinct features with values in [0.2, 1.2), 1..3
 /// distinct labels; with `unlabelled_every` > 0, every unlabelled_every-th point has no labels
