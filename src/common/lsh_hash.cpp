@@ -331,7 +331,7 @@ class bin_family final : public hash_family {
             int k;
             int32_t runner_up;
         };
-        std::vector<candidate> found;
+        thread_local std::vector<candidate> found;  // reused: a query allocates nothing
         for (int t = 0; t < config_.L; ++t) {
             uint32_t* out = codes + static_cast<size_t>(t) * (1 + probes);
             out[0] = table_code(values, t);
