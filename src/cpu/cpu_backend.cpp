@@ -582,7 +582,7 @@ void cpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scor
     {
         const int thread = omp_get_thread_num();
         thread_scratch& scratch = scratch_[thread];
-        std::vector<std::pair<float, uint32_t>> heap;
+        std::vector<scored_label> heap;
 #pragma omp for schedule(dynamic, 4)
         for (int64_t s = 0; s < int64_t(batch.size); ++s) {
             forward_sample(*batch.data, batch.rows[s], uint32_t(thread), false, pass,
@@ -612,12 +612,8 @@ void cpu_backend::predict_exact(const batch_view& batch, uint32_t k, uint32_t* l
     const uint32_t block_rows = uint32_t(std::clamp<size_t>(
         (size_t(512) << 10) / (in_stride * value_bytes), 16, std::max<size_t>(layer.rows, 16)));
     const int64_t n_blocks = (int64_t(layer.rows) + block_rows - 1) / block_rows;
-    // Each thread keeps a min-heap of the best `kept` (score, id) pairs per point over the
-    // blocks it scores, ordered as select_top_k orders them (higher score, then smaller id).
-    using candidate = std::pair<float, uint32_t>;
-    auto worse = [](const candidate& a, const candidate& b) {
-        return a.first > b.first || (a.first == b.first && a.second < b.second);
-    };
+    // Each thread keeps a min-heap of the best `kept` labels per point over the blocks it
+    // scores (offer_top_k, as select_top_k ranks them).
     const uint32_t kept = std::min(k, layer.rows);
     // 256 points a chunk, fewer when k is large: at most 2^22 candidates (32 MiB) a thread.
     const uint32_t chunk = uint32_t(std::clamp<uint64_t>((uint64_t{1} << 22) / kept, 1, 256));
@@ -626,7 +622,7 @@ void cpu_backend::predict_exact(const batch_view& batch, uint32_t k, uint32_t* l
     // fp32: groups of 16 transposed points (the chunk rounded up to 16); bf16: a row a point
     // (using half of each in_stride floats).
     hidden_matrix_.resize(size_t(chunk + 15) / 16 * 16 * in_stride);
-    std::vector<std::vector<candidate>> best(static_cast<size_t>(threads_));
+    std::vector<std::vector<scored_label>> best(static_cast<size_t>(threads_));
     std::vector<std::vector<uint32_t>> best_count(static_cast<size_t>(threads_));
     for (uint32_t begin = 0; begin < batch.size; begin += chunk) {
         const uint32_t n = std::min(chunk, batch.size - begin);
@@ -660,7 +656,7 @@ void cpu_backend::predict_exact(const batch_view& batch, uint32_t k, uint32_t* l
                     float* group = hidden_matrix_.data() + size_t(s / 16) * width * 16;
                     for (uint32_t i = 0; i < width; ++i) group[size_t(i) * 16 + s % 16] = 0.0f;
                 }
-            std::vector<candidate>& heaps = best[size_t(thread)];
+            std::vector<scored_label>& heaps = best[size_t(thread)];
             std::vector<uint32_t>& counts = best_count[size_t(thread)];
             heaps.resize(size_t(n) * kept);
             counts.assign(n, 0);
@@ -692,27 +688,17 @@ void cpu_backend::predict_exact(const batch_view& batch, uint32_t k, uint32_t* l
                     }
                     for (uint32_t j = 0; j < n_x; ++j) {
                         const float* z = logits.data() + size_t(j) * col_step;
-                        candidate* heap = heaps.data() + size_t(s0 + j) * kept;
-                        uint32_t& count = counts[s0 + j];
-                        for (uint32_t i = 0; i < nb; ++i) {
-                            const candidate c{z[size_t(i) * row_step], r0 + i};
-                            if (std::isnan(c.first)) continue;  // skipped, as select_top_k does
-                            if (count < kept) {
-                                heap[count++] = c;
-                                std::push_heap(heap, heap + count, worse);
-                            } else if (worse(c, heap[0])) {
-                                std::pop_heap(heap, heap + kept, worse);
-                                heap[kept - 1] = c;
-                                std::push_heap(heap, heap + kept, worse);
-                            }
-                        }
+                        scored_label* heap = heaps.data() + size_t(s0 + j) * kept;
+                        for (uint32_t i = 0; i < nb; ++i)
+                            offer_top_k(heap, counts[s0 + j], kept,
+                                        {z[size_t(i) * row_step], r0 + i});
                     }
                 }
             }
             // Merge the team's candidates per point (after the loop's implicit barrier; the
             // team may be smaller than threads_ when OpenMP limits it).
             const int team = omp_get_num_threads();
-            std::vector<candidate> top;
+            std::vector<scored_label> top;
             std::vector<float> cand_score;
             std::vector<uint32_t> cand_id;
 #pragma omp for schedule(static)
@@ -721,7 +707,7 @@ void cpu_backend::predict_exact(const batch_view& batch, uint32_t k, uint32_t* l
                 cand_id.clear();
                 for (int t = 0; t < team; ++t)
                     for (uint32_t j = 0; j < best_count[size_t(t)][size_t(s)]; ++j) {
-                        const candidate& c = best[size_t(t)][size_t(s) * kept + j];
+                        const scored_label& c = best[size_t(t)][size_t(s) * kept + j];
                         cand_score.push_back(c.first);
                         cand_id.push_back(c.second);
                     }

@@ -451,7 +451,7 @@ void dense_backend::predict(const batch_view& batch, uint32_t k, scoring_mode sc
         const size_t ldz = ld(out_layer);
 #pragma omp parallel num_threads(threads_)
         {
-            std::vector<std::pair<float, uint32_t>> heap;
+            std::vector<scored_label> heap;
 #pragma omp for schedule(dynamic, 1)
             for (int64_t s = 0; s < int64_t(n); ++s) {
                 const size_t at = size_t(begin + uint32_t(s)) * k;

@@ -10,32 +10,41 @@
 
 namespace hslide::cpu {
 
+/// A scored label: (score, id).
+using scored_label = std::pair<float, uint32_t>;
+
+/// Whether a ranks below b: a lower score, or an equal one and a larger id.
+inline bool ranks_below(const scored_label& a, const scored_label& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+}
+
+/// Offers c to `heap`, a min-heap (by ranks_below) of the best `count` <= k labels so far:
+/// kept when there is room or it beats the worst. NaN scores are skipped.
+inline void offer_top_k(scored_label* heap, uint32_t& count, uint32_t k, const scored_label& c) {
+    if (std::isnan(c.first)) return;
+    if (count < k) {
+        heap[count++] = c;
+        std::push_heap(heap, heap + count, ranks_below);
+    } else if (ranks_below(c, heap[0])) {
+        std::pop_heap(heap, heap + k, ranks_below);
+        heap[k - 1] = c;
+        std::push_heap(heap, heap + k, ranks_below);
+    }
+}
+
 /// Writes the k best (score, id) pairs of scores[0..n), best first, ties to the smaller id;
 /// ids[i] is entry i's label (ids == nullptr: i itself). NaN scores are skipped. Slots past
 /// the scored count get UINT32_MAX / -inf. `heap` is scratch (kept by the caller, so a loop
 /// over samples allocates once).
 inline void select_top_k(const float* scores, const uint32_t* ids, uint32_t n, uint32_t k,
-                         uint32_t* out_labels, float* out_scores,
-                         std::vector<std::pair<float, uint32_t>>& heap) {
+                         uint32_t* out_labels, float* out_scores, std::vector<scored_label>& heap) {
     // A min-heap of the best k so far: O(n log k), and exact scoring over 670k labels stays cheap.
-    heap.clear();
-    auto worse = [](const std::pair<float, uint32_t>& a, const std::pair<float, uint32_t>& b) {
-        return a.first > b.first || (a.first == b.first && a.second < b.second);
-    };
-    for (uint32_t i = 0; i < n; ++i) {
-        const float s = scores[i];
-        if (std::isnan(s)) continue;
-        const uint32_t id = ids ? ids[i] : i;
-        if (heap.size() < k) {
-            heap.emplace_back(s, id);
-            std::push_heap(heap.begin(), heap.end(), worse);
-        } else if (worse({s, id}, heap.front())) {
-            std::pop_heap(heap.begin(), heap.end(), worse);
-            heap.back() = {s, id};
-            std::push_heap(heap.begin(), heap.end(), worse);
-        }
-    }
-    std::sort_heap(heap.begin(), heap.end(), worse);
+    heap.resize(std::min(n, k));
+    uint32_t count = 0;
+    for (uint32_t i = 0; i < n; ++i)
+        offer_top_k(heap.data(), count, k, {scores[i], ids ? ids[i] : i});
+    heap.resize(count);
+    std::sort_heap(heap.begin(), heap.end(), ranks_below);
     for (uint32_t i = 0; i < k; ++i) {
         if (i < heap.size()) {
             out_labels[i] = heap[i].second;
