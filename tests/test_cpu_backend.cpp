@@ -303,18 +303,9 @@ TEST(CpuBackend, TwoThreadsGiveTheSameModelAsOneThread) {
 TEST(CpuBackend, LargeBatchesGroupRowsInParallelWithTheSameResult) {
     // Batches with tens of thousands of (sample, row) entries: the update's row grouping then
     // splits the rows between threads, at a thread count that does not divide them evenly.
-    model_config config;
-    config.input_dim = 300;
-    layer_config hidden;
-    hidden.size = 32;
-    hidden.sparsity = sparsity_mode::dense;
-    config.layers.push_back(hidden);
-    layer_config out;
-    out.size = 2999;
-    out.sparsity = sparsity_mode::lsh;
-    out.lsh = hslide::testing::make_lsh_config(hash_kind::dwta, 3, 8, 3);
-    out.active.min_active = 600;
-    config.layers.push_back(out);
+    model_config config = hslide::testing::two_layer_model(300, 32, 2999, sparsity_mode::lsh);
+    config.layers[1].lsh = hslide::testing::make_lsh_config(hash_kind::dwta, 3, 8, 3);
+    config.layers[1].active.min_active = 600;
     const uint64_t fewest =
         expect_thread_count_invariance(config, random_dataset(192, 300, 2999, 31), 64, 3, 2);
     EXPECT_GE(fewest, 64u * 600u);  // the parallel grouping's case

@@ -24,15 +24,7 @@ using namespace hslide;
 namespace {
 
 model_config tiny_config() {
-    model_config c;
-    c.input_dim = 16;
-    layer_config l;
-    l.size = 8;
-    l.sparsity = sparsity_mode::dense;
-    c.layers.push_back(l);
-    l.size = 24;
-    c.layers.push_back(l);
-    return c;
+    return hslide::testing::two_layer_model(16, 8, 24, sparsity_mode::dense);
 }
 
 /// A dataset of n points with one feature and one label each (the fakes only use row ids).
