@@ -135,6 +135,26 @@ TEST(Cli, ResumedTrainingEqualsUninterruptedTraining) {
     expect_same_model(dir.file("straight.ckpt"), dir.file("again.ckpt"));
 }
 
+TEST(Cli, AResumedRunTakesProbesAndSaysWhichModelFlagsItIgnores) {
+    temp_dir dir;
+    const std::string common = tiny_args() + "--output-sparsity lsh --min-active 32 -q ";
+    auto r = run_hslide("train" + common + "--epochs 1 --save " + dir.file("half.ckpt"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = run_hslide("train" + common + "--epochs 2 --resume " + dir.file("half.ckpt") +
+                   " --probes 3 --K 3 --hidden 16 --save " + dir.file("resumed.ckpt"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const size_t warning =
+        r.output.find("ignoring --hidden, --output-sparsity, --K, --min-active\n");
+    EXPECT_NE(warning, std::string::npos) << r.output;
+    const auto half = hslide::checkpoint_reader(dir.file("half.ckpt")).get_json("meta")["model"];
+    const auto resumed =
+        hslide::checkpoint_reader(dir.file("resumed.ckpt")).get_json("meta")["model"];
+    EXPECT_EQ(half["layers"][1]["probes"], 0);
+    EXPECT_EQ(resumed["layers"][1]["probes"], 3);
+    EXPECT_EQ(resumed["layers"][1]["K"], half["layers"][1]["K"]);
+    EXPECT_EQ(resumed["layers"][0]["size"], half["layers"][0]["size"]);
+}
+
 TEST(Cli, ConfigFileMirrorsFlagsAndFlagsOverrideIt) {
     temp_dir dir;
     hslide::testing::write_text(dir.file("c.toml"),

@@ -119,7 +119,8 @@ std::string list_text(const std::vector<T>& values) {
 }
 }  // namespace
 
-void add_model_options(CLI::App& app, model_options& o) {
+std::vector<CLI::Option*> add_model_options(CLI::App& app, model_options& o) {
+    const size_t before = app.get_options().size();
     app.add_option("--hidden", o.hidden, "hidden layer sizes, e.g. 128 or 256,128")
         ->delimiter(',')
         ->default_str(list_text(o.hidden));
@@ -176,6 +177,8 @@ void add_model_options(CLI::App& app, model_options& o) {
         ->delimiter(',')
         ->default_str(list_text(o.hit_threshold));
     add_probes_option(app, o.probes);
+    const std::vector<CLI::Option*> all = app.get_options();
+    return {all.begin() + ptrdiff_t(before), all.end()};
 }
 
 void set_probes(model_config& config, const std::vector<uint32_t>& probes) {

@@ -54,7 +54,8 @@ struct model_options {
     std::vector<uint32_t> min_active{1024}, max_active{0}, hit_threshold{1}, probes{0};
 };
 
-void add_model_options(CLI::App& app, model_options& options);
+/// Adds the model flags to `app` and returns them (a resumed run checks which were given).
+std::vector<CLI::Option*> add_model_options(CLI::App& app, model_options& options);
 /// --probes: multi-probe LSH scoring, one value or one per layer after the first.
 void add_probes_option(CLI::App& app, std::vector<uint32_t>& probes);
 /// Sets the LSH layers' probes from --probes values (one, or one per layer after the first).

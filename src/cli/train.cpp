@@ -33,7 +33,7 @@ int run_train(int argc, char** argv) {
     data_options data;
     add_data_options(app, data, true);
     model_options mopt;
-    add_model_options(app, mopt);
+    const std::vector<CLI::Option*> model_flags = add_model_options(app, mopt);
 
     train_config tc;
     std::string backend_name = "cpu", adam = "sparse", scoring = "exact";
@@ -148,6 +148,17 @@ int run_train(int argc, char** argv) {
         initial = std::move(ck.model);
         to.resume = ck.trainer;
         spdlog::info("resuming from {}", resume_path);
+        // The checkpoint fixes the network; --probes only steers its evaluation, so it applies.
+        std::string ignored;
+        for (const CLI::Option* flag : model_flags) {
+            if (flag->count() == 0) continue;
+            if (flag->get_name() == "--probes")
+                set_probes(initial.config, mopt.probes);
+            else
+                ignored += (ignored.empty() ? "" : ", ") + flag->get_name();
+        }
+        if (!ignored.empty())
+            spdlog::warn("--resume: the checkpoint's model is used; ignoring {}", ignored);
     } else {
         initial = model_state::create(
             make_model_config(mopt, uint32_t(d.train.n_features), uint32_t(d.train.n_labels)),
