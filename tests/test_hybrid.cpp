@@ -2,6 +2,7 @@
 // concurrency, the adaptive policy's update shares, and hybrid training on Bibtex.
 #include "cpu/cpu_backend.hpp"
 #include "hslide/backend.hpp"
+#include "hslide/error.hpp"
 #include "hslide/hybrid.hpp"
 #include "hslide/rng.hpp"
 #include "test_util.hpp"
@@ -54,15 +55,17 @@ struct contention {
 /// integers are exact in float), and every sample must be seen once. With `track_rows` it
 /// reports the rows it changed and transfers rows (the row-sparse merge path); without, it
 /// keeps the Backend defaults (the whole-model fallback). With `host` its replica is read in
-/// place (host_state), as the CPU backend's is.
+/// place (host_state); with `writable` too, merges write into it (writable_host_state), as
+/// into the CPU backend's.
 class counting_backend final : public backend {
   public:
     counting_backend(const model_state& initial, double seconds_per_sample, bool track_rows,
-                     bool host = false)
+                     bool host = false, bool writable = false)
         : model_(initial),
           seconds_per_sample_(seconds_per_sample),
           track_rows_(track_rows),
           host_(host),
+          writable_(host && writable),
           changed_(initial.layers.size()) {}
 
     step_report train_batch(const batch_view& batch, float) override {
@@ -127,6 +130,12 @@ class counting_backend final : public backend {
     }
     backend_info info() const override { return {"fake", "counting", "fp32", 0, 0}; }
     const model_state* host_state() const override { return host_ ? &model_ : nullptr; }
+    model_state* writable_host_state() override { return writable_ ? &model_ : nullptr; }
+    void rows_written(const row_sets& rows) override {
+        ASSERT_TRUE(writable_);
+        last_imported = rows;
+        ++row_imports;
+    }
     const model_state& model() const { return model_; }
     /// Makes this device slow the others down (harmful) or suffer from it.
     void set_contention(contention* c, bool harmful) {
@@ -141,7 +150,7 @@ class counting_backend final : public backend {
   private:
     model_state model_;
     double seconds_per_sample_;
-    bool track_rows_, host_;
+    bool track_rows_, host_, writable_;
     contention* contention_ = nullptr;
     bool harmful_ = false;
     row_sets changed_;  // unsorted, with repeats, since the last take
@@ -187,15 +196,16 @@ void expect_same_parameters(const model_state& got, const model_state& want,
 /// Hybrid options with counting workers of the given speeds; `devices` receives the fakes.
 hybrid_options counting_workers(const std::vector<double>& seconds_per_sample,
                                 std::vector<counting_backend*>& devices, bool track_rows = true,
-                                bool host = false) {
+                                bool host = false, bool writable = false) {
     hybrid_options h;
     devices.assign(seconds_per_sample.size(), nullptr);
     for (size_t i = 0; i < seconds_per_sample.size(); ++i) {
         hybrid_worker_options w;
         const double sps = seconds_per_sample[i];
         counting_backend** slot = &devices[i];
-        w.make_device = [sps, slot, track_rows, host](const model_state& m, const train_config&) {
-            auto d = std::make_unique<counting_backend>(m, sps, track_rows, host);
+        w.make_device = [sps, slot, track_rows, host, writable](const model_state& m,
+                                                                const train_config&) {
+            auto d = std::make_unique<counting_backend>(m, sps, track_rows, host, writable);
             *slot = d.get();
             return std::unique_ptr<backend>(std::move(d));
         };
@@ -245,22 +255,24 @@ TEST(HybridMerge, AddsEveryReplicaChange) {
 
 /// How the workers take part in merges.
 enum class merge_path {
-    rows_in_place,  ///< row-sparse, replica read and imported in place (as the CPU backend's)
-    rows_exported,  ///< row-sparse, rows exported and imported through the interface
-    whole_model,    ///< no row tracking: the Backend defaults, whole-model transfers
+    rows_written_in_place,  ///< row-sparse, replica read and written in place (the CPU's)
+    rows_in_place,          ///< row-sparse, replica read in place, the merge's rows imported
+    rows_exported,          ///< row-sparse, rows exported and imported through the interface
+    whole_model,            ///< no row tracking: the Backend defaults, whole-model transfers
 };
 
 class HybridExactMerge : public ::testing::TestWithParam<merge_path> {};
 
 TEST_P(HybridExactMerge, EverySampleTrainedOnceAndNoChangeDropped) {
     const bool track_rows = GetParam() != merge_path::whole_model;
-    const bool host = GetParam() == merge_path::rows_in_place;
+    const bool writable = GetParam() == merge_path::rows_written_in_place;
+    const bool host = writable || GetParam() == merge_path::rows_in_place;
     const model_state initial = integral_model(5);
     const dataset data = counting_dataset(3000);
     std::vector<counting_backend*> devices;
     // Three workers of different speeds and batch sizes: their rows overlap in every layer
     // (sample p changes row p % rows), and their merges interleave.
-    hybrid_options h = counting_workers({2e-6, 1e-5, 4e-6}, devices, track_rows, host);
+    hybrid_options h = counting_workers({2e-6, 1e-5, 4e-6}, devices, track_rows, host, writable);
     h.policy = schedule_policy::hogbatch;
     h.workers[1].batch_size = 5;
     h.workers[2].batch_size = 37;
@@ -318,6 +330,8 @@ TEST_P(HybridExactMerge, EverySampleTrainedOnceAndNoChangeDropped) {
 
 std::string path_name(const ::testing::TestParamInfo<merge_path>& info) {
     switch (info.param) {
+        case merge_path::rows_written_in_place:
+            return "RowSparseWrittenInPlace";
         case merge_path::rows_in_place:
             return "RowSparseInPlace";
         case merge_path::rows_exported:
@@ -329,7 +343,8 @@ std::string path_name(const ::testing::TestParamInfo<merge_path>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, HybridExactMerge,
-                         ::testing::Values(merge_path::rows_in_place, merge_path::rows_exported,
+                         ::testing::Values(merge_path::rows_written_in_place,
+                                           merge_path::rows_in_place, merge_path::rows_exported,
                                            merge_path::whole_model),
                          path_name);
 
@@ -551,6 +566,21 @@ TEST(CpuBackendRows, ImportedRowsActLikeAWholeImport) {
     whole.import_state(params, false);
     by_rows.rebuild_tables(false);
     expect_same_step(by_rows, whole, data, iota_rows(64, 32));
+
+    // The same rows written in place (as a merge writes them) and reported with rows_written.
+    cpu::cpu_backend in_place(initial, train_config{}, 1, k, precision_mode::bf16);
+    model_state* replica = in_place.writable_host_state();
+    ASSERT_EQ(replica, in_place.host_state());
+    replica->copy_rows(params, changed);
+    in_place.rows_written(changed);
+    expect_same_parameters(in_place.model(), params, "rows written in place");
+    in_place.rebuild_tables(false);
+    cpu::cpu_backend whole_again(initial, train_config{}, 1, k, precision_mode::bf16);
+    whole_again.import_state(params, false);
+    expect_same_step(in_place, whole_again, data, iota_rows(64, 32));
+    row_sets out_of_range(changed.size());
+    out_of_range[1] = {initial.layers[1].rows};
+    EXPECT_THROW(in_place.rows_written(out_of_range), hslide::error);
 }
 
 TEST(CpuBackendRows, RebuildFromCachedCodesEqualsAFullRehash) {

@@ -144,6 +144,18 @@ class backend {
     /// The default exports the whole state, patches the rows and imports it (tables rebuilt).
     virtual void import_rows(const model_state& in, const row_sets& rows);
 
+    /// The replica's parameters, writable in place, where it lives in host memory and a
+    /// merge may write rows straight into it (saving import_rows' copy: the merge has the
+    /// rows in cache); nullptr (the default) where rows go through import_rows. Whoever writes
+    /// rows through it calls rows_written with them before the next train_batch.
+    virtual model_state* writable_host_state() { return nullptr; }
+
+    /// Makes rows written in place through writable_host_state() current, as import_rows
+    /// does after its copy (derived bf16 copies; the tables re-hash them at the next rebuild).
+    /// The writer has set the rows' weights and biases (layer 0's bias vector whole).
+    /// The default throws: there is nothing to write into.
+    virtual void rows_written(const row_sets& rows);
+
     virtual backend_info info() const = 0;
 
     /// Waits until every batch handed to train_batch is applied and the model is consistent,

@@ -44,13 +44,14 @@
 //    new version; a row whose version is newer than the worker's sync was changed by others
 //    since, and is copied into its base. A row the worker changed that nobody else did is
 //    copied (shared = base there, so the sum is the replica's row, exactly) and needs no
-//    import; every other changed or newer row is imported into the replica
-//    (Backend::import_rows): a host-resident replica (the CPU backend's) 64 rows at a time
-//    during the pass, while the rows are in cache (the lock is then held for the import too,
-//    which costs less than reading the rows back from memory after it); any other after the
-//    lock, in one call (one transfer for a device). Bases and versions move per row, so every
-//    change is counted once: an overlap of rows between workers adds both changes, and a row
-//    is re-sent to a worker only once per change made by others.
+//    import; every other changed or newer row goes to the replica: one in host memory that
+//    may be written in place (Backend::writable_host_state: the CPU backend's) gets it in the
+//    same pass, stored with the shared and base rows (a third less merge traffic than copying
+//    it after; its bf16 copies follow 64 rows at a time through Backend::rows_written, while
+//    in cache, so the lock is held for them too); any other imports the rows after the lock,
+//    in one call (Backend::import_rows; one transfer for a device). Bases and versions move per
+//    row, so every change is counted once: an overlap of rows between workers adds both changes,
+//    and a row is re-sent to a worker only once per change made by others.
 //  - the cost is the rows moved plus an O(rows) scan of 8-byte versions per merge.
 //    Where little of the model changes between merges (large output layers: a batch touches
 //    its active sets only), that is far less than the model; where most rows change (Bibtex:

@@ -1,6 +1,7 @@
 // The Backend interface's default row-level transfers: whole-model export and import, so a
 // backend that does not track its rows still takes part in row-sparse merges.
 #include "hslide/backend.hpp"
+#include "hslide/error.hpp"
 
 namespace hslide {
 
@@ -22,6 +23,10 @@ void backend::import_rows(const model_state& in, const row_sets& rows) {
     export_state(whole, /*with_optimizer=*/false);
     whole.copy_rows(in, rows);
     import_state(whole, /*with_optimizer=*/false);
+}
+
+void backend::rows_written(const row_sets&) {
+    HSLIDE_CHECK(false, "rows_written: this backend has no writable host state");
 }
 
 }  // namespace hslide

@@ -56,6 +56,17 @@ inline void add_change_and_take(float* __restrict s, const float* __restrict m, 
     }
 }
 
+/// s += m - b, then b = m = s: the same step for a replica written in place.
+inline void add_change_and_give(float* __restrict s, float* __restrict m, float* __restrict b,
+                                size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+        const float merged = s[i] + (m[i] - b[i]);
+        s[i] = merged;
+        b[i] = merged;
+        m[i] = merged;
+    }
+}
+
 /// shared.row(r) += replica.row(r) - base.row(r) for r in `rows` (every row when null), with
 /// the biases that go with them (layer 0's whole bias vector). Rows are added and copied with
 /// their padding (zero in every replica), a whole number of cache lines each.
@@ -143,10 +154,11 @@ class hybrid_backend final : public backend {
     /// Under shared_mu_, merge `v` of w, layer l: adds the change of w's replica (`mine`) in
     /// `rows` (every row when null) to the shared layer, stamps those rows with v, and takes
     /// back into w's base (listing them in w.pulled[l]) the rows w's replica lacks.
-    /// With `import_now`, the rows taken back are imported into w's replica chunk by chunk
-    /// as they are written (while in cache); the seconds that took are returned.
+    /// With `replica` (the writable replica layer, `mine` itself), those rows are also written
+    /// into it and reported with rows_written chunk by chunk, while in cache; the seconds the
+    /// reports took are returned.
     double merge_layer_locked(worker& w, size_t l, const layer_state& mine,
-                              const std::vector<uint32_t>* rows, uint64_t v, bool import_now);
+                              const std::vector<uint32_t>* rows, uint64_t v, layer_state* replica);
     /// Waits until the queue is empty and every worker idle; rethrows a worker's failure.
     void drain(std::unique_lock<std::mutex>& lock);
     /// drain, then merge every worker: all replicas equal the shared model.
@@ -388,8 +400,10 @@ void hybrid_backend::merge(worker& w) {
     // The rows the replica changed since its last merge: only their change is added (every
     // other row of the replica still equals its base, so its change there is zero).
     const bool tracked = w.device->take_changed_rows(w.changed);
-    // A host-resident replica is read in place (the worker is between batches); others export.
-    const model_state* held = w.device->host_state();
+    // A host-resident replica is read in place (the worker is between batches), and written in
+    // place where the backend allows it; others export their rows and import the merge's.
+    model_state* in_place = tracked ? w.device->writable_host_state() : nullptr;
+    const model_state* held = in_place ? in_place : w.device->host_state();
     if (!held) {
         if (w.staging.layers.empty()) w.staging = w.base;  // the shapes, once
         if (tracked)
@@ -409,20 +423,17 @@ void hybrid_backend::merge(worker& w) {
         wait = seconds_since(t_wait);
         staleness = version_ - w.synced_version;
         const uint64_t v = ++version_;
-        // A host-resident replica imports the rows as the pass writes them: they are read
-        // back from cache, not memory (the lock is held a little longer, for a copy a row).
-        // Other replicas import after the lock, in one call (one transfer to a device).
-        const bool import_now = tracked && held;
         for (size_t l = 0; l < shared_.layers.size(); ++l) {
             const std::vector<uint32_t>* rows = tracked ? &w.changed[l] : nullptr;
             rows_merged += rows ? rows->size() : shared_.layers[l].rows;
-            import += merge_layer_locked(w, l, mine.layers[l], rows, v, import_now);
+            import += merge_layer_locked(w, l, mine.layers[l], rows, v,
+                                         in_place ? &in_place->layers[l] : nullptr);
         }
         w.synced_version = v;
     }
     const auto t_import = clock_type::now();
-    if (tracked && held) {
-        // Imported during the pass.
+    if (in_place) {
+        // Written during the pass.
     } else if (tracked) {
         w.device->import_rows(w.base, w.pulled);
         import = seconds_since(t_import);
@@ -455,37 +466,38 @@ void hybrid_backend::merge(worker& w) {
 
 double hybrid_backend::merge_layer_locked(worker& w, size_t l, const layer_state& m,
                                           const std::vector<uint32_t>* rows, uint64_t v,
-                                          bool import_now) {
+                                          layer_state* replica) {
     // One pass over the layer's rows, each read and written while it is in cache (a Bibtex
     // batch touches most rows of the model, so the passes, not the row counts, set the cost).
     layer_state& s = shared_.layers[l];
     layer_state& b = w.base.layers[l];
     HSLIDE_ASSERT(s.weights.size() == m.weights.size() && s.weights.size() == b.weights.size());
     HSLIDE_ASSERT(s.bias.size() == m.bias.size() && s.bias.size() == b.bias.size());
+    HSLIDE_ASSERT(!replica || replica == &m);
     if (l == 0) {
-        // Layer 0's bias is one vector over its neurons: added whole, taken back whole (first:
-        // every row import copies it into the replica).
+        // Layer 0's bias is one vector over its neurons: added whole, taken back whole.
         for (size_t i = 0; i < s.bias.size(); ++i) {
             s.bias[i] += m.bias[i] - b.bias[i];
             b.bias[i] = s.bias[i];
         }
+        if (replica) replica->bias = s.bias;
     }
     std::vector<uint64_t>& version = row_version_[l];
     std::vector<uint32_t>& pulled = w.pulled[l];
     pulled.clear();
-    double import_seconds = 0;
-    size_t imported = 0;  // pulled[0, imported) are in the replica
-    auto import_pulled = [&] {
-        if (imported == pulled.size()) return;
+    double written_seconds = 0;
+    size_t written = 0;  // pulled[0, written) are reported to the replica's backend
+    auto report_written = [&] {
+        if (written == pulled.size()) return;
         const auto t0 = clock_type::now();
         w.chunk.resize(shared_.layers.size());
         for (auto& c : w.chunk) c.clear();
-        w.chunk[l].assign(pulled.begin() + ptrdiff_t(imported), pulled.end());
-        w.device->import_rows(w.base, w.chunk);
-        imported = pulled.size();
-        import_seconds += seconds_since(t0);
+        w.chunk[l].assign(pulled.begin() + ptrdiff_t(written), pulled.end());
+        w.device->rows_written(w.chunk);  // its bf16 copies are rounded while the rows are in cache
+        written = pulled.size();
+        written_seconds += seconds_since(t0);
     };
-    constexpr size_t import_chunk = 64;  // rows: 64 KiB of base at 256 floats a row
+    constexpr size_t written_chunk = 64;  // rows: 64 KiB at 256 floats a row
     const uint64_t synced = w.synced_version;
     const size_t width = s.stride;  // whole padded rows (the padding is zero everywhere)
     size_t next = 0;                // position in *rows (ascending)
@@ -508,23 +520,32 @@ double hybrid_backend::merge_layer_locked(worker& w, size_t l, const layer_state
             if (l > 0) s.bias[r] = b.bias[r] = m.bias[r];
             version[r] = v;
         } else if (changed) {
-            add_change_and_take(sw, m.row(r), bw, width);
             if (l > 0) {
                 s.bias[r] += m.bias[r] - b.bias[r];
                 b.bias[r] = s.bias[r];
+            }
+            if (replica) {
+                add_change_and_give(sw, replica->row(r), bw, width);
+                if (l > 0) replica->bias[r] = s.bias[r];
+            } else {
+                add_change_and_take(sw, m.row(r), bw, width);
             }
             version[r] = v;
             pulled.push_back(r);
         } else if (others) {
             std::memcpy(bw, sw, width * sizeof(float));
             if (l > 0) b.bias[r] = s.bias[r];
+            if (replica) {
+                std::memcpy(replica->row(r), sw, width * sizeof(float));
+                if (l > 0) replica->bias[r] = s.bias[r];
+            }
             pulled.push_back(r);
         }
-        if (import_now && pulled.size() - imported >= import_chunk) import_pulled();
+        if (replica && pulled.size() - written >= written_chunk) report_written();
     }
     HSLIDE_ASSERT(!rows || next == rows->size());  // ascending, in range, each once
-    if (import_now) import_pulled();
-    return import_seconds;
+    if (replica) report_written();
+    return written_seconds;
 }
 
 void hybrid_backend::pull_locked(worker& w) {

@@ -758,27 +758,48 @@ void cpu_backend::import_rows(const model_state& in, const row_sets& rows) {
                          src.bias.size() == dst.bias.size(),
                      "imported layer {} is {}x{}, this model's is {}x{}", l, src.rows, src.width,
                      dst.rows, dst.width);
-        const std::vector<uint32_t>& ids = rows[l];
-        for (uint32_t r : ids)
-            HSLIDE_CHECK(r < dst.rows, "imported row {} of layer {} is out of range ({} rows)", r,
-                         l, dst.rows);
-            // The bf16 copy is rounded while the row is in cache.
-#pragma omp parallel for schedule(static) num_threads(threads_) if (ids.size() >= 1024)
-        for (int64_t k = 0; k < int64_t(ids.size()); ++k) {
-            const uint32_t r = ids[k];
-            std::memcpy(dst.row(r), src.row(r), dst.stride * sizeof(float));
-            if (use_bf16()) k_.to_bf16(dst.row(r), weights16_[l].row(r), dst.width);
-        }
+        check_row_ids(l, rows[l]);
+        copy_and_refresh_rows(l, rows[l], &src);
         if (l == 0) {
             dst.bias = src.bias;
         } else {
-            for (uint32_t r : ids) dst.bias[r] = src.bias[r];
+            for (uint32_t r : rows[l]) dst.bias[r] = src.bias[r];
         }
-        // Imported rows are not this replica's changes (take_changed_rows), but their codes
-        // are stale: the next rebuild re-hashes them.
-        if (model_.config.is_sparse(l))
-            for (uint32_t r : ids) lsh_[l].stale.mark(r);
     }
+}
+
+void cpu_backend::rows_written(const row_sets& rows) {
+    HSLIDE_CHECK(rows.size() == model_.layers.size(), "rows written: {} layers of a {}-layer model",
+                 rows.size(), model_.layers.size());
+    for (size_t l = 0; l < model_.layers.size(); ++l) {
+        check_row_ids(l, rows[l]);
+        copy_and_refresh_rows(l, rows[l], nullptr);
+    }
+}
+
+void cpu_backend::check_row_ids(size_t l, const std::vector<uint32_t>& ids) const {
+    for (uint32_t r : ids)
+        HSLIDE_CHECK(r < model_.layers[l].rows,
+                     "imported row {} of layer {} is out of range ({} rows)", r, l,
+                     model_.layers[l].rows);
+}
+
+void cpu_backend::copy_and_refresh_rows(size_t l, const std::vector<uint32_t>& ids,
+                                        const layer_state* src) {
+    layer_state& dst = model_.layers[l];
+    if (src || use_bf16()) {
+        // The bf16 copy is rounded while the row is in cache.
+#pragma omp parallel for schedule(static) num_threads(threads_) if (ids.size() >= 1024)
+        for (int64_t k = 0; k < int64_t(ids.size()); ++k) {
+            const uint32_t r = ids[size_t(k)];
+            if (src) std::memcpy(dst.row(r), src->row(r), dst.stride * sizeof(float));
+            if (use_bf16()) k_.to_bf16(dst.row(r), weights16_[l].row(r), dst.width);
+        }
+    }
+    // Imported rows are not this replica's changes (take_changed_rows), but their codes are
+    // stale: the next rebuild re-hashes them.
+    if (model_.config.is_sparse(l))
+        for (uint32_t r : ids) lsh_[l].stale.mark(r);
 }
 
 backend_info cpu_backend::info() const {

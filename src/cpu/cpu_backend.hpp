@@ -54,6 +54,8 @@ class cpu_backend final : public backend {
     /// Copies the rows and re-rounds their bf16 copy; the tables keep the imported neurons
     /// in their old buckets until the next rebuild_tables, which re-hashes just those rows.
     void import_rows(const model_state& in, const row_sets& rows) override;
+    model_state* writable_host_state() override { return &model_; }
+    void rows_written(const row_sets& rows) override;
 
     /// Forward and backward on `batch` without updating: writes the batch-mean gradient of
     /// the loss into `gradient` (shaped like the model; zero where the batch did not touch)
@@ -164,6 +166,11 @@ class cpu_backend final : public backend {
     void add_layer0_bias_gradient(const batch_view& batch, float* out) const;
     /// Rounds the bf16 copy of every row of layer l (bf16 precision only).
     void refresh_bf16_layer(size_t l);
+    /// Throws unless every id is a row of layer l.
+    void check_row_ids(size_t l, const std::vector<uint32_t>& ids) const;
+    /// Copies rows `ids` of layer l from `src` (none: they were written in place), re-rounds
+    /// their bf16 copy and marks their LSH codes stale (import_rows, rows_written).
+    void copy_and_refresh_rows(size_t l, const std::vector<uint32_t>& ids, const layer_state* src);
     bool use_bf16() const { return precision_ == precision_mode::bf16; }
     /// The seed of predict's random draws (active-set fills), point i drawing from
     /// derive_seed(predict_seed(), i).
