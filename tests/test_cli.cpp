@@ -235,6 +235,25 @@ TEST(Cli, ACheckpointThatDoesNotFitTheDataIsAnError) {
     EXPECT_EQ(r.exit_code, 2) << r.output;
 }
 
+TEST(Cli, HybridWorkerBatchesDefaultToTheirKind) {
+    // Without --worker-batch, any worker list works: CPU workers take --batch-size.
+    temp_dir dir;
+    for (const char* workers : {"cpu", "cpu,cpu"}) {
+        const std::string metrics = dir.file(std::string(workers) + ".jsonl");
+        const auto r =
+            run_hslide("train" + tiny_args() +
+                       "--epochs 1 -q --backend hybrid --schedule hogbatch --workers " + workers +
+                       " --worker-threads 1 --batch-size 100 --metrics-out " + metrics);
+        ASSERT_EQ(r.exit_code, 0) << r.output;
+        std::ifstream in(metrics);
+        std::string line;
+        ASSERT_TRUE(std::getline(in, line)) << metrics;
+        const auto record = nlohmann::json::parse(line);
+        ASSERT_EQ(record["workers"].size(), std::string(workers) == "cpu" ? 1u : 2u);
+        for (const auto& w : record["workers"]) EXPECT_EQ(w["batch_max"], 100) << workers;
+    }
+}
+
 TEST(Cli, UnavailableBackendsSaySo) {
     if (!hslide::list_gpus().empty())
         GTEST_SKIP() << "this machine has a GPU: the GPU backends run (see test_gpu_backend)";

@@ -279,7 +279,9 @@ void add_hybrid_options(CLI::App& app, hybrid_cli& o) {
                    "cores left after the other workers' explicit counts, shared evenly)")
         ->capture_default_str();
     app.add_option("--worker-batch", o.batch,
-                   "hybrid: batch size per worker (hogbatch: fixed; adaptive: the start)")
+                   "hybrid: batch size per worker (hogbatch: fixed; adaptive: the start); auto: "
+                   "--batch-size for a CPU worker (a quarter of it beside a GPU worker, the "
+                   "Hogbatch split), 8 x --batch-size for a GPU worker")
         ->capture_default_str();
     app.add_option("--update-share", o.share,
                    "hybrid, adaptive: relative share of model updates per worker")
@@ -361,7 +363,14 @@ hybrid_options make_hybrid_options(const hybrid_cli& o, const backend_options& d
             const int t = int(value(o.threads, "--worker-threads", i));
             w.device.threads = t > 0 ? t : share;
         }
-        w.batch_size = uint32_t(value(o.batch, "--worker-batch", i));
+        if (o.batch == "auto") {
+            const bool beside_gpu = std::find(kinds.begin(), kinds.end(), "gpu") != kinds.end();
+            w.batch_size = kinds[i] == "gpu" ? 8 * train.batch_size
+                           : beside_gpu      ? std::max(1u, train.batch_size / 4)
+                                             : train.batch_size;
+        } else {
+            w.batch_size = uint32_t(value(o.batch, "--worker-batch", i));
+        }
         HSLIDE_CHECK(w.batch_size > 0, "--worker-batch sizes must be positive");
         w.update_share = value(o.share, "--update-share", i);
         HSLIDE_CHECK(w.update_share > 0, "--update-share values must be positive");

@@ -83,7 +83,7 @@ struct hybrid_cli {
     std::string policy = "adaptive";
     std::string workers = "cpu,gpu";
     std::string threads = "0";
-    std::string batch = "32,1024";
+    std::string batch = "auto";  // a CPU worker: --batch-size (/ 4 beside a GPU); a GPU: x 8
     std::string share = "1";
     uint64_t merge_every = 0;
     uint32_t min_batch = 8, max_batch = 8192;
