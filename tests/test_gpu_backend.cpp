@@ -197,6 +197,69 @@ TEST(GpuLsh, RandomFillReachesItsTargetEvenCloseToTheLayerSize) {
     }
 }
 
+TEST(GpuTopK, BothKernelsMatchASortOnAwkwardSizesTiesAndNaNs) {
+    // k up to 32 reads the scores once (per-thread lists), a larger k takes the k-pass kernel;
+    // both must give the k best (score desc, id asc), skip NaNs and pad with UINT32_MAX/-inf.
+    HSLIDE_REQUIRE_GPU();
+    rng gen(21);
+    auto value = [&] {
+        const double u = gen.uniform();
+        if (u < 0.02) return std::nanf("");
+        if (u < 0.04) return -INFINITY;
+        return u < 0.3 ? float(int(gen.below(4))) : float(gen.normal());  // ties
+    };
+    for (const uint32_t n : {1u, 15u, 16u, 17u, 33u, 257u, 5000u}) {
+        for (const uint32_t k : {1u, 5u, 17u, 32u, 33u, 40u}) {
+            for (const bool sparse : {false, true}) {
+                SCOPED_TRACE("n " + std::to_string(n) + ", k " + std::to_string(k) +
+                             (sparse ? ", sparse" : ", dense"));
+                const uint32_t batch = 3;
+                std::vector<float> scores, bias(n);
+                std::vector<uint32_t> offsets, ids;
+                for (float& b : bias) b = float(gen.below(3)) * 0.5f;
+                std::vector<std::vector<std::pair<float, uint32_t>>> want(batch);
+                if (sparse) offsets.push_back(0);
+                for (uint32_t s = 0; s < batch; ++s) {
+                    // Sparse: a random subset of the n ids, in random order, per sample.
+                    std::vector<uint32_t> order(n);
+                    std::iota(order.begin(), order.end(), 0u);
+                    if (sparse) {
+                        for (uint32_t i = n; i > 1; --i)
+                            std::swap(order[i - 1], order[gen.below(i)]);
+                        order.resize(1 + gen.below(n));
+                    }
+                    for (const uint32_t id : order) {
+                        const float v = value();
+                        scores.push_back(v);
+                        if (sparse) ids.push_back(id);
+                        if (!std::isnan(v)) want[s].push_back({v + bias[id], id});
+                    }
+                    if (sparse) offsets.push_back(uint32_t(ids.size()));
+                }
+                std::vector<uint32_t> labels;
+                std::vector<float> top;
+                gpu::testing::top_k(scores, offsets, ids, n, batch, k, bias, labels, top);
+                for (uint32_t s = 0; s < batch; ++s) {
+                    auto& w = want[s];
+                    std::sort(w.begin(), w.end(), [](const auto& a, const auto& b) {
+                        return a.first > b.first || (a.first == b.first && a.second < b.second);
+                    });
+                    for (uint32_t i = 0; i < k; ++i) {
+                        const size_t at = size_t(s) * k + i;
+                        if (i < w.size()) {
+                            ASSERT_EQ(labels[at], w[i].second) << "sample " << s << ", rank " << i;
+                            ASSERT_EQ(top[at], w[i].first) << "sample " << s << ", rank " << i;
+                        } else {
+                            ASSERT_EQ(labels[at], UINT32_MAX) << "sample " << s << ", rank " << i;
+                            ASSERT_EQ(top[at], -INFINITY);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 #endif  // HSLIDE_HAVE_CUDA
 
 /// input 50 -> 33 (ReLU) -> 70 outputs; LSH output whose fill makes every neuron active, so

@@ -129,7 +129,9 @@ void iota(uint32_t* index, uint32_t n, cudaStream_t stream);
 /// The k best (score, id) of each sample, best first, ties to the smaller id; padded with
 /// UINT32_MAX / -inf. Entries of sample s: [offsets[s], offsets[s + 1]) with ids[e], or when
 /// offsets is null the n_columns consecutive scores with id = column. A score is
-/// scores[e] + bias[id] when bias is not null.
+/// scores[e] + bias[id] when bias is not null. Ids must be unique within a sample. For k up
+/// to 32 the scores are read once (per-thread lists, then k block-wide picks); a larger k reads
+/// them k times.
 void top_k(const float* scores, const uint32_t* offsets, const uint32_t* ids, uint32_t n_columns,
            uint32_t batch, uint32_t k, uint32_t* out_labels, float* out_scores, cudaStream_t stream,
            const float* bias);

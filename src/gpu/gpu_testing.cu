@@ -1,4 +1,5 @@
 // The test entry points of gpu_testing.hpp: copy in, run the GPU pieces, copy out.
+#include "gpu_layers.cuh"
 #include "gpu_lsh.cuh"
 #include "gpu_testing.hpp"
 
@@ -86,6 +87,24 @@ std::vector<std::vector<uint32_t>> query_active_sets(const std::vector<uint32_t>
         std::sort(out[s].begin(), out[s].end());
     }
     return out;
+}
+
+void top_k(const std::vector<float>& scores, const std::vector<uint32_t>& offsets,
+           const std::vector<uint32_t>& ids, uint32_t n_columns, uint32_t batch, uint32_t k,
+           const std::vector<float>& bias, std::vector<uint32_t>& labels,
+           std::vector<float>& top_scores) {
+    const auto d_scores = to_device(scores, "test scores");
+    const auto d_offsets = to_device(offsets, "test offsets");
+    const auto d_ids = to_device(ids, "test ids");
+    const auto d_bias = to_device(bias, "test bias");
+    device_array<uint32_t> d_labels(size_t(batch) * k, "test top-k labels");
+    device_array<float> d_top(size_t(batch) * k, "test top-k scores");
+    gpu::top_k(d_scores.data(), offsets.empty() ? nullptr : d_offsets.data(),
+               offsets.empty() ? nullptr : d_ids.data(), n_columns, batch, k, d_labels.data(),
+               d_top.data(), nullptr, bias.empty() ? nullptr : d_bias.data());
+    HSLIDE_CUDA_CHECK(cudaDeviceSynchronize());
+    labels = to_host(d_labels.data(), d_labels.size());
+    top_scores = to_host(d_top.data(), d_top.size());
 }
 
 }  // namespace hslide::gpu::testing

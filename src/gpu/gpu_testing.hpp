@@ -29,4 +29,12 @@ std::vector<std::vector<uint32_t>> query_active_sets(const std::vector<uint32_t>
                                                      const std::vector<uint32_t>& label_ids,
                                                      uint64_t seed);
 
+/// The GPU's top_k on host inputs: with offsets (batch + 1 entries) the entries of sample s
+/// are [offsets[s], offsets[s + 1]) with their ids, else n_columns consecutive scores per
+/// sample; bias (one per id) is added when not empty. Labels and scores, batch * k, best first.
+void top_k(const std::vector<float>& scores, const std::vector<uint32_t>& offsets,
+           const std::vector<uint32_t>& ids, uint32_t n_columns, uint32_t batch, uint32_t k,
+           const std::vector<float>& bias, std::vector<uint32_t>& labels,
+           std::vector<float>& top_scores);
+
 }  // namespace hslide::gpu::testing
