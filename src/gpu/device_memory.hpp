@@ -6,6 +6,7 @@
 
 #include "cuda_check.hpp"
 
+#include <algorithm>
 #include <cstddef>
 #include <string>
 #include <utility>
@@ -40,9 +41,12 @@ class device_array {
         if (n) data_ = static_cast<T*>(device_allocate(n * sizeof(T), what));
         size_ = n;
     }
-    /// Grows to at least n elements (contents are not kept when it grows).
+    /// Grows to at least n elements (contents are not kept when it grows). The first
+    /// allocation is exact (the model-sized arrays are reserved once); a later growth takes
+    /// 1.5x, so arrays sized by each batch's active sets settle instead of being reallocated at
+    /// every new maximum (cudaFree waits for the whole device).
     void reserve(size_t n, const char* what) {
-        if (n > size_) resize(n, what);
+        if (n > size_) resize(size_ ? std::max(n, size_ + size_ / 2) : n, what);
     }
     void zero(cudaStream_t stream) {
         if (size_) HSLIDE_CUDA_CHECK(cudaMemsetAsync(data_, 0, size_ * sizeof(T), stream));

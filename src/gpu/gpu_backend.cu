@@ -32,6 +32,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <numeric>
 
 namespace hslide::gpu {
@@ -42,6 +43,26 @@ using clock_type = std::chrono::steady_clock;
 double seconds_since(clock_type::time_point t0) {
     return std::chrono::duration<double>(clock_type::now() - t0).count();
 }
+
+/// Waits for the stream when a scope is left by an exception: the work queued before the
+/// throw may still read host staging buffers or device buffers the next call reuses.
+class drain_on_throw {
+  public:
+    explicit drain_on_throw(cudaStream_t stream)
+        : stream_(stream), exceptions_(std::uncaught_exceptions()) {}
+    ~drain_on_throw() {
+        if (std::uncaught_exceptions() > exceptions_) {
+            cudaStreamSynchronize(stream_);  // the error being thrown is the one to report
+            cudaGetLastError();
+        }
+    }
+    drain_on_throw(const drain_on_throw&) = delete;
+    drain_on_throw& operator=(const drain_on_throw&) = delete;
+
+  private:
+    cudaStream_t stream_;
+    int exceptions_;
+};
 
 int bits_for(uint64_t n) {  // bits to hold 0..n-1
     int bits = 1;
@@ -231,15 +252,20 @@ gpu_backend::gpu_backend(model_state initial, const train_config& train, int dev
                       "the GPU backend takes sparse and input-dense");
     dense_output_ = dense_output || !config.is_sparse(1);
 
-    std::string problem;
-    const auto gpus = list_gpus(&problem);
-    HSLIDE_CHECK_KIND(!gpus.empty(), error_kind::unsupported,
+    // Only this backend's device is touched (list_gpus would create a context on every GPU).
+    int n_gpus = 0;
+    const cudaError_t count_status = cudaGetDeviceCount(&n_gpus);
+    cudaGetLastError();  // a failed count is reported below, not left for a later check
+    HSLIDE_CHECK_KIND(count_status == cudaSuccess && n_gpus > 0, error_kind::unsupported,
                       "--backend={}: no usable GPU on this machine ({})",
                       dense_output ? "gpu-dense" : "gpu",
-                      problem.empty() ? "the CUDA runtime sees no device" : problem);
-    HSLIDE_CHECK_KIND(device >= 0 && size_t(device) < gpus.size(), error_kind::invalid_argument,
-                      "GPU {} does not exist (this machine has {})", device, gpus.size());
-    device_name_ = gpus[size_t(device)].name;
+                      count_status != cudaSuccess ? cudaGetErrorString(count_status)
+                                                  : "the CUDA runtime sees no device");
+    HSLIDE_CHECK_KIND(device >= 0 && device < n_gpus, error_kind::invalid_argument,
+                      "GPU {} does not exist (this machine has {})", device, n_gpus);
+    cudaDeviceProp properties{};
+    HSLIDE_CUDA_CHECK(cudaGetDeviceProperties(&properties, device));
+    device_name_ = properties.name;
     handles_.device = device;
     activate();
     HSLIDE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -314,8 +340,10 @@ void gpu_backend::rebuild_output_tables() {
     const lsh_config& cfg = shape_.config.layers[1].lsh;
     device_layer& out = layers_[1];
     if (!hash_ || hash_->seed() != shape_.hash_seeds[1]) {
-        hash_ = hash_family::create(cfg, out.width, shape_.hash_seeds[1]);
-        device_hash_.upload(hash_->function_data(), stream_);
+        // Taken only once uploaded: after a failed upload the next call tries again.
+        auto family = hash_family::create(cfg, out.width, shape_.hash_seeds[1]);
+        device_hash_.upload(family->function_data(), stream_);
+        hash_ = std::move(family);
     }
     table_codes_.reserve(size_t(out.rows) * cfg.L, "LSH codes of the output neurons");
     device_hash_.hash_rows(out.weights.data(), out.stride, out.rows, table_codes_.data(), stream_);
@@ -336,6 +364,8 @@ void gpu_backend::rebuild_tables(bool new_functions) {
     if (new_functions)
         shape_.hash_seeds[1] = derive_seed(shape_.hash_seeds[1], shape_.adam_step + 1);
     rebuild_output_tables();
+    // Wait for it, so that its time is counted as a rebuild, not in the next batch's update.
+    HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
 uint32_t gpu_backend::upload_batch(const batch_view& batch, bool check_labels) {
@@ -499,6 +529,7 @@ void gpu_backend::first_layer_update(uint32_t batch, uint32_t nnz, float inv_bat
 step_report gpu_backend::train_batch(const batch_view& batch, float learning_rate) {
     HSLIDE_CHECK(batch.size > 0 && batch.data, "empty batch");
     activate();
+    const drain_on_throw drain(stream_);
     const auto t_start = clock_type::now();
     const uint32_t b = batch.size;
     ensure_work(b);
@@ -543,8 +574,9 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
         HSLIDE_CUDA_CHECK(cudaEventRecord(events_[5], stream_));
     }
 
-    shape_.adam_step += 1;
-    const adam_corrections corrections = adam_bias_corrections(train_, shape_.adam_step);
+    // The step counts once its update is queued (an error before leaves the count as it was).
+    const uint64_t step = shape_.adam_step + 1;
+    const adam_corrections corrections = adam_bias_corrections(train_, step);
     const adam_params adam{learning_rate,       train_.adam_beta1, train_.adam_beta2,
                            train_.adam_epsilon, corrections.c1,    corrections.c2};
     if (lsh_output()) {
@@ -567,6 +599,7 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
         HSLIDE_CUDA_CHECK(cudaEventRecord(events_[6], stream_));
     }
     first_layer_update(b, batch_nnz_, inv_batch, adam);
+    shape_.adam_step = step;
     HSLIDE_CUDA_CHECK(cudaMemcpyAsync(loss_host_.data(), loss_.data(), size_t(b) * 4,
                                       cudaMemcpyDeviceToHost, stream_));
     HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -597,6 +630,7 @@ void gpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scor
                           uint32_t* labels, float* scores) {
     HSLIDE_CHECK(k > 0, "top-k must be positive");
     activate();
+    const drain_on_throw drain(stream_);
     const bool exact = dense_output_ || scoring == scoring_mode::exact;
     HSLIDE_CHECK_KIND(exact || shape_.config.layers[1].active.probes == 0, error_kind::unsupported,
                       "multi-probe LSH scoring (--probes {}) runs on the CPU backend only; use "

@@ -20,6 +20,10 @@ std::vector<gpu_device> list_gpus(std::string* problem) {
         cudaGetLastError();  // clear the sticky-free error so later calls start clean
         return devices;
     }
+    // Reading free memory makes each device current (and creates its context): the caller's
+    // current device is put back after.
+    int current = 0;
+    const bool restore = cudaGetDevice(&current) == cudaSuccess;
     for (int i = 0; i < count; ++i) {
         cudaDeviceProp prop{};
         if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) continue;
@@ -35,6 +39,8 @@ std::vector<gpu_device> list_gpus(std::string* problem) {
             d.free_memory = free_bytes;
         devices.push_back(d);
     }
+    if (restore) cudaSetDevice(current);
+    cudaGetLastError();
     return devices;
 }
 

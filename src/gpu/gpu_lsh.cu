@@ -479,8 +479,14 @@ uint32_t build_active_sets(const tables_view& tables, const uint32_t* codes, uin
     out.padded.reserve(size_t(batch) * out.max_per_sample, "active sets");
     out.counts.reserve(batch + 1, "active-set sizes");
     out.offsets.reserve(batch + 1, "active-set offsets");
-    HSLIDE_CUDA_CHECK(cudaFuncSetAttribute(
-        active_sets_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared)));
+    // The limit is per device and function, shared by every backend in the process (two GPU
+    // workers on one device): always the same value, the most the device allows, so no
+    // backend lowers it under another's launch.
+    cudaFuncAttributes kernel_attributes{};
+    HSLIDE_CUDA_CHECK(cudaFuncGetAttributes(&kernel_attributes, active_sets_kernel));
+    HSLIDE_CUDA_CHECK(cudaFuncSetAttribute(active_sets_kernel,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           shared_limit - int(kernel_attributes.sharedSizeBytes)));
     HSLIDE_CUDA_CHECK(cudaMemsetAsync(out.counts.data() + batch, 0, 4, stream));
     active_sets_kernel<<<batch, block_threads, shared, stream>>>(
         tables, codes, label_offsets, label_ids, p, slots, in_shared, out.set_ids.data(),
