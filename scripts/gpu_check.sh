@@ -4,7 +4,9 @@
 #   scripts/gpu_check.sh pack               # here: build with CUDA into build-gpu/ and pack
 #                                           # the binaries, the shared libraries they need and
 #                                           # the Bibtex data into gpu-pack/ (git-ignored)
-#   scripts/gpu_check.sh tests              # on the GPU machine: the GPU tests
+#   scripts/gpu_check.sh tests              # on the GPU machine: the GPU tests, then
+#                                           # compute-sanitizer memcheck and racecheck on the
+#                                           # LSH and top-k kernels' tests (where it exists)
 #   scripts/gpu_check.sh bench [SCALE] [EPOCHS]
 #                                           # on the GPU machine: Amazon-670K- and
 #                                           # WikiLSHTC-325K-shaped presets (full label and
@@ -66,6 +68,19 @@ tests | bench)
         for t in test_device_hash test_gpu_backend; do
             "$pack/bin/$t" --gtest_output="xml:$out/$t.xml" 2>&1 | tee "$out/$t.log" || status=1
         done
+        # The kernels with shared-memory hash sets, warp shuffles and block-wide picks, under
+        # compute-sanitizer where the machine's CUDA has it (a few minutes at most).
+        sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1 || true)
+        if [[ -n $sanitizer ]]; then
+            for tool in memcheck racecheck; do
+                timeout 300 "$sanitizer" --tool "$tool" --error-exitcode 3 \
+                    "$pack/bin/test_gpu_backend" --gtest_filter='GpuLsh.*:GpuTopK.*' \
+                    >"$out/sanitizer-$tool.log" 2>&1 || { status=1; echo "compute-sanitizer $tool: see sanitizer-$tool.log"; }
+                tail -3 "$out/sanitizer-$tool.log"
+            done
+        else
+            echo "no compute-sanitizer on this machine: kernels not sanitized"
+        fi
         exit $status
     fi
     scale=${2:-0.1}
@@ -123,7 +138,7 @@ EOF
     cat "$summary"
     ;;
 *)
-    sed -n '2,22p' "$0" >&2
+    sed -n '2,24p' "$0" >&2
     exit 2
     ;;
 esac
