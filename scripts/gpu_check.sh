@@ -138,7 +138,7 @@ EOF
     cat "$summary"
     ;;
 *)
-    sed -n '2,24p' "$0" >&2
+    sed -n '2,26p' "$0" >&2
     exit 2
     ;;
 esac
