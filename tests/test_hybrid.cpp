@@ -656,9 +656,32 @@ TEST(HybridAdaptive, ParksAWorkerThatSlowsTheOthersMoreThanItAdds) {
     EXPECT_LT(double(stats[1].samples) / n, 0.05) << "the harmful worker kept its share";
     EXPECT_GT(stats[1].parked_seconds, 0.5 * stats[1].wall_seconds);
     EXPECT_EQ(stats[0].parked_seconds, 0.0);
+    // While worker 1 is parked, worker 0 trains alone and skips its merges.
+    EXPECT_LT(stats[0].merges, stats[0].batches / 2) << stats[0].batches << " batches";
     model_state merged;
     hybrid->export_state(merged, false);
     expect_same_parameters(merged, counted_model(initial, n), "merged model");
+}
+
+TEST(Hybrid, AWorkerAloneMergesOnlyWhenTheModelIsSynchronized) {
+    // One worker has nobody to share its changes with: it trains at its backend's speed, with
+    // no merge until synchronize, and the model is still exact after it.
+    const model_state initial = integral_model(12);
+    const uint32_t n = 2000;
+    const dataset data = counting_dataset(n);
+    std::vector<counting_backend*> devices;
+    hybrid_options h = counting_workers({0}, devices);
+    h.merge_every = 1;  // it would merge after every batch if it had company
+    auto hybrid = create_hybrid_backend(h, initial, train_config{});
+    EXPECT_EQ(feed(*hybrid, data, n, 64), n);  // feed ends with synchronize
+    const auto stats = hybrid->take_worker_stats();
+    ASSERT_EQ(stats.size(), 1u);
+    EXPECT_GT(stats[0].batches, 10u);
+    EXPECT_EQ(stats[0].merges, 1u) << "only synchronize's";
+    model_state merged;
+    hybrid->export_state(merged, false);
+    expect_same_parameters(merged, counted_model(initial, n), "merged model");
+    expect_same_parameters(devices[0]->model(), counted_model(initial, n), "replica");
 }
 
 TEST(HybridAdaptive, KeepsASlowWorkerThatHelps) {

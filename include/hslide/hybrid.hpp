@@ -30,6 +30,10 @@
 // of other merges between its sync and its merge. Merges are per worker and asynchronous: no
 // worker waits for another (except for the lock, for the length of one merge).
 // synchronize() merges every worker once more, so after it all replicas equal the shared model.
+// A worker that trains alone (the only one, or every other one parked) skips its periodic
+// merges: nobody would take its changes, so it runs at its own backend's speed (a GPU beside a
+// parked CPU pays no merges) until another worker trains again, which makes it merge after
+// its batch in flight, or until synchronize().
 //
 // Row-sparse merges. A merge moves rows, not models (a row: an input feature's layer-0
 // weights, or a neuron's weights and bias; layer 0's bias vector goes with every merge):

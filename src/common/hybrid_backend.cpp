@@ -140,12 +140,16 @@ class hybrid_backend final : public backend {
         bool training = false;        // in a batch (its merge included)
         bool was_parked = false;      // as the probe last said
         bool resync_pending = false;  // unparked: take the shared model before training
+        bool merge_pending = false;   // another worker was unparked: merge after this batch
         worker_stats window;
         double staleness_sum = 0;
         std::thread thread;
     };
 
     void run_worker(worker& w);
+    /// After a batch of w: whether w merges now (its interval is up and another worker trains,
+    /// or one was just unparked).
+    bool should_merge(worker& w);
     /// Adds w's change to the shared model and makes the result w's replica (w idle).
     void merge(worker& w);
     /// Under shared_mu_: copies into w's base, and lists in w.pulled, every row changed in the
@@ -295,7 +299,7 @@ void hybrid_backend::run_worker(worker& w) {
             const double train_seconds = seconds_since(tt);
             const double train_cpu = thread_cpu_seconds() - cpu_train;
             w.since_merge += rows.size();
-            if (w.since_merge >= w.merge_interval) merge(w);
+            if (should_merge(w)) merge(w);
 
             bool parked_with_changes = false;
             {
@@ -342,6 +346,19 @@ void hybrid_backend::run_worker(worker& w) {
     }
 }
 
+bool hybrid_backend::should_merge(worker& w) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (std::exchange(w.merge_pending, false)) return w.since_merge > 0;
+    if (w.since_merge < w.merge_interval) return false;
+    // Alone (the only worker, or every other one parked), nobody would take its changes: its
+    // merges wait until another worker trains again or the model is synchronised. They are
+    // deferred, never dropped (a merge adds all the change since the last one), and the worker
+    // trains at its own backend's speed, which is what the usefulness probe must compare with.
+    for (const auto& other : workers_)
+        if (other.get() != &w && !probe_.parked(other->index)) return true;
+    return false;
+}
+
 bool hybrid_backend::run_probe() {
     std::vector<bool> busy(workers_.size());
     for (const auto& w : workers_) busy[w->index] = w->training;
@@ -352,6 +369,10 @@ bool hybrid_backend::run_probe() {
         if (w->was_parked && !parked) {
             w->resync_pending = true;
             woke = true;
+            // The others may have deferred their merges while it was parked (should_merge):
+            // they merge after their batch in flight, so it catches up at its next sync.
+            for (auto& other : workers_)
+                if (other.get() != w.get()) other->merge_pending = true;
         }
         w->was_parked = parked;
     }
