@@ -312,6 +312,28 @@ __device__ bool better(float a, uint32_t ia, float b, uint32_t ib) {
     return a > b || (a == b && ia < ib);
 }
 
+struct scored_id {
+    float score;
+    uint32_t id;
+};
+
+// The best (score, id) over the block, in thread 0, from each thread's (bs, bi); one slot per
+// warp in shared memory (the caller synchronises before the slots are written again).
+__device__ scored_id block_best(float bs, uint32_t bi, float* slot_score, uint32_t* slot_id) {
+    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int o = 16; o > 0; o /= 2) {
+        const float os = __shfl_xor_sync(0xffffffffu, bs, o);
+        const uint32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (better(os, oi, bs, bi)) bs = os, bi = oi;
+    }
+    if (lane == 0) slot_score[warp] = bs, slot_id[warp] = bi;
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (uint32_t w = 1; w < blockDim.x / 32; ++w)
+            if (better(slot_score[w], slot_id[w], bs, bi)) bs = slot_score[w], bi = slot_id[w];
+    return {bs, bi};
+}
+
 __global__ void top_k_kernel(const float* scores, const uint32_t* offsets, const uint32_t* ids,
                              uint32_t n_columns, uint32_t k, const float* bias,
                              uint32_t* out_labels, float* out_scores) {
@@ -319,7 +341,7 @@ __global__ void top_k_kernel(const float* scores, const uint32_t* offsets, const
     __shared__ uint32_t best_id[32];
     __shared__ float prev_score;
     __shared__ uint32_t prev_id;
-    const uint32_t s = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const uint32_t s = blockIdx.x;
     const uint64_t begin = offsets ? offsets[s] : uint64_t(s) * n_columns;
     const uint64_t end = offsets ? offsets[s + 1] : begin + n_columns;
     if (threadIdx.x == 0) prev_score = FLT_MAX, prev_id = 0xffffffffu;
@@ -338,20 +360,12 @@ __global__ void top_k_kernel(const float* scores, const uint32_t* offsets, const
             if (!first_round && !better(ps, pi, v, id)) continue;
             if (better(v, id, bs, bi)) bs = v, bi = id;
         }
-        for (int o = 16; o > 0; o /= 2) {
-            const float os = __shfl_xor_sync(0xffffffffu, bs, o);
-            const uint32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (better(os, oi, bs, bi)) bs = os, bi = oi;
-        }
-        if (lane == 0) best_score[warp] = bs, best_id[warp] = bi;
-        __syncthreads();
+        const scored_id best = block_best(bs, bi, best_score, best_id);
         if (threadIdx.x == 0) {
-            for (uint32_t w = 1; w < blockDim.x / 32; ++w)
-                if (better(best_score[w], best_id[w], bs, bi)) bs = best_score[w], bi = best_id[w];
-            out_labels[size_t(s) * k + r] = bi;
-            out_scores[size_t(s) * k + r] = bi == 0xffffffffu ? -INFINITY : bs;
-            prev_score = bs;
-            prev_id = bi;
+            out_labels[size_t(s) * k + r] = best.id;
+            out_scores[size_t(s) * k + r] = best.id == 0xffffffffu ? -INFINITY : best.score;
+            prev_score = best.score;
+            prev_id = best.id;
         }
         first_round = false;
     }
@@ -371,7 +385,7 @@ __global__ void top_k_one_pass_kernel(const float* scores, const uint32_t* offse
     __shared__ float best_score[32];
     __shared__ uint32_t best_id[32];
     __shared__ uint32_t picked_id;
-    const uint32_t s = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const uint32_t s = blockIdx.x;
     const uint64_t begin = offsets ? offsets[s] : uint64_t(s) * n_columns;
     const uint64_t end = offsets ? offsets[s + 1] : begin + n_columns;
     float my_score[top_k_local_max];
@@ -396,21 +410,13 @@ __global__ void top_k_one_pass_kernel(const float* scores, const uint32_t* offse
     }
     uint32_t head = 0;
     for (uint32_t r = 0; r < k; ++r) {
-        float bs = head < count ? my_score[head] : -INFINITY;
-        uint32_t bi = head < count ? my_id[head] : 0xffffffffu;
-        for (int o = 16; o > 0; o /= 2) {
-            const float os = __shfl_xor_sync(0xffffffffu, bs, o);
-            const uint32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (better(os, oi, bs, bi)) bs = os, bi = oi;
-        }
-        if (lane == 0) best_score[warp] = bs, best_id[warp] = bi;
-        __syncthreads();
+        const float bs = head < count ? my_score[head] : -INFINITY;
+        const uint32_t bi = head < count ? my_id[head] : 0xffffffffu;
+        const scored_id best = block_best(bs, bi, best_score, best_id);
         if (threadIdx.x == 0) {
-            for (uint32_t w = 1; w < blockDim.x / 32; ++w)
-                if (better(best_score[w], best_id[w], bs, bi)) bs = best_score[w], bi = best_id[w];
-            out_labels[size_t(s) * k + r] = bi;
-            out_scores[size_t(s) * k + r] = bi == 0xffffffffu ? -INFINITY : bs;
-            picked_id = bi;
+            out_labels[size_t(s) * k + r] = best.id;
+            out_scores[size_t(s) * k + r] = best.id == 0xffffffffu ? -INFINITY : best.score;
+            picked_id = best.id;
         }
         __syncthreads();
         if (head < count && my_id[head] == picked_id) ++head;
