@@ -134,6 +134,8 @@ class hybrid_backend final : public backend {
         uint64_t synced_version = 0;
         uint32_t batch_size = 0;
         double seconds_per_sample = 0;  // exponential average; 0 = not measured yet
+        double trained_seconds = 0;     // in train_batch, over the whole run
+        uint64_t trained_samples = 0;
         uint64_t since_merge = 0;
         uint64_t merge_interval = 0;  // samples
         bool rebuild_pending = false, rehash_pending = false;
@@ -305,6 +307,8 @@ void hybrid_backend::run_worker(worker& w) {
             {
                 std::lock_guard<std::mutex> lock(mu_);
                 const double per_sample = train_seconds / double(rows.size());
+                w.trained_seconds += train_seconds;
+                w.trained_samples += rows.size();
                 w.seconds_per_sample = w.seconds_per_sample == 0
                                            ? per_sample
                                            : 0.7 * w.seconds_per_sample + 0.3 * per_sample;
@@ -662,15 +666,19 @@ void hybrid_backend::rebuild_tables(bool new_functions) {
 void hybrid_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scoring,
                              uint32_t* labels, float* scores) {
     synchronize_models();
-    // Every replica is the shared model now: the fastest trainer (per sample, as measured)
-    // predicts, so a GPU worker scores where there is one (exact scoring of a large output
-    // layer is a GEMM there, a long pass on the CPU).
+    // Every replica is the shared model now: the fastest trainer (per sample, over all it
+    // trained: the last batches may be an epoch's small remainder) predicts, so a GPU worker
+    // scores where there is one (exact scoring of a large output layer is a GEMM there, a
+    // long pass on the CPU).
     worker* fastest = workers_.front().get();
     {
         std::lock_guard<std::mutex> lock(mu_);
+        auto per_sample = [](const worker& w) {
+            return w.trained_samples ? w.trained_seconds / double(w.trained_samples) : 0.0;
+        };
         for (auto& w : workers_)
-            if (w->seconds_per_sample > 0 && (fastest->seconds_per_sample <= 0 ||
-                                              w->seconds_per_sample < fastest->seconds_per_sample))
+            if (w->trained_samples > 0 &&
+                (fastest->trained_samples == 0 || per_sample(*w) < per_sample(*fastest)))
                 fastest = w.get();
     }
     fastest->device->predict(batch, k, scoring, labels, scores);
