@@ -701,6 +701,20 @@ TEST(HybridAdaptive, KeepsASlowWorkerThatHelps) {
     EXPECT_LT(stats[1].parked_seconds, 0.3 * stats[1].wall_seconds);
 }
 
+TEST(Hybrid, CpuWorkersShareTheCoresLeftAfterExplicitCountsAndGpuFeeders) {
+    EXPECT_EQ(split_worker_threads({"cpu", "gpu"}, {0, 0}, 16), (std::vector<int>{15, 0}));
+    EXPECT_EQ(split_worker_threads({"cpu", "cpu"}, {0, 0}, 16), (std::vector<int>{8, 8}));
+    EXPECT_EQ(split_worker_threads({"cpu", "cpu", "gpu"}, {4, 0, 0}, 16),
+              (std::vector<int>{4, 11, 0}));
+    EXPECT_EQ(split_worker_threads({"cpu", "cpu", "cpu"}, {0, 0, 0}, 16),
+              (std::vector<int>{5, 5, 5}));
+    // Never fewer than one thread, however few cores are left.
+    EXPECT_EQ(split_worker_threads({"gpu", "cpu", "gpu"}, {0, 0, 0}, 2),
+              (std::vector<int>{0, 1, 0}));
+    EXPECT_EQ(split_worker_threads({"cpu", "cpu"}, {3, 0}, 2), (std::vector<int>{3, 1}));
+    EXPECT_THROW(split_worker_threads({"cpu"}, {0, 0}, 4), hslide::error);
+}
+
 TEST(Hybrid, TheFastestWorkerPredicts) {
     // Every replica is the shared model once predict has synchronised them: the worker that
     // trained fastest per sample scores (a GPU beside CPU threads), not the first listed.

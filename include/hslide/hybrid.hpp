@@ -129,6 +129,13 @@ std::unique_ptr<backend> create_hybrid_backend(const hybrid_options& options,
                                                const model_state& initial,
                                                const train_config& train);
 
+/// The CPU threads of each worker of a hybrid (`kinds`: "cpu" or "gpu"): a CPU worker with
+/// requested[i] > 0 gets that many; the CPU workers given 0 share evenly, at least one each, the
+/// `cores` left after the explicit counts and one core for each GPU worker's feeding thread
+/// (it stages batches and waits on its stream). GPU workers' entries are 0.
+std::vector<int> split_worker_threads(const std::vector<std::string>& kinds,
+                                      const std::vector<int>& requested, int cores);
+
 /// Adds the change `replica - base` to `shared`, weights and biases of every layer
 /// (the merge rule; all three must have the same shapes).
 void add_replica_change(model_state& shared, const model_state& replica, const model_state& base);

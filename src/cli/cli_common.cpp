@@ -276,7 +276,8 @@ void add_hybrid_options(CLI::App& app, hybrid_cli& o) {
         ->capture_default_str();
     app.add_option("--worker-threads", o.threads,
                    "hybrid: CPU threads per CPU worker (one value, or one per worker; 0 = the "
-                   "cores left after the other workers' explicit counts, shared evenly)")
+                   "cores left after the other workers' explicit counts and one core per GPU "
+                   "worker, shared evenly)")
         ->capture_default_str();
     app.add_option("--worker-batch", o.batch,
                    "hybrid: batch size per worker (hogbatch: fixed; adaptive: the start); auto: "
@@ -338,16 +339,11 @@ hybrid_options make_hybrid_options(const hybrid_cli& o, const backend_options& d
                      v);
         return x;
     };
-    // Threads: explicit counts first, the rest of the cores shared by the CPU workers given 0.
-    int explicit_threads = 0, automatic = 0;
-    for (size_t i = 0; i < n; ++i) {
-        if (kinds[i] != "cpu") continue;
-        const int t = int(value(o.threads, "--worker-threads", i));
-        explicit_threads += t;
-        automatic += t == 0;
-    }
-    const int cores = train.threads > 0 ? train.threads : omp_get_max_threads();
-    const int share = automatic ? std::max(1, (cores - explicit_threads) / automatic) : 0;
+    std::vector<int> requested(n, 0);
+    for (size_t i = 0; i < n; ++i)
+        if (kinds[i] == "cpu") requested[i] = int(value(o.threads, "--worker-threads", i));
+    const std::vector<int> threads = split_worker_threads(
+        kinds, requested, train.threads > 0 ? train.threads : omp_get_max_threads());
     hybrid_options h;
     h.policy = parse_schedule_policy(o.policy);
     h.reference_batch = train.batch_size;
@@ -359,10 +355,7 @@ hybrid_options make_hybrid_options(const hybrid_cli& o, const backend_options& d
         hybrid_worker_options w;
         w.device = device;
         w.device.kind = kinds[i];
-        if (kinds[i] == "cpu") {
-            const int t = int(value(o.threads, "--worker-threads", i));
-            w.device.threads = t > 0 ? t : share;
-        }
+        if (kinds[i] == "cpu") w.device.threads = threads[i];
         if (o.batch == "auto") {
             const bool beside_gpu = std::find(kinds.begin(), kinds.end(), "gpu") != kinds.end();
             w.batch_size = kinds[i] == "gpu" ? 8 * train.batch_size

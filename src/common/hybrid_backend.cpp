@@ -761,6 +761,29 @@ void add_replica_change(model_state& shared, const model_state& replica, const m
         add_row_changes(shared.layers[l], replica.layers[l], base.layers[l], l, nullptr);
 }
 
+std::vector<int> split_worker_threads(const std::vector<std::string>& kinds,
+                                      const std::vector<int>& requested, int cores) {
+    HSLIDE_CHECK(requested.size() == kinds.size(), "{} thread counts for {} workers",
+                 requested.size(), kinds.size());
+    int explicit_threads = 0, automatic = 0, gpu_workers = 0;
+    for (size_t i = 0; i < kinds.size(); ++i) {
+        if (kinds[i] != "cpu") {
+            ++gpu_workers;
+            continue;
+        }
+        HSLIDE_CHECK(requested[i] >= 0, "a negative thread count ({}) for worker {}", requested[i],
+                     i);
+        explicit_threads += requested[i];
+        automatic += requested[i] == 0;
+    }
+    const int share =
+        automatic ? std::max(1, (cores - explicit_threads - gpu_workers) / automatic) : 0;
+    std::vector<int> threads(kinds.size(), 0);
+    for (size_t i = 0; i < kinds.size(); ++i)
+        if (kinds[i] == "cpu") threads[i] = requested[i] > 0 ? requested[i] : share;
+    return threads;
+}
+
 std::unique_ptr<backend> create_hybrid_backend(const hybrid_options& options,
                                                const model_state& initial,
                                                const train_config& train) {
