@@ -344,6 +344,7 @@ hybrid_options make_hybrid_options(const hybrid_cli& o, const backend_options& d
         if (kinds[i] == "cpu") requested[i] = int(value(o.threads, "--worker-threads", i));
     const std::vector<int> threads = split_worker_threads(
         kinds, requested, train.threads > 0 ? train.threads : omp_get_max_threads());
+    const bool beside_gpu = std::find(kinds.begin(), kinds.end(), "gpu") != kinds.end();
     hybrid_options h;
     h.policy = parse_schedule_policy(o.policy);
     h.reference_batch = train.batch_size;
@@ -357,7 +358,6 @@ hybrid_options make_hybrid_options(const hybrid_cli& o, const backend_options& d
         w.device.kind = kinds[i];
         if (kinds[i] == "cpu") w.device.threads = threads[i];
         if (o.batch == "auto") {
-            const bool beside_gpu = std::find(kinds.begin(), kinds.end(), "gpu") != kinds.end();
             w.batch_size = kinds[i] == "gpu" ? 8 * train.batch_size
                            : beside_gpu      ? std::max(1u, train.batch_size / 4)
                                              : train.batch_size;

@@ -146,9 +146,10 @@ class cpu_backend final : public backend {
     void ensure_buffers(uint32_t batch_size);
     void forward_sample(const dataset& data, uint32_t point, uint32_t s, bool training,
                         output_pass output, uint64_t sample_seed, thread_scratch& scratch);
-    /// predict with exact scores: the batch's last hidden layers as one matrix, times blocks of
-    /// output rows through BLAS (each block read once a chunk of samples, not once a sample),
-    /// a running top-k per sample and thread, merged at the end.
+    /// predict with exact scores: a chunk of samples' last hidden layers as one matrix (fp32:
+    /// transposed in groups of 16 for dots16), scored against L2-sized blocks of output rows
+    /// (each block read once a chunk, not once a sample), a running top-k per sample and
+    /// thread, merged at the end.
     void predict_exact(const batch_view& batch, uint32_t k, uint32_t* labels, float* scores);
     void backward_sample(const dataset& data, uint32_t point, uint32_t s, thread_scratch& scratch);
     void run_forward_backward(const batch_view& batch, step_report& report);

@@ -13,22 +13,23 @@ namespace hslide::cpu {
 /// A scored label: (score, id).
 using scored_label = std::pair<float, uint32_t>;
 
-/// Whether a ranks below b: a lower score, or an equal one and a larger id.
-inline bool ranks_below(const scored_label& a, const scored_label& b) {
+/// Whether a ranks above b: a higher score, or an equal one and a smaller id.
+inline bool ranks_above(const scored_label& a, const scored_label& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
 }
 
-/// Offers c to `heap`, a min-heap (by ranks_below) of the best `count` <= k labels so far:
-/// kept when there is room or it beats the worst. NaN scores are skipped.
+/// Offers c to `heap`, a heap of the best `count` <= k labels so far with the worst on top
+/// (std heap order under ranks_above): kept when there is room or it ranks above the worst.
+/// NaN scores are skipped.
 inline void offer_top_k(scored_label* heap, uint32_t& count, uint32_t k, const scored_label& c) {
     if (std::isnan(c.first)) return;
     if (count < k) {
         heap[count++] = c;
-        std::push_heap(heap, heap + count, ranks_below);
-    } else if (ranks_below(c, heap[0])) {
-        std::pop_heap(heap, heap + k, ranks_below);
+        std::push_heap(heap, heap + count, ranks_above);
+    } else if (ranks_above(c, heap[0])) {
+        std::pop_heap(heap, heap + k, ranks_above);
         heap[k - 1] = c;
-        std::push_heap(heap, heap + k, ranks_below);
+        std::push_heap(heap, heap + k, ranks_above);
     }
 }
 
@@ -44,7 +45,7 @@ inline void select_top_k(const float* scores, const uint32_t* ids, uint32_t n, u
     for (uint32_t i = 0; i < n; ++i)
         offer_top_k(heap.data(), count, k, {scores[i], ids ? ids[i] : i});
     heap.resize(count);
-    std::sort_heap(heap.begin(), heap.end(), ranks_below);
+    std::sort_heap(heap.begin(), heap.end(), ranks_above);
     for (uint32_t i = 0; i < k; ++i) {
         if (i < heap.size()) {
             out_labels[i] = heap[i].second;

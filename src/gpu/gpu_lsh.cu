@@ -482,11 +482,15 @@ uint32_t build_active_sets(const tables_view& tables, const uint32_t* codes, uin
     // The limit is per device and function, shared by every backend in the process (two GPU
     // workers on one device): always the same value, the most the device allows, so no
     // backend lowers it under another's launch.
-    cudaFuncAttributes kernel_attributes{};
-    HSLIDE_CUDA_CHECK(cudaFuncGetAttributes(&kernel_attributes, active_sets_kernel));
+    // The kernel's static shared memory is fixed at compile time: read once, not per batch.
+    static const int static_shared = [] {
+        cudaFuncAttributes attributes{};
+        HSLIDE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, active_sets_kernel));
+        return int(attributes.sharedSizeBytes);
+    }();
     HSLIDE_CUDA_CHECK(cudaFuncSetAttribute(active_sets_kernel,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           shared_limit - int(kernel_attributes.sharedSizeBytes)));
+                                           shared_limit - static_shared));
     HSLIDE_CUDA_CHECK(cudaMemsetAsync(out.counts.data() + batch, 0, 4, stream));
     active_sets_kernel<<<batch, block_threads, shared, stream>>>(
         tables, codes, label_offsets, label_ids, p, slots, in_shared, out.set_ids.data(),
