@@ -3,32 +3,50 @@
 #
 #   scripts/gpu_check.sh pack               # here: build with CUDA into build-gpu/ and pack
 #                                           # the binaries, the shared libraries they need and
-#                                           # the Bibtex data into gpu-pack/ (git-ignored)
+#                                           # the Bibtex data into gpu-pack/hslide-gpu.tar.gz
+#                                           # (git-ignored; about 18 MB, the device tool
+#                                           # carries at most 64 MiB)
 #   scripts/gpu_check.sh tests              # on the GPU machine: the GPU tests, then
 #                                           # compute-sanitizer memcheck and racecheck on the
 #                                           # LSH and top-k kernels' tests (where it exists)
-#   scripts/gpu_check.sh bench [SCALE] [EPOCHS]
-#                                           # on the GPU machine: Amazon-670K- and
-#                                           # WikiLSHTC-325K-shaped presets (full label and
-#                                           # feature counts, SCALE x the points, default 0.1)
-#                                           # with the gpu, gpu bf16, gpu-dense bf16 and cpu
-#                                           # (all cores) backends, EPOCHS each (default 2),
-#                                           # and on Amazon-670K hybrid cpu+gpu (adaptive);
-#                                           # then the 3M-label preset (amazon3m) with gpu and
-#                                           # gpu-dense in bf16 (2,000 test points scored)
+#   scripts/gpu_check.sh bench [SCALE] [EPOCHS] [PRESETS]
+#                                           # on the GPU machine: the presets (comma separated;
+#                                           # default amazon670k,wikilshtc325k,amazon3m) at full
+#                                           # label and feature counts, SCALE x the points
+#                                           # (default 0.1), EPOCHS each (default 2): gpu fp32,
+#                                           # gpu bf16, gpu-dense bf16 and cpu (all cores);
+#                                           # hybrid cpu+gpu (adaptive) on amazon670k; gpu and
+#                                           # gpu-dense bf16 only on amazon3m (2,000 test
+#                                           # points scored)
+#   scripts/gpu_check.sh reproduce [SCALE] [EPOCHS] [PRESET]
+#                                           # on the GPU machine: scripts/reproduce.sh with its
+#                                           # default configurations (every CPU one, the GPU,
+#                                           # hybrid and dense GPU ones, PyTorch on CPU and GPU)
+#                                           # on PRESET (amazon670k) at SCALE (0.01), EPOCHS (2)
 #
-# With the device tool: run `scripts/gpu_check.sh pack` here, then
+# With the device tool: run `scripts/gpu_check.sh pack` here, then one call per step, each
+# well inside the tool's 10 minutes a call:
 #   run(command="scripts/gpu_check.sh tests", carry=["gpu-pack"])
-#   run(command="scripts/gpu_check.sh bench 0.1 2", carry=["gpu-pack"])
-# Results (logs, JSONL metrics, nvidia-smi, a summary.md) go to $OUT (default results/gpu).
+#   run(command="scripts/gpu_check.sh bench 0.1 2 amazon670k", carry=["gpu-pack"])
+#   run(command="scripts/gpu_check.sh bench 0.1 2 wikilshtc325k,amazon3m", carry=["gpu-pack"])
+#   run(command="scripts/gpu_check.sh reproduce 0.01 2", carry=["gpu-pack"])
+# Each step works in results/gpu-<step>/ and puts at most 8 files in $OUT (the tool returns no
+# more): its summary or report, machine.txt, and its logs as one .tar.gz, refreshed after each
+# run so that a step cut off at its limit still returns what it finished. Without $OUT the
+# files stay in the work folder.
 # The GPU machine has no Debian packages: the pack carries libfmt, libspdlog, libxxhash,
-# libgomp and libstdc++ beside the binaries; the CUDA runtime is linked statically and cuBLAS
-# (gpu-dense only) is loaded from the machine's CUDA or PyTorch (set HSLIDE_CUBLAS).
+# libgomp, libopenblas and libstdc++ beside the binaries; the CUDA runtime is linked statically
+# and cuBLAS (gpu-dense only) is loaded from the machine's CUDA or PyTorch (set HSLIDE_CUBLAS).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-pack=gpu-pack
+pack_file=gpu-pack/hslide-gpu.tar.gz
 mode=${1:-}
+
+usage() {
+    sed -n '2,39p' "$0" >&2
+    exit 2
+}
 
 case "$mode" in
 pack)
@@ -36,67 +54,95 @@ pack)
     cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DHSLIDE_CUDA=ON \
         -DHSLIDE_BUILD_BENCH=OFF >/dev/null
     cmake --build build-gpu -j "$(nproc)" --target hslide test_gpu_backend test_device_hash
-    rm -rf "$pack"
-    mkdir -p "$pack/bin" "$pack/lib" "$pack/data"
-    cp build-gpu/hslide build-gpu/test_gpu_backend build-gpu/test_device_hash "$pack/bin/"
-    for lib in $(ldd "$pack"/bin/* | awk '/=>/ {print $3}' | sort -u); do
+    stage=build-gpu/pack
+    rm -rf "$stage" gpu-pack
+    mkdir -p "$stage/bin" "$stage/lib" "$stage/data" gpu-pack
+    cp build-gpu/hslide build-gpu/test_gpu_backend build-gpu/test_device_hash "$stage/bin/"
+    for lib in $(ldd "$stage"/bin/* | awk '/=>/ {print $3}' | sort -u); do
         case "$(basename "$lib")" in
         libc.so* | libm.so* | ld-linux* | libdl.so* | libpthread.so* | librt.so*) ;;
-        *) cp -L "$lib" "$pack/lib/" ;;
+        *) cp -L "$lib" "$stage/lib/" ;;
         esac
     done
     shared=${HSLIDE_SHARED_DATA:-../shared/data}
-    if [[ -d $shared/bibtex ]]; then cp -r "$shared/bibtex" "$pack/data/"; fi
-    du -sh "$pack"
+    if [[ -d $shared/bibtex ]]; then cp -r "$shared/bibtex" "$stage/data/"; fi
+    # Compressed: the libraries (OpenBLAS alone is 35 MB) shrink to a third, and the tool
+    # carries at most 64 MiB with the working tree.
+    tar -C "$stage" -czf "$pack_file" .
+    du -h "$pack_file"
     ;;
-tests | bench)
-    [[ -x $pack/bin/hslide ]] || { echo "gpu_check.sh: no $pack/bin/hslide: run '$0 pack' first and carry $pack" >&2; exit 1; }
-    out=${OUT:-results/gpu}
-    mkdir -p "$out"
-    export LD_LIBRARY_PATH="$PWD/$pack/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    export HSLIDE_SHARED_DATA="$PWD/$pack/data"
-    export HSLIDE_BINARY="$PWD/$pack/bin/hslide"  # the tests' CLI runs use the packed binary
+tests | bench | reproduce)
+    [[ -f $pack_file ]] || { echo "gpu_check.sh: no $pack_file: run '$0 pack' first and carry gpu-pack" >&2; exit 1; }
+    # Unpacked once per machine (again when the pack is newer).
+    root=gpu-pack/unpacked
+    if [[ ! -f $root/.done || $pack_file -nt $root/.done ]]; then
+        rm -rf "$root"
+        mkdir -p "$root"
+        tar -C "$root" -xzf "$pack_file"
+        touch "$root/.done"
+    fi
+    root="$PWD/$root"
+    work="$PWD/results/gpu-$mode"
+    out=${OUT:-$work}
+    mkdir -p "$work" "$out"
+    export LD_LIBRARY_PATH="$root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export HSLIDE_SHARED_DATA="$root/data"
+    export HSLIDE_BINARY="$root/bin/hslide"  # the tests' CLI runs use the packed binary
     # Where PyTorch brings its own cuBLAS, gpu-dense can use it.
     if [[ -z ${HSLIDE_CUBLAS:-} ]]; then
         torch_cublas=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(nvidia.cublas.__path__[0], "lib", "libcublas.so.12"))' 2>/dev/null || true)
         if [[ -n $torch_cublas && -f $torch_cublas ]]; then export HSLIDE_CUBLAS=$torch_cublas; fi
     fi
-    { nvidia-smi || true; "$pack/bin/hslide" info; } >"$out/machine.txt" 2>&1
+    { nvidia-smi || true; "$root/bin/hslide" info; } >"$out/machine.txt" 2>&1
     cat "$out/machine.txt"
-    if [[ $mode == tests ]]; then
-        status=0
-        for t in test_device_hash test_gpu_backend; do
-            "$pack/bin/$t" --gtest_output="xml:$out/$t.xml" 2>&1 | tee "$out/$t.log" || status=1
+    ;;
+*) usage ;;
+esac
+
+# The logs of a step (everything in its work folder but generated data) as one file in $OUT.
+ship_logs() {
+    tar -C "$work" --exclude='./data-*' --exclude='./data' --exclude='*.hscache' \
+        -czf "$out/$mode-logs.tar.gz.part" . && mv "$out/$mode-logs.tar.gz.part" "$out/$mode-logs.tar.gz"
+}
+
+case "$mode" in
+tests)
+    status=0
+    for t in test_device_hash test_gpu_backend; do
+        "$root/bin/$t" --gtest_output="xml:$work/$t.xml" 2>&1 | tee "$work/$t.log" || status=1
+    done
+    # The kernels with shared-memory hash sets, warp shuffles and block-wide picks, under
+    # compute-sanitizer where the machine's CUDA has it (a few minutes at most).
+    sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1 || true)
+    if [[ -n $sanitizer ]]; then
+        for tool in memcheck racecheck; do
+            timeout 300 "$sanitizer" --tool "$tool" --error-exitcode 3 \
+                "$root/bin/test_gpu_backend" --gtest_filter='GpuLsh.*:GpuTopK.*' \
+                >"$work/sanitizer-$tool.log" 2>&1 || { status=1; echo "compute-sanitizer $tool: see sanitizer-$tool.log"; }
+            tail -3 "$work/sanitizer-$tool.log"
         done
-        # The kernels with shared-memory hash sets, warp shuffles and block-wide picks, under
-        # compute-sanitizer where the machine's CUDA has it (a few minutes at most).
-        sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1 || true)
-        if [[ -n $sanitizer ]]; then
-            for tool in memcheck racecheck; do
-                timeout 300 "$sanitizer" --tool "$tool" --error-exitcode 3 \
-                    "$pack/bin/test_gpu_backend" --gtest_filter='GpuLsh.*:GpuTopK.*' \
-                    >"$out/sanitizer-$tool.log" 2>&1 || { status=1; echo "compute-sanitizer $tool: see sanitizer-$tool.log"; }
-                tail -3 "$out/sanitizer-$tool.log"
-            done
-        else
-            echo "no compute-sanitizer on this machine: kernels not sanitized"
-        fi
-        exit $status
+    else
+        echo "no compute-sanitizer on this machine: kernels not sanitized"
     fi
+    [[ $out == "$work" ]] || ship_logs
+    exit $status
+    ;;
+bench)
     scale=${2:-0.1}
     epochs=${3:-2}
-    summary="$out/summary.md"
+    presets=${4:-amazon670k,wikilshtc325k,amazon3m}
+    summary="$work/summary.md"
     {
         echo "Per epoch: training seconds (median over epochs), P@1 after the last epoch, and the"
         echo "stage seconds of the last epoch (hashing, active sets, forward, backward, update,"
-        echo "table rebuilds, host-device transfer)."
+        echo "table rebuilds, host-device transfer). Scale $scale, $epochs epochs."
         echo
         echo "| preset | backend | precision | s/epoch | P@1 | hash | sets | fwd | bwd | update | rebuild | transfer |"
         echo "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     } >"$summary"
-    for preset in amazon670k wikilshtc325k amazon3m; do
-        data="$out/data-$preset"
-        "$pack/bin/hslide" gen --preset "$preset" --scale "$scale" --out "$data" -q
+    for preset in ${presets//,/ }; do
+        data="$work/data-$preset"
+        "$root/bin/hslide" gen --preset "$preset" --scale "$scale" --out "$data" -q
         configs=("gpu fp32" "gpu bf16" "gpu-dense bf16" "cpu fp32")
         [[ $preset == amazon670k ]] && configs+=("hybrid fp32")
         # 2.8M labels: exact scores of every test point would dominate the run.
@@ -107,12 +153,12 @@ tests | bench)
             extra=()
             [[ $backend == hybrid ]] && extra=(--workers cpu,gpu --schedule adaptive)
             [[ $preset == amazon3m ]] && extra+=(--eval-max 2000)
-            "$pack/bin/hslide" train --train "$data/train.txt" --test "$data/test.txt" \
+            "$root/bin/hslide" train --train "$data/train.txt" --test "$data/test.txt" \
                 --backend "$backend" --precision "$precision" --epochs "$epochs" \
-                --batch-size 256 --no-progress --metrics-out "$out/$name.jsonl" "${extra[@]}" \
-                >"$out/$name.log" 2>&1 || echo "($name failed: see $name.log)" >>"$summary"
-            if [[ -s $out/$name.jsonl ]]; then
-                python3 - "$out/$name.jsonl" "$preset" "$backend" "$precision" >>"$summary" <<'EOF'
+                --batch-size 256 --no-progress --metrics-out "$work/$name.jsonl" "${extra[@]}" \
+                >"$work/$name.log" 2>&1 || echo "| $preset | $backend | $precision | failed: see $name.log in $mode-logs.tar.gz |" >>"$summary"
+            if [[ -s $work/$name.jsonl ]]; then
+                python3 - "$work/$name.jsonl" "$preset" "$backend" "$precision" >>"$summary" <<'EOF'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 last = rows[-1]
@@ -133,12 +179,36 @@ for r in rows:
               f"parked {100 * w['parked_seconds'] / wall:.0f}% | | | | | | |")
 EOF
             fi
+            # What is done so far comes back even if the call is cut off at its limit.
+            [[ $out == "$work" ]] || { cp "$summary" "$out/"; ship_logs; }
         done
     done
     cat "$summary"
     ;;
-*)
-    sed -n '2,26p' "$0" >&2
-    exit 2
+reproduce)
+    scale=${2:-0.01}
+    epochs=${3:-2}
+    preset=${4:-amazon670k}
+    # The python with PyTorch and matplotlib: the PATH's python3 on the GPU machine (a venv),
+    # Debian's elsewhere.
+    if [[ -z ${PYTHON:-} ]]; then
+        for candidate in "$(command -v python3)" /usr/bin/python3; do
+            if "$candidate" -c 'import torch, matplotlib' 2>/dev/null; then
+                export PYTHON=$candidate
+                break
+            fi
+        done
+    fi
+    status=0
+    scripts/reproduce.sh --preset "$preset" --scale "$scale" --epochs "$epochs" \
+        --hslide "$root/bin/hslide" --out "$work/report" --data-cache "$work/data" \
+        2>&1 | tee "$work/reproduce.log" || status=1
+    if [[ $out != "$work" ]]; then
+        for f in report.md results.csv hardware.json p1_vs_time.png stages.png; do
+            [[ -f $work/report/$f ]] && cp "$work/report/$f" "$out/"
+        done
+        ship_logs
+    fi
+    exit $status
     ;;
 esac

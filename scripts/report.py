@@ -351,6 +351,13 @@ def report(args):
               "[results.jsonl](results.jsonl); each run's log and raw records are in `runs/`.\n")
     (directory / "report.md").write_text("\n".join(md))
 
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"report.py: {sys.executable} has no matplotlib: report.md and the tables are "
+              "written, the plots are not (scripts/setup.sh installs python3-matplotlib)",
+              file=sys.stderr)
+        return 1
     plots(directory, done, runs, stage_means, target)
     return 0
 
