@@ -18,6 +18,7 @@
 #include <mutex>
 #include <numeric>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 using namespace hslide;
@@ -120,6 +121,8 @@ class counting_backend final : public backend {
     }
     void export_rows(const row_sets& rows, model_state& out) const override {
         if (!track_rows_) return backend::export_rows(rows, out);
+        ++exports;
+        exports_with_first_layer += !rows[0].empty();
         out.copy_rows(model_, rows);
     }
     void import_rows(const model_state& in, const row_sets& rows) override {
@@ -145,6 +148,7 @@ class counting_backend final : public backend {
 
     std::vector<uint32_t> seen;
     int rebuilds = 0, full_imports = 0, row_imports = 0, predictions = 0;
+    mutable int exports = 0, exports_with_first_layer = 0;  // row exports; with layer-0 rows
     row_sets last_imported;
 
   private:
@@ -261,12 +265,15 @@ enum class merge_path {
     whole_model,            ///< no row tracking: the Backend defaults, whole-model transfers
 };
 
-class HybridExactMerge : public ::testing::TestWithParam<merge_path> {};
+/// A merge path, and the first layer's merge period (hybrid_options::first_layer_merge_every).
+class HybridExactMerge : public ::testing::TestWithParam<std::tuple<merge_path, uint32_t>> {};
 
 TEST_P(HybridExactMerge, EverySampleTrainedOnceAndNoChangeDropped) {
-    const bool track_rows = GetParam() != merge_path::whole_model;
-    const bool writable = GetParam() == merge_path::rows_written_in_place;
-    const bool host = writable || GetParam() == merge_path::rows_in_place;
+    const merge_path path = std::get<0>(GetParam());
+    const uint32_t first_layer_period = std::get<1>(GetParam());
+    const bool track_rows = path != merge_path::whole_model;
+    const bool writable = path == merge_path::rows_written_in_place;
+    const bool host = writable || path == merge_path::rows_in_place;
     const model_state initial = integral_model(5);
     const dataset data = counting_dataset(3000);
     std::vector<counting_backend*> devices;
@@ -277,6 +284,7 @@ TEST_P(HybridExactMerge, EverySampleTrainedOnceAndNoChangeDropped) {
     h.workers[1].batch_size = 5;
     h.workers[2].batch_size = 37;
     h.merge_every = 8;  // many merges; worker 1's change fewer rows than the model has
+    h.first_layer_merge_every = first_layer_period;
     h.min_batch = 1;
     auto hybrid = create_hybrid_backend(h, initial, train_config{});
     const uint32_t n = 3000;
@@ -322,30 +330,47 @@ TEST_P(HybridExactMerge, EverySampleTrainedOnceAndNoChangeDropped) {
         }
     }
     // Worker 1 trains 5 samples a batch and merges every 2 batches: at most 10 of each
-    // layer's rows change between its merges.
+    // layer's rows change between its merges (the first layer's of several merges, at most
+    // 10 per merge too, come together).
     if (track_rows) EXPECT_LE(stats[1].rows_merged, stats[1].merges * 20);
+    if (path == merge_path::rows_exported) {
+        // The first layer's rows leave a replica at every first_layer_period-th merge, and at
+        // the full merge of synchronize().
+        for (size_t i = 0; i < devices.size(); ++i) {
+            const counting_backend& d = *devices[i];
+            EXPECT_GT(d.exports, 2) << "worker " << i;
+            EXPECT_GT(d.exports_with_first_layer, 0) << "worker " << i;
+            EXPECT_LE(d.exports_with_first_layer,
+                      (d.exports + int(first_layer_period) - 1) / int(first_layer_period) + 1)
+                << "worker " << i;
+            if (first_layer_period == 1) EXPECT_EQ(d.exports_with_first_layer, d.exports);
+        }
+    }
     EXPECT_EQ(samples, n);
     EXPECT_EQ(stats[1].batch_max, 5u);  // hogbatch keeps sizes fixed
 }
 
-std::string path_name(const ::testing::TestParamInfo<merge_path>& info) {
-    switch (info.param) {
+std::string path_name(const ::testing::TestParamInfo<std::tuple<merge_path, uint32_t>>& info) {
+    const std::string period = "FirstLayerEvery" + std::to_string(std::get<1>(info.param));
+    switch (std::get<0>(info.param)) {
         case merge_path::rows_written_in_place:
-            return "RowSparseWrittenInPlace";
+            return "RowSparseWrittenInPlace" + period;
         case merge_path::rows_in_place:
-            return "RowSparseInPlace";
+            return "RowSparseInPlace" + period;
         case merge_path::rows_exported:
-            return "RowSparseExported";
+            return "RowSparseExported" + period;
         case merge_path::whole_model:
             break;
     }
-    return "WholeModelFallback";
+    return "WholeModelFallback" + period;
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, HybridExactMerge,
-                         ::testing::Values(merge_path::rows_written_in_place,
-                                           merge_path::rows_in_place, merge_path::rows_exported,
-                                           merge_path::whole_model),
+                         ::testing::Combine(::testing::Values(merge_path::rows_written_in_place,
+                                                              merge_path::rows_in_place,
+                                                              merge_path::rows_exported,
+                                                              merge_path::whole_model),
+                                            ::testing::Values(1u, 3u)),
                          path_name);
 
 TEST(Hybrid, RowsOneWorkerChangedReachTheOthersAtTheirNextSync) {

@@ -293,6 +293,12 @@ void add_hybrid_options(CLI::App& app, hybrid_cli& o) {
            "automatic: after training twice as long as its last merge took; 1 = after every "
            "batch)")
         ->capture_default_str();
+    app.add_option("--first-layer-merge-every", o.first_layer_merge_every,
+                   "hybrid: the first layer's rows take part in every N-th merge of a worker "
+                   "(and in those before evaluations, checkpoints and parking); they wait in "
+                   "the replica meanwhile, never dropped (1 = every merge)")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
     app.add_option("--min-batch", o.min_batch, "hybrid, adaptive: smallest batch size")
         ->check(CLI::PositiveNumber)
         ->capture_default_str();
@@ -349,6 +355,7 @@ hybrid_options make_hybrid_options(const hybrid_cli& o, const backend_options& d
     h.policy = parse_schedule_policy(o.policy);
     h.reference_batch = train.batch_size;
     h.merge_every = o.merge_every;
+    h.first_layer_merge_every = o.first_layer_merge_every;
     h.min_batch = o.min_batch;
     h.max_batch = o.max_batch;
     h.park_below_share = o.park_below_share;

@@ -86,6 +86,7 @@ struct hybrid_cli {
     std::string batch = "auto";  // a CPU worker: --batch-size (/ 4 beside a GPU); a GPU: x 8
     std::string share = "1";
     uint64_t merge_every = 0;
+    uint32_t first_layer_merge_every = hybrid_options{}.first_layer_merge_every;
     uint32_t min_batch = 8, max_batch = 8192;
     double park_below_share = 0.25;
 };

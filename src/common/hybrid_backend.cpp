@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <iterator>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -131,7 +132,9 @@ class hybrid_backend final : public backend {
         model_state staging;       // exported rows of a replica not held in host memory
         row_sets changed, pulled;  // rows of its last merge: changes added, rows taken back
         row_sets chunk;            // rows of one layer imported at once
-        uint64_t synced_version = 0;
+        std::vector<uint64_t> synced;  // per layer: the version its base rows are up to date with
+        row_sets deferred;  // per layer: rows changed, their merge deferred (the first layer)
+        uint32_t merges_without_first = 0;  // merges since its first layer last took part
         uint32_t batch_size = 0;
         double seconds_per_sample = 0;  // exponential average; 0 = not measured yet
         double trained_seconds = 0;     // in train_batch, over the whole run
@@ -152,10 +155,13 @@ class hybrid_backend final : public backend {
     /// After a batch of w: whether w merges now (its interval is up and another worker trains,
     /// or one was just unparked).
     bool should_merge(worker& w);
-    /// Adds w's change to the shared model and makes the result w's replica (w idle).
-    void merge(worker& w);
+    /// Adds w's change to the shared model and makes the result w's replica (w idle). The
+    /// first layer takes part in every first_layer_merge_every-th merge, or when `full`.
+    void merge(worker& w, bool full);
+    /// Rows whose merge w deferred.
+    static bool has_deferred(const worker& w);
     /// Under shared_mu_: copies into w's base, and lists in w.pulled, every row changed in the
-    /// shared model since w's last sync; w is then synced at version_.
+    /// shared model since w's last sync; w is then synced at version_ (no merge deferred).
     void pull_locked(worker& w);
     /// Under shared_mu_, merge `v` of w, layer l: adds the change of w's replica (`mine`) in
     /// `rows` (every row when null) to the shared layer, stamps those rows with v, and takes
@@ -165,6 +171,8 @@ class hybrid_backend final : public backend {
     /// reports took are returned.
     double merge_layer_locked(worker& w, size_t l, const layer_state& mine,
                               const std::vector<uint32_t>* rows, uint64_t v, layer_state* replica);
+    /// Under shared_mu_: the first layer's bias vector, merged whole (part of every merge).
+    void merge_first_layer_bias_locked(worker& w, const layer_state& mine, layer_state* replica);
     /// Waits until the queue is empty and every worker idle; rethrows a worker's failure.
     void drain(std::unique_lock<std::mutex>& lock);
     /// drain, then merge every worker: all replicas equal the shared model.
@@ -210,6 +218,8 @@ hybrid_backend::hybrid_backend(const hybrid_options& options, const model_state&
     HSLIDE_CHECK(options_.reference_batch >= 1, "the reference batch size must be positive");
     HSLIDE_CHECK(options_.merge_every > 0 || options_.merge_overhead > 0,
                  "an automatic merge interval needs a positive merge overhead");
+    HSLIDE_CHECK(options_.first_layer_merge_every >= 1,
+                 "the first layer's merge period must be at least 1 (every merge)");
     shared_ = initial.parameters();
     for (const layer_state& layer : shared_.layers) row_version_.emplace_back(layer.rows, 0);
     std::vector<int> kind_count(2, 0);
@@ -230,6 +240,8 @@ hybrid_backend::hybrid_backend(const hybrid_options& options, const model_state&
         w->base = initial.parameters();
         w->batch_size = std::clamp(wo.batch_size, options_.min_batch, options_.max_batch);
         w->merge_interval = options_.merge_every ? options_.merge_every : 1;
+        w->synced.assign(shared_.layers.size(), 0);
+        w->deferred.assign(shared_.layers.size(), {});
         w->window.name = w->name;
         workers_.push_back(std::move(w));
     }
@@ -284,7 +296,7 @@ void hybrid_backend::run_worker(worker& w) {
         bool woke = false;
         try {
             // Back from parking: its replica missed the others' merges meanwhile.
-            if (resync) merge(w);
+            if (resync) merge(w, /*full=*/true);
             if (rebuild || rehash) {
                 const auto tr = clock_type::now();
                 w.device->rebuild_tables(rehash);
@@ -301,7 +313,7 @@ void hybrid_backend::run_worker(worker& w) {
             const double train_seconds = seconds_since(tt);
             const double train_cpu = thread_cpu_seconds() - cpu_train;
             w.since_merge += rows.size();
-            if (should_merge(w)) merge(w);
+            if (should_merge(w)) merge(w, /*full=*/false);
 
             bool parked_with_changes = false;
             {
@@ -328,10 +340,11 @@ void hybrid_backend::run_worker(worker& w) {
                     woke = run_probe();
                     choose_batch_sizes();
                 }
-                parked_with_changes = probe_.parked(w.index) && w.since_merge > 0;
+                parked_with_changes =
+                    probe_.parked(w.index) && (w.since_merge > 0 || has_deferred(w));
             }
             // A parked worker's changes reach the others now, not when it is back.
-            if (parked_with_changes) merge(w);
+            if (parked_with_changes) merge(w, /*full=*/true);
         } catch (...) {
             std::lock_guard<std::mutex> lock(mu_);
             if (!failure_) failure_ = std::current_exception();
@@ -419,12 +432,39 @@ void hybrid_backend::choose_batch_sizes() {
     }
 }
 
-void hybrid_backend::merge(worker& w) {
+bool hybrid_backend::has_deferred(const worker& w) {
+    for (const auto& rows : w.deferred)
+        if (!rows.empty()) return true;
+    return false;
+}
+
+void hybrid_backend::merge(worker& w, bool full) {
     const auto t0 = clock_type::now();
     const double cpu0 = thread_cpu_seconds();
     // The rows the replica changed since its last merge: only their change is added (every
     // other row of the replica still equals its base, so its change there is zero).
     const bool tracked = w.device->take_changed_rows(w.changed);
+    HSLIDE_ASSERT(tracked || !has_deferred(w));
+    // The first layer's rows wait in the replica through the merges it skips: they stay
+    // changed (replica != base), so the merge that includes the layer adds all of it.
+    const bool defer_first = tracked && !full && options_.first_layer_merge_every > 1 &&
+                             shared_.layers.size() > 1 &&
+                             ++w.merges_without_first < options_.first_layer_merge_every;
+    if (tracked) {
+        std::vector<uint32_t>& waiting = w.deferred[0];
+        std::vector<uint32_t> all;
+        all.reserve(waiting.size() + w.changed[0].size());
+        std::set_union(waiting.begin(), waiting.end(), w.changed[0].begin(), w.changed[0].end(),
+                       std::back_inserter(all));
+        if (defer_first) {
+            waiting = std::move(all);
+            w.changed[0].clear();  // nor exported (a replica off the host)
+        } else {
+            w.changed[0] = std::move(all);
+            waiting.clear();
+            w.merges_without_first = 0;
+        }
+    }
     // A host-resident replica is read in place (the worker is between batches), and written in
     // place where the backend allows it; others export their rows and import the merge's.
     model_state* in_place = tracked ? w.device->writable_host_state() : nullptr;
@@ -446,15 +486,25 @@ void hybrid_backend::merge(worker& w) {
     {
         std::lock_guard<std::mutex> lock(shared_mu_);
         wait = seconds_since(t_wait);
-        staleness = version_ - w.synced_version;
+        staleness = version_ - w.synced.back();
         const uint64_t v = ++version_;
         for (size_t l = 0; l < shared_.layers.size(); ++l) {
+            if (l == 0 && defer_first) {
+                // Its rows wait, and not even the others' rows come back (they would
+                // overwrite the replica's own changes): the rows stay synced at the layer's
+                // last merge. Its bias vector, which every row transfer carries whole, is
+                // merged as always.
+                merge_first_layer_bias_locked(w, mine.layers[0],
+                                              in_place ? &in_place->layers[0] : nullptr);
+                w.pulled[0].clear();
+                continue;
+            }
             const std::vector<uint32_t>* rows = tracked ? &w.changed[l] : nullptr;
             rows_merged += rows ? rows->size() : shared_.layers[l].rows;
             import += merge_layer_locked(w, l, mine.layers[l], rows, v,
                                          in_place ? &in_place->layers[l] : nullptr);
+            w.synced[l] = v;
         }
-        w.synced_version = v;
     }
     const auto t_import = clock_type::now();
     if (in_place) {
@@ -489,6 +539,19 @@ void hybrid_backend::merge(worker& w) {
     w.window.staleness_max = std::max(w.window.staleness_max, staleness);
 }
 
+void hybrid_backend::merge_first_layer_bias_locked(worker& w, const layer_state& m,
+                                                  layer_state* replica) {
+    // One vector over the layer's neurons: added whole, taken back whole.
+    layer_state& s = shared_.layers[0];
+    layer_state& b = w.base.layers[0];
+    HSLIDE_ASSERT(s.bias.size() == m.bias.size() && s.bias.size() == b.bias.size());
+    for (size_t i = 0; i < s.bias.size(); ++i) {
+        s.bias[i] += m.bias[i] - b.bias[i];
+        b.bias[i] = s.bias[i];
+    }
+    if (replica) replica->bias = s.bias;
+}
+
 double hybrid_backend::merge_layer_locked(worker& w, size_t l, const layer_state& m,
                                           const std::vector<uint32_t>* rows, uint64_t v,
                                           layer_state* replica) {
@@ -499,14 +562,7 @@ double hybrid_backend::merge_layer_locked(worker& w, size_t l, const layer_state
     HSLIDE_ASSERT(s.weights.size() == m.weights.size() && s.weights.size() == b.weights.size());
     HSLIDE_ASSERT(s.bias.size() == m.bias.size() && s.bias.size() == b.bias.size());
     HSLIDE_ASSERT(!replica || replica == &m);
-    if (l == 0) {
-        // Layer 0's bias is one vector over its neurons: added whole, taken back whole.
-        for (size_t i = 0; i < s.bias.size(); ++i) {
-            s.bias[i] += m.bias[i] - b.bias[i];
-            b.bias[i] = s.bias[i];
-        }
-        if (replica) replica->bias = s.bias;
-    }
+    if (l == 0) merge_first_layer_bias_locked(w, m, replica);
     std::vector<uint64_t>& version = row_version_[l];
     std::vector<uint32_t>& pulled = w.pulled[l];
     pulled.clear();
@@ -523,7 +579,7 @@ double hybrid_backend::merge_layer_locked(worker& w, size_t l, const layer_state
         written_seconds += seconds_since(t0);
     };
     constexpr size_t written_chunk = 64;  // rows: 64 KiB at 256 floats a row
-    const uint64_t synced = w.synced_version;
+    const uint64_t synced = w.synced[l];
     const size_t width = s.stride;  // whole padded rows (the padding is zero everywhere)
     size_t next = 0;                // position in *rows (ascending)
     for (uint32_t r = 0; r < s.rows; ++r) {
@@ -577,6 +633,7 @@ void hybrid_backend::pull_locked(worker& w) {
     // A row whose version is at most w's synced version was last changed by a merge w has
     // already seen (versions are given and rows copied under this lock): its base holds it.
     // The scan is O(rows), 8 bytes a row, against O(changed rows x width) for the copies.
+    HSLIDE_ASSERT(!has_deferred(w));  // rows taken back would overwrite unmerged changes
     w.pulled.resize(shared_.layers.size());
     for (size_t l = 0; l < shared_.layers.size(); ++l) {
         const layer_state& s = shared_.layers[l];
@@ -585,14 +642,14 @@ void hybrid_backend::pull_locked(worker& w) {
         std::vector<uint32_t>& pulled = w.pulled[l];
         pulled.clear();
         for (uint32_t r = 0; r < s.rows; ++r) {
-            if (version[r] <= w.synced_version) continue;
+            if (version[r] <= w.synced[l]) continue;
             std::memcpy(b.row(r), s.row(r), s.stride * sizeof(float));
             if (l > 0) b.bias[r] = s.bias[r];
             pulled.push_back(r);
         }
         if (l == 0) b.bias = s.bias;
     }
-    w.synced_version = version_;
+    std::fill(w.synced.begin(), w.synced.end(), version_);
 }
 
 void hybrid_backend::drain(std::unique_lock<std::mutex>& lock) {
@@ -612,11 +669,13 @@ void hybrid_backend::synchronize_models() {
     // Every worker is idle: merge each that trained since its last merge, then give every
     // worker the rows changed since its sync, so that all replicas equal the shared model.
     for (auto& w : workers_)
-        if (w->since_merge > 0) merge(*w);
+        if (w->since_merge > 0 || has_deferred(*w)) merge(*w, /*full=*/true);
     for (auto& w : workers_) {
         {
             std::lock_guard<std::mutex> lock(shared_mu_);
-            if (w->synced_version == version_) continue;
+            if (std::all_of(w->synced.begin(), w->synced.end(),
+                            [&](uint64_t v) { return v == version_; }))
+                continue;
             pull_locked(*w);
         }
         // Rows, even for a backend without row tracking: its default import_rows keeps the
@@ -705,7 +764,9 @@ void hybrid_backend::import_state(const model_state& in, bool with_optimizer) {
         copy_parameters(w->base, in);
         w->base.hash_seeds = in.hash_seeds;
         if (with_optimizer) w->base.adam_step = in.adam_step;
-        w->synced_version = version_;
+        std::fill(w->synced.begin(), w->synced.end(), version_);
+        for (auto& rows : w->deferred) rows.clear();
+        w->merges_without_first = 0;
         w->since_merge = 0;
     }
 }
