@@ -18,11 +18,13 @@
 #                                           # hybrid cpu+gpu (adaptive) on amazon670k; gpu and
 #                                           # gpu-dense bf16 only on amazon3m (2,000 test
 #                                           # points scored)
-#   scripts/gpu_check.sh reproduce [SCALE] [EPOCHS] [PRESET]
+#   scripts/gpu_check.sh reproduce [SCALE] [EPOCHS] [PRESET] [REPRODUCE OPTIONS...]
 #                                           # on the GPU machine: scripts/reproduce.sh with its
 #                                           # default configurations (every CPU one, the GPU,
 #                                           # hybrid and dense GPU ones, PyTorch on CPU and GPU)
-#                                           # on PRESET (amazon670k) at SCALE (0.01), EPOCHS (2)
+#                                           # on PRESET (amazon670k) at SCALE (0.01), EPOCHS (2);
+#                                           # further options go to reproduce.sh (--configs,
+#                                           # --eval-max, --target-p1, ...)
 #
 # With the device tool: run `scripts/gpu_check.sh pack` here, then one call per step, each
 # well inside the tool's 10 minutes a call:
@@ -30,6 +32,8 @@
 #   run(command="scripts/gpu_check.sh bench 0.1 2 amazon670k", carry=["gpu-pack"])
 #   run(command="scripts/gpu_check.sh bench 0.1 2 wikilshtc325k,amazon3m", carry=["gpu-pack"])
 #   run(command="scripts/gpu_check.sh reproduce 0.01 2", carry=["gpu-pack"])
+#   run(command="scripts/gpu_check.sh reproduce 0.01 2 amazon3m --configs 'gpu:bf16 gpu-dense:bf16' --eval-max 2000", carry=["gpu-pack"])
+#     (time to a P@1 of the LSH path against the dense bf16 output layer, issue 4's check)
 # Each step works in results/gpu-<step>/ and puts at most 8 files in $OUT (the tool returns no
 # more): its summary or report, machine.txt, and its logs as one .tar.gz, refreshed after each
 # run so that a step cut off at its limit still returns what it finished. Without $OUT the
@@ -44,7 +48,7 @@ pack_file=gpu-pack/hslide-gpu.tar.gz
 mode=${1:-}
 
 usage() {
-    sed -n '2,39p' "$0" >&2
+    sed -n '2,43p' "$0" >&2
     exit 2
 }
 
@@ -189,6 +193,7 @@ reproduce)
     scale=${2:-0.01}
     epochs=${3:-2}
     preset=${4:-amazon670k}
+    shift $(($# < 4 ? $# : 4))
     # The python with PyTorch and matplotlib: the PATH's python3 on the GPU machine (a venv),
     # Debian's elsewhere.
     if [[ -z ${PYTHON:-} ]]; then
@@ -201,7 +206,7 @@ reproduce)
     fi
     status=0
     scripts/reproduce.sh --preset "$preset" --scale "$scale" --epochs "$epochs" \
-        --hslide "$root/bin/hslide" --out "$work/report" --data-cache "$work/data" \
+        --hslide "$root/bin/hslide" --out "$work/report" --data-cache "$work/data" "$@" \
         2>&1 | tee "$work/reproduce.log" || status=1
     if [[ $out != "$work" ]]; then
         for f in report.md results.csv hardware.json p1_vs_time.png stages.png; do
