@@ -9,7 +9,6 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <iterator>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -17,6 +16,7 @@
 #include <ctime>
 #include <deque>
 #include <exception>
+#include <iterator>
 #include <limits>
 #include <mutex>
 #include <thread>
@@ -540,7 +540,7 @@ void hybrid_backend::merge(worker& w, bool full) {
 }
 
 void hybrid_backend::merge_first_layer_bias_locked(worker& w, const layer_state& m,
-                                                  layer_state* replica) {
+                                                   layer_state* replica) {
     // One vector over the layer's neurons: added whole, taken back whole.
     layer_state& s = shared_.layers[0];
     layer_state& b = w.base.layers[0];
