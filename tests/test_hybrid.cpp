@@ -265,12 +265,15 @@ enum class merge_path {
     whole_model,            ///< no row tracking: the Backend defaults, whole-model transfers
 };
 
-/// A merge path, and the first layer's merge period (hybrid_options::first_layer_merge_every).
-class HybridExactMerge : public ::testing::TestWithParam<std::tuple<merge_path, uint32_t>> {};
+/// A merge path, the first layer's merge period (hybrid_options::first_layer_merge_every), and
+/// the threads of each merge pass.
+using merge_case = std::tuple<merge_path, uint32_t, int>;
+class HybridExactMerge : public ::testing::TestWithParam<merge_case> {};
 
 TEST_P(HybridExactMerge, EverySampleTrainedOnceAndNoChangeDropped) {
     const merge_path path = std::get<0>(GetParam());
     const uint32_t first_layer_period = std::get<1>(GetParam());
+    const int merge_threads = std::get<2>(GetParam());
     const bool track_rows = path != merge_path::whole_model;
     const bool writable = path == merge_path::rows_written_in_place;
     const bool host = writable || path == merge_path::rows_in_place;
@@ -285,6 +288,8 @@ TEST_P(HybridExactMerge, EverySampleTrainedOnceAndNoChangeDropped) {
     h.workers[2].batch_size = 37;
     h.merge_every = 8;  // many merges; worker 1's change fewer rows than the model has
     h.first_layer_merge_every = first_layer_period;
+    for (auto& w : h.workers) w.merge_threads = merge_threads;
+    h.merge_rows_per_thread = 2;  // the tiny layers' merges split into ranges too
     h.min_batch = 1;
     auto hybrid = create_hybrid_backend(h, initial, train_config{});
     const uint32_t n = 3000;
@@ -350,8 +355,9 @@ TEST_P(HybridExactMerge, EverySampleTrainedOnceAndNoChangeDropped) {
     EXPECT_EQ(stats[1].batch_max, 5u);  // hogbatch keeps sizes fixed
 }
 
-std::string path_name(const ::testing::TestParamInfo<std::tuple<merge_path, uint32_t>>& info) {
-    const std::string period = "FirstLayerEvery" + std::to_string(std::get<1>(info.param));
+std::string path_name(const ::testing::TestParamInfo<merge_case>& info) {
+    const std::string period = "FirstLayerEvery" + std::to_string(std::get<1>(info.param)) +
+                               "Threads" + std::to_string(std::get<2>(info.param));
     switch (std::get<0>(info.param)) {
         case merge_path::rows_written_in_place:
             return "RowSparseWrittenInPlace" + period;
@@ -370,7 +376,7 @@ INSTANTIATE_TEST_SUITE_P(Paths, HybridExactMerge,
                                                               merge_path::rows_in_place,
                                                               merge_path::rows_exported,
                                                               merge_path::whole_model),
-                                            ::testing::Values(1u, 3u)),
+                                            ::testing::Values(1u, 3u), ::testing::Values(1, 3)),
                          path_name);
 
 TEST(Hybrid, RowsOneWorkerChangedReachTheOthersAtTheirNextSync) {

@@ -36,6 +36,11 @@
 // workers' changes to them (taking those back would overwrite the waiting ones); its bias
 // vector is merged every time. On Bibtex the first layer is 92% of a merge's rows, and its
 // staleness costs far less accuracy than the output layer's (bench/hybrid.md).
+// A merge pass over a big layer is bound by memory bandwidth, which one core does not
+// saturate: it splits the layer's rows into contiguous ranges, one per thread of the worker's
+// (a CPU worker's own threads, idle while it merges; one for a GPU worker, whose feeding thread
+// has a core to itself), one thread per `merge_rows_per_thread` rows moved. The merges of
+// synchronize() use every worker's threads (all are idle then).
 // A worker that trains alone (the only one, or every other one parked) skips its periodic
 // merges: nobody would take its changes, so it runs at its own backend's speed (a GPU beside a
 // parked CPU pays no merges) until another worker trains again, which makes it merge after
@@ -107,6 +112,9 @@ struct hybrid_worker_options {
     double update_share = 1.0;  ///< adaptive: relative share of model updates (normalised)
     /// Tests: seconds of sleep added per sample trained, to make a worker slower.
     double injected_delay_per_sample = 0;
+    /// Threads of its merge passes (0 = its CPU threads for a CPU worker, 1 for a GPU worker:
+    /// its feeding thread's core, the others being the CPU worker's).
+    int merge_threads = 0;
     /// Makes the device instead of create_backend(device, ...) when set (tests, custom devices).
     std::function<std::unique_ptr<backend>(const model_state&, const train_config&)> make_device;
 };
@@ -127,6 +135,9 @@ struct hybrid_options {
     /// replica meanwhile (deferred, never dropped). 1 = every merge. On Bibtex the first
     /// layer is 92% of a merge's rows and its staleness costs little accuracy (bench/hybrid.md).
     uint32_t first_layer_merge_every = 2;
+    /// A merge pass over a layer uses one of its worker's merge threads per this many rows it
+    /// moves (fewer would cost more in starting threads than they save).
+    uint32_t merge_rows_per_thread = 1024;
     /// Adaptive: check whether the slowest worker helps while it trains less than this share
     /// of the samples (0 = never: no worker is parked).
     double park_below_share = 0.25;

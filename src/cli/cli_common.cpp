@@ -299,6 +299,12 @@ void add_hybrid_options(CLI::App& app, hybrid_cli& o) {
                    "the replica meanwhile, never dropped (1 = every merge)")
         ->check(CLI::PositiveNumber)
         ->capture_default_str();
+    app.add_option("--merge-threads", o.merge_threads,
+                   "hybrid: threads of a worker's merge passes (0 = a CPU worker's own threads, "
+                   "1 for a GPU worker); merges before evaluations and checkpoints use every "
+                   "worker's")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
     app.add_option("--min-batch", o.min_batch, "hybrid, adaptive: smallest batch size")
         ->check(CLI::PositiveNumber)
         ->capture_default_str();
@@ -364,6 +370,7 @@ hybrid_options make_hybrid_options(const hybrid_cli& o, const backend_options& d
         w.device = device;
         w.device.kind = kinds[i];
         if (kinds[i] == "cpu") w.device.threads = threads[i];
+        w.merge_threads = o.merge_threads;
         if (o.batch == "auto") {
             w.batch_size = kinds[i] == "gpu" ? 8 * train.batch_size
                            : beside_gpu      ? std::max(1u, train.batch_size / 4)

@@ -87,6 +87,7 @@ struct hybrid_cli {
     std::string share = "1";
     uint64_t merge_every = 0;
     uint32_t first_layer_merge_every = hybrid_options{}.first_layer_merge_every;
+    int merge_threads = 0;
     uint32_t min_batch = 8, max_batch = 8192;
     double park_below_share = 0.25;
 };

@@ -6,6 +6,7 @@
 #include "usefulness_probe.hpp"
 
 #include <fmt/format.h>
+#include <omp.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -135,6 +136,8 @@ class hybrid_backend final : public backend {
         std::vector<uint64_t> synced;  // per layer: the version its base rows are up to date with
         row_sets deferred;  // per layer: rows changed, their merge deferred (the first layer)
         uint32_t merges_without_first = 0;  // merges since its first layer last took part
+        int merge_threads = 1;
+        std::vector<std::vector<uint32_t>> merge_parts;  // a parallel merge's rows, per thread
         uint32_t batch_size = 0;
         double seconds_per_sample = 0;  // exponential average; 0 = not measured yet
         double trained_seconds = 0;     // in train_batch, over the whole run
@@ -156,8 +159,9 @@ class hybrid_backend final : public backend {
     /// or one was just unparked).
     bool should_merge(worker& w);
     /// Adds w's change to the shared model and makes the result w's replica (w idle). The
-    /// first layer takes part in every first_layer_merge_every-th merge, or when `full`.
-    void merge(worker& w, bool full);
+    /// first layer takes part in every first_layer_merge_every-th merge, or when `full`. The
+    /// passes use up to `threads` threads (0: w's merge threads).
+    void merge(worker& w, bool full, int threads = 0);
     /// Rows whose merge w deferred.
     static bool has_deferred(const worker& w);
     /// Under shared_mu_: copies into w's base, and lists in w.pulled, every row changed in the
@@ -170,7 +174,8 @@ class hybrid_backend final : public backend {
     /// into it and reported with rows_written chunk by chunk, while in cache; the seconds the
     /// reports took are returned.
     double merge_layer_locked(worker& w, size_t l, const layer_state& mine,
-                              const std::vector<uint32_t>* rows, uint64_t v, layer_state* replica);
+                              const std::vector<uint32_t>* rows, uint64_t v, layer_state* replica,
+                              int max_threads);
     /// Under shared_mu_: the first layer's bias vector, merged whole (part of every merge).
     void merge_first_layer_bias_locked(worker& w, const layer_state& mine, layer_state* replica);
     /// Waits until the queue is empty and every worker idle; rethrows a worker's failure.
@@ -220,12 +225,14 @@ hybrid_backend::hybrid_backend(const hybrid_options& options, const model_state&
                  "an automatic merge interval needs a positive merge overhead");
     HSLIDE_CHECK(options_.first_layer_merge_every >= 1,
                  "the first layer's merge period must be at least 1 (every merge)");
+    HSLIDE_CHECK(options_.merge_rows_per_thread >= 1, "merge rows per thread must be positive");
     shared_ = initial.parameters();
     for (const layer_state& layer : shared_.layers) row_version_.emplace_back(layer.rows, 0);
     std::vector<int> kind_count(2, 0);
     for (const hybrid_worker_options& wo : options_.workers) {
         HSLIDE_CHECK(wo.update_share > 0, "every hybrid worker's update share must be positive");
         HSLIDE_CHECK(wo.batch_size >= 1, "every hybrid worker's batch size must be positive");
+        HSLIDE_CHECK(wo.merge_threads >= 0, "a hybrid worker's merge threads cannot be negative");
         auto w = std::make_unique<worker>();
         w->options = wo;
         w->name = fmt::format("{}{}", wo.device.kind, kind_count[wo.device.kind == "gpu"]++);
@@ -241,6 +248,10 @@ hybrid_backend::hybrid_backend(const hybrid_options& options, const model_state&
         w->batch_size = std::clamp(wo.batch_size, options_.min_batch, options_.max_batch);
         w->merge_interval = options_.merge_every ? options_.merge_every : 1;
         w->synced.assign(shared_.layers.size(), 0);
+        w->merge_threads = wo.merge_threads > 0      ? wo.merge_threads
+                           : wo.device.kind != "cpu" ? 1
+                           : wo.device.threads > 0   ? wo.device.threads
+                                                     : omp_get_max_threads();
         w->deferred.assign(shared_.layers.size(), {});
         w->window.name = w->name;
         workers_.push_back(std::move(w));
@@ -438,7 +449,7 @@ bool hybrid_backend::has_deferred(const worker& w) {
     return false;
 }
 
-void hybrid_backend::merge(worker& w, bool full) {
+void hybrid_backend::merge(worker& w, bool full, int threads) {
     const auto t0 = clock_type::now();
     const double cpu0 = thread_cpu_seconds();
     // The rows the replica changed since its last merge: only their change is added (every
@@ -502,7 +513,8 @@ void hybrid_backend::merge(worker& w, bool full) {
             const std::vector<uint32_t>* rows = tracked ? &w.changed[l] : nullptr;
             rows_merged += rows ? rows->size() : shared_.layers[l].rows;
             import += merge_layer_locked(w, l, mine.layers[l], rows, v,
-                                         in_place ? &in_place->layers[l] : nullptr);
+                                         in_place ? &in_place->layers[l] : nullptr,
+                                         threads > 0 ? threads : w.merge_threads);
             w.synced[l] = v;
         }
     }
@@ -554,7 +566,7 @@ void hybrid_backend::merge_first_layer_bias_locked(worker& w, const layer_state&
 
 double hybrid_backend::merge_layer_locked(worker& w, size_t l, const layer_state& m,
                                           const std::vector<uint32_t>* rows, uint64_t v,
-                                          layer_state* replica) {
+                                          layer_state* replica, int max_threads) {
     // One pass over the layer's rows, each read and written while it is in cache (a Bibtex
     // batch touches most rows of the model, so the passes, not the row counts, set the cost).
     layer_state& s = shared_.layers[l];
@@ -564,6 +576,60 @@ double hybrid_backend::merge_layer_locked(worker& w, size_t l, const layer_state
     HSLIDE_ASSERT(!replica || replica == &m);
     if (l == 0) merge_first_layer_bias_locked(w, m, replica);
     std::vector<uint64_t>& version = row_version_[l];
+    const uint64_t synced = w.synced[l];
+    const size_t width = s.stride;  // whole padded rows (the padding is zero everywhere)
+    // Merges rows [r0, r1): `next` is the position in *rows (ascending) of the first of them;
+    // the rows that go to the replica are appended to `out`, and `written` is called after
+    // each one appended. Returns how many of *rows the range held.
+    auto merge_range = [&](uint32_t r0, uint32_t r1, size_t next, std::vector<uint32_t>& out,
+                           auto&& written) {
+        const size_t first = next;
+        for (uint32_t r = r0; r < r1; ++r) {
+            bool changed = true;
+            if (rows) {
+                changed = next < rows->size() && (*rows)[next] == r;
+                next += changed;
+            }
+            // Its base holds the shared row exactly when no merge changed it since w's sync.
+            const bool others = version[r] > synced;
+            float* sw = s.row(r);
+            float* bw = b.row(r);
+            if (changed && !others) {
+                // shared == base here, so shared + (mine - base) is mine: copied exactly, and
+                // the replica, which holds it already, needs no import of this row.
+                const float* mw = m.row(r);
+                std::memcpy(sw, mw, width * sizeof(float));
+                std::memcpy(bw, mw, width * sizeof(float));
+                if (l > 0) s.bias[r] = b.bias[r] = m.bias[r];
+                version[r] = v;
+            } else if (changed) {
+                if (l > 0) {
+                    s.bias[r] += m.bias[r] - b.bias[r];
+                    b.bias[r] = s.bias[r];
+                }
+                if (replica) {
+                    add_change_and_give(sw, replica->row(r), bw, width);
+                    if (l > 0) replica->bias[r] = s.bias[r];
+                } else {
+                    add_change_and_take(sw, m.row(r), bw, width);
+                }
+                version[r] = v;
+                out.push_back(r);
+                written();
+            } else if (others) {
+                std::memcpy(bw, sw, width * sizeof(float));
+                if (l > 0) b.bias[r] = s.bias[r];
+                if (replica) {
+                    std::memcpy(replica->row(r), sw, width * sizeof(float));
+                    if (l > 0) replica->bias[r] = s.bias[r];
+                }
+                out.push_back(r);
+                written();
+            }
+        }
+        return next - first;
+    };
+
     std::vector<uint32_t>& pulled = w.pulled[l];
     pulled.clear();
     double written_seconds = 0;
@@ -574,57 +640,40 @@ double hybrid_backend::merge_layer_locked(worker& w, size_t l, const layer_state
         w.chunk.resize(shared_.layers.size());
         for (auto& c : w.chunk) c.clear();
         w.chunk[l].assign(pulled.begin() + ptrdiff_t(written), pulled.end());
-        w.device->rows_written(w.chunk);  // its bf16 copies are rounded while the rows are in cache
+        w.device->rows_written(w.chunk);
         written = pulled.size();
         written_seconds += seconds_since(t0);
     };
-    constexpr size_t written_chunk = 64;  // rows: 64 KiB at 256 floats a row
-    const uint64_t synced = w.synced[l];
-    const size_t width = s.stride;  // whole padded rows (the padding is zero everywhere)
-    size_t next = 0;                // position in *rows (ascending)
-    for (uint32_t r = 0; r < s.rows; ++r) {
-        bool changed = true;
-        if (rows) {
-            changed = next < rows->size() && (*rows)[next] == r;
-            next += changed;
+    const size_t n_rows = rows ? rows->size() : s.rows;
+    const int threads =
+        int(std::clamp<size_t>(n_rows / options_.merge_rows_per_thread, 1, size_t(max_threads)));
+    size_t consumed = 0;
+    if (threads == 1) {
+        // One pass: the bf16 copies of the replica's new rows are rounded 64 rows at a time,
+        // while the rows are in cache.
+        constexpr size_t written_chunk = 64;  // rows: 64 KiB at 256 floats a row
+        consumed = merge_range(0, s.rows, 0, pulled, [&] {
+            if (replica && pulled.size() - written >= written_chunk) report_written();
+        });
+    } else {
+        // Contiguous row ranges, one per thread (a big layer's merge is bound by memory
+        // bandwidth, which one core does not saturate); their rows to the replica are listed
+        // in order after, and the backend refreshes them in one call (in parallel itself).
+        std::vector<std::vector<uint32_t>>& parts = w.merge_parts;
+        parts.resize(size_t(threads));
+#pragma omp parallel num_threads(threads) reduction(+ : consumed)
+        {
+            const int t = omp_get_thread_num();
+            const uint32_t r0 = uint32_t(uint64_t(s.rows) * uint64_t(t) / uint64_t(threads));
+            const uint32_t r1 = uint32_t(uint64_t(s.rows) * uint64_t(t + 1) / uint64_t(threads));
+            const size_t next =
+                rows ? size_t(std::lower_bound(rows->begin(), rows->end(), r0) - rows->begin()) : 0;
+            parts[size_t(t)].clear();
+            consumed += merge_range(r0, r1, next, parts[size_t(t)], [] {});
         }
-        // Its base holds the shared row exactly when no merge changed it since w's sync.
-        const bool others = version[r] > synced;
-        float* sw = s.row(r);
-        float* bw = b.row(r);
-        if (changed && !others) {
-            // shared == base here, so shared + (mine - base) is mine: copied exactly, and the
-            // replica, which holds it already, needs no import of this row.
-            const float* mw = m.row(r);
-            std::memcpy(sw, mw, width * sizeof(float));
-            std::memcpy(bw, mw, width * sizeof(float));
-            if (l > 0) s.bias[r] = b.bias[r] = m.bias[r];
-            version[r] = v;
-        } else if (changed) {
-            if (l > 0) {
-                s.bias[r] += m.bias[r] - b.bias[r];
-                b.bias[r] = s.bias[r];
-            }
-            if (replica) {
-                add_change_and_give(sw, replica->row(r), bw, width);
-                if (l > 0) replica->bias[r] = s.bias[r];
-            } else {
-                add_change_and_take(sw, m.row(r), bw, width);
-            }
-            version[r] = v;
-            pulled.push_back(r);
-        } else if (others) {
-            std::memcpy(bw, sw, width * sizeof(float));
-            if (l > 0) b.bias[r] = s.bias[r];
-            if (replica) {
-                std::memcpy(replica->row(r), sw, width * sizeof(float));
-                if (l > 0) replica->bias[r] = s.bias[r];
-            }
-            pulled.push_back(r);
-        }
-        if (replica && pulled.size() - written >= written_chunk) report_written();
+        for (const auto& part : parts) pulled.insert(pulled.end(), part.begin(), part.end());
     }
-    HSLIDE_ASSERT(!rows || next == rows->size());  // ascending, in range, each once
+    HSLIDE_ASSERT(!rows || consumed == rows->size());  // ascending, in range, each once
     if (replica) report_written();
     return written_seconds;
 }
@@ -668,8 +717,12 @@ void hybrid_backend::synchronize_models() {
     }
     // Every worker is idle: merge each that trained since its last merge, then give every
     // worker the rows changed since its sync, so that all replicas equal the shared model.
+    // The merges have every worker's threads (a worker that trained alone, deferring its
+    // merges, brings the changes of many batches).
+    int threads = 0;
+    for (const auto& w : workers_) threads += w->merge_threads;
     for (auto& w : workers_)
-        if (w->since_merge > 0 || has_deferred(*w)) merge(*w, /*full=*/true);
+        if (w->since_merge > 0 || has_deferred(*w)) merge(*w, /*full=*/true, threads);
     for (auto& w : workers_) {
         {
             std::lock_guard<std::mutex> lock(shared_mu_);
