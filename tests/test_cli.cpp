@@ -266,6 +266,7 @@ TEST(Cli, UnavailableBackendsSaySo) {
     const auto r = run_hslide("train --backend hybrid --preset tiny -q");
     EXPECT_EQ(r.exit_code, 1) << r.output;
     EXPECT_NE(r.output.find("hybrid"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("--workers cpu,cpu"), std::string::npos) << r.output;  // the way out
 }
 
 TEST(Cli, InfoReportsTheMachine) {

@@ -241,7 +241,11 @@ hybrid_backend::hybrid_backend(const hybrid_options& options, const model_state&
             w->device = wo.make_device ? wo.make_device(initial, train)
                                        : create_backend(wo.device, initial, train);
         } catch (const error& e) {
-            throw error(e.kind(), fmt::format("hybrid worker {}: {}", w->name, e.what()));
+            const bool no_gpu = wo.device.kind == "gpu" && e.kind() == error_kind::unsupported;
+            throw error(
+                e.kind(),
+                fmt::format("hybrid worker {}: {}{}", w->name, e.what(),
+                            no_gpu ? " (--workers cpu,cpu trains with CPU workers only)" : ""));
         }
         HSLIDE_CHECK(w->device != nullptr, "hybrid worker {} could not be created", w->name);
         w->base = initial.parameters();
