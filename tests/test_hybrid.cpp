@@ -715,6 +715,28 @@ TEST(Hybrid, AWorkerAloneMergesOnlyWhenTheModelIsSynchronized) {
     expect_same_parameters(devices[0]->model(), counted_model(initial, n), "replica");
 }
 
+TEST(Hybrid, UtilisationLeavesOutTheCallersTimeBetweenWindows) {
+    // An epoch's window starts with its first batch: an evaluation before it (here a sleep)
+    // is the caller's time, not the workers' idle time.
+    const model_state initial = integral_model(14);
+    const uint32_t n = 400;
+    const dataset data = counting_dataset(n);
+    std::vector<counting_backend*> devices;
+    hybrid_options h = counting_workers({1e-4, 1e-4}, devices);
+    h.policy = schedule_policy::hogbatch;
+    auto hybrid = create_hybrid_backend(h, initial, train_config{});
+    for (int window = 0; window < 2; ++window) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        EXPECT_EQ(feed(*hybrid, data, n, 64), n);  // about 20 ms of work for each worker
+        const auto stats = hybrid->take_worker_stats();
+        ASSERT_EQ(stats.size(), 2u);
+        for (const worker_stats& s : stats) {
+            EXPECT_LT(s.wall_seconds, 0.25) << "window " << window;
+            EXPECT_GT(s.utilisation(), 0.2) << "window " << window;
+        }
+    }
+}
+
 TEST(HybridAdaptive, KeepsASlowWorkerThatHelps) {
     // Worker 1 is 4x slower and harms nobody: it adds about a quarter to the throughput, so
     // after being measured it keeps training, with its update share.

@@ -202,6 +202,9 @@ class hybrid_backend final : public backend {
     step_report pending_;
     const clock_type::time_point start_ = clock_type::now();
     clock_type::time_point window_start_ = start_;
+    // A statistics window starts with its first queued batch: the caller's time between
+    // windows (evaluation, checkpoints, setup) is not the workers' idle time.
+    bool window_open_ = false;
     detail::usefulness_probe probe_;
     bool idle_ = false;  // no queued work and no worker busy, since idle_since_
     double idle_since_ = 0;
@@ -754,6 +757,10 @@ step_report hybrid_backend::train_batch(const batch_view& batch, float learning_
                failure_;
     });
     if (failure_) std::rethrow_exception(failure_);
+    if (!window_open_) {
+        window_open_ = true;
+        window_start_ = clock_type::now();
+    }
     for (uint32_t i = 0; i < batch.size; ++i) queue_.push_back({batch.rows[i], learning_rate});
     if (idle_) {
         // The workers had nothing to do (the trainer evaluated, or waited for a merge): that
@@ -845,6 +852,7 @@ std::vector<worker_stats> hybrid_backend::take_worker_stats() {
     std::lock_guard<std::mutex> lock(mu_);
     const double wall = seconds_since(window_start_);
     window_start_ = clock_type::now();
+    window_open_ = false;
     uint64_t all_batches = 0;
     for (const auto& w : workers_) all_batches += w->window.batches;
     std::vector<worker_stats> out;
