@@ -1,8 +1,8 @@
 // The CUDA backend against the CPU reference: hash codes identical for the same functions,
 // tables identical as sets, active sets identical as sets, training steps that match (every
 // neuron active on both, so the same arithmetic up to summation order), exact predictions,
-// export/import across backends, row transfers for hybrid merges, and P@1 of a short Bibtex
-// run within 0.01.
+// export/import across backends, row transfers for hybrid merges, P@1 of a short Bibtex run
+// within 0.01, and a hybrid of a CPU and a GPU worker training Bibtex together.
 //
 // Every test skips (GTEST_SKIP) on a machine without a usable GPU or in a build without CUDA,
 // and runs wherever one is.
@@ -540,6 +540,42 @@ TEST(GpuBackend, BibtexP1WithinOneHundredthOfTheCpu) {
     const double cpu = p1_of("cpu"), gpu = p1_of("gpu");
     EXPECT_GT(cpu, 0.5);
     EXPECT_NEAR(gpu, cpu, 0.01);
+}
+
+TEST(GpuHybrid, CpuAndGpuWorkersTrainBibtexTogether) {
+    // The hybrid with a real GPU worker: its changed rows leave the device and the others'
+    // come back through the row transfers, the first layer every other merge. Parking is off
+    // so that both workers train throughout.
+    HSLIDE_REQUIRE_GPU();
+    HSLIDE_REQUIRE_SHARED_DATA();
+    hslide::testing::temp_dir out;
+    const std::string common =
+        "train " + hslide::testing::bibtex_train_flags() +
+        "--split-column 1 --epochs 5 --output-sparsity lsh --no-progress -q ";
+    const std::string single = out.file("cpu.jsonl"), hybrid = out.file("hybrid.jsonl");
+    auto r = hslide::testing::run_hslide(common + "--backend cpu --metrics-out " + single);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = hslide::testing::run_hslide(common +
+                                    "--backend hybrid --workers cpu,gpu --park-below-share 0 "
+                                    "--metrics-out " +
+                                    hybrid);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NEAR(hslide::testing::last_p_at_1(hybrid), hslide::testing::last_p_at_1(single), 0.02);
+    std::ifstream in(hybrid);
+    uint64_t samples[2] = {0, 0}, merges[2] = {0, 0};
+    for (std::string line; std::getline(in, line);) {
+        const auto record = nlohmann::json::parse(line);
+        ASSERT_EQ(record["workers"].size(), 2u) << line;
+        for (size_t i = 0; i < 2; ++i) {
+            samples[i] += record["workers"][i]["samples"].get<uint64_t>();
+            merges[i] += record["workers"][i]["merges"].get<uint64_t>();
+        }
+    }
+    for (size_t i = 0; i < 2; ++i) {
+        EXPECT_GT(samples[i], 0u) << "worker " << i;
+        EXPECT_GT(merges[i], 0u) << "worker " << i;
+    }
+    EXPECT_EQ(samples[0] + samples[1], 5u * 4880u);
 }
 
 }  // namespace
