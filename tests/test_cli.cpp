@@ -251,6 +251,10 @@ TEST(Cli, HybridWorkerBatchesDefaultToTheirKind) {
         const auto record = nlohmann::json::parse(line);
         ASSERT_EQ(record["workers"].size(), std::string(workers) == "cpu" ? 1u : 2u);
         for (const auto& w : record["workers"]) EXPECT_EQ(w["batch_max"], 100) << workers;
+        // The run's summary: a line per worker after the final metrics.
+        const size_t summary = r.output.find("workers over the run:");
+        ASSERT_NE(summary, std::string::npos) << r.output;
+        EXPECT_NE(r.output.find("cpu0", summary), std::string::npos) << r.output;
     }
 }
 

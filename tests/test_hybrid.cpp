@@ -233,6 +233,50 @@ uint64_t feed(backend& b, const dataset& data, uint32_t n, uint32_t batch) {
 
 }  // namespace
 
+TEST(WorkerStats, WindowsAddUp) {
+    worker_stats a{"cpu0"}, empty{"cpu0"}, b{"cpu0"};
+    a.samples = 300;
+    a.batches = 3;
+    a.batch_min = 64;
+    a.batch_max = 128;
+    a.batch_last = 108;
+    a.busy_seconds = 1.5;
+    a.wall_seconds = 2;
+    a.merges = 2;
+    a.staleness_mean = 1;
+    a.staleness_max = 2;
+    a.rows_merged = 40;
+    b.samples = 100;
+    b.batches = 2;
+    b.batch_min = 32;
+    b.batch_max = 68;
+    b.batch_last = 68;
+    b.busy_seconds = 0.5;
+    b.wall_seconds = 2;
+    b.merges = 6;
+    b.staleness_mean = 3;
+    b.staleness_max = 5;
+    b.rows_merged = 60;
+    empty.wall_seconds = 1;  // a window in which it trained nothing (parked)
+    worker_stats run = a;
+    run += empty;
+    run += b;
+    EXPECT_EQ(run.samples, 400u);
+    EXPECT_EQ(run.batches, 5u);
+    EXPECT_EQ(run.batch_min, 32u);  // the empty window's zeros do not count
+    EXPECT_EQ(run.batch_max, 128u);
+    EXPECT_EQ(run.batch_last, 68u);
+    EXPECT_DOUBLE_EQ(run.batch_mean, 80.0);
+    EXPECT_DOUBLE_EQ(run.utilisation(), 2.0 / 5.0);
+    EXPECT_EQ(run.merges, 8u);
+    EXPECT_DOUBLE_EQ(run.staleness_mean, (2 * 1.0 + 6 * 3.0) / 8);  // weighted by merges
+    EXPECT_EQ(run.staleness_max, 5u);
+    EXPECT_EQ(run.rows_merged, 100u);
+    worker_stats from_empty = empty;
+    from_empty += b;
+    EXPECT_EQ(from_empty.batch_min, 32u);  // not min(0, 32)
+}
+
 TEST(HybridMerge, AddsEveryReplicaChange) {
     const model_state base = model_state::create(tiny_config(), 3);
     model_state a = base, b = base, shared = base;

@@ -90,6 +90,9 @@ struct worker_stats {
     double parked_seconds = 0;
 
     double utilisation() const { return wall_seconds > 0 ? busy_seconds / wall_seconds : 0; }
+    /// Appends the next window of the same worker: counts and times add, batch sizes and
+    /// staleness combine; update_share, which needs the other workers, is left as it was.
+    worker_stats& operator+=(const worker_stats& o);
 };
 
 class backend {

@@ -21,6 +21,30 @@
 
 namespace hslide::cli {
 
+namespace {
+
+/// One line of a hybrid worker's statistics, for an epoch or (`whole_run`) the whole run.
+void print_worker(const worker_stats& w, bool whole_run) {
+    std::printf(
+        "    %-5s %8llu samples  %6llu batches (%.0f%% of updates)  batch %u..%u (mean %.0f",
+        w.name.c_str(), (unsigned long long)w.samples, (unsigned long long)w.batches,
+        100 * w.update_share, w.batch_min, w.batch_max, w.batch_mean);
+    if (!whole_run) std::printf(", now %u", w.batch_last);
+    std::printf(
+        ")  busy %.0f%%  %llu merges %.1f s  staleness %.1f (max %llu)  rows/merge %.0f out "
+        "%.0f in",
+        100 * w.utilisation(), (unsigned long long)w.merges, w.merge_seconds, w.staleness_mean,
+        (unsigned long long)w.staleness_max,
+        w.merges ? double(w.rows_merged) / double(w.merges) : 0.0,
+        w.merges ? double(w.rows_pulled) / double(w.merges) : 0.0);
+    if (w.parked_seconds > 0)
+        std::printf("  parked %.0f%%",
+                    w.wall_seconds > 0 ? 100 * w.parked_seconds / w.wall_seconds : 0.0);
+    std::printf("\n");
+}
+
+}  // namespace
+
 int run_train(int argc, char** argv) {
     CLI::App app{"Train a model. With no --train, trains on the built-in synthetic data.",
                  "hslide train"};
@@ -215,22 +239,7 @@ int run_train(int argc, char** argv) {
             line += fmt::format("  P@1 {:.4f} P@3 {:.4f} P@5 {:.4f}", r.metrics.p_at(1),
                                 r.metrics.p_at(3), r.metrics.p_at(5));
         std::printf("%s\n", line.c_str());
-        for (const worker_stats& w : r.workers) {
-            std::printf(
-                "    %-5s %8llu samples  %6llu batches (%.0f%% of updates)  batch %u..%u "
-                "(mean %.0f, now %u)  busy %.0f%%  %llu merges %.1f s  staleness %.1f "
-                "(max %llu)  rows/merge %.0f out %.0f in",
-                w.name.c_str(), (unsigned long long)w.samples, (unsigned long long)w.batches,
-                100 * w.update_share, w.batch_min, w.batch_max, w.batch_mean, w.batch_last,
-                100 * w.utilisation(), (unsigned long long)w.merges, w.merge_seconds,
-                w.staleness_mean, (unsigned long long)w.staleness_max,
-                w.merges ? double(w.rows_merged) / double(w.merges) : 0.0,
-                w.merges ? double(w.rows_pulled) / double(w.merges) : 0.0);
-            if (w.parked_seconds > 0)
-                std::printf("  parked %.0f%%",
-                            w.wall_seconds > 0 ? 100 * w.parked_seconds / w.wall_seconds : 0.0);
-            std::printf("\n");
-        }
+        for (const worker_stats& w : r.workers) print_worker(w, /*whole_run=*/false);
         std::fflush(stdout);
     });
     for (auto it = records.rbegin(); it != records.rend(); ++it) {
@@ -238,6 +247,20 @@ int run_train(int argc, char** argv) {
         std::printf("final: %s  (%.1f s, peak memory %s)\n", format_metrics(it->metrics).c_str(),
                     it->seconds, human_bytes(double(peak_rss_bytes())).c_str());
         break;
+    }
+    // Hybrid: each worker over the whole run (the epochs' windows, which leave out evaluations).
+    std::vector<worker_stats> run_totals;
+    uint64_t all_batches = 0;
+    for (const epoch_record& r : records)
+        for (size_t i = 0; i < r.workers.size(); ++i) {
+            if (run_totals.size() <= i) run_totals.push_back(worker_stats{r.workers[i].name});
+            run_totals[i] += r.workers[i];
+            all_batches += r.workers[i].batches;
+        }
+    if (!run_totals.empty()) std::printf("workers over the run:\n");
+    for (worker_stats& w : run_totals) {
+        w.update_share = all_batches ? double(w.batches) / double(all_batches) : 0;
+        print_worker(w, /*whole_run=*/true);
     }
     return 0;
 }

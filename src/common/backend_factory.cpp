@@ -8,6 +8,8 @@
 #include "gpu/gpu_backend.hpp"
 #endif
 
+#include <algorithm>
+
 namespace hslide {
 
 stage_times& stage_times::operator+=(const stage_times& o) {
@@ -30,6 +32,35 @@ step_report& step_report::operator+=(const step_report& o) {
         active_per_layer[l] += o.active_per_layer[l];
     times += o.times;
     seconds += o.seconds;
+    return *this;
+}
+
+worker_stats& worker_stats::operator+=(const worker_stats& o) {
+    if (o.batches > 0) {
+        batch_min = batches > 0 ? std::min(batch_min, o.batch_min) : o.batch_min;
+        batch_max = std::max(batch_max, o.batch_max);
+        batch_last = o.batch_last;
+    }
+    const uint64_t all_merges = merges + o.merges;
+    staleness_mean = all_merges
+                         ? (staleness_mean * double(merges) + o.staleness_mean * double(o.merges)) /
+                               double(all_merges)
+                         : 0;
+    staleness_max = std::max(staleness_max, o.staleness_max);
+    samples += o.samples;
+    batches += o.batches;
+    batch_mean = batches ? double(samples) / double(batches) : 0;
+    busy_seconds += o.busy_seconds;
+    wall_seconds += o.wall_seconds;
+    merges = all_merges;
+    merge_seconds += o.merge_seconds;
+    merge_wait_seconds += o.merge_wait_seconds;
+    merge_import_seconds += o.merge_import_seconds;
+    train_cpu_seconds += o.train_cpu_seconds;
+    merge_cpu_seconds += o.merge_cpu_seconds;
+    rows_merged += o.rows_merged;
+    rows_pulled += o.rows_pulled;
+    parked_seconds += o.parked_seconds;
     return *this;
 }
 
