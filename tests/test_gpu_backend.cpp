@@ -305,7 +305,10 @@ void expect_same_training(const char* kind, sparsity_mode output, precision_mode
     for (int step = 0; step < 6; ++step) {
         const batch_view batch{&data, rows.data() + (step % 4) * 16, 16};
         const step_report c = cpu.train_batch(batch, 0.01f);
-        const step_report g = gpu->train_batch(batch, 0.01f);
+        // The GPU backend returns a step's report with the next step, or from synchronize.
+        step_report g = gpu->train_batch(batch, 0.01f);
+        EXPECT_EQ(g.samples, 0u) << "step " << step << ": the step before was taken already";
+        g += gpu->synchronize();
         EXPECT_NEAR(g.loss_sum, c.loss_sum, loss_tolerance * std::abs(c.loss_sum))
             << "step " << step;
         EXPECT_EQ(g.samples, c.samples);
@@ -325,6 +328,53 @@ void expect_same_training(const char* kind, sparsity_mode output, precision_mode
             worst = std::max(worst, double(std::abs(a.bias[j] - b.bias[j])));
         EXPECT_LT(worst, weight_tolerance) << "layer " << l;
     }
+}
+
+TEST(GpuBackend, EachStepsReportComesWithTheNextStepOrFromSynchronize) {
+    // Steps are not waited for at their end: train_batch returns the report of the step
+    // before, synchronize() the last one. Against the CPU, step by step, with batch sizes
+    // that tell the steps apart.
+    HSLIDE_REQUIRE_GPU();
+    const model_state initial = model_state::create(two_layer_config(sparsity_mode::lsh), 3);
+    train_config tc;
+    tc.seed = 4;
+    auto gpu = make_gpu(initial, tc, "gpu");
+    cpu::cpu_backend cpu(initial, tc, 1, cpu::scalar_kernels(), precision_mode::fp32);
+    const dataset data = random_dataset(64, 50, 70, 5);
+    std::vector<uint32_t> rows(data.size());
+    std::iota(rows.begin(), rows.end(), 0u);
+    const uint32_t sizes[] = {16, 7, 12, 1, 15};
+    std::vector<step_report> want;
+    uint32_t begin = 0;
+    for (size_t i = 0; i < std::size(sizes); ++i) {
+        const batch_view batch{&data, rows.data() + begin, sizes[i]};
+        begin += sizes[i];
+        want.push_back(cpu.train_batch(batch, 0.01f));
+        const step_report got = gpu->train_batch(batch, 0.01f);
+        if (i == 0) {
+            EXPECT_EQ(got.samples, 0u);
+            continue;
+        }
+        EXPECT_EQ(got.samples, sizes[i - 1]) << "step " << i;
+        EXPECT_NEAR(got.loss_sum, want[i - 1].loss_sum, 1e-4 * std::abs(want[i - 1].loss_sum))
+            << "step " << i;
+        EXPECT_GT(got.times.forward, 0.0) << "step " << i;
+        EXPECT_GT(got.seconds, 0.0) << "step " << i;
+    }
+    const step_report last = gpu->synchronize();
+    EXPECT_EQ(last.samples, sizes[std::size(sizes) - 1]);
+    EXPECT_NEAR(last.loss_sum, want.back().loss_sum, 1e-4 * std::abs(want.back().loss_sum));
+    EXPECT_EQ(gpu->synchronize().samples, 0u) << "reported twice";
+    // Everything else waits for the step in flight: the model is the CPU's.
+    model_state from_gpu;
+    gpu->export_state(from_gpu, false);
+    double worst = 0;
+    for (size_t l = 0; l < 2; ++l)
+        for (uint32_t r = 0; r < from_gpu.layers[l].rows; ++r)
+            for (uint32_t i = 0; i < from_gpu.layers[l].width; ++i)
+                worst = std::max(worst, double(std::abs(from_gpu.layers[l].row(r)[i] -
+                                                        cpu.model().layers[l].row(r)[i])));
+    EXPECT_LT(worst, 2e-4);
 }
 
 // Six Adam steps of lr 0.01 move weights by up to ~0.06; fp32 sums in another order differ

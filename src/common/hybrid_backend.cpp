@@ -722,6 +722,13 @@ void hybrid_backend::synchronize_models() {
         std::unique_lock<std::mutex> lock(mu_);
         drain(lock);
     }
+    // A worker's backend may itself hold back its last batch's report (the GPU backend
+    // returns each step's report with the next one).
+    for (auto& w : workers_) {
+        const step_report last = w->device->synchronize();
+        std::lock_guard<std::mutex> lock(mu_);
+        pending_ += last;
+    }
     // Every worker is idle: merge each that trained since its last merge, then give every
     // worker the rows changed since its sync, so that all replicas equal the shared model.
     // The merges have every worker's threads (a worker that trained alone, deferring its

@@ -10,8 +10,11 @@
 //  4. update: the active entries sorted by neuron (CUB), one warp per touched row sums its
 //     gradient in sample order and applies Adam; the first layer's touched rows likewise
 //     from the batch's nonzeros sorted by feature.
-// The host waits twice per step: for the size of the active sets (kernel grids and sorts
-// are sized by it) and for the per-sample losses at the end.
+// The host waits once per step, for the size of the active sets (kernel grids and sorts are
+// sized by it). A step is not waited for at its end: train_batch returns the report of the
+// step before (done by then: the wait came after it), and the caller stages the next batch
+// while the update runs; synchronize() returns the last one. Two staging blocks, loss blocks
+// and event sets alternate between consecutive steps.
 // The update also flags the rows it changed, so that a hybrid merge moves only those rows
 // (take_changed_rows, export_rows, import_rows: gpu_rows.cuh).
 #include "cublas_loader.hpp"
@@ -29,7 +32,6 @@
 #include <cub/device/device_scan.cuh>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <exception>
@@ -38,11 +40,6 @@
 namespace hslide::gpu {
 
 namespace {
-
-using clock_type = std::chrono::steady_clock;
-double seconds_since(clock_type::time_point t0) {
-    return std::chrono::duration<double>(clock_type::now() - t0).count();
-}
 
 /// Waits for the stream when a scope is left by an exception: the work queued before the
 /// throw may still read host staging buffers or device buffers the next call reuses.
@@ -132,6 +129,7 @@ class gpu_backend final : public backend {
     ~gpu_backend() override;
 
     step_report train_batch(const batch_view& batch, float learning_rate) override;
+    step_report synchronize() override;
     void rebuild_tables(bool new_functions) override;
     void predict(const batch_view& batch, uint32_t k, scoring_mode scoring, uint32_t* labels,
                  float* scores) override;
@@ -145,8 +143,11 @@ class gpu_backend final : public backend {
   private:
     /// Rows of a layer moved per transfer: bounds the pinned and device staging blocks.
     static constexpr uint32_t rows_per_chunk = 65536;
-    /// Copies the batch's CSR arrays to the device; returns the largest label count.
+    /// Copies the batch's CSR arrays to the device (through the staging block whose last copy
+    /// is done); returns the largest label count.
     uint32_t upload_batch(const batch_view& batch, bool check_labels);
+    /// Waits for the step still in flight, if any, and returns its report.
+    step_report finish_pending_step();
     batch_csr device_batch(uint32_t size) const;
     void ensure_work(uint32_t batch);
     void upload_layer(size_t l, const layer_state& src, bool with_optimizer);
@@ -183,13 +184,17 @@ class gpu_backend final : public backend {
         int device = 0;
         cudaStream_t stream = nullptr;
         cublasHandle_t blas = nullptr;
-        cudaEvent_t events[7] = {};
+        cudaEvent_t events[2][8] = {};  // a step's stage boundaries, by step parity
+        cudaEvent_t staged[2] = {};     // each staging block's last copy to the device
         ~cuda_handles() {
             // Errors are ignored: a destructor must not throw (the process may be exiting).
             cudaSetDevice(device);
             if (stream) cudaStreamSynchronize(stream);
             if (blas) cublas().destroy(blas);
-            for (cudaEvent_t e : events)
+            for (auto& set : events)
+                for (cudaEvent_t e : set)
+                    if (e) cudaEventDestroy(e);
+            for (cudaEvent_t e : staged)
                 if (e) cudaEventDestroy(e);
             if (stream) cudaStreamDestroy(stream);
         }
@@ -197,7 +202,6 @@ class gpu_backend final : public backend {
     cuda_handles handles_;
     cudaStream_t& stream_ = handles_.stream;
     cublasHandle_t& blas_ = handles_.blas;
-    cudaEvent_t (&events_)[7] = handles_.events;
 
     device_layer layers_[2];
     std::unique_ptr<hash_family> hash_;  // host copy: the functions' seed and arrays
@@ -205,8 +209,9 @@ class gpu_backend final : public backend {
     device_tables tables_;
     device_array<uint32_t> table_codes_;
 
-    // The batch: one pinned block and one device block with the same layout.
-    pinned_array<uint32_t> staging_;
+    // The batch: pinned blocks (two, used in turn) and one device block with the same layout.
+    pinned_array<uint32_t> staging_[2];
+    int next_staging_ = 0;
     device_array<uint32_t> batch_block_;
     uint32_t batch_nnz_ = 0, batch_labels_ = 0;
 
@@ -223,7 +228,17 @@ class gpu_backend final : public backend {
     device_array<uint8_t> input_touched_;  // --adam input-dense: the step's first-layer rows
     device_array<uint32_t> top_labels_;
     device_array<float> top_scores_;
-    pinned_array<float> loss_host_;
+    pinned_array<float> loss_host_[2];  // per-sample losses, by step parity
+
+    /// The last step queued, whose report is built once it is done.
+    struct pending_step {
+        bool active = false;
+        int parity = 0;
+        uint32_t samples = 0;
+        uint64_t active_entries = 0;
+    };
+    pending_step pending_;
+    int step_parity_ = 0;
 
     // Row traffic for hybrid merges (gpu_rows.cuh).
     device_array<uint8_t> changed_[2];      // per row: updated since the last take
@@ -269,7 +284,10 @@ gpu_backend::gpu_backend(model_state initial, const train_config& train, int dev
     handles_.device = device;
     activate();
     HSLIDE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    for (auto& e : events_) HSLIDE_CUDA_CHECK(cudaEventCreate(&e));
+    for (auto& set : handles_.events)
+        for (auto& e : set) HSLIDE_CUDA_CHECK(cudaEventCreate(&e));
+    for (auto& e : handles_.staged)
+        HSLIDE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     if (dense_output_) {
         HSLIDE_CUBLAS_CHECK(cublas().create(&blas_));
         HSLIDE_CUBLAS_CHECK(cublas().set_stream(blas_, stream_));
@@ -394,8 +412,14 @@ uint32_t gpu_backend::upload_batch(const batch_view& batch, bool check_labels) {
                  "a batch of {} points has too many nonzeros for the GPU backend", b);
     // Layout: feature offsets, label offsets (b + 1 each), feature ids, values, label ids.
     const size_t words = 2 * (size_t(b) + 1) + 2 * nnz + n_labels;
-    staging_.reserve(words, "batch staging");
-    uint32_t* f_off = staging_.data();
+    const int slot = next_staging_;
+    next_staging_ ^= 1;
+    // Its last copy (two batches ago) must be done before it is refilled (an event never
+    // recorded counts as done).
+    HSLIDE_CUDA_CHECK(cudaEventSynchronize(handles_.staged[slot]));
+    pinned_array<uint32_t>& staging = staging_[slot];
+    staging.reserve(words, "batch staging");
+    uint32_t* f_off = staging.data();
     uint32_t* l_off = f_off + b + 1;
     uint32_t* f_ids = l_off + b + 1;
     float* f_vals = reinterpret_cast<float*>(f_ids + nnz);
@@ -411,8 +435,9 @@ uint32_t gpu_backend::upload_batch(const batch_view& batch, bool check_labels) {
         l_off[s + 1] = l_off[s] + y.count;
     }
     batch_block_.reserve(words, "batch");
-    HSLIDE_CUDA_CHECK(cudaMemcpyAsync(batch_block_.data(), staging_.data(), words * 4,
+    HSLIDE_CUDA_CHECK(cudaMemcpyAsync(batch_block_.data(), staging.data(), words * 4,
                                       cudaMemcpyHostToDevice, stream_));
+    HSLIDE_CUDA_CHECK(cudaEventRecord(handles_.staged[slot], stream_));
     batch_nnz_ = uint32_t(nnz);
     batch_labels_ = uint32_t(n_labels);
     return max_labels;
@@ -437,7 +462,6 @@ void gpu_backend::ensure_work(uint32_t batch) {
     d_hidden_.resize(hidden, "hidden gradients");
     if (use_bf16()) hidden16_.resize(hidden, "bf16 hidden activations");
     loss_.resize(batch, "losses");
-    loss_host_.reserve(batch, "losses");
     if (lsh_output()) codes_.resize(size_t(batch) * shape_.config.layers[1].lsh.L, "LSH codes");
 }
 
@@ -530,13 +554,14 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
     HSLIDE_CHECK(batch.size > 0 && batch.data, "empty batch");
     activate();
     const drain_on_throw drain(stream_);
-    const auto t_start = clock_type::now();
+    const int parity = step_parity_;
+    cudaEvent_t* events = handles_.events[parity];
     const uint32_t b = batch.size;
     ensure_work(b);
-    HSLIDE_CUDA_CHECK(cudaEventRecord(events_[0], stream_));
+    HSLIDE_CUDA_CHECK(cudaEventRecord(events[0], stream_));
     const uint32_t max_labels = upload_batch(batch, /*check_labels=*/true);
     const batch_csr csr = device_batch(b);
-    HSLIDE_CUDA_CHECK(cudaEventRecord(events_[1], stream_));
+    HSLIDE_CUDA_CHECK(cudaEventRecord(events[1], stream_));
 
     device_layer& out = layers_[1];
     first_layer_forward(layers_[0].view(), csr, hidden_.data(),
@@ -545,15 +570,15 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
     const float inv_batch = 1.0f / float(b);
     uint32_t total = 0;
     if (lsh_output()) {
-        HSLIDE_CUDA_CHECK(cudaEventRecord(events_[2], stream_));
+        HSLIDE_CUDA_CHECK(cudaEventRecord(events[2], stream_));
         device_hash_.hash_rows(hidden_.data(), layers_[0].stride, b, codes_.data(), stream_);
-        HSLIDE_CUDA_CHECK(cudaEventRecord(events_[3], stream_));
+        HSLIDE_CUDA_CHECK(cudaEventRecord(events[3], stream_));
         total = build_active_sets(
             tables_.view(), codes_.data(), b, csr.label_offsets, csr.label_ids, max_labels,
             output_active_params(true, derive_seed(train_.seed ^ 0x5eedf111ULL, shape_.adam_step)),
             active_, stream_);
         active_entries = total;
-        HSLIDE_CUDA_CHECK(cudaEventRecord(events_[4], stream_));
+        HSLIDE_CUDA_CHECK(cudaEventRecord(events[4], stream_));
         logits_.reserve(std::max(total, 1u), "active logits");
         delta_.reserve(std::max(total, 1u), "active gradients");
         sparse_output_forward(out.view(), hidden_.data(), hidden16_.data(), use_bf16(),
@@ -561,17 +586,17 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
                               logits_.data(), stream_);
         softmax_loss(logits_.data(), nullptr, active_.offsets.data(), 0, /*labels_first=*/true, csr,
                      delta_.data(), loss_.data(), stream_);
-        HSLIDE_CUDA_CHECK(cudaEventRecord(events_[5], stream_));
+        HSLIDE_CUDA_CHECK(cudaEventRecord(events[5], stream_));
         sparse_output_backward(out.view(), use_bf16(), active_.offsets.data(), active_.ids.data(),
                                delta_.data(), hidden_.data(), b, d_hidden_.data(), stream_);
     } else {
-        for (int e = 2; e <= 4; ++e) HSLIDE_CUDA_CHECK(cudaEventRecord(events_[e], stream_));
+        for (int e = 2; e <= 4; ++e) HSLIDE_CUDA_CHECK(cudaEventRecord(events[e], stream_));
         logits_.reserve(size_t(b) * out.rows, "dense logits");
         delta_.reserve(size_t(b) * out.rows, "dense output gradients");
         dense_logits(b, logits_.data());
         softmax_loss(logits_.data(), out.bias.data(), nullptr, out.rows, /*labels_first=*/false,
                      csr, delta_.data(), loss_.data(), stream_);
-        HSLIDE_CUDA_CHECK(cudaEventRecord(events_[5], stream_));
+        HSLIDE_CUDA_CHECK(cudaEventRecord(events[5], stream_));
     }
 
     // The step counts once its update is queued (an error before leaves the count as it was).
@@ -580,7 +605,7 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
     const adam_params adam{learning_rate,       train_.adam_beta1, train_.adam_beta2,
                            train_.adam_epsilon, corrections.c1,    corrections.c2};
     if (lsh_output()) {
-        HSLIDE_CUDA_CHECK(cudaEventRecord(events_[6], stream_));
+        HSLIDE_CUDA_CHECK(cudaEventRecord(events[6], stream_));
         row_groups& g = output_groups_;
         g.reserve(total);
         if (total > 0) {
@@ -596,34 +621,56 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
     } else {
         dense_backward_and_update(b, inv_batch, adam);  // backward and update in one
         all_changed_[1] = true;
-        HSLIDE_CUDA_CHECK(cudaEventRecord(events_[6], stream_));
+        HSLIDE_CUDA_CHECK(cudaEventRecord(events[6], stream_));
     }
     first_layer_update(b, batch_nnz_, inv_batch, adam);
     shape_.adam_step = step;
-    HSLIDE_CUDA_CHECK(cudaMemcpyAsync(loss_host_.data(), loss_.data(), size_t(b) * 4,
+    // This parity's loss block was last read two steps ago (its report is taken).
+    loss_host_[parity].reserve(b, "losses");
+    HSLIDE_CUDA_CHECK(cudaMemcpyAsync(loss_host_[parity].data(), loss_.data(), size_t(b) * 4,
                                       cudaMemcpyDeviceToHost, stream_));
-    HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    HSLIDE_CUDA_CHECK(cudaEventRecord(events[7], stream_));
+    // The step before is done (in the LSH path the wait for the set sizes came after it), or
+    // finishes while this one is queued: its report goes back now, and this step runs on
+    // while the caller prepares the next batch.
+    step_report report = finish_pending_step();
+    pending_ = pending_step{true, parity, b, active_entries};
+    step_parity_ ^= 1;
+    return report;
+}
 
+step_report gpu_backend::finish_pending_step() {
     step_report report;
+    if (!pending_.active) return report;
+    pending_.active = false;  // an error below is reported once
+    cudaEvent_t* events = handles_.events[pending_.parity];
+    HSLIDE_CUDA_CHECK(cudaEventSynchronize(events[7]));
+    const uint32_t b = pending_.samples;
     report.samples = b;
-    for (uint32_t s = 0; s < b; ++s) report.loss_sum += loss_host_.data()[s];
-    report.active_per_layer = {uint64_t(b) * layers_[0].width, active_entries};
+    const float* loss = loss_host_[pending_.parity].data();
+    for (uint32_t s = 0; s < b; ++s) report.loss_sum += loss[s];
+    report.active_per_layer = {uint64_t(b) * layers_[0].width, pending_.active_entries};
     auto elapsed = [&](int from, int to) {
         float ms = 0;
-        HSLIDE_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[from], events_[to]));
+        HSLIDE_CUDA_CHECK(cudaEventElapsedTime(&ms, events[from], events[to]));
         return double(ms) / 1000.0;
     };
-    report.seconds = seconds_since(t_start);
+    // GPU time between the step's marks: waits for the host (staging the batch while the GPU
+    // was idle, reading the set sizes) fall into the stage they interrupt.
     stage_times& st = report.times;
     st.transfer = elapsed(0, 1);
     st.forward = elapsed(1, 2) + elapsed(4, 5);
     st.hashing = elapsed(2, 3);
     st.active_sets = elapsed(3, 4);
     st.backward = elapsed(5, 6);
-    // The rest: the update, and host work (staging the batch, waiting for the set sizes).
-    st.update = std::max(
-        0.0, report.seconds - st.transfer - st.forward - st.hashing - st.active_sets - st.backward);
+    st.update = elapsed(6, 7);
+    report.seconds = elapsed(0, 7);
     return report;
+}
+
+step_report gpu_backend::synchronize() {
+    activate();
+    return finish_pending_step();
 }
 
 void gpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scoring,
