@@ -733,9 +733,17 @@ TEST(HybridAdaptive, ParksAWorkerThatSlowsTheOthersMoreThanItAdds) {
     EXPECT_EQ(stats[0].parked_seconds, 0.0);
     // While worker 1 is parked, worker 0 trains alone and skips its merges.
     EXPECT_LT(stats[0].merges, stats[0].batches / 2) << stats[0].batches << " batches";
+    // Parked time between windows (an evaluation: here a sleep) is not the next window's.
+    ASSERT_GT(stats[1].parked_seconds, 0.0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    EXPECT_EQ(feed(*hybrid, data, 640, 64), 640u);
+    const auto next = hybrid->take_worker_stats();
+    ASSERT_EQ(next.size(), 2u);
+    EXPECT_LE(next[1].parked_seconds, next[1].wall_seconds + 1e-3);
     model_state merged;
     hybrid->export_state(merged, false);
-    expect_same_parameters(merged, counted_model(initial, n), "merged model");
+    // The second feed trained points 0..639 once more.
+    expect_same_parameters(merged, counted_model(counted_model(initial, n), 640), "merged model");
 }
 
 TEST(Hybrid, AWorkerAloneMergesOnlyWhenTheModelIsSynchronized) {

@@ -156,8 +156,8 @@ class hybrid_backend final : public backend {
 
     void run_worker(worker& w);
     /// After a batch of w: whether w merges now (its interval is up and another worker trains,
-    /// or one was just unparked).
-    bool should_merge(worker& w);
+    /// or one was just unparked: then `full`, the first layer too, for it to catch up).
+    bool should_merge(worker& w, bool& full);
     /// Adds w's change to the shared model and makes the result w's replica (w idle). The
     /// first layer takes part in every first_layer_merge_every-th merge, or when `full`. The
     /// passes use up to `threads` threads (0: w's merge threads).
@@ -328,10 +328,15 @@ void hybrid_backend::run_worker(worker& w) {
             if (w.options.injected_delay_per_sample > 0)
                 std::this_thread::sleep_for(std::chrono::duration<double>(
                     w.options.injected_delay_per_sample * double(rows.size())));
+            w.since_merge += rows.size();
+            bool full_merge = false;
+            const bool merge_now = should_merge(w, full_merge);
+            // A backend that returns before its step is done (the GPU's) finishes it here, so
+            // that the step's time counts as training, not as the merge's.
+            if (merge_now) report += w.device->synchronize();
             const double train_seconds = seconds_since(tt);
             const double train_cpu = thread_cpu_seconds() - cpu_train;
-            w.since_merge += rows.size();
-            if (should_merge(w)) merge(w, /*full=*/false);
+            if (merge_now) merge(w, full_merge);
 
             bool parked_with_changes = false;
             {
@@ -381,9 +386,13 @@ void hybrid_backend::run_worker(worker& w) {
     }
 }
 
-bool hybrid_backend::should_merge(worker& w) {
+bool hybrid_backend::should_merge(worker& w, bool& full) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (std::exchange(w.merge_pending, false)) return w.since_merge > 0;
+    full = false;
+    if (std::exchange(w.merge_pending, false)) {
+        full = true;
+        return w.since_merge > 0 || has_deferred(w);
+    }
     if (w.since_merge < w.merge_interval) return false;
     // Alone (the only worker, or every other one parked), nobody would take its changes: its
     // merges wait until another worker trains again or the model is synchronised. They are
@@ -463,6 +472,7 @@ void hybrid_backend::merge(worker& w, bool full, int threads) {
     // other row of the replica still equals its base, so its change there is zero).
     const bool tracked = w.device->take_changed_rows(w.changed);
     HSLIDE_ASSERT(tracked || !has_deferred(w));
+    HSLIDE_ASSERT(!tracked || w.changed.size() == shared_.layers.size());
     // The first layer's rows wait in the replica through the merges it skips: they stay
     // changed (replica != base), so the merge that includes the layer adds all of it.
     const bool defer_first = tracked && !full && options_.first_layer_merge_every > 1 &&
@@ -496,7 +506,6 @@ void hybrid_backend::merge(worker& w, bool full, int threads) {
     }
     const model_state& mine = held ? *held : w.staging;
     HSLIDE_ASSERT(mine.layers.size() == shared_.layers.size());
-    HSLIDE_ASSERT(!tracked || w.changed.size() == shared_.layers.size());
     w.pulled.resize(shared_.layers.size());
     uint64_t staleness = 0, rows_merged = 0;
     const auto t_wait = clock_type::now();
@@ -666,16 +675,24 @@ double hybrid_backend::merge_layer_locked(worker& w, size_t l, const layer_state
         // Contiguous row ranges, one per thread (a big layer's merge is bound by memory
         // bandwidth, which one core does not saturate); their rows to the replica are listed
         // in order after, and the backend refreshes them in one call (in parallel itself).
+        auto range_begin = [&](int t) {
+            return uint32_t(uint64_t(s.rows) * uint64_t(t) / uint64_t(threads));
+        };
         std::vector<std::vector<uint32_t>>& parts = w.merge_parts;
         parts.resize(size_t(threads));
-#pragma omp parallel num_threads(threads) reduction(+ : consumed)
-        {
-            const int t = omp_get_thread_num();
-            const uint32_t r0 = uint32_t(uint64_t(s.rows) * uint64_t(t) / uint64_t(threads));
-            const uint32_t r1 = uint32_t(uint64_t(s.rows) * uint64_t(t + 1) / uint64_t(threads));
+        for (int t = 0; t < threads; ++t) {
+            // Room for every row of the range: nothing allocates inside the parallel region
+            // (an exception there would end the process).
+            parts[size_t(t)].clear();
+            parts[size_t(t)].reserve(range_begin(t + 1) - range_begin(t));
+        }
+        // A loop over the ranges, not one range per thread: the team may be smaller than asked
+        // (OMP_THREAD_LIMIT, OMP_DYNAMIC), and every range must be merged.
+#pragma omp parallel for schedule(static, 1) num_threads(threads) reduction(+ : consumed)
+        for (int t = 0; t < threads; ++t) {
+            const uint32_t r0 = range_begin(t), r1 = range_begin(t + 1);
             const size_t next =
                 rows ? size_t(std::lower_bound(rows->begin(), rows->end(), r0) - rows->begin()) : 0;
-            parts[size_t(t)].clear();
             consumed += merge_range(r0, r1, next, parts[size_t(t)], [] {});
         }
         for (const auto& part : parts) pulled.insert(pulled.end(), part.begin(), part.end());
@@ -767,6 +784,8 @@ step_report hybrid_backend::train_batch(const batch_view& batch, float learning_
     if (!window_open_) {
         window_open_ = true;
         window_start_ = clock_type::now();
+        // Parked time counts within windows too.
+        for (const auto& w : workers_) probe_.take_parked_seconds(w->index, now());
     }
     for (uint32_t i = 0; i < batch.size; ++i) queue_.push_back({batch.rows[i], learning_rate});
     if (idle_) {
