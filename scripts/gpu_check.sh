@@ -94,7 +94,13 @@ tests | bench | reproduce)
     export HSLIDE_BINARY="$root/bin/hslide"  # the tests' CLI runs use the packed binary
     # Where PyTorch brings its own cuBLAS, gpu-dense can use it.
     if [[ -z ${HSLIDE_CUBLAS:-} ]]; then
-        torch_cublas=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(nvidia.cublas.__path__[0], "lib", "libcublas.so.12"))' 2>/dev/null || true)
+        # The newest libcublas.so.N under the nvidia wheels' folders (cu12: nvidia/cublas/lib,
+        # cu13 wheels may differ).
+        torch_cublas=$(python3 -c '
+import glob, os, re, nvidia
+found = [p for d in nvidia.__path__ for p in glob.glob(os.path.join(d, "**", "libcublas.so.*"), recursive=True)
+         if re.search(r"libcublas\.so\.[0-9]+$", p)]
+print(max(found, key=lambda p: int(p.rsplit(".", 1)[1])) if found else "")' 2>/dev/null || true)
         if [[ -n $torch_cublas && -f $torch_cublas ]]; then export HSLIDE_CUBLAS=$torch_cublas; fi
     fi
     { nvidia-smi || true; "$root/bin/hslide" info; } >"$out/machine.txt" 2>&1
