@@ -14,7 +14,8 @@
 #                                           # default amazon670k,wikilshtc325k,amazon3m) at full
 #                                           # label and feature counts, SCALE x the points
 #                                           # (default 0.1), EPOCHS each (default 2): gpu fp32,
-#                                           # gpu bf16, gpu-dense bf16 and cpu (all cores);
+#                                           # gpu bf16, gpu-dense bf16 and cpu (all cores),
+#                                           # batch 256; gpu bf16 at batch 1024 too and
 #                                           # hybrid cpu+gpu (adaptive) on amazon670k; gpu and
 #                                           # gpu-dense bf16 only on amazon3m (2,000 test
 #                                           # points scored)
@@ -48,7 +49,7 @@ pack_file=gpu-pack/hslide-gpu.tar.gz
 mode=${1:-}
 
 usage() {
-    sed -n '2,43p' "$0" >&2
+    sed -n '2,44p' "$0" >&2
     exit 2
 }
 
@@ -153,22 +154,28 @@ bench)
     for preset in ${presets//,/ }; do
         data="$work/data-$preset"
         "$root/bin/hslide" gen --preset "$preset" --scale "$scale" --out "$data" -q
+        # BACKEND PRECISION [BATCH] (default 256). On amazon670k, gpu bf16 at 1024 too: how much
+        # of a step at 256 is per-step overhead (launches, the wait for the set sizes) tells
+        # whether CUDA graphs and a wait-free step are worth building.
         configs=("gpu fp32" "gpu bf16" "gpu-dense bf16" "cpu fp32")
-        [[ $preset == amazon670k ]] && configs+=("hybrid fp32")
+        [[ $preset == amazon670k ]] && configs+=("gpu bf16 1024" "hybrid fp32")
         # 2.8M labels: exact scores of every test point would dominate the run.
         [[ $preset == amazon3m ]] && configs=("gpu bf16" "gpu-dense bf16")
         for config in "${configs[@]}"; do
-            read -r backend precision <<<"$config"
-            name="$preset-$backend-$precision"
+            read -r backend precision batch <<<"$config"
+            batch=${batch:-256}
+            name="$preset-$backend-$precision-b$batch"
+            label=$backend
+            [[ $batch == 256 ]] || label="$backend (batch $batch)"
             extra=()
             [[ $backend == hybrid ]] && extra=(--workers cpu,gpu --schedule adaptive)
             [[ $preset == amazon3m ]] && extra+=(--eval-max 2000)
             "$root/bin/hslide" train --train "$data/train.txt" --test "$data/test.txt" \
                 --backend "$backend" --precision "$precision" --epochs "$epochs" \
-                --batch-size 256 --no-progress --metrics-out "$work/$name.jsonl" "${extra[@]}" \
-                >"$work/$name.log" 2>&1 || echo "| $preset | $backend | $precision | failed: see $name.log in $mode-logs.tar.gz |" >>"$summary"
+                --batch-size "$batch" --no-progress --metrics-out "$work/$name.jsonl" "${extra[@]}" \
+                >"$work/$name.log" 2>&1 || echo "| $preset | $label | $precision | failed: see $name.log in $mode-logs.tar.gz |" >>"$summary"
             if [[ -s $work/$name.jsonl ]]; then
-                python3 - "$work/$name.jsonl" "$preset" "$backend" "$precision" >>"$summary" <<'EOF'
+                python3 - "$work/$name.jsonl" "$preset" "$label" "$precision" >>"$summary" <<'EOF'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 last = rows[-1]
