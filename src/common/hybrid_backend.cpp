@@ -134,8 +134,8 @@ class hybrid_backend final : public backend {
         row_sets changed, pulled;  // rows of its last merge: changes added, rows taken back
         row_sets chunk;            // rows of one layer imported at once
         std::vector<uint64_t> synced;  // per layer: the version its base rows are up to date with
-        row_sets deferred;  // per layer: rows changed, their merge deferred (the first layer)
-        uint32_t merges_without_first = 0;  // merges since its first layer last took part
+        std::vector<uint32_t> first_layer_waiting;  // first-layer rows changed, merge deferred
+        uint32_t merges_without_first = 0;          // merges since its first layer last took part
         int merge_threads = 1;
         std::vector<std::vector<uint32_t>> merge_parts;  // a parallel merge's rows, per thread
         uint32_t batch_size = 0;
@@ -162,8 +162,6 @@ class hybrid_backend final : public backend {
     /// first layer takes part in every first_layer_merge_every-th merge, or when `full`. The
     /// passes use up to `threads` threads (0: w's merge threads).
     void merge(worker& w, bool full, int threads = 0);
-    /// Rows whose merge w deferred.
-    static bool has_deferred(const worker& w);
     /// Under shared_mu_: copies into w's base, and lists in w.pulled, every row changed in the
     /// shared model since w's last sync; w is then synced at version_ (no merge deferred).
     void pull_locked(worker& w);
@@ -259,7 +257,6 @@ hybrid_backend::hybrid_backend(const hybrid_options& options, const model_state&
                            : wo.device.kind != "cpu" ? 1
                            : wo.device.threads > 0   ? wo.device.threads
                                                      : omp_get_max_threads();
-        w->deferred.assign(shared_.layers.size(), {});
         w->window.name = w->name;
         workers_.push_back(std::move(w));
     }
@@ -364,7 +361,7 @@ void hybrid_backend::run_worker(worker& w) {
                     choose_batch_sizes();
                 }
                 parked_with_changes =
-                    probe_.parked(w.index) && (w.since_merge > 0 || has_deferred(w));
+                    probe_.parked(w.index) && (w.since_merge > 0 || !w.first_layer_waiting.empty());
             }
             // A parked worker's changes reach the others now, not when it is back.
             if (parked_with_changes) merge(w, /*full=*/true);
@@ -391,7 +388,7 @@ bool hybrid_backend::should_merge(worker& w, bool& full) {
     full = false;
     if (std::exchange(w.merge_pending, false)) {
         full = true;
-        return w.since_merge > 0 || has_deferred(w);
+        return w.since_merge > 0 || !w.first_layer_waiting.empty();
     }
     if (w.since_merge < w.merge_interval) return false;
     // Alone (the only worker, or every other one parked), nobody would take its changes: its
@@ -459,19 +456,13 @@ void hybrid_backend::choose_batch_sizes() {
     }
 }
 
-bool hybrid_backend::has_deferred(const worker& w) {
-    for (const auto& rows : w.deferred)
-        if (!rows.empty()) return true;
-    return false;
-}
-
 void hybrid_backend::merge(worker& w, bool full, int threads) {
     const auto t0 = clock_type::now();
     const double cpu0 = thread_cpu_seconds();
     // The rows the replica changed since its last merge: only their change is added (every
     // other row of the replica still equals its base, so its change there is zero).
     const bool tracked = w.device->take_changed_rows(w.changed);
-    HSLIDE_ASSERT(tracked || !has_deferred(w));
+    HSLIDE_ASSERT(tracked || w.first_layer_waiting.empty());
     HSLIDE_ASSERT(!tracked || w.changed.size() == shared_.layers.size());
     // The first layer's rows wait in the replica through the merges it skips: they stay
     // changed (replica != base), so the merge that includes the layer adds all of it.
@@ -479,7 +470,7 @@ void hybrid_backend::merge(worker& w, bool full, int threads) {
                              shared_.layers.size() > 1 &&
                              ++w.merges_without_first < options_.first_layer_merge_every;
     if (tracked) {
-        std::vector<uint32_t>& waiting = w.deferred[0];
+        std::vector<uint32_t>& waiting = w.first_layer_waiting;
         std::vector<uint32_t> all;
         all.reserve(waiting.size() + w.changed[0].size());
         std::set_union(waiting.begin(), waiting.end(), w.changed[0].begin(), w.changed[0].end(),
@@ -706,7 +697,8 @@ void hybrid_backend::pull_locked(worker& w) {
     // A row whose version is at most w's synced version was last changed by a merge w has
     // already seen (versions are given and rows copied under this lock): its base holds it.
     // The scan is O(rows), 8 bytes a row, against O(changed rows x width) for the copies.
-    HSLIDE_ASSERT(!has_deferred(w));  // rows taken back would overwrite unmerged changes
+    // Rows taken back would overwrite unmerged changes.
+    HSLIDE_ASSERT(w.first_layer_waiting.empty());
     w.pulled.resize(shared_.layers.size());
     for (size_t l = 0; l < shared_.layers.size(); ++l) {
         const layer_state& s = shared_.layers[l];
@@ -753,7 +745,8 @@ void hybrid_backend::synchronize_models() {
     int threads = 0;
     for (const auto& w : workers_) threads += w->merge_threads;
     for (auto& w : workers_)
-        if (w->since_merge > 0 || has_deferred(*w)) merge(*w, /*full=*/true, threads);
+        if (w->since_merge > 0 || !w->first_layer_waiting.empty())
+            merge(*w, /*full=*/true, threads);
     for (auto& w : workers_) {
         {
             std::lock_guard<std::mutex> lock(shared_mu_);
@@ -855,7 +848,7 @@ void hybrid_backend::import_state(const model_state& in, bool with_optimizer) {
         w->base.hash_seeds = in.hash_seeds;
         if (with_optimizer) w->base.adam_step = in.adam_step;
         std::fill(w->synced.begin(), w->synced.end(), version_);
-        for (auto& rows : w->deferred) rows.clear();
+        w->first_layer_waiting.clear();
         w->merges_without_first = 0;
         w->since_merge = 0;
     }
