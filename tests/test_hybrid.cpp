@@ -789,6 +789,39 @@ TEST(Hybrid, UtilisationLeavesOutTheCallersTimeBetweenWindows) {
     }
 }
 
+TEST(Hybrid, UtilisationOfWindowsTakenWhileWorkersAreBusy) {
+    // The trainer takes an epoch's statistics without waiting for the workers when it does
+    // not evaluate: the work still queued or running belongs to the next window, and counts
+    // only from its start, so no window is busier than it is long.
+    const model_state initial = integral_model(15);
+    const uint32_t n = 200, windows = 4;
+    const dataset data = counting_dataset(n);
+    std::vector<counting_backend*> devices;
+    hybrid_options h = counting_workers({1e-4, 1e-4}, devices);
+    h.policy = schedule_policy::hogbatch;
+    auto hybrid = create_hybrid_backend(h, initial, train_config{});
+    std::vector<uint32_t> rows(n);
+    std::iota(rows.begin(), rows.end(), 0u);
+    uint64_t samples = 0;
+    for (uint32_t window = 0; window < windows; ++window) {
+        for (uint32_t begin = 0; begin < n; begin += 32)
+            hybrid->train_batch({&data, rows.data() + begin, std::min(32u, n - begin)}, 1e-3f);
+        const auto stats = hybrid->take_worker_stats();  // the queue still holds batches
+        for (const worker_stats& s : stats) {
+            samples += s.samples;
+            EXPECT_LE(s.utilisation(), 1.0 + 1e-9) << "window " << window << " " << s.name;
+        }
+        // Meanwhile the workers finish the last window's batches, in this window's time.
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    hybrid->synchronize();
+    for (const worker_stats& s : hybrid->take_worker_stats()) {
+        samples += s.samples;
+        EXPECT_LE(s.utilisation(), 1.0 + 1e-9) << "last window " << s.name;
+    }
+    EXPECT_EQ(samples, uint64_t(n) * windows);
+}
+
 TEST(HybridAdaptive, KeepsASlowWorkerThatHelps) {
     // Worker 1 is 4x slower and harms nobody: it adds about a quarter to the throughput, so
     // after being measured it keeps training, with its update share.

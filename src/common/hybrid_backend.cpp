@@ -201,7 +201,8 @@ class hybrid_backend final : public backend {
     const clock_type::time_point start_ = clock_type::now();
     clock_type::time_point window_start_ = start_;
     // A statistics window starts with its first queued batch: the caller's time between
-    // windows (evaluation, checkpoints, setup) is not the workers' idle time.
+    // windows (evaluation, checkpoints, setup) is not the workers' idle time. Where the
+    // workers still had work when the last window was taken, the next one starts then.
     bool window_open_ = false;
     detail::usefulness_probe probe_;
     bool idle_ = false;  // no queued work and no worker busy, since idle_since_
@@ -347,7 +348,9 @@ void hybrid_backend::run_worker(worker& w) {
                 worker_stats& s = w.window;
                 s.samples += rows.size();
                 s.batches += 1;
-                s.busy_seconds += seconds_since(t0);
+                // A batch that began before its window (taken while it ran) counts from the
+                // window's start.
+                s.busy_seconds += seconds_since(std::max(t0, window_start_));
                 s.train_cpu_seconds += train_cpu;
                 const uint32_t size = uint32_t(rows.size());
                 s.batch_min = s.batches == 1 ? size : std::min(s.batch_min, size);
@@ -871,7 +874,9 @@ std::vector<worker_stats> hybrid_backend::take_worker_stats() {
     std::lock_guard<std::mutex> lock(mu_);
     const double wall = seconds_since(window_start_);
     window_start_ = clock_type::now();
-    window_open_ = false;
+    // Work still queued or running belongs to the next window, which starts now; otherwise
+    // the next window starts with its first batch.
+    window_open_ = busy_ > 0 || !queue_.empty();
     uint64_t all_batches = 0;
     for (const auto& w : workers_) all_batches += w->window.batches;
     std::vector<worker_stats> out;
