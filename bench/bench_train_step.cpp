@@ -99,7 +99,7 @@ void train_step(benchmark::State& state, step_config sc) {
             model->train_batch({&data, order.data() + next, batch_size}, tc.learning_rate);
         next += batch_size;
         samples += r.samples;
-        active += r.active_per_layer.back();
+        if (!r.active_per_layer.empty()) active += r.active_per_layer.back();
         times += r.times;
     }
     // Milliseconds per batch in each stage (CPU time per thread, averaged over threads).

@@ -113,7 +113,9 @@ epoch_record trainer::run_epoch(bool synchronize_at_end) {
     auto add_report = [&](const step_report& report, size_t at_sample) {
         HSLIDE_CHECK_KIND(
             std::isfinite(report.loss_sum), error_kind::runtime,
-            "training diverged at epoch {}, sample {} (loss is {}); lower the learning rate",
+            // A backend may report a batch with a later call (GPU, hybrid): "at or before".
+            "training diverged in epoch {}, at or before sample {} (loss is {}); lower the "
+            "learning rate",
             record.epoch, at_sample, report.loss_sum);
         loss_sum += report.loss_sum;
         if (!report.active_per_layer.empty()) active_output += report.active_per_layer.back();

@@ -7,16 +7,11 @@
 // structs of raw pointers, valid on whichever side owns the memory.
 #pragma once
 
+#include "host_device.hpp"
 #include "hslide/rng.hpp"
 
 #include <cstdint>
 #include <limits>
-
-#if defined(__CUDACC__)
-#define HSLIDE_HD __host__ __device__
-#else
-#define HSLIDE_HD
-#endif
 
 namespace hslide::gpu {
 

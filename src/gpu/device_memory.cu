@@ -19,6 +19,14 @@ void* device_allocate(size_t bytes, const char* what) {
     void* p = nullptr;
     const cudaError_t status = cudaMalloc(&p, bytes);
     if (status == cudaSuccess) return p;
+    if (status != cudaErrorMemoryAllocation)
+        // A sticky error of earlier work (a kernel's illegal address) surfaces at the next
+        // allocation: it is not a shortage of memory.
+        throw error(
+            error_kind::runtime,
+            fmt::format("CUDA error while allocating {} for {}: {} ({}), most likely "
+                        "from earlier GPU work on this device",
+                        mib(bytes), what, cudaGetErrorName(status), cudaGetErrorString(status)));
     cudaGetLastError();  // an allocation failure is not sticky: clear it before asking for info
     size_t free_bytes = 0, total_bytes = 0;
     cudaMemGetInfo(&free_bytes, &total_bytes);

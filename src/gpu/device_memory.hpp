@@ -99,6 +99,7 @@ class pinned_array {
         if (n <= size_) return;
         if (data_) cudaFreeHost(data_);
         data_ = nullptr;
+        size_ = 0;  // a failed allocation below leaves an empty array, not a dangling size
         // 1.5x growth: batches vary in size, and reallocating pinned memory is slow.
         const size_t grown = n + n / 2;
         data_ = static_cast<T*>(pinned_allocate(grown * sizeof(T), what));

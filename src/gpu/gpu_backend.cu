@@ -318,7 +318,13 @@ void gpu_backend::upload_layer(size_t l, const layer_state& src, bool with_optim
     dst.width = shape.width;
     dst.stride = shape.stride;
     const size_t n = size_t(shape.rows) * shape.stride;
-    const size_t n_bias = src.bias.size();
+    // Layer 0's bias is one per hidden neuron, a later layer's one per row.
+    const size_t n_bias = l == 0 ? shape.width : shape.rows;
+    HSLIDE_CHECK(src.weights.size() == n && src.bias.size() == n_bias,
+                 "imported layer {} has {} weights and {} biases, expected {} and {}", l,
+                 src.weights.size(), src.bias.size(), n, n_bias);
+    const bool has_moments = src.adam_m.size() == n && src.adam_v.size() == n &&
+                             src.bias_m.size() == n_bias && src.bias_v.size() == n_bias;
     dst.weights.resize(n, l == 0 ? "first-layer weights" : "output-layer weights");
     dst.bias.resize(n_bias, "biases");
     const bool fresh = dst.adam_m.size() != n;
@@ -332,7 +338,7 @@ void gpu_backend::upload_layer(size_t l, const layer_state& src, bool with_optim
     };
     put(dst.weights.data(), src.weights.data(), n);
     put(dst.bias.data(), src.bias.data(), n_bias);
-    if (with_optimizer && src.adam_m.size() == n) {
+    if (with_optimizer && has_moments) {
         put(dst.adam_m.data(), src.adam_m.data(), n);
         put(dst.adam_v.data(), src.adam_v.data(), n);
         put(dst.bias_m.data(), src.bias_m.data(), n_bias);

@@ -1,6 +1,7 @@
 // The GPU backend's layer kernels (see gpu_layers.cuh for what each computes).
 #include "gpu_layers.cuh"
 #include "launch.cuh"
+#include "online_softmax.hpp"
 
 #include <algorithm>
 #include <cfloat>
@@ -18,22 +19,17 @@ __device__ float warp_sum(float v) {
     for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
-__device__ float warp_max(float v) {
-    for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
 
-// Block-wide sum or max (every thread gets the result); `scratch` holds 32 floats.
-template <bool is_max>
-__device__ float block_reduce(float v, float* scratch) {
-    v = is_max ? warp_max(v) : warp_sum(v);
+// Block-wide sum (every thread gets the result); `scratch` holds 32 floats.
+__device__ float block_sum(float v, float* scratch) {
+    v = warp_sum(v);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     __syncthreads();  // scratch may still be read by a previous reduction
     if (lane == 0) scratch[warp] = v;
     __syncthreads();
     const int n_warps = blockDim.x / 32;
-    v = lane < n_warps ? scratch[lane] : (is_max ? -FLT_MAX : 0.0f);
-    return is_max ? warp_max(v) : warp_sum(v);
+    v = lane < n_warps ? scratch[lane] : 0.0f;
+    return warp_sum(v);
 }
 
 // Four weights of a row as floats: fp32 master or bf16 copy.
@@ -126,10 +122,31 @@ __global__ void sparse_output_forward_kernel(const W* weights, const float* bias
     if (lane == 0) logits[e] = acc + bias[j];
 }
 
+__device__ max_sum warp_combine(max_sum v) {
+    for (int o = 16; o > 0; o /= 2)
+        v = max_sum_combine(
+            v, {__shfl_xor_sync(0xffffffffu, v.max, o), __shfl_xor_sync(0xffffffffu, v.sum, o)});
+    return v;
+}
+// Block-wide combine (every thread gets the result); `scratch` holds 64 floats.
+__device__ max_sum block_combine(max_sum v, float* scratch) {
+    v = warp_combine(v);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __syncthreads();  // scratch may still be read by a previous reduction
+    if (lane == 0) {
+        scratch[warp] = v.max;
+        scratch[32 + warp] = v.sum;
+    }
+    __syncthreads();
+    const int n_warps = blockDim.x / 32;
+    v = lane < n_warps ? max_sum{scratch[lane], scratch[32 + lane]} : max_sum{};
+    return warp_combine(v);
+}
+
 __global__ void softmax_loss_kernel(float* logits, const float* bias, const uint32_t* offsets,
                                     uint32_t n_columns, bool labels_first, batch_csr batch,
                                     float* delta, float* loss) {
-    __shared__ float scratch[32];
+    __shared__ float scratch[64];
     const uint32_t s = blockIdx.x;
     const uint64_t begin = offsets ? offsets[s] : uint64_t(s) * n_columns;
     const uint64_t end = offsets ? offsets[s + 1] : begin + n_columns;
@@ -140,22 +157,17 @@ __global__ void softmax_loss_kernel(float* logits, const float* bias, const uint
         if (threadIdx.x == 0) loss[s] = 0.0f;
         return;
     }
-    float m = -FLT_MAX;
+    // Online maximum: the maximum and the partition function in one pass over the logits.
+    max_sum ms;
     for (uint64_t e = begin + threadIdx.x; e < end; e += blockDim.x) {
         float l = logits[e];
         if (!offsets && bias) logits[e] = l = l + bias[e - begin];
-        m = fmaxf(m, l);
+        ms = max_sum_add(ms, l);
     }
-    m = block_reduce<true>(m, scratch);
-    float sum = 0.0f;
-    for (uint64_t e = begin + threadIdx.x; e < end; e += blockDim.x) {
-        const float p = __expf(logits[e] - m);
-        delta[e] = p;
-        sum += p;
-    }
-    sum = block_reduce<false>(sum, scratch);
-    const float inv_sum = 1.0f / sum, log_partition = m + logf(sum);
-    for (uint64_t e = begin + threadIdx.x; e < end; e += blockDim.x) delta[e] *= inv_sum;
+    ms = block_combine(ms, scratch);
+    const float m = ms.max, inv_sum = 1.0f / ms.sum, log_partition = m + logf(ms.sum);
+    for (uint64_t e = begin + threadIdx.x; e < end; e += blockDim.x)
+        delta[e] = __expf(logits[e] - m) * inv_sum;  // this thread's own writes above
     __syncthreads();
     const float target = 1.0f / float(n_labels);
     float sample_loss = 0.0f;
@@ -164,7 +176,7 @@ __global__ void softmax_loss_kernel(float* logits, const float* bias, const uint
         delta[e] -= target;
         sample_loss -= target * (logits[e] - log_partition);
     }
-    sample_loss = block_reduce<false>(sample_loss, scratch);
+    sample_loss = block_sum(sample_loss, scratch);
     if (threadIdx.x == 0) loss[s] = sample_loss;
 }
 
@@ -427,6 +439,7 @@ __global__ void top_k_one_pass_kernel(const float* scores, const uint32_t* offse
 
 void first_layer_forward(const layer_view& layer, const batch_csr& batch, float* hidden,
                          __nv_bfloat16* hidden16, cudaStream_t stream) {
+    if (batch.size == 0) return;  // a grid of no blocks is a launch error
     const uint32_t threads = std::min<uint32_t>(layer.stride, 256);
     if (layer.weights16)
         first_layer_forward_kernel<<<batch.size, threads, 0, stream>>>(
@@ -456,6 +469,7 @@ void sparse_output_forward(const layer_view& layer, const float* hidden,
 void softmax_loss(float* logits, const float* bias, const uint32_t* offsets, uint32_t n_columns,
                   bool labels_first, const batch_csr& batch, float* delta, float* loss,
                   cudaStream_t stream) {
+    if (batch.size == 0) return;
     softmax_loss_kernel<<<batch.size, block_threads, 0, stream>>>(logits, bias, offsets, n_columns,
                                                                   labels_first, batch, delta, loss);
     HSLIDE_CUDA_LAUNCH();
@@ -464,6 +478,7 @@ void softmax_loss(float* logits, const float* bias, const uint32_t* offsets, uin
 void sparse_output_backward(const layer_view& layer, bool bf16, const uint32_t* offsets,
                             const uint32_t* ids, const float* delta, const float* hidden,
                             uint32_t batch, float* d_hidden, cudaStream_t stream) {
+    if (batch == 0) return;
     HSLIDE_ASSERT(layer.stride <= 32 * 4 * max_chunks_per_lane);
     const size_t shared = size_t(warps_per_block) * layer.stride * sizeof(float);
     if (bf16)
@@ -478,6 +493,7 @@ void sparse_output_backward(const layer_view& layer, bool bf16, const uint32_t* 
 void relu_backward(const float* hidden, uint32_t batch, uint32_t stride, float* d_hidden,
                    cudaStream_t stream) {
     const size_t n = size_t(batch) * stride;
+    if (n == 0) return;
     relu_backward_kernel<<<blocks_for(n, block_threads), block_threads, 0, stream>>>(hidden, n,
                                                                                      d_hidden);
     HSLIDE_CUDA_LAUNCH();
@@ -535,6 +551,7 @@ void dense_adam(const layer_view& layer, const float* gradient, const float* bia
 
 void column_sums(const float* delta, uint32_t batch, uint32_t n, float inv_batch,
                  float* bias_gradient, cudaStream_t stream) {
+    if (n == 0) return;
     column_sums_kernel<<<blocks_for(n, block_threads), block_threads, 0, stream>>>(
         delta, batch, n, inv_batch, bias_gradient);
     HSLIDE_CUDA_LAUNCH();
@@ -548,6 +565,7 @@ void to_bf16(const float* in, __nv_bfloat16* out, size_t n, cudaStream_t stream)
 
 void nonzero_keys(const batch_csr& batch, uint32_t* keys, uint32_t* sample, uint32_t* index,
                   cudaStream_t stream) {
+    if (batch.size == 0) return;
     nonzero_keys_kernel<<<batch.size, 128, 0, stream>>>(batch, keys, sample, index);
     HSLIDE_CUDA_LAUNCH();
 }
@@ -561,6 +579,7 @@ void iota(uint32_t* index, uint32_t n, cudaStream_t stream) {
 void top_k(const float* scores, const uint32_t* offsets, const uint32_t* ids, uint32_t n_columns,
            uint32_t batch, uint32_t k, uint32_t* out_labels, float* out_scores, cudaStream_t stream,
            const float* bias) {
+    if (batch == 0 || k == 0) return;  // k = 0 would index the empty list at k - 1
     if (k <= top_k_local_max)
         top_k_one_pass_kernel<<<batch, block_threads, 0, stream>>>(scores, offsets, ids, n_columns,
                                                                    k, bias, out_labels, out_scores);

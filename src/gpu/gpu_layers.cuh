@@ -63,7 +63,8 @@ void sparse_output_forward(const layer_view& layer, const float* hidden,
 /// [offsets[s], offsets[s + 1]) (or n_columns consecutive ones per sample when offsets is
 /// null, adding bias[j] to column j first). The target is 1/|y| on each label: the first |y|
 /// entries when labels_first, else the label columns. delta = softmax - target; loss[s] is
-/// the sample's cross-entropy (0 without labels, delta 0 then too).
+/// the sample's cross-entropy (0 without labels, delta 0 then too). One pass over the logits
+/// gives their maximum and partition sum together (online_softmax.hpp), a second writes delta.
 void softmax_loss(float* logits, const float* bias, const uint32_t* offsets, uint32_t n_columns,
                   bool labels_first, const batch_csr& batch, float* delta, float* loss,
                   cudaStream_t stream);

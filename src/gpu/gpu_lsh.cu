@@ -142,6 +142,7 @@ void device_tables::build(const uint32_t* codes, uint32_t n_items, int L, int co
     HSLIDE_CHECK(n64 < (uint64_t{1} << 31), "GPU LSH tables hold at most 2^31 entries, got {}",
                  n64);
     const uint32_t n = uint32_t(n64);
+    HSLIDE_ASSERT(n > 0);  // layers have rows and tables (validated configurations)
     const int table_bits = bits_for(uint64_t(L));
     const int priority_bits = 64 - table_bits - code_bits;
     HSLIDE_ASSERT(priority_bits >= 1);
@@ -438,6 +439,10 @@ __global__ void compact_kernel(const uint32_t* padded, uint32_t max_per_sample,
 }
 
 uint32_t next_pow2(uint64_t n) {
+    HSLIDE_CHECK(n <= (uint64_t{1} << 31),
+                 "an active-set hash set of {} slots is too large for the GPU backend: use a "
+                 "smaller --min-active or fewer tables",
+                 n);
     uint32_t p = 1;
     while (p < n) p <<= 1;
     return p;
@@ -449,6 +454,7 @@ uint32_t build_active_sets(const tables_view& tables, const uint32_t* codes, uin
                            const uint32_t* label_offsets, const uint32_t* label_ids,
                            uint32_t max_labels, const active_set_params& p, active_sets& out,
                            cudaStream_t stream) {
+    if (batch == 0) return 0;  // a grid of no blocks is a launch error
     const uint64_t from_buckets =
         std::min<uint64_t>(uint64_t(p.L) * uint64_t(p.bucket_capacity), p.n_items);
     const uint64_t fill = std::min(p.min_active, p.n_items);
