@@ -158,21 +158,23 @@ bench)
     for preset in ${presets//,/ }; do
         data="$work/data-$preset"
         "$root/bin/hslide" gen --preset "$preset" --scale "$scale" --out "$data" -q
-        # BACKEND PRECISION [BATCH] (default 256). On amazon670k, gpu bf16 at 1024 too: how much
-        # of a step at 256 is per-step overhead (launches, the wait for the set sizes) tells
-        # whether CUDA graphs and a wait-free step are worth building.
+        # BACKEND PRECISION [BATCH [async]] (default 256). On amazon670k, gpu bf16 at 1024 too:
+        # how much of a step at 256 is per-step overhead (launches, the wait for the set sizes)
+        # tells whether CUDA graphs and a wait-free step are worth building; and with the table
+        # rebuilds on a side stream (--gpu-async-rebuild), to decide its default.
         configs=("gpu fp32" "gpu bf16" "gpu-dense bf16" "cpu fp32")
-        [[ $preset == amazon670k ]] && configs+=("gpu bf16 1024" "hybrid fp32")
+        [[ $preset == amazon670k ]] && configs+=("gpu bf16 1024" "gpu bf16 256 async" "hybrid fp32")
         # 2.8M labels: exact scores of every test point would dominate the run.
         [[ $preset == amazon3m ]] && configs=("gpu bf16" "gpu-dense bf16")
         for config in "${configs[@]}"; do
-            read -r backend precision batch <<<"$config"
+            read -r backend precision batch async <<<"$config"
             batch=${batch:-256}
-            name="$preset-$backend-$precision-b$batch"
+            name="$preset-$backend-$precision-b$batch${async:+-async}"
             label=$backend
             [[ $batch == 256 ]] || label="$backend (batch $batch)"
             extra=()
-            [[ $backend == hybrid ]] && extra=(--workers cpu,gpu --schedule adaptive)
+            [[ -n $async ]] && { extra=(--gpu-async-rebuild); label="$label (async rebuild)"; }
+            [[ $backend == hybrid ]] && extra+=(--workers cpu,gpu --schedule adaptive)
             [[ $preset == amazon3m ]] && extra+=(--eval-max 2000)
             "$root/bin/hslide" train --train "$data/train.txt" --test "$data/test.txt" \
                 --backend "$backend" --precision "$precision" --epochs "$epochs" \

@@ -14,6 +14,7 @@
 #include "hslide/rng.hpp"
 #include "test_util.hpp"
 #if HSLIDE_HAVE_CUDA
+#include "gpu/gpu_backend.hpp"
 #include "gpu/gpu_testing.hpp"
 #endif
 
@@ -282,10 +283,12 @@ model_config two_layer_config(sparsity_mode output, uint32_t hidden = 33) {
 }
 
 std::unique_ptr<backend> make_gpu(const model_state& m, const train_config& tc, const char* kind,
-                                  precision_mode precision = precision_mode::fp32) {
+                                  precision_mode precision = precision_mode::fp32,
+                                  bool async_rebuild = false) {
     backend_options o;
     o.kind = kind;
     o.precision = precision;
+    o.gpu_async_rebuild = async_rebuild;
     return create_backend(o, m, tc);
 }
 
@@ -480,6 +483,71 @@ TEST(GpuBackend, ExactPredictionsAndExportImportMatchTheCpu) {
     again->predict(all, k, scoring_mode::lsh, al.data(), as.data());
     for (size_t i = 0; i < al.size(); ++i) EXPECT_LT(al[i], 70u);
 }
+
+#if HSLIDE_HAVE_CUDA
+TEST(GpuBackend, AsyncTableRebuildsBuildTheSameTablesAndOverlapTraining) {
+    HSLIDE_REQUIRE_GPU();
+    // LSH scoring that depends on the tables: a few candidates per sample, filled to 4.
+    model_config config = two_layer_config(sparsity_mode::lsh);
+    config.layers[1].active.min_active = 4;
+    const model_state before = model_state::create(config, 21);
+    const model_state after = model_state::create(config, 22);  // other weights
+    train_config tc;
+    auto sync = make_gpu(before, tc, "gpu");
+    auto stale = make_gpu(before, tc, "gpu");
+    auto async = make_gpu(before, tc, "gpu", precision_mode::fp32, /*async_rebuild=*/true);
+    const dataset data = random_dataset(100, 50, 70, 23);
+    std::vector<uint32_t> rows(data.size());
+    std::iota(rows.begin(), rows.end(), 0u);
+    const uint32_t k = 3;
+    auto lsh_top = [&](backend& b) {
+        std::vector<uint32_t> labels(data.size() * k);
+        std::vector<float> scores(labels.size());
+        b.predict({&data, rows.data(), uint32_t(data.size())}, k, scoring_mode::lsh, labels.data(),
+                  scores.data());
+        return labels;
+    };
+    // New weights in every row (hash functions and step count kept), then a rebuild.
+    row_sets all(2);
+    for (size_t l = 0; l < 2; ++l) {
+        all[l].resize(before.layers[l].rows);
+        std::iota(all[l].begin(), all[l].end(), 0u);
+    }
+    for (auto* b : {sync.get(), stale.get(), async.get()}) b->import_rows(after, all);
+    sync->rebuild_tables(false);
+    async->rebuild_tables(false);
+    gpu::finish_table_rebuild(*async);
+    const auto rebuilt = lsh_top(*sync);
+    ASSERT_NE(lsh_top(*stale), rebuilt) << "the tables must matter for this test to say anything";
+    EXPECT_EQ(lsh_top(*async), rebuilt) << "the side stream's tables, once swapped in";
+
+    // Rebuilds asked for at every step, faster than some complete: training goes on with the
+    // tables in use, every step is reported once, and the rebuilds' GPU time is reported.
+    uint64_t samples = 0;
+    double rebuild_seconds = 0;
+    for (int step = 0; step < 20; ++step) {
+        const step_report r = async->train_batch({&data, rows.data() + (step % 4) * 25, 25}, 0.01f);
+        EXPECT_TRUE(std::isfinite(r.loss_sum)) << "step " << step;
+        samples += r.samples;
+        rebuild_seconds += r.times.rebuild;
+        async->rebuild_tables(false);
+    }
+    gpu::finish_table_rebuild(*async);
+    const step_report last = async->synchronize();
+    samples += last.samples;
+    rebuild_seconds += last.times.rebuild;
+    EXPECT_EQ(samples, 20u * 25u);
+    EXPECT_GT(rebuild_seconds, 0.0);
+    // And the swapped-in tables are those of the trained weights: an export imported into a
+    // synchronous backend (which rebuilds from it) scores alike.
+    model_state trained;
+    async->export_state(trained, true);
+    sync->import_state(trained, true);
+    async->rebuild_tables(false);  // at the same step count as the import's rebuild
+    gpu::finish_table_rebuild(*async);
+    EXPECT_EQ(lsh_top(*async), lsh_top(*sync));
+}
+#endif  // HSLIDE_HAVE_CUDA
 
 // Rows of layer l that differ between two states (weights or, past layer 0, bias).
 std::set<uint32_t> rows_that_differ(const model_state& a, const model_state& b, size_t l) {

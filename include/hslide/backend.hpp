@@ -103,7 +103,8 @@ class backend {
     virtual step_report train_batch(const batch_view& batch, float learning_rate) = 0;
 
     /// Recomputes every sparse layer's tables; with `new_functions`, first draws new hash
-    /// functions (from the seed stream it was created with).
+    /// functions (from the seed stream it was created with). A backend may rebuild in the
+    /// background (the GPU's gpu_async_rebuild): lookups use the old tables until then.
     virtual void rebuild_tables(bool new_functions) = 0;
 
     /// Top-k labels per sample: labels[s*k + i], scores[s*k + i], best first; padded with
@@ -177,6 +178,10 @@ struct backend_options {
     std::string kind = "cpu";
     int threads = 0;  ///< CPU threads (0 = all)
     int device = 0;   ///< GPU index
+    /// GPU: rebuild LSH tables on a side stream while training goes on with the old ones,
+    /// swapped for the new ones when they are done (the functions' own rehashes excepted);
+    /// off: the step after a rebuild uses the new tables.
+    bool gpu_async_rebuild = false;
     precision_mode precision = precision_mode::fp32;
     /// CPU kernel level; unset = active_isa() (the --isa flag, HSLIDE_ISA or the best level).
     std::optional<isa_level> isa;

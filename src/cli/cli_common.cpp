@@ -258,12 +258,16 @@ void add_compute_options(CLI::App& app, compute_options& o) {
     app.add_option("--gpu", o.gpu, "GPU index for --backend gpu/gpu-dense and hybrid gpu workers")
         ->check(CLI::NonNegativeNumber)
         ->capture_default_str();
+    app.add_flag("--gpu-async-rebuild", o.gpu_async_rebuild,
+                 "GPU: rebuild the LSH tables on a side stream while training goes on with the "
+                 "old ones, swapped in when done (default: the next step waits for them)");
 }
 
 void apply_compute_options(const compute_options& o, backend_options& backend) {
     if (o.isa != "auto") set_active_isa(parse_isa(o.isa));
     backend.precision = parse_precision(o.precision);
     backend.device = o.gpu;
+    backend.gpu_async_rebuild = o.gpu_async_rebuild;
 }
 
 void add_hybrid_options(CLI::App& app, hybrid_cli& o) {

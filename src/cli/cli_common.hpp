@@ -70,6 +70,7 @@ struct compute_options {
     std::string isa = "auto";
     std::string precision = "fp32";
     int gpu = 0;  ///< GPU index for the gpu backends and hybrid gpu workers
+    bool gpu_async_rebuild = false;
 };
 void add_compute_options(CLI::App& app, compute_options& options);
 /// Forces the ISA level process-wide (hashing included) unless "auto", and fills the backend

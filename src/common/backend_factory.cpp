@@ -77,7 +77,7 @@ std::unique_ptr<backend> create_backend(const backend_options& options, model_st
     if (options.kind == "gpu" || options.kind == "gpu-dense") {
 #if HSLIDE_HAVE_CUDA
         return gpu::create_gpu_backend(std::move(initial), train, options.device, options.precision,
-                                       options.kind == "gpu-dense");
+                                       options.kind == "gpu-dense", options.gpu_async_rebuild);
 #else
         throw error(error_kind::unsupported,
                     "--backend=" + options.kind +

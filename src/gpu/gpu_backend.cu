@@ -125,7 +125,7 @@ struct row_groups {
 class gpu_backend final : public backend {
   public:
     gpu_backend(model_state initial, const train_config& train, int device,
-                precision_mode precision, bool dense_output);
+                precision_mode precision, bool dense_output, bool async_rebuild);
     ~gpu_backend() override;
 
     step_report train_batch(const batch_view& batch, float learning_rate) override;
@@ -140,6 +140,16 @@ class gpu_backend final : public backend {
     void import_rows(const model_state& in, const row_sets& rows) override;
     backend_info info() const override;
 
+    /// Waits for the table rebuilds asked for so far and puts the last one in use.
+    void finish_table_rebuild() {
+        activate();
+        adopt_rebuilt_tables(/*wait=*/true);
+        if (rebuild_wanted_) {
+            start_async_rebuild();
+            adopt_rebuilt_tables(/*wait=*/true);
+        }
+    }
+
   private:
     /// Rows of a layer moved per transfer: bounds the pinned and device staging blocks.
     static constexpr uint32_t rows_per_chunk = 65536;
@@ -152,7 +162,17 @@ class gpu_backend final : public backend {
     void ensure_work(uint32_t batch);
     void upload_layer(size_t l, const layer_state& src, bool with_optimizer);
     void refresh_bf16(size_t l);
+    /// Rebuilds the tables in use on the main stream (new hash functions first if the seed
+    /// changed), after any rebuild still running on the side stream.
     void rebuild_output_tables();
+    /// Hashes the output layer's rows and builds `tables` from them on `stream`.
+    void build_output_tables(device_tables& tables, cudaStream_t stream);
+    /// Starts a rebuild into the spare tables on the side stream, after the work queued so
+    /// far; the steps go on with the tables in use until it lands.
+    void start_async_rebuild();
+    /// Puts a rebuild from the side stream in use once it is done (with `wait`: waits for it).
+    /// A rebuild asked for meanwhile (rebuild_wanted_) is the caller's to start.
+    void adopt_rebuilt_tables(bool wait);
     bool use_bf16() const { return precision_ == precision_mode::bf16; }
     bool lsh_output() const { return !dense_output_; }
     /// logits (batch x n_out) = hidden . W^T, fp32 or bf16 tensor cores.
@@ -178,6 +198,7 @@ class gpu_backend final : public backend {
     std::string device_name_;
     precision_mode precision_;
     bool dense_output_;
+    bool async_rebuild_;
     /// The stream, cuBLAS handle and timing events, released by their own destructor so that
     /// a constructor that throws part-way (out of memory) leaks none of them.
     struct cuda_handles {
@@ -186,16 +207,24 @@ class gpu_backend final : public backend {
         cublasHandle_t blas = nullptr;
         cudaEvent_t events[2][8] = {};  // a step's stage boundaries, by step parity
         cudaEvent_t staged[2] = {};     // each staging block's last copy to the device
+        // Asynchronous table rebuilds: their stream, the main stream's point they start
+        // after, and their start and end (timed).
+        cudaStream_t side = nullptr;
+        cudaEvent_t weights_ready = nullptr, rebuild_begin = nullptr, rebuild_end = nullptr;
         ~cuda_handles() {
             // Errors are ignored: a destructor must not throw (the process may be exiting).
             cudaSetDevice(device);
             if (stream) cudaStreamSynchronize(stream);
+            if (side) cudaStreamSynchronize(side);
             if (blas) cublas().destroy(blas);
             for (auto& set : events)
                 for (cudaEvent_t e : set)
                     if (e) cudaEventDestroy(e);
             for (cudaEvent_t e : staged)
                 if (e) cudaEventDestroy(e);
+            for (cudaEvent_t e : {weights_ready, rebuild_begin, rebuild_end})
+                if (e) cudaEventDestroy(e);
+            if (side) cudaStreamDestroy(side);
             if (stream) cudaStreamDestroy(stream);
         }
     };
@@ -206,8 +235,15 @@ class gpu_backend final : public backend {
     device_layer layers_[2];
     std::unique_ptr<hash_family> hash_;  // host copy: the functions' seed and arrays
     device_hash_family device_hash_;
-    device_tables tables_;
+    // tables_[front_] serve the lookups; an asynchronous rebuild writes the other, which is
+    // swapped in when it is done. One build runs at a time: they share the codes and scratch.
+    device_tables tables_[2];
+    int front_ = 0;
+    table_build_scratch table_scratch_;
     device_array<uint32_t> table_codes_;
+    bool rebuild_in_flight_ = false;
+    bool rebuild_wanted_ = false;  // asked for while one ran: started when that one lands
+    double rebuild_seconds_ = 0;   // GPU time of the rebuilds landed since the last report
 
     // The batch: pinned blocks (two, used in turn) and one device block with the same layout.
     pinned_array<uint32_t> staging_[2];
@@ -251,8 +287,8 @@ class gpu_backend final : public backend {
 };
 
 gpu_backend::gpu_backend(model_state initial, const train_config& train, int device,
-                         precision_mode precision, bool dense_output)
-    : train_(train), device_(device), precision_(precision) {
+                         precision_mode precision, bool dense_output, bool async_rebuild)
+    : train_(train), device_(device), precision_(precision), async_rebuild_(async_rebuild) {
     validate(initial.config);
     const model_config& config = initial.config;
     HSLIDE_CHECK_KIND(config.layers.size() == 2, error_kind::unsupported,
@@ -288,6 +324,13 @@ gpu_backend::gpu_backend(model_state initial, const train_config& train, int dev
         for (auto& e : set) HSLIDE_CUDA_CHECK(cudaEventCreate(&e));
     for (auto& e : handles_.staged)
         HSLIDE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    if (async_rebuild_ && lsh_output()) {
+        HSLIDE_CUDA_CHECK(cudaStreamCreateWithFlags(&handles_.side, cudaStreamNonBlocking));
+        HSLIDE_CUDA_CHECK(
+            cudaEventCreateWithFlags(&handles_.weights_ready, cudaEventDisableTiming));
+        HSLIDE_CUDA_CHECK(cudaEventCreate(&handles_.rebuild_begin));
+        HSLIDE_CUDA_CHECK(cudaEventCreate(&handles_.rebuild_end));
+    }
     if (dense_output_) {
         HSLIDE_CUBLAS_CHECK(cublas().create(&blas_));
         HSLIDE_CUBLAS_CHECK(cublas().set_stream(blas_, stream_));
@@ -308,6 +351,7 @@ gpu_backend::~gpu_backend() {
     // Work in flight may still read the device arrays, which are freed before handles_.
     cudaSetDevice(device_);
     if (stream_) cudaStreamSynchronize(stream_);
+    if (handles_.side) cudaStreamSynchronize(handles_.side);
 }
 
 void gpu_backend::upload_layer(size_t l, const layer_state& src, bool with_optimizer) {
@@ -361,20 +405,70 @@ void gpu_backend::refresh_bf16(size_t l) {
 }
 
 void gpu_backend::rebuild_output_tables() {
+    if (rebuild_in_flight_) {
+        // It uses the codes and the scratch, and this rebuild is newer: the main stream waits
+        // for it, and its tables are not used.
+        HSLIDE_CUDA_CHECK(cudaStreamWaitEvent(stream_, handles_.rebuild_end, 0));
+        rebuild_in_flight_ = rebuild_wanted_ = false;
+    }
     const lsh_config& cfg = shape_.config.layers[1].lsh;
-    device_layer& out = layers_[1];
     if (!hash_ || hash_->seed() != shape_.hash_seeds[1]) {
         // Taken only once uploaded: after a failed upload the next call tries again.
-        auto family = hash_family::create(cfg, out.width, shape_.hash_seeds[1]);
+        auto family = hash_family::create(cfg, layers_[1].width, shape_.hash_seeds[1]);
         device_hash_.upload(family->function_data(), stream_);
         hash_ = std::move(family);
     }
+    build_output_tables(tables_[front_], stream_);
+}
+
+void gpu_backend::build_output_tables(device_tables& tables, cudaStream_t stream) {
+    const lsh_config& cfg = shape_.config.layers[1].lsh;
+    const device_layer& out = layers_[1];
     table_codes_.reserve(size_t(out.rows) * cfg.L, "LSH codes of the output neurons");
-    device_hash_.hash_rows(out.weights.data(), out.stride, out.rows, table_codes_.data(), stream_);
+    device_hash_.hash_rows(out.weights.data(), out.stride, out.rows, table_codes_.data(), stream);
     // The priorities depend on the step count, as the CPU's insertion order does.
-    tables_.build(table_codes_.data(), out.rows, cfg.L, cfg.K * cfg.bits_per_hash,
-                  cfg.bucket_capacity, derive_seed(shape_.hash_seeds[1], shape_.adam_step),
-                  stream_);
+    tables.build(table_codes_.data(), out.rows, cfg.L, cfg.K * cfg.bits_per_hash,
+                 cfg.bucket_capacity, derive_seed(shape_.hash_seeds[1], shape_.adam_step),
+                 table_scratch_, stream);
+}
+
+void gpu_backend::start_async_rebuild() {
+    adopt_rebuilt_tables(/*wait=*/false);
+    if (rebuild_in_flight_) {
+        rebuild_wanted_ = true;
+        return;
+    }
+    rebuild_wanted_ = false;
+    // The spare tables were last read by work queued on the main stream before the last
+    // swap, and the weights are those of the steps queued so far: the side stream starts
+    // after both. The steps queued after this one update the weights while they are hashed
+    // (each row is read before or after an update, as SLIDE's threads do on the CPU).
+    HSLIDE_CUDA_CHECK(cudaEventRecord(handles_.weights_ready, stream_));
+    HSLIDE_CUDA_CHECK(cudaStreamWaitEvent(handles_.side, handles_.weights_ready, 0));
+    HSLIDE_CUDA_CHECK(cudaEventRecord(handles_.rebuild_begin, handles_.side));
+    build_output_tables(tables_[front_ ^ 1], handles_.side);
+    HSLIDE_CUDA_CHECK(cudaEventRecord(handles_.rebuild_end, handles_.side));
+    rebuild_in_flight_ = true;
+}
+
+void gpu_backend::adopt_rebuilt_tables(bool wait) {
+    if (!rebuild_in_flight_) return;
+    if (wait) {
+        HSLIDE_CUDA_CHECK(cudaEventSynchronize(handles_.rebuild_end));
+    } else {
+        const cudaError_t status = cudaEventQuery(handles_.rebuild_end);
+        if (status == cudaErrorNotReady) {
+            cudaGetLastError();  // "not ready" is no error: clear it for the next launch check
+            return;
+        }
+        HSLIDE_CUDA_CHECK(status);
+    }
+    float ms = 0;
+    HSLIDE_CUDA_CHECK(cudaEventElapsedTime(&ms, handles_.rebuild_begin, handles_.rebuild_end));
+    rebuild_seconds_ += double(ms) / 1000.0;
+    // Work queued from here on reads the new tables; the old ones become the spare.
+    front_ ^= 1;
+    rebuild_in_flight_ = false;
 }
 
 active_set_params gpu_backend::output_active_params(bool training, uint64_t seed) const {
@@ -387,6 +481,11 @@ void gpu_backend::rebuild_tables(bool new_functions) {
     activate();
     if (new_functions)
         shape_.hash_seeds[1] = derive_seed(shape_.hash_seeds[1], shape_.adam_step + 1);
+    if (async_rebuild_ && !new_functions) {
+        // New functions change the samples' codes too: those rebuilds stay synchronous.
+        start_async_rebuild();
+        return;
+    }
     rebuild_output_tables();
     // Wait for it, so that its time is counted as a rebuild, not in the next batch's update.
     HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -579,8 +678,10 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
         HSLIDE_CUDA_CHECK(cudaEventRecord(events[2], stream_));
         device_hash_.hash_rows(hidden_.data(), layers_[0].stride, b, codes_.data(), stream_);
         HSLIDE_CUDA_CHECK(cudaEventRecord(events[3], stream_));
+        adopt_rebuilt_tables(/*wait=*/false);
+        if (rebuild_wanted_ && !rebuild_in_flight_) start_async_rebuild();
         total = build_active_sets(
-            tables_.view(), codes_.data(), b, csr.label_offsets, csr.label_ids, max_labels,
+            tables_[front_].view(), codes_.data(), b, csr.label_offsets, csr.label_ids, max_labels,
             output_active_params(true, derive_seed(train_.seed ^ 0x5eedf111ULL, shape_.adam_step)),
             active_, stream_);
         active_entries = total;
@@ -640,6 +741,7 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
     // finishes while this one is queued: its report goes back now, and this step runs on
     // while the caller prepares the next batch.
     step_report report = finish_pending_step();
+    report.times.rebuild += std::exchange(rebuild_seconds_, 0.0);
     pending_ = pending_step{true, parity, b, active_entries};
     step_parity_ ^= 1;
     return report;
@@ -676,7 +778,11 @@ step_report gpu_backend::finish_pending_step() {
 
 step_report gpu_backend::synchronize() {
     activate();
-    return finish_pending_step();
+    step_report report = finish_pending_step();
+    // A table rebuild is not a batch: one still running goes on (finish_table_rebuild waits).
+    adopt_rebuilt_tables(/*wait=*/false);
+    report.times.rebuild += std::exchange(rebuild_seconds_, 0.0);
+    return report;
 }
 
 void gpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scoring,
@@ -717,8 +823,9 @@ void gpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scor
             device_hash_.hash_rows(hidden_.data(), layers_[0].stride, b, codes_.data(), stream_);
             const uint64_t seed =
                 derive_seed(derive_seed(train_.seed ^ 0x9e3d1c7ULL, shape_.adam_step), begin);
+            adopt_rebuilt_tables(/*wait=*/false);
             const uint32_t total =
-                build_active_sets(tables_.view(), codes_.data(), b, nullptr, nullptr, 0,
+                build_active_sets(tables_[front_].view(), codes_.data(), b, nullptr, nullptr, 0,
                                   output_active_params(false, seed), active_, stream_);
             logits_.reserve(std::max(total, 1u), "active logits");
             sparse_output_forward(out.view(), hidden_.data(), hidden16_.data(), use_bf16(),
@@ -905,7 +1012,8 @@ backend_info gpu_backend::info() const {
     for (const device_layer& l : layers_)
         bi.memory_bytes += l.weights.bytes() + l.adam_m.bytes() + l.adam_v.bytes() +
                            l.bias.bytes() * 3 + l.weights16.bytes();
-    bi.memory_bytes += tables_.memory_bytes() + table_codes_.bytes();
+    bi.memory_bytes += tables_[0].memory_bytes() + tables_[1].memory_bytes() +
+                       table_scratch_.memory_bytes() + table_codes_.bytes();
     activate();
     bi.free_memory_bytes = device_memory_info().first;
     return bi;
@@ -913,11 +1021,15 @@ backend_info gpu_backend::info() const {
 
 }  // namespace
 
+void finish_table_rebuild(backend& b) {
+    if (auto* g = dynamic_cast<gpu_backend*>(&b)) g->finish_table_rebuild();
+}
+
 std::unique_ptr<backend> create_gpu_backend(model_state initial, const train_config& train,
-                                            int device, precision_mode precision,
-                                            bool dense_output) {
-    return std::make_unique<gpu_backend>(std::move(initial), train, device, precision,
-                                         dense_output);
+                                            int device, precision_mode precision, bool dense_output,
+                                            bool async_rebuild) {
+    return std::make_unique<gpu_backend>(std::move(initial), train, device, precision, dense_output,
+                                         async_rebuild);
 }
 
 }  // namespace hslide::gpu

@@ -17,9 +17,16 @@ namespace hslide::gpu {
 /// Creates the CUDA backend on GPU `device` holding `initial`, and builds its tables. Throws
 /// hslide::error (unsupported) when there is no such GPU or the network has a shape this
 /// backend cannot train yet (more than one hidden layer, a hidden layer wider than 1024,
-/// --adam dense), saying which.
+/// --adam dense), saying which. With `async_rebuild`, table rebuilds (other than those with
+/// new hash functions) run on a side stream while the steps go on with the tables in use,
+/// which are swapped for the new ones when they are done (G-SLIDE's scheme); without, the
+/// next step uses the new tables.
 std::unique_ptr<backend> create_gpu_backend(model_state initial, const train_config& train,
-                                            int device, precision_mode precision,
-                                            bool dense_output);
+                                            int device, precision_mode precision, bool dense_output,
+                                            bool async_rebuild);
+
+/// Waits for the table rebuilds a GPU backend made with `async_rebuild` still runs, and puts
+/// the last one in use (tests and benchmarks; nothing for other backends).
+void finish_table_rebuild(backend& b);
 
 }  // namespace hslide::gpu

@@ -137,7 +137,8 @@ int bits_for(uint64_t n) {  // bits to hold 0..n-1
 }  // namespace
 
 void device_tables::build(const uint32_t* codes, uint32_t n_items, int L, int code_bits,
-                          int capacity, uint64_t seed, cudaStream_t stream) {
+                          int capacity, uint64_t seed, table_build_scratch& scratch,
+                          cudaStream_t stream) {
     const uint64_t n64 = uint64_t(n_items) * uint64_t(L);
     HSLIDE_CHECK(n64 < (uint64_t{1} << 31), "GPU LSH tables hold at most 2^31 entries, got {}",
                  n64);
@@ -147,48 +148,52 @@ void device_tables::build(const uint32_t* codes, uint32_t n_items, int L, int co
     const int priority_bits = 64 - table_bits - code_bits;
     HSLIDE_ASSERT(priority_bits >= 1);
     code_bits_ = code_bits;
-    keys_a_.reserve(n, "LSH table keys");
-    keys_b_.reserve(n, "LSH table keys");
-    items_a_.reserve(n, "LSH table items");
-    items_b_.reserve(n, "LSH table items");
+    scratch.keys_a_.reserve(n, "LSH table keys");
+    scratch.keys_b_.reserve(n, "LSH table keys");
+    scratch.items_a_.reserve(n, "LSH table items");
+    scratch.items_b_.reserve(n, "LSH table items");
     bucket_keys_.reserve(n, "LSH bucket keys");
-    lengths_.reserve(n + 1, "LSH bucket lengths");
-    source_begin_.reserve(n + 1, "LSH bucket offsets");
-    kept_.reserve(n + 1, "LSH bucket sizes");
+    scratch.lengths_.reserve(n + 1, "LSH bucket lengths");
+    scratch.source_begin_.reserve(n + 1, "LSH bucket offsets");
+    scratch.kept_.reserve(n + 1, "LSH bucket sizes");
     bucket_begin_.reserve(n + 1, "LSH bucket offsets");
     items_.reserve(n, "LSH table items");
     n_buckets_.resize(1, "LSH bucket count");
 
     make_keys_kernel<<<blocks_for(n, block_threads), block_threads, 0, stream>>>(
-        codes, n_items, L, code_bits, priority_bits, seed, keys_a_.data(), items_a_.data());
+        codes, n_items, L, code_bits, priority_bits, seed, scratch.keys_a_.data(),
+        scratch.items_a_.data());
     HSLIDE_CUDA_LAUNCH();
-    with_scratch(temp_, [&](void* t, size_t& bytes) {
-        return cub::DeviceRadixSort::SortPairs(t, bytes, keys_a_.data(), keys_b_.data(),
-                                               items_a_.data(), items_b_.data(), n, 0, 64, stream);
+    with_scratch(scratch.temp_, [&](void* t, size_t& bytes) {
+        return cub::DeviceRadixSort::SortPairs(t, bytes, scratch.keys_a_.data(),
+                                               scratch.keys_b_.data(), scratch.items_a_.data(),
+                                               scratch.items_b_.data(), n, 0, 64, stream);
     });
-    shift_keys_kernel<<<blocks_for(n, block_threads), block_threads, 0, stream>>>(keys_b_.data(), n,
-                                                                                  priority_bits);
+    shift_keys_kernel<<<blocks_for(n, block_threads), block_threads, 0, stream>>>(
+        scratch.keys_b_.data(), n, priority_bits);
     HSLIDE_CUDA_LAUNCH();
     // Lengths past the last bucket must read 0 for the scans below, which run over n + 1.
-    HSLIDE_CUDA_CHECK(cudaMemsetAsync(lengths_.data(), 0, (size_t(n) + 1) * 4, stream));
-    with_scratch(temp_, [&](void* t, size_t& bytes) {
-        return cub::DeviceRunLengthEncode::Encode(t, bytes, keys_b_.data(), bucket_keys_.data(),
-                                                  lengths_.data(), n_buckets_.data(), n, stream);
+    HSLIDE_CUDA_CHECK(cudaMemsetAsync(scratch.lengths_.data(), 0, (size_t(n) + 1) * 4, stream));
+    with_scratch(scratch.temp_, [&](void* t, size_t& bytes) {
+        return cub::DeviceRunLengthEncode::Encode(t, bytes, scratch.keys_b_.data(),
+                                                  bucket_keys_.data(), scratch.lengths_.data(),
+                                                  n_buckets_.data(), n, stream);
     });
-    with_scratch(temp_, [&](void* t, size_t& bytes) {
-        return cub::DeviceScan::ExclusiveSum(t, bytes, lengths_.data(), source_begin_.data(), n + 1,
-                                             stream);
+    with_scratch(scratch.temp_, [&](void* t, size_t& bytes) {
+        return cub::DeviceScan::ExclusiveSum(t, bytes, scratch.lengths_.data(),
+                                             scratch.source_begin_.data(), n + 1, stream);
     });
     cap_lengths_kernel<<<blocks_for(n + 1, block_threads), block_threads, 0, stream>>>(
-        lengths_.data(), n_buckets_.data(), uint32_t(capacity), n + 1, kept_.data());
+        scratch.lengths_.data(), n_buckets_.data(), uint32_t(capacity), n + 1,
+        scratch.kept_.data());
     HSLIDE_CUDA_LAUNCH();
-    with_scratch(temp_, [&](void* t, size_t& bytes) {
-        return cub::DeviceScan::ExclusiveSum(t, bytes, kept_.data(), bucket_begin_.data(), n + 1,
-                                             stream);
+    with_scratch(scratch.temp_, [&](void* t, size_t& bytes) {
+        return cub::DeviceScan::ExclusiveSum(t, bytes, scratch.kept_.data(), bucket_begin_.data(),
+                                             n + 1, stream);
     });
     gather_kept_kernel<<<blocks_for(n, block_threads / 32), block_threads, 0, stream>>>(
-        items_b_.data(), source_begin_.data(), bucket_begin_.data(), n_buckets_.data(),
-        items_.data());
+        scratch.items_b_.data(), scratch.source_begin_.data(), bucket_begin_.data(),
+        n_buckets_.data(), items_.data());
     HSLIDE_CUDA_LAUNCH();
 }
 
@@ -214,10 +219,13 @@ void device_tables::download(std::vector<uint64_t>& keys, std::vector<uint32_t>&
         cudaMemcpy(items.data(), items_.data(), items.size() * 4, cudaMemcpyDeviceToHost));
 }
 
+size_t table_build_scratch::memory_bytes() const {
+    return keys_a_.bytes() + keys_b_.bytes() + items_a_.bytes() + items_b_.bytes() +
+           lengths_.bytes() + source_begin_.bytes() + kept_.bytes() + temp_.bytes();
+}
+
 size_t device_tables::memory_bytes() const {
-    return keys_a_.bytes() + keys_b_.bytes() + bucket_keys_.bytes() + items_a_.bytes() +
-           items_b_.bytes() + lengths_.bytes() + source_begin_.bytes() + kept_.bytes() +
-           bucket_begin_.bytes() + items_.bytes() + temp_.bytes();
+    return bucket_keys_.bytes() + bucket_begin_.bytes() + items_.bytes() + n_buckets_.bytes();
 }
 
 // --- active sets -----------------------------------------------------------------------------

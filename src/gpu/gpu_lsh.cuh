@@ -63,13 +63,28 @@ struct tables_view {
     int code_bits = 0;
 };
 
+/// The work arrays of a table build (the sort's key and item buffers, bucket lengths and
+/// offsets, CUB scratch): one set serves every build of a backend, one build at a time, so
+/// that a second set of tables (rebuilt while the first is in use) costs only its result.
+class table_build_scratch {
+  public:
+    size_t memory_bytes() const;
+
+  private:
+    friend class device_tables;
+    device_array<uint64_t> keys_a_, keys_b_;
+    device_array<uint32_t> items_a_, items_b_, lengths_, source_begin_, kept_;
+    device_array<uint8_t> temp_;
+};
+
 /// The L tables of one layer.
 class device_tables {
   public:
     /// Rebuilds from codes[item * L + table], item < n_items; `seed` draws the priorities
-    /// that choose which items an overflowing bucket keeps.
+    /// that choose which items an overflowing bucket keeps. `scratch` must not be in use by
+    /// another build still running on another stream.
     void build(const uint32_t* codes, uint32_t n_items, int L, int code_bits, int capacity,
-               uint64_t seed, cudaStream_t stream);
+               uint64_t seed, table_build_scratch& scratch, cudaStream_t stream);
 
     tables_view view() const;
 
@@ -81,11 +96,9 @@ class device_tables {
 
   private:
     int code_bits_ = 0;
-    device_array<uint64_t> keys_a_, keys_b_, bucket_keys_;
-    device_array<uint32_t> items_a_, items_b_, lengths_, source_begin_, kept_, bucket_begin_,
-        items_;
+    device_array<uint64_t> bucket_keys_;
+    device_array<uint32_t> bucket_begin_, items_;
     device_array<uint32_t> n_buckets_;
-    device_array<uint8_t> temp_;
 };
 
 /// How active sets are formed (active_set_config, plus what the kernel needs to size itself).

@@ -39,8 +39,9 @@ std::vector<std::map<uint32_t, std::vector<uint32_t>>> build_tables(
     const std::vector<uint32_t>& codes, uint32_t n_items, const lsh_config& config, uint64_t seed) {
     const auto d_codes = to_device(codes, "test codes");
     device_tables tables;
+    table_build_scratch scratch;
     tables.build(d_codes.data(), n_items, config.L, config.K * config.bits_per_hash,
-                 config.bucket_capacity, seed, nullptr);
+                 config.bucket_capacity, seed, scratch, nullptr);
     std::vector<uint64_t> keys;
     std::vector<uint32_t> begin, items;
     tables.download(keys, begin, items, nullptr);
@@ -64,8 +65,9 @@ std::vector<std::vector<uint32_t>> query_active_sets(const std::vector<uint32_t>
                                                      uint64_t seed) {
     const auto d_items = to_device(item_codes, "test codes");
     device_tables tables;
+    table_build_scratch scratch;
     tables.build(d_items.data(), n_items, config.L, config.K * config.bits_per_hash,
-                 config.bucket_capacity, seed, nullptr);
+                 config.bucket_capacity, seed, scratch, nullptr);
     const uint32_t n_samples = uint32_t(sample_codes.size() / size_t(config.L));
     const auto d_samples = to_device(sample_codes, "test codes");
     const auto d_offsets = to_device(label_offsets, "test labels");
