@@ -273,6 +273,21 @@ TEST(Cli, UnavailableBackendsSaySo) {
     EXPECT_NE(r.output.find("--workers cpu,cpu"), std::string::npos) << r.output;  // the way out
 }
 
+TEST(Cli, MultiProbeScoringOnAGpuIsRefusedBeforeTraining) {
+    // Refused before the backend exists, so the same on machines with and without a GPU.
+    for (const char* backend : {"gpu", "hybrid --workers cpu,gpu"}) {
+        const auto r = run_hslide(std::string("train --preset tiny -q --epochs 1 --probes 2 ") +
+                                  "--scoring lsh --backend " + backend);
+        EXPECT_EQ(r.exit_code, 1) << backend << ": " << r.output;
+        EXPECT_NE(r.output.find("--probes"), std::string::npos) << backend << ": " << r.output;
+        EXPECT_EQ(r.output.find("epoch"), std::string::npos) << backend << ": " << r.output;
+    }
+    // Exact scoring does not use the probes: no error there (here without a GPU, the
+    // backend's own error instead).
+    const auto r = run_hslide("train --preset tiny -q --epochs 1 --probes 2 --backend gpu");
+    EXPECT_EQ(r.output.find("multi-probe"), std::string::npos) << r.output;
+}
+
 TEST(Cli, InfoReportsTheMachine) {
     const auto r = run_hslide("info");
     ASSERT_EQ(r.exit_code, 0) << r.output;

@@ -15,6 +15,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <sstream>
@@ -214,12 +215,26 @@ int run_train(int argc, char** argv) {
                     "{} computes every neuron: layer {}'s LSH settings are kept in the model "
                     "but not used",
                     backend_name, l);
+    const bool probes = std::any_of(mc.layers.begin(), mc.layers.end(),
+                                    [](const layer_config& l) { return l.active.probes > 0; });
+    // Multi-probe scoring runs on the CPU only: say so before training, not at the first
+    // evaluation (a GPU, or a hybrid's GPU worker, scores the test set).
+    auto check_probes_on = [&](const std::string& kind) {
+        HSLIDE_CHECK_KIND(
+            !(probes && to.eval.scoring == scoring_mode::lsh && kind == "gpu" && d.test.size() > 0),
+            error_kind::unsupported,
+            "multi-probe LSH scoring (--probes) runs on the CPU backend only; use "
+            "--probes 0 or --scoring exact with a GPU");
+    };
     backend_options bo;
     bo.kind = backend_name;
     bo.threads = tc.threads;
     apply_compute_options(compute, bo);
     std::unique_ptr<backend> model;
+    check_probes_on(backend_name);
     if (backend_name == "hybrid") {
+        std::istringstream workers(hybrid.workers);
+        for (std::string kind; std::getline(workers, kind, ',');) check_probes_on(kind);
         const hybrid_options ho = make_hybrid_options(hybrid, bo, tc);
         model = create_hybrid_backend(ho, initial, tc);
         initial = model_state{};  // the workers hold their copies
