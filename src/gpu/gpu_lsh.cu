@@ -145,7 +145,11 @@ void device_tables::build(const uint32_t* codes, uint32_t n_items, int L, int co
     const uint32_t n = uint32_t(n64);
     HSLIDE_ASSERT(n > 0);  // layers have rows and tables (validated configurations)
     const int table_bits = bits_for(uint64_t(L));
-    const int priority_bits = 64 - table_bits - code_bits;
+    // The sort's cost is in its passes over the key bits: 24 bits of priority order a bucket
+    // randomly (exact ties, which keep the items' order, are rare below 2^12 items a bucket)
+    // with 2 passes fewer than filling all 64 bits.
+    const int priority_bits = std::min(64 - table_bits - code_bits, 24);
+    const int key_bits = table_bits + code_bits + priority_bits;
     HSLIDE_ASSERT(priority_bits >= 1);
     code_bits_ = code_bits;
     scratch.keys_a_.reserve(n, "LSH table keys");
@@ -167,7 +171,7 @@ void device_tables::build(const uint32_t* codes, uint32_t n_items, int L, int co
     with_scratch(scratch.temp_, [&](void* t, size_t& bytes) {
         return cub::DeviceRadixSort::SortPairs(t, bytes, scratch.keys_a_.data(),
                                                scratch.keys_b_.data(), scratch.items_a_.data(),
-                                               scratch.items_b_.data(), n, 0, 64, stream);
+                                               scratch.items_b_.data(), n, 0, key_bits, stream);
     });
     shift_keys_kernel<<<blocks_for(n, block_threads), block_threads, 0, stream>>>(
         scratch.keys_b_.data(), n, priority_bits);

@@ -2,8 +2,9 @@
 // L tables built by sorting, and per-sample active sets.
 //
 // Tables. Every (table, code, item) triple becomes one 64-bit key: table in the high bits,
-// the bucket code below it, and a pseudo-random priority in the low bits. One CUB radix sort
-// of the keys (with the items as values) groups each bucket's items, randomly ordered; a
+// the bucket code below it, and a pseudo-random priority (up to 24 bits) in the low bits. One
+// CUB radix sort of those bits (with the items as values) groups each bucket's items, randomly
+// ordered (items with equal priorities stay in id order); a
 // run-length encoding of (table, code) gives the buckets, and each bucket keeps its first
 // `bucket_capacity` items: a uniformly random subset of the items that hashed there. On the
 // CPU, FIFO over a random insertion order and reservoir sampling keep a uniformly random
