@@ -325,7 +325,11 @@ gpu_backend::gpu_backend(model_state initial, const train_config& train, int dev
     for (auto& e : handles_.staged)
         HSLIDE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     if (async_rebuild_ && lsh_output()) {
-        HSLIDE_CUDA_CHECK(cudaStreamCreateWithFlags(&handles_.side, cudaStreamNonBlocking));
+        // The lowest priority: the steps' kernels go first where both wait for the SMs.
+        int least = 0, greatest = 0;
+        HSLIDE_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+        HSLIDE_CUDA_CHECK(
+            cudaStreamCreateWithPriority(&handles_.side, cudaStreamNonBlocking, least));
         HSLIDE_CUDA_CHECK(
             cudaEventCreateWithFlags(&handles_.weights_ready, cudaEventDisableTiming));
         HSLIDE_CUDA_CHECK(cudaEventCreate(&handles_.rebuild_begin));
@@ -343,7 +347,12 @@ gpu_backend::gpu_backend(model_state initial, const train_config& train, int dev
     for (size_t l = 0; l < 2; ++l) upload_layer(l, initial.layers[l], /*with_optimizer=*/true);
     initial = model_state{};  // the host copy is no longer needed: free it before tables
     reset_changed_rows();
-    if (lsh_output()) rebuild_output_tables();
+    if (lsh_output()) {
+        rebuild_output_tables();
+        // The spare set is allocated (and filled) now: an out-of-memory error comes at
+        // creation, not from a rebuild in the middle of training.
+        if (async_rebuild_) build_output_tables(tables_[front_ ^ 1], stream_);
+    }
     HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
@@ -438,16 +447,26 @@ void gpu_backend::start_async_rebuild() {
         rebuild_wanted_ = true;
         return;
     }
-    rebuild_wanted_ = false;
     // The spare tables were last read by work queued on the main stream before the last
     // swap, and the weights are those of the steps queued so far: the side stream starts
-    // after both. The steps queued after this one update the weights while they are hashed
-    // (each row is read before or after an update, as SLIDE's threads do on the CPU).
-    HSLIDE_CUDA_CHECK(cudaEventRecord(handles_.weights_ready, stream_));
-    HSLIDE_CUDA_CHECK(cudaStreamWaitEvent(handles_.side, handles_.weights_ready, 0));
-    HSLIDE_CUDA_CHECK(cudaEventRecord(handles_.rebuild_begin, handles_.side));
-    build_output_tables(tables_[front_ ^ 1], handles_.side);
-    HSLIDE_CUDA_CHECK(cudaEventRecord(handles_.rebuild_end, handles_.side));
+    // after both. The steps queued after this one update the weights while they are hashed:
+    // a row may be read partly before and partly after an update (each float is old or new),
+    // the staleness SLIDE's unsynchronised threads accept on the CPU.
+    try {
+        HSLIDE_CUDA_CHECK(cudaEventRecord(handles_.weights_ready, stream_));
+        HSLIDE_CUDA_CHECK(cudaStreamWaitEvent(handles_.side, handles_.weights_ready, 0));
+        HSLIDE_CUDA_CHECK(cudaEventRecord(handles_.rebuild_begin, handles_.side));
+        build_output_tables(tables_[front_ ^ 1], handles_.side);
+        HSLIDE_CUDA_CHECK(cudaEventRecord(handles_.rebuild_end, handles_.side));
+    } catch (...) {
+        // Part of the build may be queued, with nothing to wait for it: finish it here, so
+        // that no later build shares the codes and scratch with it. Asked for again later.
+        cudaStreamSynchronize(handles_.side);
+        cudaGetLastError();
+        rebuild_wanted_ = true;
+        throw;
+    }
+    rebuild_wanted_ = false;
     rebuild_in_flight_ = true;
 }
 
@@ -679,7 +698,6 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
         device_hash_.hash_rows(hidden_.data(), layers_[0].stride, b, codes_.data(), stream_);
         HSLIDE_CUDA_CHECK(cudaEventRecord(events[3], stream_));
         adopt_rebuilt_tables(/*wait=*/false);
-        if (rebuild_wanted_ && !rebuild_in_flight_) start_async_rebuild();
         total = build_active_sets(
             tables_[front_].view(), codes_.data(), b, csr.label_offsets, csr.label_ids, max_labels,
             output_active_params(true, derive_seed(train_.seed ^ 0x5eedf111ULL, shape_.adam_step)),
@@ -737,6 +755,9 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
     HSLIDE_CUDA_CHECK(cudaMemcpyAsync(loss_host_[parity].data(), loss_.data(), size_t(b) * 4,
                                       cudaMemcpyDeviceToHost, stream_));
     HSLIDE_CUDA_CHECK(cudaEventRecord(events[7], stream_));
+    // A rebuild asked for while one ran starts now, from this step's weights, beside the
+    // host's staging of the next batch.
+    if (rebuild_wanted_ && !rebuild_in_flight_) start_async_rebuild();
     // The step before is done (in the LSH path the wait for the set sizes came after it), or
     // finishes while this one is queued: its report goes back now, and this step runs on
     // while the caller prepares the next batch.
@@ -795,6 +816,9 @@ void gpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scor
                       "multi-probe LSH scoring (--probes {}) runs on the CPU backend only; use "
                       "--probes 0 or --scoring exact on the GPU",
                       shape_.config.layers[1].active.probes);
+    // LSH scoring uses the tables of every rebuild asked for so far, the same for every chunk
+    // (evaluations are rare: waiting costs little, and they do not depend on timing).
+    if (!exact) finish_table_rebuild();
     const device_layer& out = layers_[1];
     // Exact scores of every label are batch x rows floats: score in chunks of at most 1 GiB.
     const uint32_t chunk =
@@ -823,7 +847,6 @@ void gpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scor
             device_hash_.hash_rows(hidden_.data(), layers_[0].stride, b, codes_.data(), stream_);
             const uint64_t seed =
                 derive_seed(derive_seed(train_.seed ^ 0x9e3d1c7ULL, shape_.adam_step), begin);
-            adopt_rebuilt_tables(/*wait=*/false);
             const uint32_t total =
                 build_active_sets(tables_[front_].view(), codes_.data(), b, nullptr, nullptr, 0,
                                   output_active_params(false, seed), active_, stream_);
