@@ -13,7 +13,8 @@
 #                                           # on the GPU machine: the presets (comma separated;
 #                                           # default amazon670k,wikilshtc325k,amazon3m) at full
 #                                           # label and feature counts, SCALE x the points
-#                                           # (default 0.1), EPOCHS each (default 2): gpu fp32,
+#                                           # (default 0.1), EPOCHS each (default 2), with the
+#                                           # preset's network (scripts/presets.sh): gpu fp32,
 #                                           # gpu bf16, gpu-dense bf16 and cpu (all cores),
 #                                           # batch 256; gpu bf16 at batch 1024 too and
 #                                           # hybrid cpu+gpu (adaptive) on amazon670k; gpu and
@@ -44,12 +45,13 @@
 # and cuBLAS (gpu-dense only) is loaded from the machine's CUDA or PyTorch (set HSLIDE_CUBLAS).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/presets.sh
 
 pack_file=gpu-pack/hslide-gpu.tar.gz
 mode=${1:-}
 
 usage() {
-    sed -n '2,44p' "$0" >&2
+    sed -n '2,/^set -euo/p' "$0" | sed '$d' >&2
     exit 2
 }
 
@@ -158,6 +160,11 @@ bench)
     for preset in ${presets//,/ }; do
         data="$work/data-$preset"
         "$root/bin/hslide" gen --preset "$preset" --scale "$scale" --out "$data" -q
+        # The papers' network and LSH settings, as reproduce.sh trains them.
+        preset_settings "$preset" || { echo "gpu_check.sh: unknown preset $preset" >&2; exit 2; }
+        network=(--hidden "$p_hidden" --K "$p_K" --L "$p_L" --bits "$p_bits"
+                 --bucket-capacity "$p_capacity" --min-active "$p_min_active"
+                 --output-sparsity "$p_sparsity")
         # BACKEND PRECISION [BATCH [async]] (default 256). On amazon670k, gpu bf16 at 1024 too:
         # how much of a step at 256 is per-step overhead (launches, the wait for the set sizes)
         # tells whether CUDA graphs and a wait-free step are worth building; and with the table
@@ -168,16 +175,16 @@ bench)
         [[ $preset == amazon3m ]] && configs=("gpu bf16" "gpu-dense bf16")
         for config in "${configs[@]}"; do
             read -r backend precision batch async <<<"$config"
-            batch=${batch:-256}
+            batch=${batch:-$p_batch}
             name="$preset-$backend-$precision-b$batch${async:+-async}"
             label=$backend
-            [[ $batch == 256 ]] || label="$backend (batch $batch)"
+            [[ $batch == "$p_batch" ]] || label="$backend (batch $batch)"
             extra=()
             [[ -n $async ]] && { extra=(--gpu-async-rebuild); label="$label (async rebuild)"; }
             [[ $backend == hybrid ]] && extra+=(--workers cpu,gpu --schedule adaptive)
             [[ $preset == amazon3m ]] && extra+=(--eval-max 2000)
             "$root/bin/hslide" train --train "$data/train.txt" --test "$data/test.txt" \
-                --backend "$backend" --precision "$precision" --epochs "$epochs" \
+                --backend "$backend" --precision "$precision" --epochs "$epochs" "${network[@]}" \
                 --batch-size "$batch" --no-progress --metrics-out "$work/$name.jsonl" "${extra[@]}" \
                 >"$work/$name.log" 2>&1 || echo "| $preset | $label | $precision | failed: see $name.log in $mode-logs.tar.gz |" >>"$summary"
             if [[ -s $work/$name.jsonl ]]; then

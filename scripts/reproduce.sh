@@ -18,7 +18,8 @@
 #                       the GPU ones where a GPU and a CUDA build are present; see below);
 #                       also from $HSLIDE_REPRO_CONFIGS
 #   --epochs N (2), --threads N (all cores), --target-p1 X (auto), --eval-max N (0 = all)
-#   --hidden, --K, --L, --bits, --batch-size, --lr, --min-active   override the preset's settings
+#   --hidden, --K, --L, --bits, --bucket-capacity, --batch-size, --lr, --min-active
+#                       override the preset's settings (scripts/presets.sh)
 #   --scoring exact|auto (exact: every label scored in every evaluation, so configurations
 #                       compare on the same footing; auto: LSH scoring for sparse layers)
 #   --out DIR           results folder (default results/reproduce-<preset>-<date>)
@@ -65,7 +66,7 @@ out=""
 data_cache=results/data
 hslide=build/hslide
 reuse=0
-hidden="" K="" L="" bits="" batch="" lr="" min_active=""
+hidden="" K="" L="" bits="" batch="" lr="" min_active="" capacity=""
 extra=()
 
 need() { if (($# < 2)) || [[ -z $2 ]]; then die "$1 needs a value"; fi; }
@@ -98,32 +99,22 @@ while (($#)); do
         --batch-size) need "$@"; batch=$2; shift 2 ;;
         --lr) need "$@"; lr=$2; shift 2 ;;
         --min-active) need "$@"; min_active=$2; shift 2 ;;
+        --bucket-capacity) need "$@"; capacity=$2; shift 2 ;;
         -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         --) shift; extra=("$@"); break ;;
         *) die "unknown argument '$1' (--help lists them)" ;;
     esac
 done
 
-# --- the preset: the papers' network and hyperparameters ----------------------------------------
-# SLIDE / G-SLIDE: hidden 128, DWTA; Amazon-670K: K=6, L=50, batch 256; WikiLSHTC-325K: K=5,
-# L=350, batch 256. Bits per hash 2: the published code packed each hash into (int)log(8) = 2
-# bits (DESIGN.md), so its K=6 tables had 2^12 buckets; that is what --bits 2 reproduces (with
-# hslide's default of 3 bits, K=6 gives 2^18 nearly empty buckets and the active set is only the
-# random fill). The learning rate is hslide's default 0.002, not the papers' 1e-4: at a small
-# --scale there are too few steps for 1e-4 to learn in a few epochs (--lr 0.0001 for theirs).
-sparsity=auto
-case $preset in
-    amazon670k) p_hidden=128 p_K=6 p_L=50 p_bits=2 p_batch=256 p_min_active=1024 ;;
-    wikilshtc325k) p_hidden=128 p_K=5 p_L=350 p_bits=2 p_batch=256 p_min_active=1024 ;;
-    delicious200k) p_hidden=128 p_K=6 p_L=50 p_bits=2 p_batch=128 p_min_active=1024 ;;
-    # No paper setting: K=8 gives 2^16 buckets a table, about 43 of the 2.8M neurons each.
-    amazon3m) p_hidden=128 p_K=8 p_L=50 p_bits=2 p_batch=256 p_min_active=1024 ;;
-    # tiny (tests): 500 labels, below the automatic LSH threshold, so LSH is forced.
-    tiny) p_hidden=64 p_K=3 p_L=16 p_bits=2 p_batch=64 p_min_active=64 sparsity=lsh ;;
-    *) die "unknown preset '$preset' (valid: amazon670k, wikilshtc325k, delicious200k, amazon3m, tiny)" ;;
-esac
+# --- the preset: the papers' network and hyperparameters (scripts/presets.sh) ---------------------
+# The learning rate is hslide's default 0.002, not the papers' 1e-4: at a small --scale there
+# are too few steps for 1e-4 to learn in a few epochs (--lr 0.0001 for theirs).
+source scripts/presets.sh
+preset_settings "$preset" ||
+    die "unknown preset '$preset' (valid: amazon670k, wikilshtc325k, delicious200k, amazon3m, tiny)"
+sparsity=$p_sparsity
 hidden=${hidden:-$p_hidden} K=${K:-$p_K} L=${L:-$p_L} bits=${bits:-$p_bits} batch=${batch:-$p_batch}
-min_active=${min_active:-$p_min_active} lr=${lr:-0.002}
+min_active=${min_active:-$p_min_active} capacity=${capacity:-$p_capacity} lr=${lr:-0.002}
 [[ $scoring == exact || $scoring == auto ]] || die "--scoring must be exact or auto"
 [[ $epochs =~ ^[1-9][0-9]*$ ]] || die "--epochs must be a positive integer"
 [[ -z $target_p1 || $target_p1 =~ ^(0?\.[0-9]+|[01](\.[0-9]*)?)$ ]] || die "--target-p1 must be in [0, 1]"
@@ -243,7 +234,8 @@ out="${out:-results/reproduce-$preset-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$out/runs"
 "$python" scripts/report.py hardware --hslide "$hslide" --out "$out/hardware.json"
 
-model_args=(--hidden "$hidden" --K "$K" --L "$L" --bits "$bits" --min-active "$min_active")
+model_args=(--hidden "$hidden" --K "$K" --L "$L" --bits "$bits" --bucket-capacity "$capacity"
+            --min-active "$min_active")
 common=(--batch-size "$batch" --lr "$lr" --eval-every 1 --scoring "$scoring"
         --eval-max "$eval_max" --no-progress)
 
@@ -295,8 +287,8 @@ done
 # --- results, report and plots --------------------------------------------------------------------
 {
     printf 'workload\t%s\n' "$workload"
-    printf 'settings\thidden %s, K %s, L %s, bits %s, min-active %s, batch %s, lr %s, %s epochs, %s threads, %s scoring, output sparsity %s\n' \
-        "$hidden" "$K" "$L" "$bits" "$min_active" "$batch" "$lr" "$epochs" "$threads" "$scoring" "$sparsity"
+    printf 'settings\thidden %s, K %s, L %s, bits %s, bucket capacity %s, min-active %s, batch %s, lr %s, %s epochs, %s threads, %s scoring, output sparsity %s\n' \
+        "$hidden" "$K" "$L" "$bits" "$capacity" "$min_active" "$batch" "$lr" "$epochs" "$threads" "$scoring" "$sparsity"
     printf 'command\t%s\n' "$invocation"
     for n in "${notes[@]}"; do printf 'note\t%s\n' "$n"; done
     for c in "${failed[@]}"; do printf 'failed\t%s\n' "$c"; done
