@@ -16,8 +16,9 @@
 #                                           # (default 0.1), EPOCHS each (default 2), with the
 #                                           # preset's network (scripts/presets.sh): gpu fp32,
 #                                           # gpu bf16, gpu-dense bf16 and cpu (all cores),
-#                                           # batch 256; gpu bf16 at batch 1024 too and
-#                                           # hybrid cpu+gpu (adaptive) on amazon670k; gpu and
+#                                           # the preset's batch; on amazon670k also gpu bf16
+#                                           # at batch 1024 and with --gpu-async-rebuild, and
+#                                           # hybrid cpu+gpu (adaptive; hogbatch); gpu and
 #                                           # gpu-dense bf16 only on amazon3m (2,000 test
 #                                           # points scored)
 #   scripts/gpu_check.sh reproduce [SCALE] [EPOCHS] [PRESET] [REPRODUCE OPTIONS...]
@@ -165,23 +166,33 @@ bench)
         network=(--hidden "$p_hidden" --K "$p_K" --L "$p_L" --bits "$p_bits"
                  --bucket-capacity "$p_capacity" --min-active "$p_min_active"
                  --output-sparsity "$p_sparsity")
-        # BACKEND PRECISION [BATCH [async]] (default 256). On amazon670k, gpu bf16 at 1024 too:
+        # BACKEND PRECISION [BATCH [VARIANT]] (default: the preset's batch). On amazon670k, gpu
+        # bf16 at 1024 too:
         # how much of a step at 256 is per-step overhead (launches, the wait for the set sizes)
         # tells whether CUDA graphs and a wait-free step are worth building; and with the table
-        # rebuilds on a side stream (--gpu-async-rebuild), to decide its default.
+        # rebuilds on a side stream (--gpu-async-rebuild), to decide its default; and the hybrid
+        # both adaptive (its default: equal update shares, so the GPU worker's batches grow
+        # far past the single backend's) and hogbatch with the GPU worker at the single
+        # backend's batch (a quarter of it on the CPU), to see which reaches a P@1 sooner.
         configs=("gpu fp32" "gpu bf16" "gpu-dense bf16" "cpu fp32")
-        [[ $preset == amazon670k ]] && configs+=("gpu bf16 1024" "gpu bf16 256 async" "hybrid fp32")
+        [[ $preset == amazon670k ]] &&
+            configs+=("gpu bf16 1024" "gpu bf16 $p_batch async" "hybrid fp32" "hybrid fp32 $p_batch hog")
         # 2.8M labels: exact scores of every test point would dominate the run.
         [[ $preset == amazon3m ]] && configs=("gpu bf16" "gpu-dense bf16")
         for config in "${configs[@]}"; do
-            read -r backend precision batch async <<<"$config"
+            read -r backend precision batch variant <<<"$config"
             batch=${batch:-$p_batch}
-            name="$preset-$backend-$precision-b$batch${async:+-async}"
+            name="$preset-$backend-$precision-b$batch${variant:+-$variant}"
             label=$backend
             [[ $batch == "$p_batch" ]] || label="$backend (batch $batch)"
             extra=()
-            [[ -n $async ]] && { extra=(--gpu-async-rebuild); label="$label (async rebuild)"; }
-            [[ $backend == hybrid ]] && extra+=(--workers cpu,gpu --schedule adaptive)
+            [[ $variant == async ]] && { extra=(--gpu-async-rebuild); label="$label (async rebuild)"; }
+            if [[ $backend == hybrid && $variant == hog ]]; then
+                extra+=(--workers cpu,gpu --schedule hogbatch --worker-batch "$((batch / 4)),$batch")
+                label="$label (hogbatch $((batch / 4)),$batch)"
+            elif [[ $backend == hybrid ]]; then
+                extra+=(--workers cpu,gpu --schedule adaptive)
+            fi
             [[ $preset == amazon3m ]] && extra+=(--eval-max 2000)
             "$root/bin/hslide" train --train "$data/train.txt" --test "$data/test.txt" \
                 --backend "$backend" --precision "$precision" --epochs "$epochs" "${network[@]}" \
