@@ -288,6 +288,20 @@ TEST(Cli, MultiProbeScoringOnAGpuIsRefusedBeforeTraining) {
     EXPECT_EQ(r.output.find("multi-probe"), std::string::npos) << r.output;
 }
 
+TEST(Cli, DenseActiveSetsAreExplained) {
+    // 500 labels and the default --min-active 1024: every neuron is active.
+    const auto dense = run_hslide("train --preset tiny --output-sparsity lsh --epochs 1");
+    ASSERT_EQ(dense.exit_code, 0) << dense.output;
+    EXPECT_NE(dense.output.find("LSH saves little"), std::string::npos) << dense.output;
+    EXPECT_NE(dense.output.find("--min-active 1024"), std::string::npos) << dense.output;
+    // Two small tables and a small fill: a few percent of the layer, no warning.
+    const auto sparse = run_hslide(
+        "train --preset tiny --output-sparsity lsh --epochs 1 --L 2 --bucket-capacity 2 "
+        "--min-active 8");
+    ASSERT_EQ(sparse.exit_code, 0) << sparse.output;
+    EXPECT_EQ(sparse.output.find("LSH saves little"), std::string::npos) << sparse.output;
+}
+
 TEST(Cli, InfoReportsTheMachine) {
     const auto r = run_hslide("info");
     ASSERT_EQ(r.exit_code, 0) << r.output;

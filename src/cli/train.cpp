@@ -215,6 +215,17 @@ int run_train(int argc, char** argv) {
                     "{} computes every neuron: layer {}'s LSH settings are kept in the model "
                     "but not used",
                     backend_name, l);
+    // An LSH output layer whose active sets hold a large share of it saves little: say why
+    // after the first epoch (the settings are read here, before the model moves).
+    const size_t out_layer = mc.layers.size() - 1;
+    const bool sparse_output =
+        mc.is_sparse(out_layer) && backend_name != "cpu-dense" && backend_name != "gpu-dense";
+    const uint32_t out_dim = mc.output_dim();
+    const std::string dense_active_hint =
+        fmt::format("the union of L = {} buckets of up to {} neurons, filled to --min-active {}",
+                    mc.layers[out_layer].lsh.L, mc.layers[out_layer].lsh.bucket_capacity,
+                    mc.layers[out_layer].active.min_active);
+    bool dense_active_warned = false;
     const bool probes = std::any_of(mc.layers.begin(), mc.layers.end(),
                                     [](const layer_config& l) { return l.active.probes > 0; });
     // Multi-probe scoring runs on the CPU only: say so before training, not at the first
@@ -254,6 +265,15 @@ int run_train(int argc, char** argv) {
             line += fmt::format("  P@1 {:.4f} P@3 {:.4f} P@5 {:.4f}", r.metrics.p_at(1),
                                 r.metrics.p_at(3), r.metrics.p_at(5));
         std::printf("%s\n", line.c_str());
+        if (sparse_output && !dense_active_warned && r.mean_active_output > 0.05 * out_dim) {
+            dense_active_warned = true;
+            spdlog::warn(
+                "layer {}'s active sets average {:.0f} neurons, {:.1f}% of its {}: LSH saves "
+                "little at that density ({}); a smaller --bucket-capacity, more --bits or --K "
+                "(smaller buckets), --max-active or a smaller --min-active keeps it sparse",
+                out_layer, r.mean_active_output, 100.0 * r.mean_active_output / out_dim, out_dim,
+                dense_active_hint);
+        }
         for (const worker_stats& w : r.workers) print_worker(w, /*whole_run=*/false);
         std::fflush(stdout);
     });
