@@ -160,9 +160,9 @@ bench)
     } >"$summary"
     for preset in ${presets//,/ }; do
         data="$work/data-$preset"
-        "$root/bin/hslide" gen --preset "$preset" --scale "$scale" --out "$data" -q
         # The papers' network and LSH settings, as reproduce.sh trains them.
         preset_settings "$preset" || { echo "gpu_check.sh: unknown preset $preset" >&2; exit 2; }
+        "$root/bin/hslide" gen --preset "$preset" --scale "$scale" --out "$data" -q
         network=(--hidden "$p_hidden" --K "$p_K" --L "$p_L" --bits "$p_bits"
                  --bucket-capacity "$p_capacity" --min-active "$p_min_active"
                  --output-sparsity "$p_sparsity")

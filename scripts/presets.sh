@@ -12,9 +12,10 @@
 # Bucket capacity: 128 (SLIDE's), except WikiLSHTC-325K's 16. Its K=5 tables have 2^10 buckets
 # of about 317 of the 325k neurons each, so 350 full buckets of 128 made a union of 40,000
 # neurons a sample (12% of the layer): 77 s an epoch on this project's 2-core VM at --scale
-# 0.01, against 19 s with 16 (5,500 neurons), for the same P@1 per epoch (0.36 after 6 epochs
-# with 16; 0.37 with 128 cut to the 4,096 most-hit; bench/synthetic.md), and a union of 350 x 128
-# does not fit the GPU's shared-memory hash sets.
+# 0.01, against 19 s with 16 (5,500 neurons), for about the same P@1 per epoch (after 3
+# epochs: 0.095 uncapped, 0.086-0.089 with 16; after 6: 0.36 with 16, 0.37 with 128 cut to the
+# 4,096 most-hit; bench/synthetic.md), and a union of 350 x 128 does not fit the GPU's
+# shared-memory hash sets.
 preset_settings() {
     p_sparsity=auto p_capacity=128
     case $1 in

@@ -275,9 +275,10 @@ TEST(Cli, UnavailableBackendsSaySo) {
 
 TEST(Cli, MultiProbeScoringOnAGpuIsRefusedBeforeTraining) {
     // Refused before the backend exists, so the same on machines with and without a GPU.
-    for (const char* backend : {"gpu", "hybrid --workers cpu,gpu"}) {
-        const auto r = run_hslide(std::string("train --preset tiny -q --epochs 1 --probes 2 ") +
-                                  "--scoring lsh --backend " + backend);
+    for (const char* backend :
+         {"gpu --scoring lsh", "gpu --scoring auto", "hybrid --workers cpu,gpu --scoring lsh"}) {
+        const auto r = run_hslide(
+            std::string("train --preset tiny -q --epochs 1 --probes 2 --backend ") + backend);
         EXPECT_EQ(r.exit_code, 1) << backend << ": " << r.output;
         EXPECT_NE(r.output.find("--probes"), std::string::npos) << backend << ": " << r.output;
         EXPECT_EQ(r.output.find("epoch"), std::string::npos) << backend << ": " << r.output;

@@ -1,8 +1,8 @@
 // The fused softmax's online maximum (src/gpu/online_softmax.hpp, the code the CUDA kernel
-// runs) on the host, in the kernel's order: 256 threads striding over a sample's logits,
-// then butterfly combines within each warp and across the warps. Checked against a two-pass
-// maximum and partition sum in double precision, on awkward sizes and value ranges. Runs
-// without a GPU.
+// runs, with std::exp where the device has __expf) on the host, in the kernel's order: 256
+// threads striding over a sample's logits, then butterfly combines within each warp and
+// across the warps. Checked against a two-pass maximum and partition sum in double precision,
+// on awkward sizes and value ranges. Runs without a GPU.
 #include "gpu/online_softmax.hpp"
 
 #include <gtest/gtest.h>

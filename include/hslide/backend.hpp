@@ -72,7 +72,9 @@ struct worker_stats {
     uint64_t batches = 0;     ///< batches trained (each one model update of its replica)
     double update_share = 0;  ///< batches / all workers' batches in the window
     double busy_seconds = 0;  ///< training, rebuilding and merging
-    double wall_seconds = 0;  ///< length of the window: from its first batch queued to the take
+    /// Length of the window: from its first batch queued (or, when the workers were still
+    /// busy at the last take, from that take) to this take.
+    double wall_seconds = 0;
     uint32_t batch_min = 0, batch_max = 0, batch_last = 0;  ///< batch sizes chosen
     double batch_mean = 0;
     uint64_t merges = 0;              ///< merges of its replica into the shared model

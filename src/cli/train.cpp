@@ -231,11 +231,12 @@ int run_train(int argc, char** argv) {
     // Multi-probe scoring runs on the CPU only: say so before training, not at the first
     // evaluation (a GPU, or a hybrid's GPU worker, scores the test set).
     auto check_probes_on = [&](const std::string& kind) {
-        HSLIDE_CHECK_KIND(
-            !(probes && to.eval.scoring == scoring_mode::lsh && kind == "gpu" && d.test.size() > 0),
-            error_kind::unsupported,
-            "multi-probe LSH scoring (--probes) runs on the CPU backend only; use "
-            "--probes 0 or --scoring exact with a GPU");
+        // `auto` scores an LSH layer with LSH, as `lsh` does.
+        HSLIDE_CHECK_KIND(!(probes && to.eval.scoring != scoring_mode::exact && kind == "gpu" &&
+                            d.test.size() > 0),
+                          error_kind::unsupported,
+                          "multi-probe LSH scoring (--probes) runs on the CPU backend only; use "
+                          "--probes 0 or --scoring exact with a GPU");
     };
     backend_options bo;
     bo.kind = backend_name;
@@ -267,6 +268,7 @@ int run_train(int argc, char** argv) {
         std::printf("%s\n", line.c_str());
         if (sparse_output && !dense_active_warned && r.mean_active_output > 0.05 * out_dim) {
             dense_active_warned = true;
+            std::fflush(stdout);  // after the epoch's line in a log of both streams
             spdlog::warn(
                 "layer {}'s active sets average {:.0f} neurons, {:.1f}% of its {}: LSH saves "
                 "little at that density ({}); a smaller --bucket-capacity, more --bits or --K "
