@@ -245,9 +245,8 @@ int run_train(int argc, char** argv) {
     std::unique_ptr<backend> model;
     check_probes_on(backend_name);
     if (backend_name == "hybrid") {
-        std::istringstream workers(hybrid.workers);
-        for (std::string kind; std::getline(workers, kind, ',');) check_probes_on(kind);
         const hybrid_options ho = make_hybrid_options(hybrid, bo, tc);
+        for (const hybrid_worker_options& w : ho.workers) check_probes_on(w.device.kind);
         model = create_hybrid_backend(ho, initial, tc);
         initial = model_state{};  // the workers hold their copies
     } else {
