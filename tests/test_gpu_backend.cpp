@@ -292,6 +292,17 @@ std::unique_ptr<backend> make_gpu(const model_state& m, const train_config& tc, 
     return create_backend(o, m, tc);
 }
 
+/// The largest difference between two layers' weights (width columns) and biases.
+double max_parameter_difference(const layer_state& a, const layer_state& b) {
+    double worst = 0;
+    for (uint32_t r = 0; r < a.rows; ++r)
+        for (uint32_t i = 0; i < a.width; ++i)
+            worst = std::max(worst, double(std::abs(a.row(r)[i] - b.row(r)[i])));
+    for (size_t j = 0; j < a.bias.size(); ++j)
+        worst = std::max(worst, double(std::abs(a.bias[j] - b.bias[j])));
+    return worst;
+}
+
 // Trains a CPU and a GPU backend from the same state on the same batches; compares the
 // per-step losses and the parameters after. With unlabelled_every > 0, every such point has
 // no labels (no active set, delta 0, loss 0).
@@ -332,17 +343,10 @@ void expect_same_training(const char* kind, sparsity_mode output, precision_mode
     gpu->export_state(from_gpu, /*with_optimizer=*/true);
     const model_state& from_cpu = cpu.model();
     EXPECT_EQ(from_gpu.adam_step, from_cpu.adam_step);
-    for (size_t l = 0; l < 2; ++l) {
-        const layer_state& a = from_gpu.layers[l];
-        const layer_state& b = from_cpu.layers[l];
-        double worst = 0;
-        for (uint32_t r = 0; r < a.rows; ++r)
-            for (uint32_t i = 0; i < a.width; ++i)
-                worst = std::max(worst, double(std::abs(a.row(r)[i] - b.row(r)[i])));
-        for (size_t j = 0; j < a.bias.size(); ++j)
-            worst = std::max(worst, double(std::abs(a.bias[j] - b.bias[j])));
-        EXPECT_LT(worst, weight_tolerance) << "layer " << l;
-    }
+    for (size_t l = 0; l < 2; ++l)
+        EXPECT_LT(max_parameter_difference(from_gpu.layers[l], from_cpu.layers[l]),
+                  weight_tolerance)
+            << "layer " << l;
 }
 
 TEST(GpuBackend, EachStepsReportComesWithTheNextStepOrFromSynchronize) {
@@ -383,13 +387,9 @@ TEST(GpuBackend, EachStepsReportComesWithTheNextStepOrFromSynchronize) {
     // Everything else waits for the step in flight: the model is the CPU's.
     model_state from_gpu;
     gpu->export_state(from_gpu, false);
-    double worst = 0;
     for (size_t l = 0; l < 2; ++l)
-        for (uint32_t r = 0; r < from_gpu.layers[l].rows; ++r)
-            for (uint32_t i = 0; i < from_gpu.layers[l].width; ++i)
-                worst = std::max(worst, double(std::abs(from_gpu.layers[l].row(r)[i] -
-                                                        cpu.model().layers[l].row(r)[i])));
-    EXPECT_LT(worst, 2e-4);
+        EXPECT_LT(max_parameter_difference(from_gpu.layers[l], cpu.model().layers[l]), 2e-4)
+            << "layer " << l;
 }
 
 // Six Adam steps of lr 0.01 move weights by up to ~0.06; fp32 sums in another order differ
