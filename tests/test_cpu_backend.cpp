@@ -20,6 +20,7 @@
 #include <vector>
 
 using namespace hslide;
+using hslide::testing::max_parameter_difference;
 using hslide::testing::random_dataset;
 
 namespace {
@@ -270,9 +271,9 @@ TEST(CpuBackend, SparseOutputActiveSetHoldsLabelsFirstAndIsSparse) {
 /// order make the result independent of the thread count: not merely within tolerance, but
 /// bit for bit. Returns the smallest active-entry count of the output layer seen in a batch.
 uint64_t expect_thread_count_invariance(const model_config& config, const dataset& data,
-                                        uint32_t batch, int threads, uint32_t rebuild_after) {
+                                        uint32_t batch, int threads, uint32_t rebuild_after,
+                                        const train_config& tc = {}) {
     const model_state initial = model_state::create(config, 21);
-    train_config tc;
     cpu::cpu_backend one(initial, tc, 1), many(initial, tc, threads);
     std::vector<uint32_t> rows(data.size());
     std::iota(rows.begin(), rows.end(), 0u);
@@ -298,6 +299,14 @@ uint64_t expect_thread_count_invariance(const model_config& config, const datase
 TEST(CpuBackend, TwoThreadsGiveTheSameModelAsOneThread) {
     expect_thread_count_invariance(small_config(sparsity_mode::lsh, sparsity_mode::lsh),
                                    random_dataset(200, 20, 30, 21), 16, 2, 7);
+}
+
+TEST(CpuBackend, CatchUpAdamGivesTheSameModelOnAnyThreadCount) {
+    // Threads race to claim the rows they read; whichever wins, the row's catch-up is the same.
+    train_config tc;
+    tc.adam = adam_mode::catch_up;
+    expect_thread_count_invariance(small_config(sparsity_mode::lsh, sparsity_mode::lsh),
+                                   random_dataset(200, 20, 30, 22), 16, 3, 7, tc);
 }
 
 TEST(CpuBackend, LargeBatchesGroupRowsInParallelWithTheSameResult) {
@@ -418,6 +427,88 @@ TEST(CpuBackend, SparseAdamLeavesUntouchedRowsDenseAdamMovesThem) {
         }
         EXPECT_GT(compared_out, 0);
     }
+}
+
+/// Trains a fresh backend with Adam mode `mode` through `steps` batches of 4 and returns its
+/// model as export_state gives it.
+model_state train_with(const model_config& config, const dataset& data, adam_mode mode, int steps,
+                       int threads = 1) {
+    train_config tc;
+    tc.adam = mode;
+    cpu::cpu_backend be(model_state::create(config, 61), tc, threads);
+    for (int t = 0; t < steps; ++t) {
+        std::vector<uint32_t> rows;
+        for (uint32_t i = 0; i < 4; ++i) rows.push_back(uint32_t(t * 4 + i) % data.size());
+        be.train_batch({&data, rows.data(), 4}, 0.01f);
+    }
+    model_state out;
+    be.export_state(out, true);
+    return out;
+}
+
+TEST(CpuBackend, CatchUpAdamTrainsLikeDenseAdam) {
+    // 300 input features, 2-6 a point, and 200 outputs of which a sample's LSH active set holds
+    // a few dozen: most rows skip most of the 40 steps, then catch up when read (or at export).
+    // The tables are never rebuilt, so both modes draw the same active sets, and dense Adam's
+    // model is the reference: catch-up must reach it to float rounding (and epsilon's share,
+    // tiny here), where sparse Adam is far from it.
+    for (sparsity_mode output : {sparsity_mode::dense, sparsity_mode::lsh}) {
+        SCOPED_TRACE(output == sparsity_mode::lsh ? "LSH output layer" : "dense output layer");
+        model_config config = small_config(sparsity_mode::lsh, output);
+        config.input_dim = 300;
+        config.layers.back().size = 200;
+        const dataset data = random_dataset(160, 300, 200, 62);
+        const model_state dense = train_with(config, data, adam_mode::dense, 40);
+        const model_state catch_up = train_with(config, data, adam_mode::catch_up, 40);
+        const model_state sparse = train_with(config, data, adam_mode::sparse, 40);
+        // At most 1e-4 (1% of a step at lr 0.01), where a weight's gradients were ~1e-9 and
+        // epsilon is half of its steps (the closed form's one approximation), 1e-5 elsewhere;
+        // sparse Adam is 0.1 away.
+        const double off = max_parameter_difference(catch_up, dense);
+        EXPECT_LT(off, 2e-4);
+        EXPECT_GT(max_parameter_difference(sparse, dense), 300 * off);
+        // The Adam moments too (export_state brought every row's up to date), against the
+        // layer's largest: the gradients of the last steps differ as the weights do.
+        for (size_t l = 0; l < dense.layers.size(); ++l) {
+            const auto &m = catch_up.layers[l].adam_m, &want = dense.layers[l].adam_m;
+            double largest = 0, worst = 0;
+            for (size_t i = 0; i < want.size(); ++i) {
+                largest = std::max(largest, double(std::abs(want[i])));
+                worst = std::max(worst, double(std::abs(m[i] - want[i])));
+            }
+            EXPECT_LT(worst, 1e-3 * largest) << "layer " << l;
+        }
+    }
+}
+
+TEST(CpuBackend, CatchUpAdamBringsTheModelUpToDateBeforeReadingIt) {
+    const model_config config = small_config(sparsity_mode::dense, sparsity_mode::lsh);
+    const dataset data = random_dataset(64, 20, 30, 63);
+    train_config tc;
+    tc.adam = adam_mode::catch_up;
+    cpu::cpu_backend be(model_state::create(config, 63), tc, 2);
+    std::vector<uint32_t> rows = {0, 1, 2, 3}, later = {4, 5};
+    be.train_batch({&data, rows.data(), 4}, 0.01f);
+    be.train_batch({&data, later.data(), 2}, 0.01f);
+    // Rows of the first batch only are behind until something reads the model.
+    const model_state raw = be.model();
+    row_sets changed;
+    ASSERT_TRUE(be.take_changed_rows(changed));
+    const model_state* held = be.host_state();
+    EXPECT_GT(max_parameter_difference(raw, *held), 0.0);
+    // The rows it moved are changes, for row-sparse merges.
+    ASSERT_TRUE(be.take_changed_rows(changed));
+    size_t moved = 0;
+    for (const auto& layer_rows : changed) moved += layer_rows.size();
+    EXPECT_GT(moved, 0u);
+    // Up to date now: exporting or predicting changes nothing more.
+    model_state exported;
+    be.export_state(exported, true);
+    EXPECT_EQ(max_parameter_difference(exported, *held), 0.0);
+    std::vector<uint32_t> labels(4 * 3);
+    std::vector<float> scores(4 * 3);
+    be.predict({&data, rows.data(), 4}, 3, scoring_mode::exact, labels.data(), scores.data());
+    EXPECT_EQ(max_parameter_difference(be.model(), exported), 0.0);
 }
 
 TEST(CpuBackend, ExportImportRoundTripAndPredict) {

@@ -31,6 +31,7 @@
 
 using namespace hslide;
 using hslide::testing::make_lsh_config;
+using hslide::testing::max_parameter_difference;
 using hslide::testing::random_dataset;
 
 namespace {
@@ -290,17 +291,6 @@ std::unique_ptr<backend> make_gpu(const model_state& m, const train_config& tc, 
     o.precision = precision;
     o.gpu_async_rebuild = async_rebuild;
     return create_backend(o, m, tc);
-}
-
-/// The largest difference between two layers' weights (width columns) and biases.
-double max_parameter_difference(const layer_state& a, const layer_state& b) {
-    double worst = 0;
-    for (uint32_t r = 0; r < a.rows; ++r)
-        for (uint32_t i = 0; i < a.width; ++i)
-            worst = std::max(worst, double(std::abs(a.row(r)[i] - b.row(r)[i])));
-    for (size_t j = 0; j < a.bias.size(); ++j)
-        worst = std::max(worst, double(std::abs(a.bias[j] - b.bias[j])));
-    return worst;
 }
 
 // Trains a CPU and a GPU backend from the same state on the same batches; compares the

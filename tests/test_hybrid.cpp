@@ -824,9 +824,11 @@ TEST(Hybrid, UtilisationOfWindowsTakenWhileWorkersAreBusy) {
 
 TEST(HybridAdaptive, KeepsASlowWorkerThatHelps) {
     // Worker 1 is 4x slower and harms nobody: it adds about a quarter to the throughput, so
-    // after being measured it keeps training, with its update share.
+    // after being measured it keeps training, with its update share. (On a loaded machine a
+    // first verdict may still go wrong, which costs one 0.4-s rest: the run is long enough for
+    // the bounds to hold through one.)
     const model_state initial = integral_model(10);
-    const uint32_t n = 60000;
+    const uint32_t n = 150000;
     const dataset data = counting_dataset(n);
     std::vector<counting_backend*> devices;
     auto hybrid = adaptive_with_short_windows({2e-5, 8e-5}, initial, devices);
@@ -834,7 +836,7 @@ TEST(HybridAdaptive, KeepsASlowWorkerThatHelps) {
     const auto stats = hybrid->take_worker_stats();
     ASSERT_EQ(stats.size(), 2u);
     EXPECT_GT(double(stats[1].samples) / n, 0.1);
-    EXPECT_GT(stats[1].update_share, 0.35);
+    EXPECT_GT(stats[1].update_share, 0.3);
     EXPECT_GT(stats[1].parked_seconds, 0.0) << "it was never measured";
     EXPECT_LT(stats[1].parked_seconds, 0.3 * stats[1].wall_seconds);
 }
@@ -906,6 +908,41 @@ TEST(Hybrid, TwoCpuWorkersTrainTheSameModelShape) {
     for (size_t i = 0; i < after.layers[1].weights.size(); ++i)
         moved += std::abs(after.layers[1].weights[i] - initial.layers[1].weights[i]);
     EXPECT_GT(moved, 0.0);
+}
+
+TEST(Hybrid, CatchUpWorkersBringEveryRowUpToDateBeforeTheFinalMerges) {
+    // Under --adam catch-up a replica's rows that no step read since the merge before are
+    // behind. synchronize() must bring them up to date before merging, or the shared model
+    // would miss those steps: after it, every replica equals the shared model with nothing
+    // left behind (its raw rows equal its up-to-date ones).
+    model_config config = hslide::testing::two_layer_model(200, 8, 24, sparsity_mode::dense);
+    const model_state initial = model_state::create(config, 9);
+    const dataset data = hslide::testing::random_dataset(256, 200, 24, 9);
+    train_config tc;
+    tc.adam = adam_mode::catch_up;
+    std::vector<cpu::cpu_backend*> devices(2);
+    hybrid_options h;
+    h.policy = schedule_policy::hogbatch;
+    for (int i = 0; i < 2; ++i) {
+        hybrid_worker_options w;
+        w.batch_size = 8;
+        w.make_device = [slot = &devices[i]](const model_state& m, const train_config& t) {
+            auto d = std::make_unique<cpu::cpu_backend>(m, t, 1);
+            *slot = d.get();
+            return std::unique_ptr<backend>(std::move(d));
+        };
+        h.workers.push_back(w);
+    }
+    auto hybrid = create_hybrid_backend(h, initial, tc);
+    EXPECT_EQ(feed(*hybrid, data, 256, 32), 256u);
+    model_state shared;
+    hybrid->export_state(shared, false);
+    for (cpu::cpu_backend* d : devices) {
+        const model_state raw = d->model();  // a copy, before host_state() catches anything up
+        EXPECT_EQ(hslide::testing::max_parameter_difference(raw, *d->host_state()), 0.0);
+        EXPECT_EQ(hslide::testing::max_parameter_difference(raw, shared), 0.0);
+    }
+    EXPECT_GT(hslide::testing::max_parameter_difference(shared, initial), 0.0);
 }
 
 TEST(HybridCli, BibtexHybridOfTwoOneThreadWorkersMatchesSingleBackendP1) {

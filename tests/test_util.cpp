@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -137,6 +138,23 @@ command_result run_hslide(const std::string& args) {
     while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) output.append(buf.data(), n);
     const int status = pclose(pipe);
     return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), output};
+}
+
+double max_parameter_difference(const layer_state& a, const layer_state& b) {
+    double worst = 0;
+    for (uint32_t r = 0; r < a.rows; ++r)
+        for (uint32_t i = 0; i < a.width; ++i)
+            worst = std::max(worst, double(std::abs(a.row(r)[i] - b.row(r)[i])));
+    for (size_t j = 0; j < a.bias.size(); ++j)
+        worst = std::max(worst, double(std::abs(a.bias[j] - b.bias[j])));
+    return worst;
+}
+
+double max_parameter_difference(const model_state& a, const model_state& b) {
+    double worst = 0;
+    for (size_t l = 0; l < a.layers.size(); ++l)
+        worst = std::max(worst, max_parameter_difference(a.layers[l], b.layers[l]));
+    return worst;
 }
 
 }  // namespace hslide::testing

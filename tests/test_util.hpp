@@ -7,6 +7,7 @@
 #include "hslide/config.hpp"
 #include "hslide/dataset.hpp"
 #include "hslide/lsh.hpp"
+#include "hslide/model.hpp"
 
 #include <cstdint>
 #include <string>
@@ -77,6 +78,11 @@ model_config two_layer_model(uint32_t input_dim, uint32_t hidden, uint32_t outpu
 /// (training skips it but counts it in the batch mean).
 dataset random_dataset(uint32_t n, uint32_t features, uint32_t labels, uint64_t seed,
                        uint32_t unlabelled_every = 0);
+
+/// The largest |a - b| over two layers' weights (width columns) and biases.
+double max_parameter_difference(const layer_state& a, const layer_state& b);
+/// The same over every layer of two models of one shape.
+double max_parameter_difference(const model_state& a, const model_state& b);
 
 /// Runs `build/hslide <args>` ($HSLIDE_BINARY when set) through the shell and captures its
 /// output.

@@ -164,6 +164,13 @@ class backend {
 
     virtual backend_info info() const = 0;
 
+    /// Applies updates the optimizer deferred (--adam catch-up: the momentum steps of rows the
+    /// batches skipped), so that the replica is the model dense Adam would have; the rows it
+    /// moves count as changed rows. predict and the exports do it themselves; a multi-device
+    /// backend calls it on each device before merging them whole. Returns whether it moved any
+    /// row. The default: nothing is deferred.
+    virtual bool complete_deferred_updates() { return false; }
+
     /// Waits until every batch handed to train_batch is applied and the model is consistent,
     /// and returns the report of work finished since the last train_batch or synchronize.
     /// train_batch of an asynchronous backend (the hybrid one) may return before its batch is

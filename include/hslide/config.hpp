@@ -63,6 +63,11 @@ enum class adam_mode {
     /// dense on the input layer (every feature row moves with its momentum every batch),
     /// sparse on the others (the big output layer moves only its active rows)
     input_dense,
+    /// dense Adam's result at sparse cost: a row the batches skipped catches up on its
+    /// momentum steps, in closed form, when a step next reads it (CPU backend:
+    /// src/cpu/adam_catch_up.hpp); the whole model is brought up to date before predictions
+    /// and exports. The cpu-dense backend runs it as dense.
+    catch_up,
 };
 adam_mode parse_adam_mode(const std::string& name);
 const char* to_string(adam_mode mode);

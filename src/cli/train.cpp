@@ -93,8 +93,9 @@ int run_train(int argc, char** argv) {
     app.add_option("--adam-eps", tc.adam_epsilon, "Adam epsilon")->capture_default_str();
     app.add_option("--adam", adam,
                    "sparse: update only touched rows; dense: every row every step (SLIDE); "
-                   "input-dense: every input-layer row, the touched rows of the others")
-        ->check(CLI::IsMember({"sparse", "dense", "input-dense"}))
+                   "input-dense: every input-layer row, the touched rows of the others; "
+                   "catch-up: dense's result at sparse cost (CPU backends)")
+        ->check(CLI::IsMember({"sparse", "dense", "input-dense", "catch-up"}))
         ->capture_default_str();
     app.add_option("--rebuild", tc.rebuild_every, "samples between LSH table rebuilds (initially)")
         ->check(CLI::PositiveNumber)

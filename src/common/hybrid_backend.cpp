@@ -735,9 +735,13 @@ void hybrid_backend::synchronize_models() {
         drain(lock);
     }
     // A worker's backend may itself hold back its last batch's report (the GPU backend
-    // returns each step's report with the next one).
-    for (auto& w : workers_) {
-        const step_report last = w->device->synchronize();
+    // returns each step's report with the next one). Rows a backend brings up to date now
+    // (catch-up Adam) are changes of its own, to merge like any other, even where it merged
+    // after its last batch.
+    std::vector<char> caught_up(workers_.size(), 0);
+    for (size_t i = 0; i < workers_.size(); ++i) {
+        const step_report last = workers_[i]->device->synchronize();
+        caught_up[i] = workers_[i]->device->complete_deferred_updates();
         std::lock_guard<std::mutex> lock(mu_);
         pending_ += last;
     }
@@ -747,9 +751,11 @@ void hybrid_backend::synchronize_models() {
     // merges, brings the changes of many batches).
     int threads = 0;
     for (const auto& w : workers_) threads += w->merge_threads;
-    for (auto& w : workers_)
-        if (w->since_merge > 0 || !w->first_layer_waiting.empty())
-            merge(*w, /*full=*/true, threads);
+    for (size_t i = 0; i < workers_.size(); ++i) {
+        worker& w = *workers_[i];
+        if (w.since_merge > 0 || !w.first_layer_waiting.empty() || caught_up[i])
+            merge(w, /*full=*/true, threads);
+    }
     for (auto& w : workers_) {
         {
             std::lock_guard<std::mutex> lock(shared_mu_);

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <thread>
 
 namespace hslide::cpu {
 
@@ -61,6 +62,101 @@ cpu_backend::cpu_backend(model_state initial, const train_config& train, int thr
     }
     for (size_t l = 0; l < n_layers; ++l)
         if (model_.config.is_sparse(l)) build_layer_tables(l);
+    if (catches_up()) {
+        catch_up_ = adam_catch_up(train_.adam_beta1, train_.adam_beta2, train_.adam_epsilon,
+                                  model_.adam_step);
+        row_step_.resize(n_layers);
+        for (size_t l = 0; l < n_layers; ++l)
+            if (sparsely_updated(l))
+                row_step_[l] = std::make_unique<std::atomic<uint64_t>[]>(model_.layers[l].rows);
+        restart_catch_up();
+    }
+}
+
+void cpu_backend::restart_catch_up() {
+    catch_up_.restart(model_.adam_step);
+    for (size_t l = 0; l < row_step_.size(); ++l)
+        if (row_step_[l])
+            for (uint32_t r = 0; r < model_.layers[l].rows; ++r)
+                row_step_[l][r].store(model_.adam_step, std::memory_order_relaxed);
+}
+
+// The mark a row's step holds while a thread catches it up.
+constexpr uint64_t catching_up = ~uint64_t{0};
+
+void cpu_backend::catch_up_row(size_t l, uint32_t row, uint64_t from) {
+    layer_state& layer = model_.layers[l];
+    const catch_up_step c = catch_up_.from(from);
+    const size_t off = size_t(row) * layer.stride;
+    apply_catch_up(layer.weights.data() + off, layer.adam_m.data() + off, layer.adam_v.data() + off,
+                   layer.width, c);
+    if (l > 0) apply_catch_up(&layer.bias[row], &layer.bias_m[row], &layer.bias_v[row], 1, c);
+    if (use_bf16()) k_.to_bf16(layer.row(row), weights16_[l].row(row), layer.width);
+}
+
+void cpu_backend::bring_up_to_date(size_t l, const uint32_t* ids, uint32_t n,
+                                   thread_scratch& scratch) {
+    const uint64_t now = catch_up_.current();
+    std::atomic<uint64_t>* steps = row_step_[l].get();
+    for (uint32_t i = 0; i < n; ++i) {
+        std::atomic<uint64_t>& step = steps[ids[i]];
+        uint64_t seen = step.load(std::memory_order_acquire);
+        while (seen != now) {
+            if (seen == catching_up) {
+                // Another thread has it: one row's update, a few hundred nanoseconds.
+                std::this_thread::yield();
+                seen = step.load(std::memory_order_acquire);
+            } else if (step.compare_exchange_weak(seen, catching_up, std::memory_order_acquire,
+                                                  std::memory_order_acquire)) {
+                catch_up_row(l, ids[i], seen);
+                step.store(now, std::memory_order_release);
+                scratch.caught_up.emplace_back(uint32_t(l), ids[i]);
+                break;
+            }
+        }
+    }
+}
+
+void cpu_backend::mark_caught_up_rows() {
+    for (auto& scratch : scratch_) {
+        for (const auto& [l, row] : scratch.caught_up) {
+            changed_[l].mark(row);
+            if (model_.config.is_sparse(l)) lsh_[l].stale.mark(row);
+        }
+        scratch.caught_up.clear();
+    }
+}
+
+bool cpu_backend::complete_deferred_updates() {
+    if (!catches_up()) return false;
+    const uint64_t now = catch_up_.current();
+    for (size_t l = 0; l < row_step_.size(); ++l) {
+        if (!row_step_[l]) continue;
+        std::atomic<uint64_t>* steps = row_step_[l].get();
+#pragma omp parallel num_threads(threads_)
+        {
+            thread_scratch& scratch = scratch_[omp_get_thread_num()];
+#pragma omp for schedule(dynamic, 1024)
+            for (int64_t r = 0; r < int64_t(model_.layers[l].rows); ++r) {
+                const uint64_t from = steps[r].load(std::memory_order_relaxed);
+                if (from == now) continue;
+                catch_up_row(l, uint32_t(r), from);
+                steps[r].store(now, std::memory_order_relaxed);
+                scratch.caught_up.emplace_back(uint32_t(l), uint32_t(r));
+            }
+        }
+    }
+    bool moved = false;
+    for (const auto& scratch : scratch_) moved = moved || !scratch.caught_up.empty();
+    mark_caught_up_rows();
+    return moved;
+}
+
+const model_state* cpu_backend::host_state() const {
+    // Logically const: the model a caller reads is the one with every row up to date; only
+    // when the deferred steps are applied changes.
+    const_cast<cpu_backend*>(this)->complete_deferred_updates();
+    return &model_;
 }
 
 void cpu_backend::refresh_bf16_layer(size_t l) {
@@ -172,6 +268,7 @@ void cpu_backend::forward_sample(const dataset& data, uint32_t point, uint32_t s
             HSLIDE_CHECK(x.ids[i] < layer.rows,
                          "{}: point {} has feature {} but the model has {} inputs", data.source,
                          point, x.ids[i], layer.rows);
+        if (training && catches_up()) bring_up_to_date(0, x.ids, x.count, scratch);
         if (use_bf16()) {
             const bf16_weights& w16 = weights16_[0];
             k_.weighted_row_sum_bf16(w16.values.data(), w16.stride, layer.width, x.ids, x.values,
@@ -215,6 +312,8 @@ void cpu_backend::forward_sample(const dataset& data, uint32_t point, uint32_t s
             scratch.builder.build(lsh_[l].tables, scratch.codes.data(),
                                   force_labels ? y.ids : nullptr, force_labels ? y.count : 0,
                                   model_.config.layers[l].active, gen, out.ids, 1 + probes);
+            if (training && catches_up())
+                bring_up_to_date(l, out.ids.data(), uint32_t(out.ids.size()), scratch);
             scratch.times.active_sets += seconds_since(t0);
         }
 
@@ -304,6 +403,7 @@ void cpu_backend::backward_sample(const dataset& data, uint32_t point, uint32_t 
 }
 
 void cpu_backend::run_forward_backward(const batch_view& batch, step_report& report) {
+    HSLIDE_ASSERT(!catches_up() || catch_up_.current() == model_.adam_step);
     ensure_buffers(batch.size);
     for (auto& s : scratch_) s.times = {};
     const dataset& data = *batch.data;
@@ -319,6 +419,7 @@ void cpu_backend::run_forward_backward(const batch_view& batch, step_report& rep
             if (samples_[s].trained) backward_sample(data, point, uint32_t(s), scratch);
         }
     }
+    if (catches_up()) mark_caught_up_rows();
     report.samples = batch.size;
     report.active_per_layer.assign(model_.layers.size(), 0);
     for (uint32_t s = 0; s < batch.size; ++s) {
@@ -498,8 +599,15 @@ step_report cpu_backend::train_batch(const batch_view& batch, float learning_rat
     for (size_t l = 0; l < model_.layers.size(); ++l) {
         const bool dense_adam = adam_moves_untouched_rows(train_.adam, l);
         layer_state& layer = model_.layers[l];
+        std::atomic<uint64_t>* row_step = row_step_.empty() ? nullptr : row_step_[l].get();
         // Adam on one row's weights and (past layer 0, whose bias is a vector) its bias.
         auto adam_row = [&](uint32_t row, const float* grad, float bias_grad) {
+            if (row_step) {
+                // The forward pass brought it up to date at the previous step.
+                HSLIDE_ASSERT(row_step[row].load(std::memory_order_relaxed) + 1 ==
+                              model_.adam_step);
+                row_step[row].store(model_.adam_step, std::memory_order_relaxed);
+            }
             const size_t off = size_t(row) * layer.stride;
             k_.adam(layer.weights.data() + off, layer.adam_m.data() + off,
                     layer.adam_v.data() + off, grad, layer.width, step);
@@ -530,6 +638,7 @@ step_report cpu_backend::train_batch(const batch_view& batch, float learning_rat
         k_.adam(layer.bias.data(), layer.bias_m.data(), layer.bias_v.data(),
                 layer0_bias_grad_.data(), layer.width, step);
     }
+    if (catches_up()) catch_up_.record_step(learning_rate);
     report.times.update = seconds_since(t0);
     report.seconds = seconds_since(t_start);
     return report;
@@ -544,6 +653,7 @@ void cpu_backend::add_layer0_bias_gradient(const batch_view& batch, float* out) 
 }
 
 double cpu_backend::compute_gradient(const batch_view& batch, model_state& gradient) {
+    complete_deferred_updates();
     step_report report;
     run_forward_backward(batch, report);
     gradient = model_state::layout(model_.config);
@@ -568,6 +678,7 @@ double cpu_backend::compute_gradient(const batch_view& batch, model_state& gradi
 void cpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scoring,
                           uint32_t* labels, float* scores) {
     HSLIDE_CHECK(k > 0, "top-k must be positive");
+    complete_deferred_updates();
     const size_t out_layer = model_.layers.size() - 1;
     const bool exact = scoring == scoring_mode::exact ||
                        (scoring == scoring_mode::automatic && !output_is_sparse());
@@ -720,7 +831,8 @@ void cpu_backend::predict_exact(const batch_view& batch, uint32_t k, uint32_t* l
 }
 
 void cpu_backend::export_state(model_state& out, bool with_optimizer) const {
-    out = with_optimizer ? model_ : model_.parameters();
+    const model_state& model = *host_state();  // every row up to date
+    out = with_optimizer ? model : model.parameters();
 }
 
 void cpu_backend::import_state(const model_state& in, bool with_optimizer) {
@@ -734,6 +846,9 @@ void cpu_backend::import_state(const model_state& in, bool with_optimizer) {
             build_layer_tables(l);
         }
     }
+    // New Adam state: every row is up to date at its step. Parameters alone keep the
+    // replica's moments and step, and with them its rows' deferred steps.
+    if (catches_up() && with_optimizer) restart_catch_up();
 }
 
 bool cpu_backend::take_changed_rows(row_sets& rows) {

@@ -22,12 +22,25 @@
 // layer's bucket codes and re-hashes only the rows changed or imported since they were
 // computed (a rebuild gives the same tables as hashing every row: codes are a function of the
 // row and the hash functions).
+//
+// Catch-up Adam (--adam catch-up, adam_catch_up.hpp). Every row of a layer updated sparsely
+// (layer 0, LSH layers) has the step it is up to date at. Phase 1 brings each row it reads up
+// to date before reading it: the first thread to claim the row (an atomic exchange of its
+// step for a busy mark) applies the closed form of the skipped steps, the others wait for it,
+// so each row is caught up once and the result is the same whichever thread does it. Phase 3
+// then updates the touched rows as usual. Rows no step reads stay behind until
+// complete_deferred_updates(), which predict, export_state and host_state call first, and the
+// hybrid backend before its merges of synchronize(). The tables are built from the rows as
+// they are: a rebuild does not wait for rows no step has read.
 #pragma once
 
+#include "adam_catch_up.hpp"
 #include "hslide/backend.hpp"
 #include "hslide/lsh.hpp"
 #include "hslide/rng.hpp"
 #include "kernels.hpp"
+
+#include <atomic>
 
 #include <memory>
 #include <utility>
@@ -48,7 +61,11 @@ class cpu_backend final : public backend {
     void export_state(model_state& out, bool with_optimizer) const override;
     void import_state(const model_state& in, bool with_optimizer) override;
     backend_info info() const override;
-    const model_state* host_state() const override { return &model_; }
+    /// The model, with every row brought up to date first under --adam catch-up.
+    const model_state* host_state() const override;
+    /// --adam catch-up: brings every row the steps left behind up to date (they count as
+    /// changed rows); nothing otherwise.
+    bool complete_deferred_updates() override;
     bool take_changed_rows(row_sets& rows) override;
     void export_rows(const row_sets& rows, model_state& out) const override;
     /// Copies the rows and re-rounds their bf16 copy; the tables keep the imported neurons
@@ -95,6 +112,7 @@ class cpu_backend final : public backend {
         std::vector<float> entry_coefs;
         std::vector<std::pair<uint32_t, float>> sparse_entries;
         std::vector<bf16> input16;  // a layer's input rounded to bf16 (bf16 precision)
+        std::vector<std::pair<uint32_t, uint32_t>> caught_up;  // (layer, row) it caught up
         stage_times times;
     };
     /// A layer's weights rounded to bf16, rows `stride` values apart.
@@ -173,6 +191,17 @@ class cpu_backend final : public backend {
     /// their bf16 copy and marks their LSH codes stale (import_rows, rows_written).
     void copy_and_refresh_rows(size_t l, const std::vector<uint32_t>& ids, const layer_state* src);
     bool use_bf16() const { return precision_ == precision_mode::bf16; }
+    bool catches_up() const { return train_.adam == adam_mode::catch_up; }
+    /// Whether layer l's rows are updated sparsely (and so may fall behind under catch-up).
+    bool sparsely_updated(size_t l) const { return l == 0 || model_.config.is_sparse(l); }
+    /// Brings rows `ids` of layer l up to date before a training step reads them (any thread).
+    void bring_up_to_date(size_t l, const uint32_t* ids, uint32_t n, thread_scratch& scratch);
+    /// Applies the steps row `row` of layer l skipped since step `from` (it is claimed).
+    void catch_up_row(size_t l, uint32_t row, uint64_t from);
+    /// Every row up to date at the model's step (creation, import_state).
+    void restart_catch_up();
+    /// Marks the rows the threads' scratch lists caught up as changed.
+    void mark_caught_up_rows();
     /// The seed of predict's random draws (active-set fills), point i drawing from
     /// derive_seed(predict_seed(), i).
     uint64_t predict_seed() const {
@@ -193,6 +222,10 @@ class cpu_backend final : public backend {
     std::vector<row_marks> changed_;  // per layer: rows updated since take_changed_rows
     std::vector<float> layer0_bias_grad_;
     std::vector<float> hidden_matrix_;  // predict_exact: the chunk's last hidden layers
+    // Catch-up Adam: per sparsely updated layer, the step each row is up to date at (a busy
+    // mark while a thread catches it up); empty otherwise.
+    std::vector<std::unique_ptr<std::atomic<uint64_t>[]>> row_step_;
+    adam_catch_up catch_up_;
 };
 
 }  // namespace hslide::cpu

@@ -298,9 +298,10 @@ gpu_backend::gpu_backend(model_state initial, const train_config& train, int dev
     HSLIDE_CHECK_KIND(initial.layers[0].stride <= 1024, error_kind::unsupported,
                       "the GPU backend supports hidden layers of at most 1024 neurons, got {}",
                       initial.layers[0].width);
-    HSLIDE_CHECK_KIND(train.adam != adam_mode::dense, error_kind::unsupported,
-                      "--adam dense (SLIDE's update of every row of every layer) is CPU-only; "
-                      "the GPU backend takes sparse and input-dense");
+    HSLIDE_CHECK_KIND(train.adam != adam_mode::dense && train.adam != adam_mode::catch_up,
+                      error_kind::unsupported,
+                      "--adam {} is CPU-only so far; the GPU backend takes sparse and input-dense",
+                      to_string(train.adam));
     dense_output_ = dense_output || !config.is_sparse(1);
 
     // Only this backend's device is touched (list_gpus would create a context on every GPU).
