@@ -449,34 +449,41 @@ model_state train_with(const model_config& config, const dataset& data, adam_mod
 TEST(CpuBackend, CatchUpAdamTrainsLikeDenseAdam) {
     // 300 input features, 2-6 a point, and 200 outputs of which a sample's LSH active set holds
     // a few dozen: most rows skip most of the 40 steps, then catch up when read (or at export).
-    // The tables are never rebuilt, so both modes draw the same active sets, and dense Adam's
-    // model is the reference: catch-up must reach it to float rounding (and epsilon's share,
-    // tiny here), where sparse Adam is far from it.
+    // The tables are never rebuilt, so the modes draw the same active sets, and the eager mode
+    // is the reference: catch-up (every layer) must reach dense's model and input-catch-up
+    // input-dense's, to float rounding (and epsilon's share, tiny here), where sparse Adam is
+    // far from both.
+    const std::pair<adam_mode, adam_mode> lazy_and_eager[] = {
+        {adam_mode::catch_up, adam_mode::dense},
+        {adam_mode::input_catch_up, adam_mode::input_dense}};
     for (sparsity_mode output : {sparsity_mode::dense, sparsity_mode::lsh}) {
         SCOPED_TRACE(output == sparsity_mode::lsh ? "LSH output layer" : "dense output layer");
         model_config config = small_config(sparsity_mode::lsh, output);
         config.input_dim = 300;
         config.layers.back().size = 200;
         const dataset data = random_dataset(160, 300, 200, 62);
-        const model_state dense = train_with(config, data, adam_mode::dense, 40);
-        const model_state catch_up = train_with(config, data, adam_mode::catch_up, 40);
         const model_state sparse = train_with(config, data, adam_mode::sparse, 40);
-        // At most 1e-4 (1% of a step at lr 0.01), where a weight's gradients were ~1e-9 and
-        // epsilon is half of its steps (the closed form's one approximation), 1e-5 elsewhere;
-        // sparse Adam is 0.1 away.
-        const double off = max_parameter_difference(catch_up, dense);
-        EXPECT_LT(off, 2e-4);
-        EXPECT_GT(max_parameter_difference(sparse, dense), 300 * off);
-        // The Adam moments too (export_state brought every row's up to date), against the
-        // layer's largest: the gradients of the last steps differ as the weights do.
-        for (size_t l = 0; l < dense.layers.size(); ++l) {
-            const auto &m = catch_up.layers[l].adam_m, &want = dense.layers[l].adam_m;
-            double largest = 0, worst = 0;
-            for (size_t i = 0; i < want.size(); ++i) {
-                largest = std::max(largest, double(std::abs(want[i])));
-                worst = std::max(worst, double(std::abs(m[i] - want[i])));
+        for (const auto& [lazy_mode, eager_mode] : lazy_and_eager) {
+            SCOPED_TRACE(to_string(lazy_mode));
+            const model_state eager = train_with(config, data, eager_mode, 40);
+            const model_state lazy = train_with(config, data, lazy_mode, 40);
+            // At most 1e-4 (1% of a step at lr 0.01), where a weight's gradients were ~1e-9
+            // and epsilon is half of its steps (the closed form's one approximation), 1e-5
+            // elsewhere; sparse Adam is 0.1 away.
+            const double off = max_parameter_difference(lazy, eager);
+            EXPECT_LT(off, 2e-4);
+            EXPECT_GT(max_parameter_difference(sparse, eager), 300 * off);
+            // The Adam moments too (export_state brought every row's up to date), against
+            // the layer's largest: the gradients of the last steps differ as the weights do.
+            for (size_t l = 0; l < eager.layers.size(); ++l) {
+                const auto &m = lazy.layers[l].adam_m, &want = eager.layers[l].adam_m;
+                double largest = 0, worst = 0;
+                for (size_t i = 0; i < want.size(); ++i) {
+                    largest = std::max(largest, double(std::abs(want[i])));
+                    worst = std::max(worst, double(std::abs(m[i] - want[i])));
+                }
+                EXPECT_LT(worst, 1e-3 * largest) << "layer " << l;
             }
-            EXPECT_LT(worst, 1e-3 * largest) << "layer " << l;
         }
     }
 }
@@ -531,14 +538,15 @@ TEST(CpuBackend, ExportImportRoundTripAndPredict) {
     copy.predict({&data, rows.data(), 64}, k, scoring_mode::exact, l2.data(), s2.data());
     EXPECT_EQ(l1, l2);
     EXPECT_EQ(s1, s2);
-    // Scores come best first, and after 30 epochs on 64 points the top label is a true label.
+    // Scores come best first, and after 30 epochs on 64 points the top label is mostly a true
+    // label (more than 56 of 64 with sparse Adam, 56 with the default input-catch-up).
     int hits = 0;
     for (uint32_t s = 0; s < 64; ++s) {
         for (uint32_t i = 1; i < k; ++i) EXPECT_GE(s1[s * k + i - 1], s1[s * k + i]);
         const label_row y = data.labels(s);
         hits += std::find(y.ids, y.ids + y.count, l1[s * k]) != y.ids + y.count;
     }
-    EXPECT_GT(hits, 56);
+    EXPECT_GT(hits, 52);
 }
 
 TEST(CpuBackend, Bf16TrainsLikeFp32AndImportRefreshesItsCopy) {

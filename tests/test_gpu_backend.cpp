@@ -347,6 +347,7 @@ TEST(GpuBackend, EachStepsReportComesWithTheNextStepOrFromSynchronize) {
     const model_state initial = model_state::create(two_layer_config(sparsity_mode::lsh), 3);
     train_config tc;
     tc.seed = 4;
+    tc.adam = adam_mode::sparse;  // the same arithmetic on both (the CPU's default is lazy)
     auto gpu = make_gpu(initial, tc, "gpu");
     cpu::cpu_backend cpu(initial, tc, 1, cpu::scalar_kernels(), precision_mode::fp32);
     const dataset data = random_dataset(64, 50, 70, 5);
@@ -396,6 +397,14 @@ TEST(GpuBackend, InputDenseAdamTrainingMatchesTheCpu) {
                          adam_mode::input_dense);
 }
 
+TEST(GpuBackend, InputCatchUpTrainsAsOnTheCpu) {
+    HSLIDE_REQUIRE_GPU();
+    // The default: the GPU runs it eagerly as input-dense, the CPU lazily; the same model, to
+    // the CPU's closed form's approximation of epsilon (tests/test_cpu_backend.cpp: 1e-4).
+    expect_same_training("gpu", sparsity_mode::lsh, precision_mode::fp32, 1e-4, 4e-4,
+                         adam_mode::input_catch_up);
+}
+
 TEST(GpuBackend, Bf16LshTrainingMatchesTheCpuBf16) {
     HSLIDE_REQUIRE_GPU();
     // Both round weights and inputs to bf16; a rounding flip on one side moves a product by
@@ -429,6 +438,7 @@ TEST(GpuBackend, ExactPredictionsAndExportImportMatchTheCpu) {
     HSLIDE_REQUIRE_GPU();
     const model_config config = two_layer_config(sparsity_mode::lsh);
     train_config tc;
+    tc.adam = adam_mode::sparse;  // the same arithmetic on both (the CPU's default is lazy)
     const dataset data = random_dataset(100, 50, 70, 6);
     std::vector<uint32_t> rows(data.size());
     std::iota(rows.begin(), rows.end(), 0u);
@@ -559,6 +569,7 @@ void expect_row_transfers(precision_mode precision) {
     config.layers[1].active.min_active = 8;
     const model_state initial = model_state::create(config, 12);
     train_config tc;
+    tc.adam = adam_mode::sparse;  // changed rows are the touched ones (input-dense: all)
     auto gpu = make_gpu(initial, tc, "gpu", precision);
     row_sets changed;
     ASSERT_TRUE(gpu->take_changed_rows(changed));

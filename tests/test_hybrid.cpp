@@ -322,7 +322,10 @@ TEST_P(HybridExactMerge, EverySampleTrainedOnceAndNoChangeDropped) {
     const bool writable = path == merge_path::rows_written_in_place;
     const bool host = writable || path == merge_path::rows_in_place;
     const model_state initial = integral_model(5);
-    const dataset data = counting_dataset(3000);
+    // Enough samples (tens of milliseconds of work) that a worker whose thread starts late on
+    // a loaded machine still gets batches.
+    const uint32_t n = 12000;
+    const dataset data = counting_dataset(n);
     std::vector<counting_backend*> devices;
     // Three workers of different speeds and batch sizes: their rows overlap in every layer
     // (sample p changes row p % rows), and their merges interleave.
@@ -336,7 +339,6 @@ TEST_P(HybridExactMerge, EverySampleTrainedOnceAndNoChangeDropped) {
     h.merge_rows_per_thread = 2;  // the tiny layers' merges split into ranges too
     h.min_batch = 1;
     auto hybrid = create_hybrid_backend(h, initial, train_config{});
-    const uint32_t n = 3000;
     EXPECT_EQ(feed(*hybrid, data, n, 64), n);
 
     std::vector<uint32_t> all;
@@ -669,9 +671,13 @@ TEST(CpuBackendRows, RebuildFromCachedCodesEqualsAFullRehash) {
         const std::vector<uint32_t> rows = iota_rows(b, 16);
         be.train_batch({&data, rows.data(), 16}, 0.05f);
     }
+    // Exported first: that brings the rows catch-up Adam left behind up to date (and marks
+    // them for re-hashing), so both hold the same model.
+    model_state trained;
+    be.export_state(trained, true);
     be.rebuild_tables(false);
     cpu::cpu_backend fresh(model_state::create(config, 99), train_config{}, 1);
-    fresh.import_state(be.model(), true);
+    fresh.import_state(trained, true);
     expect_same_step(be, fresh, data, iota_rows(64, 32));
 }
 

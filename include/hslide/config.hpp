@@ -68,12 +68,22 @@ enum class adam_mode {
     /// src/cpu/adam_catch_up.hpp); the whole model is brought up to date before predictions
     /// and exports. The cpu-dense backend runs it as dense.
     catch_up,
+    /// input-dense's result at sparse cost: catch-up on the input layer only. The GPU backend
+    /// runs it as input-dense (a pass over the input layer is cheap there), cpu-dense as dense
+    /// on the input layer: the same model.
+    input_catch_up,
 };
 adam_mode parse_adam_mode(const std::string& name);
 const char* to_string(adam_mode mode);
 /// Whether Adam moves layer l's untouched rows (with a zero gradient) in this mode.
 inline bool adam_moves_untouched_rows(adam_mode mode, size_t l) {
     return mode == adam_mode::dense || (mode == adam_mode::input_dense && l == 0);
+}
+/// Whether layer l's untouched rows end up where dense Adam moves them: moved every step, or
+/// caught up later (the catch-up modes).
+inline bool adam_momentum_reaches_untouched_rows(adam_mode mode, size_t l) {
+    return adam_moves_untouched_rows(mode, l) || mode == adam_mode::catch_up ||
+           (mode == adam_mode::input_catch_up && l == 0);
 }
 
 /// How predictions score the output layer.
@@ -114,7 +124,7 @@ struct train_config {
     float adam_beta1 = 0.9f;
     float adam_beta2 = 0.999f;
     float adam_epsilon = 1e-8f;
-    adam_mode adam = adam_mode::sparse;
+    adam_mode adam = adam_mode::input_catch_up;
     /// Samples between LSH table rebuilds at the start; the period then grows by
     /// exp(rebuild_decay) after every rebuild (SLIDE's exponential decay of the rebuild rate).
     uint64_t rebuild_every = 6400;

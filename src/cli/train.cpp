@@ -61,7 +61,7 @@ int run_train(int argc, char** argv) {
     const std::vector<CLI::Option*> model_flags = add_model_options(app, mopt);
 
     train_config tc;
-    std::string backend_name = "cpu", adam = "sparse", scoring = "exact";
+    std::string backend_name = "cpu", adam = to_string(tc.adam), scoring = "exact";
     app.add_option("--backend", backend_name,
                    "where to train: cpu (LSH-sparse), cpu-dense (every neuron through BLAS: the "
                    "dense baseline), gpu (LSH on a GPU), gpu-dense (every neuron through "
@@ -94,8 +94,9 @@ int run_train(int argc, char** argv) {
     app.add_option("--adam", adam,
                    "sparse: update only touched rows; dense: every row every step (SLIDE); "
                    "input-dense: every input-layer row, the touched rows of the others; "
-                   "catch-up: dense's result at sparse cost (CPU backends)")
-        ->check(CLI::IsMember({"sparse", "dense", "input-dense", "catch-up"}))
+                   "catch-up: dense's result at sparse cost (CPU backends); input-catch-up: "
+                   "input-dense's result at sparse cost")
+        ->check(CLI::IsMember({"sparse", "dense", "input-dense", "catch-up", "input-catch-up"}))
         ->capture_default_str();
     app.add_option("--rebuild", tc.rebuild_every, "samples between LSH table rebuilds (initially)")
         ->check(CLI::PositiveNumber)

@@ -15,10 +15,12 @@ using detail::parse_named;
 const std::pair<const char*, sparsity_mode> sparsity_names[] = {{"auto", sparsity_mode::automatic},
                                                                 {"lsh", sparsity_mode::lsh},
                                                                 {"dense", sparsity_mode::dense}};
-const std::pair<const char*, adam_mode> adam_names[] = {{"sparse", adam_mode::sparse},
-                                                        {"dense", adam_mode::dense},
-                                                        {"input-dense", adam_mode::input_dense},
-                                                        {"catch-up", adam_mode::catch_up}};
+const std::pair<const char*, adam_mode> adam_names[] = {
+    {"sparse", adam_mode::sparse},
+    {"dense", adam_mode::dense},
+    {"input-dense", adam_mode::input_dense},
+    {"catch-up", adam_mode::catch_up},
+    {"input-catch-up", adam_mode::input_catch_up}};
 const std::pair<const char*, scoring_mode> scoring_names[] = {
     {"auto", scoring_mode::automatic}, {"exact", scoring_mode::exact}, {"lsh", scoring_mode::lsh}};
 const std::pair<const char*, lr_schedule> schedule_names[] = {{"constant", lr_schedule::constant},

@@ -67,7 +67,7 @@ cpu_backend::cpu_backend(model_state initial, const train_config& train, int thr
                                   model_.adam_step);
         row_step_.resize(n_layers);
         for (size_t l = 0; l < n_layers; ++l)
-            if (sparsely_updated(l))
+            if (catches_up(l))
                 row_step_[l] = std::make_unique<std::atomic<uint64_t>[]>(model_.layers[l].rows);
         restart_catch_up();
     }
@@ -268,7 +268,7 @@ void cpu_backend::forward_sample(const dataset& data, uint32_t point, uint32_t s
             HSLIDE_CHECK(x.ids[i] < layer.rows,
                          "{}: point {} has feature {} but the model has {} inputs", data.source,
                          point, x.ids[i], layer.rows);
-        if (training && catches_up()) bring_up_to_date(0, x.ids, x.count, scratch);
+        if (training && catches_up(0)) bring_up_to_date(0, x.ids, x.count, scratch);
         if (use_bf16()) {
             const bf16_weights& w16 = weights16_[0];
             k_.weighted_row_sum_bf16(w16.values.data(), w16.stride, layer.width, x.ids, x.values,
@@ -312,7 +312,7 @@ void cpu_backend::forward_sample(const dataset& data, uint32_t point, uint32_t s
             scratch.builder.build(lsh_[l].tables, scratch.codes.data(),
                                   force_labels ? y.ids : nullptr, force_labels ? y.count : 0,
                                   model_.config.layers[l].active, gen, out.ids, 1 + probes);
-            if (training && catches_up())
+            if (training && catches_up(l))
                 bring_up_to_date(l, out.ids.data(), uint32_t(out.ids.size()), scratch);
             scratch.times.active_sets += seconds_since(t0);
         }

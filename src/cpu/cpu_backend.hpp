@@ -23,12 +23,12 @@
 // computed (a rebuild gives the same tables as hashing every row: codes are a function of the
 // row and the hash functions).
 //
-// Catch-up Adam (--adam catch-up, adam_catch_up.hpp). Every row of a layer updated sparsely
-// (layer 0, LSH layers) has the step it is up to date at. Phase 1 brings each row it reads up
-// to date before reading it: the first thread to claim the row (an atomic exchange of its
-// step for a busy mark) applies the closed form of the skipped steps, the others wait for it,
-// so each row is caught up once and the result is the same whichever thread does it. Phase 3
-// then updates the touched rows as usual. Rows no step reads stay behind until
+// Catch-up Adam (--adam catch-up, adam_catch_up.hpp; input-catch-up: layer 0 only). Every row
+// of a layer updated sparsely (layer 0, LSH layers) has the step it is up to date at. Phase 1
+// brings each row it reads up to date before reading it: the first thread to claim the row (an
+// atomic exchange of its step for a busy mark) applies the closed form of the skipped steps, the
+// others wait for it, so each row is caught up once and the result is the same whichever thread
+// does it. Phase 3 then updates the touched rows as usual. Rows no step reads stay behind until
 // complete_deferred_updates(), which predict, export_state and host_state call first, and the
 // hybrid backend before its merges of synchronize(). The tables are built from the rows as
 // they are: a rebuild does not wait for rows no step has read.
@@ -191,9 +191,15 @@ class cpu_backend final : public backend {
     /// their bf16 copy and marks their LSH codes stale (import_rows, rows_written).
     void copy_and_refresh_rows(size_t l, const std::vector<uint32_t>& ids, const layer_state* src);
     bool use_bf16() const { return precision_ == precision_mode::bf16; }
-    bool catches_up() const { return train_.adam == adam_mode::catch_up; }
-    /// Whether layer l's rows are updated sparsely (and so may fall behind under catch-up).
-    bool sparsely_updated(size_t l) const { return l == 0 || model_.config.is_sparse(l); }
+    bool catches_up() const {
+        return train_.adam == adam_mode::catch_up || train_.adam == adam_mode::input_catch_up;
+    }
+    /// Whether layer l's rows catch up: updated sparsely (layer 0, LSH layers), in a layer
+    /// the mode covers.
+    bool catches_up(size_t l) const {
+        return catches_up() && (l == 0 || model_.config.is_sparse(l)) &&
+               adam_momentum_reaches_untouched_rows(train_.adam, l);
+    }
     /// Brings rows `ids` of layer l up to date before a training step reads them (any thread).
     void bring_up_to_date(size_t l, const uint32_t* ids, uint32_t n, thread_scratch& scratch);
     /// Applies the steps row `row` of layer l skipped since step `from` (it is claimed).
@@ -222,8 +228,8 @@ class cpu_backend final : public backend {
     std::vector<row_marks> changed_;  // per layer: rows updated since take_changed_rows
     std::vector<float> layer0_bias_grad_;
     std::vector<float> hidden_matrix_;  // predict_exact: the chunk's last hidden layers
-    // Catch-up Adam: per sparsely updated layer, the step each row is up to date at (a busy
-    // mark while a thread catches it up); empty otherwise.
+    // Catch-up Adam: per layer that catches up, the step each row is up to date at (a busy
+    // mark while a thread catches it up); null for other layers, empty without catch-up.
     std::vector<std::unique_ptr<std::atomic<uint64_t>[]>> row_step_;
     adam_catch_up catch_up_;
 };

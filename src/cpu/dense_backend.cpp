@@ -345,8 +345,9 @@ void dense_backend::apply_input_layer(const batch_view& batch, float inv_batch,
             }
         }
     }
-    // Catch-up Adam's result is dense Adam's: here, where cost is not the point, run it as such.
-    if (step && (adam_moves_untouched_rows(train_.adam, 0) || train_.adam == adam_mode::catch_up)) {
+    // The catch-up modes' result is dense Adam's on this layer: here, where cost is not the
+    // point, run them as such.
+    if (step && adam_momentum_reaches_untouched_rows(train_.adam, 0)) {
         // SLIDE's behaviour, as cpu_backend: untouched rows move with their momentum.
         for (int64_t t = 0; t < touched; ++t) row_touched_[entries_[row_offsets_[t]].row] = 1;
         const std::vector<float> zero(layer.stride, 0.0f);

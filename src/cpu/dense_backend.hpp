@@ -18,7 +18,8 @@
 //    Adam on every row of the block, every step (OpenMP over blocks, one single-threaded SGEMM
 //    per block, so the block is still in cache for Adam). Layer 0 gets the row-sparse gradient an
 //    embedding bag would: only the rows of features present in the batch's labelled points are
-//    updated (every row under --adam dense, and catch-up, whose result that is), each summed in sample order as cpu_backend does.
+//    updated (every row under --adam dense and input-dense, and the catch-up modes, whose result
+//    that is), each summed in sample order as cpu_backend does.
 //
 // Threads: the forward and backward GEMMs run on BLAS's threads, `threads` of them
 // (openblas_set_num_threads where the library is OpenBLAS), the rest on `threads` OpenMP
