@@ -9,6 +9,10 @@
 
 #include <omp.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -23,6 +27,17 @@ namespace {
 using clock_type = std::chrono::steady_clock;
 double seconds_since(clock_type::time_point t0) {
     return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+// The mark a row's step holds while a thread catches it up.
+constexpr uint64_t catching_up = ~uint64_t{0};
+
+void pause_briefly() {
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_pause();
+#else
+    std::this_thread::yield();
+#endif
 }
 }  // namespace
 
@@ -81,9 +96,6 @@ void cpu_backend::restart_catch_up() {
                 row_step_[l][r].store(model_.adam_step, std::memory_order_relaxed);
 }
 
-// The mark a row's step holds while a thread catches it up.
-constexpr uint64_t catching_up = ~uint64_t{0};
-
 void cpu_backend::catch_up_row(size_t l, uint32_t row, uint64_t from) {
     layer_state& layer = model_.layers[l];
     const catch_up_step c = catch_up_.from(from);
@@ -103,8 +115,9 @@ void cpu_backend::bring_up_to_date(size_t l, const uint32_t* ids, uint32_t n,
         uint64_t seen = step.load(std::memory_order_acquire);
         while (seen != now) {
             if (seen == catching_up) {
-                // Another thread has it: one row's update, a few hundred nanoseconds.
-                std::this_thread::yield();
+                // Another thread has it: one row's update, well under a microsecond, so a
+                // pause rather than a trip through the scheduler.
+                pause_briefly();
                 seen = step.load(std::memory_order_acquire);
             } else if (step.compare_exchange_weak(seen, catching_up, std::memory_order_acquire,
                                                   std::memory_order_acquire)) {
@@ -112,6 +125,32 @@ void cpu_backend::bring_up_to_date(size_t l, const uint32_t* ids, uint32_t n,
                 step.store(now, std::memory_order_release);
                 scratch.caught_up.emplace_back(uint32_t(l), ids[i]);
                 break;
+            }
+        }
+    }
+}
+
+void cpu_backend::bring_inputs_up_to_date(const batch_view& batch) {
+    const uint64_t now = catch_up_.current();
+    std::atomic<uint64_t>* steps = row_step_[0].get();
+    const uint32_t rows = model_.layers[0].rows;
+#pragma omp parallel num_threads(threads_)
+    {
+        const int t = omp_get_thread_num(), n = omp_get_num_threads();
+        const uint32_t lo = uint32_t(uint64_t(rows) * uint64_t(t) / uint64_t(n));
+        const uint32_t hi = uint32_t(uint64_t(rows) * uint64_t(t + 1) / uint64_t(n));
+        thread_scratch& scratch = scratch_[t];
+        for (uint32_t s = 0; s < batch.size; ++s) {
+            const feature_row x = batch.data->features(batch.rows[s]);
+            for (uint32_t k = 0; k < x.count; ++k) {
+                const uint32_t row = x.ids[k];
+                if (row - lo >= hi - lo)
+                    continue;  // another thread's (or not a row: forward says so)
+                const uint64_t from = steps[row].load(std::memory_order_relaxed);
+                if (from == now) continue;
+                catch_up_row(0, row, from);
+                steps[row].store(now, std::memory_order_relaxed);
+                scratch.caught_up.emplace_back(0u, row);
             }
         }
     }
@@ -268,7 +307,6 @@ void cpu_backend::forward_sample(const dataset& data, uint32_t point, uint32_t s
             HSLIDE_CHECK(x.ids[i] < layer.rows,
                          "{}: point {} has feature {} but the model has {} inputs", data.source,
                          point, x.ids[i], layer.rows);
-        if (training && catches_up(0)) bring_up_to_date(0, x.ids, x.count, scratch);
         if (use_bf16()) {
             const bf16_weights& w16 = weights16_[0];
             k_.weighted_row_sum_bf16(w16.values.data(), w16.stride, layer.width, x.ids, x.values,
@@ -404,6 +442,7 @@ void cpu_backend::backward_sample(const dataset& data, uint32_t point, uint32_t 
 
 void cpu_backend::run_forward_backward(const batch_view& batch, step_report& report) {
     HSLIDE_ASSERT(!catches_up() || catch_up_.current() == model_.adam_step);
+    if (catches_up(0)) bring_inputs_up_to_date(batch);
     ensure_buffers(batch.size);
     for (auto& s : scratch_) s.times = {};
     const dataset& data = *batch.data;

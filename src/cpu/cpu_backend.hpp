@@ -24,14 +24,16 @@
 // row and the hash functions).
 //
 // Catch-up Adam (--adam catch-up, adam_catch_up.hpp; input-catch-up: layer 0 only). Every row
-// of a layer updated sparsely (layer 0, LSH layers) has the step it is up to date at. Phase 1
-// brings each row it reads up to date before reading it: the first thread to claim the row (an
-// atomic exchange of its step for a busy mark) applies the closed form of the skipped steps, the
-// others wait for it, so each row is caught up once and the result is the same whichever thread
-// does it. Phase 3 then updates the touched rows as usual. Rows no step reads stay behind until
-// complete_deferred_updates(), which predict, export_state and host_state call first, and the
-// hybrid backend before its merges of synchronize(). The tables are built from the rows as
-// they are: a rebuild does not wait for rows no step has read.
+// of a layer updated sparsely (layer 0, LSH layers) has the step it is up to date at. Before
+// phase 1, the rows of the batch's features are brought up to date, each thread the rows of
+// its range (the features are known before the forward pass). An LSH layer's active rows are
+// known only inside phase 1, which brings each up to date before reading it: the first thread
+// to claim the row (an atomic exchange of its step for a busy mark) applies the closed form of
+// the skipped steps, the others wait for it, so each row is caught up once and the result is
+// the same whichever thread does it. Phase 3 then updates the touched rows as usual. Rows no step
+// reads stay behind until complete_deferred_updates(), which predict, export_state and host_state
+// call first, and the hybrid backend before its merges of synchronize(). The tables are built from
+// the rows as they are: a rebuild does not wait for rows no step has read.
 #pragma once
 
 #include "adam_catch_up.hpp"
@@ -202,6 +204,9 @@ class cpu_backend final : public backend {
     }
     /// Brings rows `ids` of layer l up to date before a training step reads them (any thread).
     void bring_up_to_date(size_t l, const uint32_t* ids, uint32_t n, thread_scratch& scratch);
+    /// Brings the rows of the batch's features up to date (layer 0), before the forward pass:
+    /// each thread takes the rows of its own range, so no row is claimed twice.
+    void bring_inputs_up_to_date(const batch_view& batch);
     /// Applies the steps row `row` of layer l skipped since step `from` (it is claimed).
     void catch_up_row(size_t l, uint32_t row, uint64_t from);
     /// Every row up to date at the model's step (creation, import_state).
