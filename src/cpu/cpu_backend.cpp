@@ -192,8 +192,8 @@ bool cpu_backend::complete_deferred_updates() {
 }
 
 const model_state* cpu_backend::host_state() const {
-    // Logically const: the model a caller reads is the one with every row up to date; only
-    // when the deferred steps are applied changes.
+    // Logically const: the model is the one with every row up to date; bringing the rows
+    // there changes when the deferred steps are applied, not what the model is.
     const_cast<cpu_backend*>(this)->complete_deferred_updates();
     return &model_;
 }
