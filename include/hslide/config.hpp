@@ -79,11 +79,14 @@ const char* to_string(adam_mode mode);
 inline bool adam_moves_untouched_rows(adam_mode mode, size_t l) {
     return mode == adam_mode::dense || (mode == adam_mode::input_dense && l == 0);
 }
+/// Whether layer l's untouched rows catch up on their momentum when next read (catch-up modes).
+inline bool adam_catches_up_rows(adam_mode mode, size_t l) {
+    return mode == adam_mode::catch_up || (mode == adam_mode::input_catch_up && l == 0);
+}
 /// Whether layer l's untouched rows end up where dense Adam moves them: moved every step, or
-/// caught up later (the catch-up modes).
+/// caught up later.
 inline bool adam_momentum_reaches_untouched_rows(adam_mode mode, size_t l) {
-    return adam_moves_untouched_rows(mode, l) || mode == adam_mode::catch_up ||
-           (mode == adam_mode::input_catch_up && l == 0);
+    return adam_moves_untouched_rows(mode, l) || adam_catches_up_rows(mode, l);
 }
 
 /// How predictions score the output layer.

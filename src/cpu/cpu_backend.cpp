@@ -167,7 +167,8 @@ void cpu_backend::mark_caught_up_rows() {
 }
 
 bool cpu_backend::complete_deferred_updates() {
-    if (!catches_up()) return false;
+    if (!rows_behind_) return false;
+    rows_behind_ = false;
     const uint64_t now = catch_up_.current();
     for (size_t l = 0; l < row_step_.size(); ++l) {
         if (!row_step_[l]) continue;
@@ -677,7 +678,10 @@ step_report cpu_backend::train_batch(const batch_view& batch, float learning_rat
         k_.adam(layer.bias.data(), layer.bias_m.data(), layer.bias_v.data(),
                 layer0_bias_grad_.data(), layer.width, step);
     }
-    if (catches_up()) catch_up_.record_step(learning_rate);
+    if (catches_up()) {
+        catch_up_.record_step(learning_rate);
+        rows_behind_ = true;
+    }
     report.times.update = seconds_since(t0);
     report.seconds = seconds_since(t_start);
     return report;
@@ -887,7 +891,10 @@ void cpu_backend::import_state(const model_state& in, bool with_optimizer) {
     }
     // New Adam state: every row is up to date at its step. Parameters alone keep the
     // replica's moments and step, and with them its rows' deferred steps.
-    if (catches_up() && with_optimizer) restart_catch_up();
+    if (catches_up() && with_optimizer) {
+        restart_catch_up();
+        rows_behind_ = false;
+    }
 }
 
 bool cpu_backend::take_changed_rows(row_sets& rows) {

@@ -199,8 +199,7 @@ class cpu_backend final : public backend {
     /// Whether layer l's rows catch up: updated sparsely (layer 0, LSH layers), in a layer
     /// the mode covers.
     bool catches_up(size_t l) const {
-        return catches_up() && (l == 0 || model_.config.is_sparse(l)) &&
-               adam_momentum_reaches_untouched_rows(train_.adam, l);
+        return (l == 0 || model_.config.is_sparse(l)) && adam_catches_up_rows(train_.adam, l);
     }
     /// Brings rows `ids` of layer l up to date before a training step reads them (any thread).
     void bring_up_to_date(size_t l, const uint32_t* ids, uint32_t n, thread_scratch& scratch);
@@ -237,6 +236,9 @@ class cpu_backend final : public backend {
     // mark while a thread catches it up); null for other layers, empty without catch-up.
     std::vector<std::unique_ptr<std::atomic<uint64_t>[]>> row_step_;
     adam_catch_up catch_up_;
+    // Whether a step since the last complete_deferred_updates may have left rows behind: predict
+    // (called a chunk of points at a time) and the exports then skip the O(rows) scan.
+    bool rows_behind_ = false;
 };
 
 }  // namespace hslide::cpu
