@@ -9,6 +9,12 @@
       baseline's records in the same schema), DIR/run_info.tsv and DIR/hardware.json, and
       writes DIR/results.csv, DIR/results.jsonl, DIR/report.md, DIR/p1_vs_time.png and
       DIR/stages.png.
+  report.py compare --out OUT [--names "A B ..."] [--target-p1 X] DIR DIR ...
+      puts results folders of the same workload from different machines side by side:
+      OUT/compare.md (the machines; s/epoch and time to one common target P@1 per
+      configuration and machine, with each machine's speedup over the first; each machine's
+      fastest configuration and the speedups between those), OUT/compare.csv (every
+      evaluation with its machine) and OUT/compare_p1_vs_time.png.
 
 Definitions (also in the report):
   * train seconds: the sum of the epochs' training wall time (evaluation excluded);
@@ -362,6 +368,231 @@ def report(args):
     return 0
 
 
+# --- compare ------------------------------------------------------------------------------------
+def die(message):
+    print(f"report.py compare: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def load_results(directory):
+    """(rows of results.jsonl grouped by configuration, in order; hardware; run_info)."""
+    results = directory / "results.jsonl"
+    by_config = {}
+    if results.exists():
+        for n, line in enumerate(results.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                by_config.setdefault(row["config"], []).append(row)
+            except (ValueError, KeyError) as e:
+                die(f"{results}:{n}: not a results row ({e})")
+    elif (directory / "results.csv").exists():
+        # The CSV alone (e.g. a folder kept in bench/): numbers back from text.
+        results = directory / "results.csv"
+        with open(results, newline="") as f:
+            for n, row in enumerate(csv.DictReader(f), 2):
+                try:
+                    for key in row:
+                        if key not in ("config", "backend", "precision", "isa", "cpu", "gpu",
+                                       "revision"):
+                            row[key] = float(row[key]) if row[key] != "" else None
+                    row["epoch"] = int(row["epoch"])
+                    by_config.setdefault(row["config"], []).append(row)
+                except (ValueError, KeyError, TypeError) as e:
+                    die(f"{results}:{n}: not a results row ({e})")
+    else:
+        die(f"{directory} has neither results.jsonl nor results.csv (a results folder of "
+            "scripts/reproduce.sh is needed)")
+    hw_path = directory / "hardware.json"
+    hw = json.loads(hw_path.read_text()) if hw_path.exists() else {}
+    info = {}
+    info_path = directory / "run_info.tsv"
+    if info_path.exists():
+        for line in info_path.read_text().splitlines():
+            key, _, value = line.partition("\t")
+            info.setdefault(key, value)
+    return by_config, hw, info
+
+
+def machine_summary(hw):
+    gpus = ", ".join(g["name"] for g in hw.get("gpus", [])) or "no GPU"
+    kernels = (hw.get("cpu_kernels") or "?").split()[0]
+    return (f"{hw.get('cpu_model', '?')}, {hw.get('cpu_threads', '?')} threads, {kernels} "
+            f"kernels, {hw.get('memory', '?')}; {gpus}")
+
+
+def target_rule(finals, given):
+    """The report's rule for the target P@1, over every (machine, configuration)."""
+    finals = [p for p in finals if p is not None and math.isfinite(p)]
+    if given is not None:
+        return given, "given with --target-p1"
+    if not finals or max(finals) <= 0:
+        return None, "no configuration has a positive P@1"
+    learned = [p for p in finals if p >= 0.1 * max(finals)]
+    return 0.9 * min(learned), ("90% of the lowest final P@1 among the configurations that "
+                                "learned, over every machine")
+
+
+def compare(args):
+    dirs = [pathlib.Path(d) for d in args.dirs]
+    names = args.names.split() if args.names else [d.resolve().name for d in dirs]
+    if len(names) != len(dirs):
+        die(f"{len(names)} names for {len(dirs)} folders")
+    if len(set(names)) != len(names):
+        die("machine names must differ (--names)")
+    machines = []
+    for name, d in zip(names, dirs):
+        by_config, hw, info = load_results(d)
+        machines.append({"name": name, "dir": d, "runs": by_config, "hw": hw, "info": info})
+    configs = []
+    for m in machines:
+        configs += [c for c in m["runs"] if c not in configs]
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def per_epoch(m, c):
+        rows = m["runs"].get(c)
+        return sum(r["epoch_seconds"] for r in rows) / len(rows) if rows else None
+
+    def final_p1(m, c):
+        rows = m["runs"].get(c)
+        return rows[-1].get("p@1") if rows else None
+
+    target, rule = target_rule([final_p1(m, c) for m in machines for c in m["runs"]],
+                               args.target_p1)
+    tta = {(m["name"], c): time_to_target(m["runs"][c], target)
+           for m in machines for c in m["runs"]} if target is not None else {}
+
+    with open(out / "compare.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["machine"] + CSV_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        for m in machines:
+            for c in m["runs"]:
+                for r in m["runs"][c]:
+                    w.writerow({"machine": m["name"],
+                                **{k: ("" if v is None else v) for k, v in r.items()}})
+
+    first = machines[0]["name"]
+    md = ["# hslide hardware comparison\n"]
+    md.append("| machine | hardware | workload | settings | date (UTC), revision | results |")
+    md.append("|---|---|---|---|---|---|")
+    for m in machines:
+        md.append(f"| **{m['name']}** | {machine_summary(m['hw'])} | "
+                  f"{m['info'].get('workload', '?')} | {m['info'].get('settings', '?')} | "
+                  f"{m['hw'].get('date_utc', '?')}, `{m['hw'].get('revision', '?')}` | "
+                  f"`{m['dir']}` |")
+    md.append("")
+    workloads = {m["info"].get("workload") for m in machines}
+    if len(workloads) > 1:
+        md.append("**The workloads differ**: the figures below do not compare machines on the "
+                  "same work.\n")
+
+    md.append("## Seconds per epoch\n")
+    md.append("Training wall time per epoch (mean over the epochs, evaluation excluded), and in "
+              f"the last columns how many times faster each machine is than **{first}** on "
+              "the same configuration.\n")
+    others = [m for m in machines[1:]]
+    md.append("| configuration | " + " | ".join(m["name"] for m in machines)
+              + "".join(f" | {m['name']} over {first}" for m in others) + " |")
+    md.append("|---|" + "---:|" * (len(machines) + len(others)))
+    for c in configs:
+        cells = [fmt(per_epoch(m, c), 2) for m in machines]
+        base = per_epoch(machines[0], c)
+        for m in others:
+            mine = per_epoch(m, c)
+            cells.append(f"{base / mine:.2f}x" if base and mine else "—")
+        md.append(f"| {c} | " + " | ".join(cells) + " |")
+    md.append("")
+
+    md.append("## Time to accuracy\n")
+    if target is None:
+        md.append(f"No target: {rule}.\n")
+    else:
+        md.append(f"Target P@1 = **{target:.4f}** ({rule}): training seconds (evaluation "
+                  "excluded) to the end of the first epoch whose evaluation reached it, and "
+                  "the final P@1 in brackets.\n")
+        md.append("| configuration | " + " | ".join(m["name"] for m in machines)
+                  + "".join(f" | {m['name']} over {first}" for m in others) + " |")
+        md.append("|---|" + "---:|" * (len(machines) + len(others)))
+        for c in configs:
+            cells = []
+            for m in machines:
+                if c not in m["runs"]:
+                    cells.append("—")
+                    continue
+                t = tta.get((m["name"], c))
+                cells.append(f"{fmt(t[0], 2) if t else 'not reached'} "
+                             f"({fmt(final_p1(m, c), 3)})")
+            base = tta.get((first, c))
+            for m in others:
+                mine = tta.get((m["name"], c))
+                cells.append(f"{base[0] / mine[0]:.2f}x" if base and mine and mine[0] > 0
+                             else "—")
+            md.append(f"| {c} | " + " | ".join(cells) + " |")
+        md.append("")
+        md.append("### Each machine's fastest configuration\n")
+        best = {}
+        for m in machines:
+            reached = [(tta[(m["name"], c)][0], c) for c in m["runs"]
+                       if tta.get((m["name"], c))]
+            if reached:
+                best[m["name"]] = min(reached)
+        md.append("| machine | fastest to the target | train seconds |")
+        md.append("|---|---|---:|")
+        for m in machines:
+            b = best.get(m["name"])
+            md.append(f"| {m['name']} | {b[1] if b else 'none reached it'} | "
+                      f"{fmt(b[0], 2) if b else '—'} |")
+        md.append("")
+        md.append(speedup_matrix([m["name"] for m in machines if m["name"] in best],
+                                 {n: b[0] for n, b in best.items()},
+                                 "Each cell is the column machine's best time to the target "
+                                 "divided by the row machine's: how many times faster the row "
+                                 "machine, at its best, reaches the same accuracy."))
+    md.append("![P@1 against training time, every machine](compare_p1_vs_time.png)\n")
+    md.append("Every evaluation, with its machine, is in [compare.csv](compare.csv).\n")
+    (out / "compare.md").write_text("\n".join(md))
+
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"report.py: {sys.executable} has no matplotlib: compare.md and compare.csv are "
+              "written, the plot is not", file=sys.stderr)
+        return 1
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 5))
+    colours = plt.get_cmap("tab10").colors
+    styles = ["-", "--", ":", "-."]
+    markers = "osD^v<>pP*Xh"
+    ends = [rows[-1]["train_seconds"] for m in machines for rows in m["runs"].values()]
+    log_x = bool(ends) and min(ends) > 0 and max(ends) / min(ends) > 20
+    for j, m in enumerate(machines):
+        for c, rows in m["runs"].items():
+            i = configs.index(c)
+            pts = [(r["train_seconds"], r["p@1"]) for r in rows if r.get("p@1") is not None]
+            if not pts:
+                continue
+            xs, ys = zip(*(pts if log_x else [(0.0, 0.0)] + pts))
+            ax.plot(xs, ys, color=colours[i % len(colours)], linestyle=styles[j % len(styles)],
+                    marker=markers[j % len(markers)], label=f"{c} ({m['name']})")
+    if log_x:
+        ax.set_xscale("log")
+    if target is not None:
+        ax.axhline(target, color="grey", linestyle="--", linewidth=1,
+                   label=f"target P@1 {target:.3f}")
+    ax.set_xlabel("training time (s, evaluation excluded" + (", log scale)" if log_x else ")"))
+    ax.set_ylabel("P@1 (test)")
+    ax.set_title("P@1 against training time: colour = configuration, line = machine")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out / "compare_p1_vs_time.png", dpi=120)
+    plt.close(fig)
+    return 0
+
+
 def plots(directory, configs, runs, stage_means, target):
     import matplotlib
     matplotlib.use("Agg")
@@ -422,8 +653,13 @@ def main():
     r.add_argument("--dir", required=True)
     r.add_argument("--configs", required=True, help="space-separated, in report order")
     r.add_argument("--target-p1", type=float)
+    c = sub.add_parser("compare")
+    c.add_argument("--out", required=True)
+    c.add_argument("--names", help="space-separated machine names (default: folder names)")
+    c.add_argument("--target-p1", type=float)
+    c.add_argument("dirs", nargs="+", help="results folders of scripts/reproduce.sh")
     a = p.parse_args()
-    return hardware(a) if a.command == "hardware" else report(a)
+    return {"hardware": hardware, "report": report, "compare": compare}[a.command](a)
 
 
 if __name__ == "__main__":

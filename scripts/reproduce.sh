@@ -28,6 +28,13 @@
 #
 #   --reuse             keep the runs already complete in --out (same configuration and epoch
 #                       count; the settings are not compared): run only the missing ones
+#
+# Usage: scripts/reproduce.sh --compare DIR DIR ... [--names "A B ..."] [--target-p1 X] [--out OUT]
+#   puts results folders of one workload from different machines (or builds) side by side:
+#   OUT/compare.md (s/epoch and time to one common target P@1 per configuration and machine,
+#   each machine's speedup over the first, each machine's fastest configuration),
+#   OUT/compare.csv and OUT/compare_p1_vs_time.png (default OUT: results/compare-<date>);
+#   machines are named by --names or by their folders' names.
 # A configuration is BACKEND[:PRECISION[:ISA]][@EPOCHS] (@EPOCHS: this one's epoch count):
 #   cpu         hslide's CPU backend, LSH output layer        (cpu, cpu:bf16, cpu:fp32:avx2)
 #   cpu-nolsh   the same backend and kernels, dense output layer (--output-sparsity dense)
@@ -70,6 +77,33 @@ hidden="" K="" L="" bits="" batch="" lr="" min_active="" capacity=""
 extra=()
 
 need() { if (($# < 2)) || [[ -z $2 ]]; then die "$1 needs a value"; fi; }
+
+if [[ ${1:-} == --compare ]]; then
+    shift
+    dirs=() names="" cmp_out="results/compare-$(date -u +%Y%m%d-%H%M%S)" cmp_target=()
+    while (($#)); do
+        case $1 in
+            --names) need "$@"; names=$2; shift 2 ;;
+            --out) need "$@"; cmp_out=$2; shift 2 ;;
+            --target-p1) need "$@"; cmp_target=(--target-p1 "$2"); shift 2 ;;
+            -*) die "unknown argument '$1' for --compare (--help lists them)" ;;
+            *) dir=$1; [[ $dir == /* ]] || dir="$here/$dir"
+               [[ -f $dir/results.jsonl || -f $dir/results.csv ]] ||
+                   die "$1 is not a results folder (no results.jsonl or results.csv)"
+               dirs+=("$dir"); shift ;;
+        esac
+    done
+    ((${#dirs[@]} >= 2)) || die "--compare needs at least two results folders"
+    [[ $cmp_out == /* ]] || cmp_out="$here/$cmp_out"
+    if [[ -z $names ]]; then
+        # Default names: the folders' names, which reproduce.sh makes from preset and date.
+        for d in "${dirs[@]}"; do names+="$(basename "$d") "; done
+    fi
+    "$python" scripts/report.py compare --out "$cmp_out" --names "$names" "${cmp_target[@]}" \
+        "${dirs[@]}" || exit $?
+    note "comparison in $cmp_out (compare.md, compare.csv, compare_p1_vs_time.png)"
+    exit 0
+fi
 while (($#)); do
     case $1 in
         --preset) need "$@"; preset=$2; shift 2 ;;

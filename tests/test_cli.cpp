@@ -310,6 +310,15 @@ TEST(Cli, InfoReportsTheMachine) {
     EXPECT_NE(r.output.find("gpus"), std::string::npos) << r.output;
 }
 
+TEST(Cli, VersionSaysWhatWasBuilt) {
+    const auto r = run_hslide("--version");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(r.output.rfind("hslide 0.", 0), 0u) << r.output;
+    EXPECT_NE(r.output.find(HSLIDE_HAVE_CUDA ? "CUDA backend: built" : "CUDA backend: not built"),
+              std::string::npos)
+        << r.output;
+}
+
 TEST(Cli, BibtexWithDefaultsReachesP1OfAtLeast060) {
     HSLIDE_REQUIRE_SHARED_DATA();
     temp_dir out;

@@ -2,8 +2,9 @@
 # ctest `reproduce_tiny`: scripts/reproduce.sh end to end on the tiny preset with CPU
 # configurations and the CPU PyTorch baseline, then checks what it wrote: results.csv and
 # results.jsonl (one row per configuration and epoch, numbers that parse), report.md (the
-# tables with one row per configuration), both PNGs (valid PNG files) and hardware.json; and
-# that bad input stops with a message and exit code 2.
+# tables with one row per configuration), both PNGs (valid PNG files) and hardware.json; that
+# bad input stops with a message and exit code 2; and that --compare puts the results beside
+# those of a machine made twice as fast (a copy with every time halved) and says so.
 #
 # Usage: tests/test_reproduce.sh HSLIDE_BINARY
 # HSLIDE_REPRO_TEST_CONFIGS replaces the configuration list, e.g.
@@ -155,4 +156,66 @@ for key in ["cpu_model", "cpu_threads", "simd", "memory", "gpus", "revision", "c
 if not hw["cpu_model"] or not hw["simd"] or hw["cpu_threads"] < 1:
     fail(f"hardware.json is incomplete: {hw}")
 print(f"reproduce harness OK: {len(configs)} configurations, {len(rows)} evaluations")
+PY
+# --compare: a copy of the results "from a machine twice as fast" (every time halved).
+cp -r out fast
+"$python" - fast/results.jsonl fast/hardware.json <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+for r in rows:
+    r["train_seconds"] /= 2
+    r["epoch_seconds"] /= 2
+open(sys.argv[1], "w").write("".join(json.dumps(r) + "\n" for r in rows))
+hw = json.load(open(sys.argv[2]))
+hw["cpu_model"] = "twice as fast"
+json.dump(hw, open(sys.argv[2], "w"))
+PY
+rc=0
+"$root/scripts/reproduce.sh" --compare out >"$tmp/err.txt" 2>&1 || rc=$?
+((rc == 2)) && grep -q "at least two results folders" "$tmp/err.txt" ||
+    { echo "FAIL: --compare with one folder exited $rc:"; cat "$tmp/err.txt"; exit 1; }
+"$root/scripts/reproduce.sh" --compare out fast --names "slow fast" --out cmp
+"$python" - cmp "$configs" <<'PY'
+import csv, pathlib, re, struct, sys
+cmp, configs = pathlib.Path(sys.argv[1]), sys.argv[2].split()
+def fail(msg):
+    print("FAIL: --compare:", msg); sys.exit(1)
+text = (cmp / "compare.md").read_text()
+if "twice as fast" not in text:
+    fail("the second machine's hardware is not in compare.md")
+sections = {}
+for part in re.split(r"^#+ ", text, flags=re.M)[1:]:
+    title, _, body = part.partition("\n")
+    table = []  # the section's first table
+    for l in body.splitlines():
+        if l.startswith("|"):
+            table.append(l)
+        elif table:
+            break
+    sections[title.strip()] = table
+def rows(title):
+    if title not in sections:
+        fail(f"no section '{title}'")
+    return {l.strip("|").split("|")[0].strip().strip("*"):
+            [c.strip() for c in l.strip("|").split("|")[1:]] for l in sections[title][2:]}
+per_epoch = rows("Seconds per epoch")
+if sorted(per_epoch) != sorted(configs):
+    fail(f"per-epoch rows {sorted(per_epoch)}")
+for c, cells in per_epoch.items():
+    slow, fast, ratio = float(cells[0]), float(cells[1]), cells[2]
+    if ratio != "2.00x" or abs(slow - 2 * fast) > 0.011:
+        fail(f"{c}: {cells} (the fast copy halves every time)")
+reached = [c for c, cells in rows("Time to accuracy").items() if cells[2] != "—"]
+if not reached or any(rows("Time to accuracy")[c][2] != "2.00x" for c in reached):
+    fail(f"time-to-accuracy speedups {rows('Time to accuracy')}")
+best = rows("Each machine's fastest configuration")
+if best["slow"][0] != best["fast"][0] or abs(float(best["slow"][1]) - 2 * float(best["fast"][1])) > 0.011:
+    fail(f"fastest configurations {best}")
+data = list(csv.DictReader(open(cmp / "compare.csv")))
+if sorted({r["machine"] for r in data}) != ["fast", "slow"] or len(data) % 2:
+    fail(f"compare.csv has {len(data)} rows")
+png = (cmp / "compare_p1_vs_time.png").read_bytes()
+if len(png) < 5000 or png[:8] != b"\x89PNG\r\n\x1a\n":
+    fail("compare_p1_vs_time.png is not a PNG")
+print(f"compare OK: {len(per_epoch)} configurations on 2 machines")
 PY

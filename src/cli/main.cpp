@@ -1,7 +1,9 @@
-// The `hslide` command: dispatches to train | eval | predict | gen | info. Each subcommand is
-// its own CLI11 app, so its --config file can mirror its flags with flat keys.
+// The `hslide` command: dispatches to train | eval | predict | gen | info (and --version).
+// Each subcommand is its own CLI11 app, so its --config file can mirror its flags with flat
+// keys.
 #include "cli_common.hpp"
 #include "hslide/error.hpp"
+#include "hslide/system_info.hpp"
 
 #include <spdlog/spdlog.h>
 
@@ -17,6 +19,7 @@ const char* usage =
     "hslide: sub-linear (LSH-sparse) training of wide networks on CPU and GPU\n"
     "\n"
     "usage: hslide <command> [options]   (hslide <command> --help for its options)\n"
+    "       hslide --version\n"
     "\n"
     "commands:\n"
     "  train     train a model (on the built-in synthetic data when no --train is given)\n"
@@ -33,6 +36,13 @@ int main(int argc, char** argv) {
         return argc < 2 ? 2 : 0;
     }
     const std::string command = argv[1];
+    if (command == "--version" || command == "-V") {
+        // What a bug report needs; `hslide info` has the machine.
+        std::printf("hslide %s (CUDA backend: %s; compiler: %s)\n", HSLIDE_VERSION,
+                    HSLIDE_HAVE_CUDA ? "built" : "not built",
+                    hslide::read_system_info().compiler.c_str());
+        return 0;
+    }
     try {
         using namespace hslide::cli;
         if (command == "train") return run_train(argc - 1, argv + 1);
