@@ -560,23 +560,40 @@ def compare(args):
         print(f"report.py: {sys.executable} has no matplotlib: compare.md and compare.csv are "
               "written, the plot is not", file=sys.stderr)
         return 1
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(8, 5))
-    colours = plt.get_cmap("tab10").colors
+    colours = [f"C{i}" for i in range(10)]  # matplotlib's default cycle (tab10)
     styles = ["-", "--", ":", "-."]
     markers = "osD^v<>pP*Xh"
-    ends = [rows[-1]["train_seconds"] for m in machines for rows in m["runs"].values()]
-    log_x = bool(ends) and min(ends) > 0 and max(ends) / min(ends) > 20
+    curves = []
     for j, m in enumerate(machines):
         for c, rows in m["runs"].items():
             i = configs.index(c)
-            pts = [(r["train_seconds"], r["p@1"]) for r in rows if r.get("p@1") is not None]
-            if not pts:
-                continue
-            xs, ys = zip(*(pts if log_x else [(0.0, 0.0)] + pts))
-            ax.plot(xs, ys, color=colours[i % len(colours)], linestyle=styles[j % len(styles)],
-                    marker=markers[j % len(markers)], label=f"{c} ({m['name']})")
+            curves.append((f"{c} ({m['name']})", rows,
+                           {"color": colours[i % len(colours)],
+                            "linestyle": styles[j % len(styles)],
+                            "marker": markers[j % len(markers)]}))
+    p1_plot(out / "compare_p1_vs_time.png", curves, target,
+            "P@1 against training time: colour = configuration, line = machine",
+            {"fontsize": 7, "ncol": 2})
+    return 0
+
+
+def p1_plot(path, curves, target, title, legend):
+    """P@1 against training time, one line per (label, evaluation records, line style)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    # Times that span more than 20x between configurations go on a log axis (the curves then
+    # start at the first evaluation instead of at 0 s).
+    ends = [rows[-1]["train_seconds"] for _, rows, _ in curves if rows]
+    log_x = bool(ends) and min(ends) > 0 and max(ends) / min(ends) > 20
+    for label, rows, style in curves:
+        pts = [(r["train_seconds"], r["p@1"]) for r in rows if r.get("p@1") is not None]
+        if not pts:
+            continue
+        xs, ys = zip(*(pts if log_x else [(0.0, 0.0)] + pts))
+        ax.plot(xs, ys, label=label, **style)
     if log_x:
         ax.set_xscale("log")
     if target is not None:
@@ -584,13 +601,12 @@ def compare(args):
                    label=f"target P@1 {target:.3f}")
     ax.set_xlabel("training time (s, evaluation excluded" + (", log scale)" if log_x else ")"))
     ax.set_ylabel("P@1 (test)")
-    ax.set_title("P@1 against training time: colour = configuration, line = machine")
+    ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(**legend)
     fig.tight_layout()
-    fig.savefig(out / "compare_p1_vs_time.png", dpi=120)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
-    return 0
 
 
 def plots(directory, configs, runs, stage_means, target):
@@ -598,31 +614,10 @@ def plots(directory, configs, runs, stage_means, target):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5))
     markers = "osD^v<>pP*Xh"
-    # Times that span more than 20x between configurations go on a log axis (the curves then
-    # start at the first evaluation instead of at 0 s).
-    ends = [runs[c][-1]["train_seconds"] for c in configs if runs[c]]
-    log_x = bool(ends) and min(ends) > 0 and max(ends) / min(ends) > 20
-    for i, c in enumerate(configs):
-        pts = [(r["train_seconds"], r["p@1"]) for r in runs[c] if r.get("p@1") is not None]
-        if not pts:
-            continue
-        xs, ys = zip(*(pts if log_x else [(0.0, 0.0)] + pts))
-        ax.plot(xs, ys, marker=markers[i % len(markers)], label=c)
-    if log_x:
-        ax.set_xscale("log")
-    if target is not None:
-        ax.axhline(target, color="grey", linestyle="--", linewidth=1,
-                   label=f"target P@1 {target:.3f}")
-    ax.set_xlabel("training time (s, evaluation excluded" + (", log scale)" if log_x else ")"))
-    ax.set_ylabel("P@1 (test)")
-    ax.set_title("P@1 against training time")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(directory / "p1_vs_time.png", dpi=120)
-    plt.close(fig)
+    p1_plot(directory / "p1_vs_time.png",
+            [(c, runs[c], {"marker": markers[i % len(markers)]}) for i, c in enumerate(configs)],
+            target, "P@1 against training time", {"fontsize": 8})
 
     fig, ax = plt.subplots(figsize=(8, 0.5 * len(configs) + 1.8))
     names = list(configs)
