@@ -209,6 +209,36 @@ TEST(GpuLsh, RandomFillReachesItsTargetEvenCloseToTheLayerSize) {
     }
 }
 
+TEST(GpuLsh, RandomFillDependsOnlyOnTheSeed) {
+    // The round of draws that reaches min_active claims more ids than it needs; which are
+    // kept must not depend on the order the GPU's atomics ran in.
+    HSLIDE_REQUIRE_GPU();
+    rng gen(15);
+    const uint32_t n_items = 5000, n_samples = 16;
+    const lsh_config config = make_lsh_config(hash_kind::dwta, 2, 5, 3, 600);
+    const auto item_codes = random_codes(n_items, config.L, 64, gen);
+    const auto sample_codes = random_codes(n_samples, config.L, 64, gen);
+    std::vector<uint32_t> offsets{0}, labels;
+    for (uint32_t s = 0; s < n_samples; ++s) {
+        labels.push_back(uint32_t(gen.below(n_items)));
+        offsets.push_back(uint32_t(labels.size()));
+    }
+    for (const uint32_t min_active : {333u, 1777u, 4900u}) {       // rejection draws, then the
+        SCOPED_TRACE("min_active " + std::to_string(min_active));  // permutation pass
+        active_set_config active;
+        active.hit_threshold = 2;
+        active.min_active = min_active;
+        auto query = [&](uint64_t seed) {
+            return gpu::testing::query_active_sets(item_codes, n_items, config, active,
+                                                   sample_codes, offsets, labels, seed);
+        };
+        const auto first = query(9);
+        for (int run = 0; run < 5; ++run) EXPECT_EQ(query(9), first) << "run " << run;
+        EXPECT_NE(query(10), first) << "another seed draws other ids";
+        for (const auto& set : first) EXPECT_EQ(set.size(), min_active);
+    }
+}
+
 TEST(GpuTopK, BothKernelsMatchASortOnAwkwardSizesTiesAndNaNs) {
     // k up to 32 reads the scores once (per-thread lists), a larger k takes the k-pass kernel;
     // both must give the k best (score desc, id asc), skip NaNs and pad with UINT32_MAX/-inf.

@@ -42,7 +42,7 @@ max_sum block_max_sum(const std::vector<float>& x) {
         warp_pairs[size_t(w)] = per_thread[size_t(w * warp)];
     }
     warp_combine(warp_pairs.data());
-    return warp_pairs[0];
+    return warp_pairs[0];  // lane 0's, which the kernel gives every thread
 }
 
 }  // namespace

@@ -140,7 +140,11 @@ __device__ max_sum block_combine(max_sum v, float* scratch) {
     __syncthreads();
     const int n_warps = blockDim.x / 32;
     v = lane < n_warps ? max_sum{scratch[lane], scratch[32 + lane]} : max_sum{};
-    return warp_combine(v);
+    v = warp_combine(v);
+    // The butterfly gives lane i combine(v_i, v_j) and lane j combine(v_j, v_i), which a fused
+    // multiply-add may round differently: lane 0's result is every thread's, so all of a
+    // sample's deltas share one partition sum.
+    return {__shfl_sync(0xffffffffu, v.max, 0), __shfl_sync(0xffffffffu, v.sum, 0)};
 }
 
 __global__ void softmax_loss_kernel(float* logits, const float* bias, const uint32_t* offsets,
@@ -529,6 +533,7 @@ void first_layer_rows_adam(const layer_view& layer, const uint32_t* unique_rows,
 void untouched_rows_adam(const layer_view& layer, const uint8_t* touched, const adam_params& adam,
                          cudaStream_t stream) {
     const size_t n4 = size_t(layer.rows) * layer.stride / 4;
+    if (n4 == 0) return;  // a grid of no blocks is a launch error
     untouched_rows_adam_kernel<<<blocks_for(n4, block_threads), block_threads, 0, stream>>>(
         layer, touched, adam);
     HSLIDE_CUDA_LAUNCH();
@@ -536,6 +541,7 @@ void untouched_rows_adam(const layer_view& layer, const uint8_t* touched, const 
 
 void first_layer_bias_adam(const layer_view& layer, const float* d_hidden, uint32_t batch,
                            float inv_batch, const adam_params& adam, cudaStream_t stream) {
+    if (layer.width == 0) return;
     first_layer_bias_adam_kernel<<<blocks_for(layer.width, block_threads), block_threads, 0,
                                    stream>>>(layer, d_hidden, batch, inv_batch, adam);
     HSLIDE_CUDA_LAUNCH();
@@ -544,6 +550,7 @@ void first_layer_bias_adam(const layer_view& layer, const float* d_hidden, uint3
 void dense_adam(const layer_view& layer, const float* gradient, const float* bias_gradient,
                 const adam_params& adam, cudaStream_t stream) {
     const size_t n = std::max<size_t>(size_t(layer.rows) * layer.stride / 4, layer.rows);
+    if (n == 0) return;
     dense_adam_kernel<<<blocks_for(n, block_threads), block_threads, 0, stream>>>(
         layer, gradient, bias_gradient, adam);
     HSLIDE_CUDA_LAUNCH();

@@ -61,9 +61,10 @@ void sparse_output_forward(const layer_view& layer, const float* hidden,
 
 /// The fused softmax + cross-entropy + gradient over each sample's entries
 /// [offsets[s], offsets[s + 1]) (or n_columns consecutive ones per sample when offsets is
-/// null, adding bias[j] to column j first). The target is 1/|y| on each label: the first |y|
-/// entries when labels_first, else the label columns. delta = softmax - target; loss[s] is
-/// the sample's cross-entropy (0 without labels, delta 0 then too). One pass over the logits
+/// null, adding bias[j] to column j of each labelled sample first: an unlabelled sample's
+/// logits are left as they are, since it is not trained). The target is 1/|y| on each label: the
+/// first |y| entries when labels_first, else the label columns. delta = softmax - target; loss[s]
+/// is the sample's cross-entropy (0 without labels, delta 0 then too). One pass over the logits
 /// gives their maximum and partition sum together (online_softmax.hpp), a second writes delta.
 void softmax_loss(float* logits, const float* bias, const uint32_t* offsets, uint32_t n_columns,
                   bool labels_first, const batch_csr& batch, float* delta, float* loss,

@@ -2,6 +2,7 @@
 #include "gpu_lsh.cuh"
 #include "launch.cuh"
 
+#include <cub/block/block_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_run_length_encode.cuh>
 #include <cub/device/device_scan.cuh>
@@ -48,30 +49,37 @@ void device_hash_family::upload(const hash_function_data& data, cudaStream_t str
     // Work already queued on `stream` may still read the old functions; the copies are
     // ordered after it on the same stream (a plain cudaMemcpy would run on the legacy stream,
     // which a non-blocking stream does not wait for), and are finished before returning
-    // because they read pageable memory the caller owns.
+    // because they read pageable memory the caller owns. Checks and allocations come first,
+    // into locals: if one throws, this object still holds the previous functions whole (the
+    // backend keeps it and may hash with it again).
+    HSLIDE_CHECK(data.kind == hash_kind::simhash || size_t(data.n_hashes) * 4 <= 40 * 1024,
+                 "the GPU backend supports at most 10240 hashes per layer (K * L), got {}",
+                 data.n_hashes);
+    device_array<int8_t> signs;
+    device_array<uint32_t> bins;
+    if (data.kind == hash_kind::simhash)
+        signs.resize(data.signs.size(), "simhash projections");
+    else
+        bins.resize(data.bins.size(), "LSH bins");
     HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    if (data.kind == hash_kind::simhash)
+        HSLIDE_CUDA_CHECK(cudaMemcpyAsync(signs.data(), data.signs.data(), signs.bytes(),
+                                          cudaMemcpyHostToDevice, stream));
+    else
+        HSLIDE_CUDA_CHECK(cudaMemcpyAsync(bins.data(), data.bins.data(), bins.bytes(),
+                                          cudaMemcpyHostToDevice, stream));
+    HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    signs_.swap(signs);
+    bins_.swap(bins);
     kind_ = data.kind;
     L_ = data.L;
     code_bits_ = data.K * data.bits_per_hash;
-    if (data.kind == hash_kind::simhash) {
-        signs_.resize(data.signs.size(), "simhash projections");
-        HSLIDE_CUDA_CHECK(cudaMemcpyAsync(signs_.data(), data.signs.data(), signs_.bytes(),
-                                          cudaMemcpyHostToDevice, stream));
-        sim_ = simhash_view{signs_.data(), data.dim, data.sign_stride,
-                            data.K,        data.L,   data.bits_per_hash};
-    } else {
-        HSLIDE_CHECK(size_t(data.n_hashes) * 4 <= 40 * 1024,
-                     "the GPU backend supports at most 10240 hashes per layer (K * L), got {}",
-                     data.n_hashes);
-        bins_.resize(data.bins.size(), "LSH bins");
-        HSLIDE_CUDA_CHECK(cudaMemcpyAsync(bins_.data(), data.bins.data(), bins_.bytes(),
-                                          cudaMemcpyHostToDevice, stream));
-        bin_ = bin_hash_view{bins_.data(),       data.n_hashes, data.width,
-                             data.value_mask,    data.K,        data.L,
-                             data.bits_per_hash, data.densify,  data.kind == hash_kind::minhash,
-                             data.densify_seed};
-    }
-    HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    sim_ =
+        simhash_view{signs_.data(), data.dim, data.sign_stride, data.K, data.L, data.bits_per_hash};
+    bin_ = bin_hash_view{bins_.data(),       data.n_hashes, data.width,
+                         data.value_mask,    data.K,        data.L,
+                         data.bits_per_hash, data.densify,  data.kind == hash_kind::minhash,
+                         data.densify_seed};
 }
 
 void device_hash_family::hash_rows(const float* rows, size_t row_stride, uint32_t n_rows,
@@ -404,10 +412,18 @@ __global__ void active_sets_kernel(tables_view tables, const uint32_t* codes,
     target = min(target, p.n_items);
     const uint32_t chosen = n_out;
     if (chosen < target) {
-        auto take = [&](uint32_t id) {
-            if (!set_claim(set, id)) return;
-            const uint32_t pos = atomicAdd(&n_out, 1u);
-            if (pos < target) out[pos] = id;
+        // Every thread calls take() together. The ids a round claims are ranked in thread
+        // order, not in the order the atomics ran, so the round that reaches the target keeps
+        // the same ones on every run: the set depends only on the seed.
+        using block_scan = cub::BlockScan<uint32_t, block_threads>;
+        __shared__ typename block_scan::TempStorage scan_storage;
+        auto take = [&](uint32_t id, bool valid) {
+            const uint32_t won = valid && set_claim(set, id) ? 1u : 0u;
+            uint32_t rank = 0, total = 0;
+            block_scan(scan_storage).ExclusiveSum(won, rank, total);
+            if (won && n_out + rank < target) out[n_out + rank] = id;
+            __syncthreads();
+            if (threadIdx.x == 0) n_out = min(n_out + total, target);
         };
         // Every thread reads the count between two barriers, so all leave a loop together.
         auto have_target = [&]() {
@@ -421,7 +437,7 @@ __global__ void active_sets_kernel(tables_view tables, const uint32_t* codes,
         for (uint32_t round = 0; round < max_rounds && !have_target(); ++round) {
             const uint64_t draw = splitmix64(p.seed ^ (uint64_t(s) << 40) ^
                                              (uint64_t(round) * blockDim.x + threadIdx.x));
-            take(uint32_t(((draw >> 32) * p.n_items) >> 32));
+            take(uint32_t(((draw >> 32) * p.n_items) >> 32), true);
         }
         // The permutation i -> (a * i + b) mod n_items, a coprime to n_items.
         const uint64_t mix = splitmix64(p.seed ^ (uint64_t(s) << 40) ^ 0xf111f111f111ULL);
@@ -430,10 +446,8 @@ __global__ void active_sets_kernel(tables_view tables, const uint32_t* codes,
         const uint64_t b = (mix >> 32) % p.n_items;
         for (uint32_t base = 0; base < p.n_items && !have_target(); base += blockDim.x) {
             const uint32_t i = base + threadIdx.x;
-            if (i < p.n_items) take(uint32_t((uint64_t(a) * i + b) % p.n_items));
+            take(uint32_t((uint64_t(a) * i + b) % p.n_items), i < p.n_items);
         }
-        __syncthreads();
-        if (threadIdx.x == 0 && n_out > target) n_out = target;
     }
     __syncthreads();
     if (threadIdx.x == 0) counts[s] = min(n_out, max_per_sample);
