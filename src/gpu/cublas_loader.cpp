@@ -5,6 +5,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -16,8 +17,11 @@ namespace {
 cublas_api load() {
     std::vector<std::string> names;
     if (const char* env = std::getenv("HSLIDE_CUBLAS")) names.emplace_back(env);
-    for (const char* n : {"libcublas.so", "libcublas.so.13", "libcublas.so.12"})
-        names.emplace_back(n);
+    // The version the headers came from first: a newer one beside it may need a newer driver.
+    for (const std::string& n :
+         {"libcublas.so." + std::to_string(CUBLAS_VER_MAJOR), std::string("libcublas.so"),
+          std::string("libcublas.so.13"), std::string("libcublas.so.12")})
+        if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
     void* lib = nullptr;
     std::string tried;
     for (const std::string& name : names) {
@@ -27,8 +31,9 @@ cublas_api load() {
     }
     if (!lib)
         throw error(error_kind::unsupported,
-                    "a dense GPU layer needs cuBLAS, and none of " + tried +
-                        " could be loaded (set HSLIDE_CUBLAS to the library's path)");
+                    "cuBLAS (for a dense GPU output layer and exact scoring) could not be "
+                    "loaded: none of " +
+                        tried + " loads (set HSLIDE_CUBLAS to the library's path)");
     auto symbol = [&](const char* name) {
         void* p = dlsym(lib, name);
         if (!p)

@@ -1,11 +1,12 @@
-// cuBLAS, loaded at run time: only the dense output layer (the --backend gpu-dense baseline,
-// or an output layer configured dense) uses it.
+// cuBLAS, loaded at run time: the dense output layer (the --backend gpu-dense baseline, or an
+// output layer configured dense) and exact scoring of every label use it.
 //
 // Linking libcublas would make every hslide binary built with CUDA need the exact cuBLAS it
-// was built against, even for the LSH path that never calls it; the GPU machines we measure
+// was built against, even for LSH training that never calls it; the GPU machines we measure
 // on carry their own CUDA libraries. So the few entry points are resolved with dlopen from
-// $HSLIDE_CUBLAS, then libcublas.so, libcublas.so.13 and libcublas.so.12 (the API used here is
-// the same in both), and a missing library is an error only when a dense GPU layer is used.
+// $HSLIDE_CUBLAS, then the major version this build was compiled against, libcublas.so,
+// libcublas.so.13 and libcublas.so.12 (the API used here is the same in both), and a missing
+// library is an error only when one of those uses comes.
 #pragma once
 
 #include <cublas_v2.h>

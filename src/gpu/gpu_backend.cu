@@ -159,6 +159,8 @@ class gpu_backend final : public backend {
     /// Waits for the step still in flight, if any, and returns its report.
     step_report finish_pending_step();
     batch_csr device_batch(uint32_t size) const;
+    /// Sizes the per-batch buffers for `batch` samples (a no-op when they are big enough; an
+    /// allocation that failed is tried again).
     void ensure_work(uint32_t batch);
     void upload_layer(size_t l, const layer_state& src, bool with_optimizer);
     void refresh_bf16(size_t l);
@@ -178,6 +180,9 @@ class gpu_backend final : public backend {
     /// logits (batch x n_out) = hidden . W^T, fp32 or bf16 tensor cores.
     void dense_logits(uint32_t batch, float* logits);
     void dense_backward_and_update(uint32_t batch, float inv_batch, const adam_params& adam);
+    /// Allocates what first_layer_update needs, before any update of the step is queued: an
+    /// out-of-memory error then leaves the model as it was, never half a step.
+    void reserve_first_layer_update(uint32_t nnz);
     void first_layer_update(uint32_t batch, uint32_t nnz, float inv_batch, const adam_params& adam);
     void activate() const { HSLIDE_CUDA_CHECK(cudaSetDevice(device_)); }
     /// The output layer's active-set settings; `training` forces the labels in.
@@ -252,7 +257,6 @@ class gpu_backend final : public backend {
     uint32_t batch_nnz_ = 0, batch_labels_ = 0;
 
     // Work arrays, grown to the largest batch.
-    uint32_t work_batch_ = 0;
     device_array<float> hidden_, d_hidden_, loss_;
     device_array<__nv_bfloat16> hidden16_, delta16_;
     device_array<uint32_t> codes_;
@@ -584,14 +588,12 @@ batch_csr gpu_backend::device_batch(uint32_t size) const {
 }
 
 void gpu_backend::ensure_work(uint32_t batch) {
-    if (batch <= work_batch_) return;
-    work_batch_ = batch;
     const size_t hidden = size_t(batch) * layers_[0].stride;
-    hidden_.resize(hidden, "hidden activations");
-    d_hidden_.resize(hidden, "hidden gradients");
-    if (use_bf16()) hidden16_.resize(hidden, "bf16 hidden activations");
-    loss_.resize(batch, "losses");
-    if (lsh_output()) codes_.resize(size_t(batch) * shape_.config.layers[1].lsh.L, "LSH codes");
+    hidden_.reserve(hidden, "hidden activations");
+    d_hidden_.reserve(hidden, "hidden gradients");
+    if (use_bf16()) hidden16_.reserve(hidden, "bf16 hidden activations");
+    loss_.reserve(batch, "losses");
+    if (lsh_output()) codes_.reserve(size_t(batch) * shape_.config.layers[1].lsh.L, "LSH codes");
 }
 
 void gpu_backend::dense_logits(uint32_t batch, float* logits) {
@@ -657,8 +659,6 @@ void gpu_backend::first_layer_update(uint32_t batch, uint32_t nnz, float inv_bat
                                      const adam_params& adam) {
     const batch_csr csr = device_batch(batch);
     row_groups& g = input_groups_;
-    g.reserve(nnz);
-    nonzero_sample_.reserve(std::max(nnz, 1u), "gradient grouping");
     if (nnz > 0) {
         nonzero_keys(csr, g.keys.data(), nonzero_sample_.data(), g.index.data(), stream_);
         g.group(nnz, 32, stream_);
@@ -669,7 +669,6 @@ void gpu_backend::first_layer_update(uint32_t batch, uint32_t nnz, float inv_bat
     }
     if (adam_moves_untouched_rows(train_.adam, 0)) {
         // The other rows move with their momentum, as the CPU's input-dense Adam does.
-        input_touched_.reserve(layers_[0].rows, "first-layer row flags");
         input_touched_.zero(stream_);
         if (nnz > 0)
             mark_rows(input_touched_.data(), g.unique.data(), g.n_unique.data(), nnz, stream_);
@@ -677,6 +676,13 @@ void gpu_backend::first_layer_update(uint32_t batch, uint32_t nnz, float inv_bat
         all_changed_[0] = true;
     }
     first_layer_bias_adam(layers_[0].view(), d_hidden_.data(), batch, inv_batch, adam, stream_);
+}
+
+void gpu_backend::reserve_first_layer_update(uint32_t nnz) {
+    input_groups_.reserve(nnz);
+    nonzero_sample_.reserve(std::max(nnz, 1u), "gradient grouping");
+    if (adam_moves_untouched_rows(train_.adam, 0))
+        input_touched_.reserve(layers_[0].rows, "first-layer row flags");
 }
 
 step_report gpu_backend::train_batch(const batch_view& batch, float learning_rate) {
@@ -730,6 +736,8 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
     }
 
     // The step counts once its update is queued (an error before leaves the count as it was).
+    reserve_first_layer_update(batch_nnz_);
+    loss_host_[parity].reserve(b, "losses");
     const uint64_t step = shape_.adam_step + 1;
     const adam_corrections corrections = adam_bias_corrections(train_, step);
     const adam_params adam{learning_rate,       train_.adam_beta1, train_.adam_beta2,
@@ -756,7 +764,6 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
     first_layer_update(b, batch_nnz_, inv_batch, adam);
     shape_.adam_step = step;
     // This parity's loss block was last read two steps ago (its report is taken).
-    loss_host_[parity].reserve(b, "losses");
     HSLIDE_CUDA_CHECK(cudaMemcpyAsync(loss_host_[parity].data(), loss_.data(), size_t(b) * 4,
                                       cudaMemcpyDeviceToHost, stream_));
     HSLIDE_CUDA_CHECK(cudaEventRecord(events[7], stream_));
@@ -840,6 +847,13 @@ void gpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scor
         top_scores_.reserve(size_t(b) * k, "top-k scores");
         if (exact) {
             if (!blas_) {
+                try {
+                    cublas();
+                } catch (const error& e) {
+                    throw error(
+                        error_kind::unsupported,
+                        fmt::format("{}; score with --scoring lsh to go without it", e.what()));
+                }
                 HSLIDE_CUBLAS_CHECK(cublas().create(&blas_));
                 HSLIDE_CUBLAS_CHECK(cublas().set_stream(blas_, stream_));
             }
@@ -868,6 +882,9 @@ void gpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scor
                                           size_t(b) * k * 4, cudaMemcpyDeviceToHost, stream_));
         HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream_));
     }
+    // Exact scores took up to 1 GiB that LSH training, which needs a batch's active logits,
+    // would otherwise keep from the rest of the model.
+    if (exact && lsh_output()) logits_.resize(0, "exact scores");
 }
 
 void gpu_backend::export_state(model_state& out, bool with_optimizer) const {
