@@ -150,6 +150,14 @@ double max_parameter_difference(const layer_state& a, const layer_state& b) {
     return worst;
 }
 
+size_t parameters_differing_by_more(const layer_state& a, const layer_state& b, double tolerance) {
+    size_t n = 0;
+    for (uint32_t r = 0; r < a.rows; ++r)
+        for (uint32_t i = 0; i < a.width; ++i) n += std::abs(a.row(r)[i] - b.row(r)[i]) > tolerance;
+    for (size_t j = 0; j < a.bias.size(); ++j) n += std::abs(a.bias[j] - b.bias[j]) > tolerance;
+    return n;
+}
+
 double max_parameter_difference(const model_state& a, const model_state& b) {
     double worst = 0;
     for (size_t l = 0; l < a.layers.size(); ++l)

@@ -83,6 +83,8 @@ dataset random_dataset(uint32_t n, uint32_t features, uint32_t labels, uint64_t 
 double max_parameter_difference(const layer_state& a, const layer_state& b);
 /// The same over every layer of two models of one shape.
 double max_parameter_difference(const model_state& a, const model_state& b);
+/// How many weights and biases of two same-shaped layers differ by more than `tolerance`.
+size_t parameters_differing_by_more(const layer_state& a, const layer_state& b, double tolerance);
 
 /// Runs `build/hslide <args>` ($HSLIDE_BINARY when set) through the shell and captures its
 /// output.

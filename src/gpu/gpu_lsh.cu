@@ -276,11 +276,11 @@ __device__ void set_add_hits(const set_view& set, uint32_t id, uint32_t add) {
     atomicAdd(&set.hits[set_find_or_insert(set, id)], add);
 }
 
-// Takes id for the output unless it is taken already (chosen, a label, or claimed by another
-// thread): true for exactly one caller per id. Ids seen in buckets but dropped (too few hits,
-// or cut by max_active) can be claimed, as on the CPU.
-__device__ bool set_claim(const set_view& set, uint32_t id) {
-    return atomicExch(&set.hits[set_find_or_insert(set, id)], taken) != taken;
+// A claim's bid in the hit counts of the set: above any count, below `taken`; the lowest
+// thread of a block bids highest. Ids seen in buckets but dropped (too few hits, or cut by
+// max_active) can be claimed, as on the CPU.
+__device__ uint32_t claim_bid() {
+    return 0x80000000u + (blockDim.x - 1 - threadIdx.x);
 }
 
 __device__ uint32_t gcd(uint32_t a, uint32_t b) {
@@ -412,13 +412,23 @@ __global__ void active_sets_kernel(tables_view tables, const uint32_t* codes,
     target = min(target, p.n_items);
     const uint32_t chosen = n_out;
     if (chosen < target) {
-        // Every thread calls take() together. The ids a round claims are ranked in thread
-        // order, not in the order the atomics ran, so the round that reaches the target keeps
-        // the same ones on every run: the set depends only on the seed.
+        // Every thread calls take() together, and nothing in it depends on the order the
+        // atomics ran in, so the set depends only on the seed: an id two threads drew goes to
+        // the lower thread (the highest bid), and the round that reaches the target keeps its
+        // claims in thread order.
         using block_scan = cub::BlockScan<uint32_t, block_threads>;
         __shared__ typename block_scan::TempStorage scan_storage;
         auto take = [&](uint32_t id, bool valid) {
-            const uint32_t won = valid && set_claim(set, id) ? 1u : 0u;
+            const uint32_t bid = claim_bid();
+            uint32_t slot = 0;
+            if (valid) {
+                slot = set_find_or_insert(set, id);
+                atomicMax(&set.hits[slot], bid);  // a taken id stays taken
+            }
+            __syncthreads();
+            const uint32_t won = valid && set.hits[slot] == bid ? 1u : 0u;
+            __syncthreads();
+            if (won) set.hits[slot] = taken;
             uint32_t rank = 0, total = 0;
             block_scan(scan_storage).ExclusiveSum(won, rank, total);
             if (won && n_out + rank < target) out[n_out + rank] = id;
