@@ -95,6 +95,29 @@ std::vector<uint32_t> random_codes(uint32_t n_items, int L, uint32_t n_codes, rn
     return codes;
 }
 
+// A layer of n_items items in 5 tables (K = 2, 3 bits a hash, 64 codes in use) and the codes
+// of n_samples queries, each with one random label: what the random-fill tests query.
+struct fill_query {
+    lsh_config config = make_lsh_config(hash_kind::dwta, 2, 5, 3, 600);
+    std::vector<uint32_t> item_codes, sample_codes, offsets{0}, labels;
+    fill_query(uint32_t n_items, uint32_t n_samples, rng& gen)
+        : item_codes(random_codes(n_items, config.L, 64, gen)),
+          sample_codes(random_codes(n_samples, config.L, 64, gen)) {
+        for (uint32_t s = 0; s < n_samples; ++s) {
+            labels.push_back(uint32_t(gen.below(n_items)));
+            offsets.push_back(uint32_t(labels.size()));
+        }
+    }
+    std::vector<std::vector<uint32_t>> run(uint32_t n_items, uint32_t min_active,
+                                           uint64_t seed) const {
+        active_set_config active;
+        active.hit_threshold = 2;
+        active.min_active = min_active;
+        return gpu::testing::query_active_sets(item_codes, n_items, config, active, sample_codes,
+                                               offsets, labels, seed);
+    }
+};
+
 TEST(GpuLsh, TablesHoldTheCpuSetsAndRespectTheCapacity) {
     HSLIDE_REQUIRE_GPU();
     rng gen(12);
@@ -183,20 +206,9 @@ TEST(GpuLsh, RandomFillReachesItsTargetEvenCloseToTheLayerSize) {
     rng gen(14);
     for (const uint32_t n_items : {100u, 600u, 20000u}) {
         const uint32_t n_samples = 8;
-        const lsh_config config = make_lsh_config(hash_kind::dwta, 2, 5, 3, 600);
-        const auto item_codes = random_codes(n_items, config.L, 64, gen);
-        const auto sample_codes = random_codes(n_samples, config.L, 64, gen);
-        std::vector<uint32_t> offsets{0}, labels;
-        for (uint32_t s = 0; s < n_samples; ++s) {
-            labels.push_back(uint32_t(gen.below(n_items)));
-            offsets.push_back(uint32_t(labels.size()));
-        }
+        const fill_query query(n_items, n_samples, gen);
         for (const uint32_t min_active : {n_items, n_items - n_items / 50}) {
-            active_set_config active;
-            active.hit_threshold = 2;
-            active.min_active = min_active;
-            const auto sets = gpu::testing::query_active_sets(item_codes, n_items, config, active,
-                                                              sample_codes, offsets, labels, 9);
+            const auto sets = query.run(n_items, min_active, 9);
             for (uint32_t s = 0; s < n_samples; ++s) {
                 SCOPED_TRACE("n_items " + std::to_string(n_items) + ", min_active " +
                              std::to_string(min_active) + ", sample " + std::to_string(s));
@@ -204,7 +216,7 @@ TEST(GpuLsh, RandomFillReachesItsTargetEvenCloseToTheLayerSize) {
                 EXPECT_TRUE(std::adjacent_find(sets[s].begin(), sets[s].end()) == sets[s].end())
                     << "an id appears twice";
                 EXPECT_LT(sets[s].back(), n_items);
-                EXPECT_TRUE(std::binary_search(sets[s].begin(), sets[s].end(), labels[s]));
+                EXPECT_TRUE(std::binary_search(sets[s].begin(), sets[s].end(), query.labels[s]));
             }
         }
     }
@@ -215,27 +227,14 @@ TEST(GpuLsh, RandomFillDependsOnlyOnTheSeed) {
     // kept must not depend on the order the GPU's atomics ran in.
     HSLIDE_REQUIRE_GPU();
     rng gen(15);
-    const uint32_t n_items = 5000, n_samples = 16;
-    const lsh_config config = make_lsh_config(hash_kind::dwta, 2, 5, 3, 600);
-    const auto item_codes = random_codes(n_items, config.L, 64, gen);
-    const auto sample_codes = random_codes(n_samples, config.L, 64, gen);
-    std::vector<uint32_t> offsets{0}, labels;
-    for (uint32_t s = 0; s < n_samples; ++s) {
-        labels.push_back(uint32_t(gen.below(n_items)));
-        offsets.push_back(uint32_t(labels.size()));
-    }
+    const uint32_t n_items = 5000;
+    const fill_query query(n_items, 16, gen);
     for (const uint32_t min_active : {333u, 1777u, 4900u}) {       // rejection draws, then the
         SCOPED_TRACE("min_active " + std::to_string(min_active));  // permutation pass
-        active_set_config active;
-        active.hit_threshold = 2;
-        active.min_active = min_active;
-        auto query = [&](uint64_t seed) {
-            return gpu::testing::query_active_sets(item_codes, n_items, config, active,
-                                                   sample_codes, offsets, labels, seed);
-        };
-        const auto first = query(9);
-        for (int run = 0; run < 5; ++run) EXPECT_EQ(query(9), first) << "run " << run;
-        EXPECT_NE(query(10), first) << "another seed draws other ids";
+        const auto first = query.run(n_items, min_active, 9);
+        for (int run = 0; run < 5; ++run)
+            EXPECT_EQ(query.run(n_items, min_active, 9), first) << "run " << run;
+        EXPECT_NE(query.run(n_items, min_active, 10), first) << "another seed draws other ids";
         for (const auto& set : first) EXPECT_EQ(set.size(), min_active);
     }
 }
