@@ -28,13 +28,6 @@
 #
 #   --reuse             keep the runs already complete in --out (same configuration and epoch
 #                       count; the settings are not compared): run only the missing ones
-#
-# Usage: scripts/reproduce.sh --compare DIR DIR ... [--names "A B ..."] [--target-p1 X] [--out OUT]
-#   puts results folders of one workload from different machines (or builds) side by side:
-#   OUT/compare.md (s/epoch and time to one common target P@1 per configuration and machine,
-#   each machine's speedup over the first, each machine's fastest configuration),
-#   OUT/compare.csv and OUT/compare_p1_vs_time.png (default OUT: results/compare-<date>);
-#   machines are named by --names or by their folders' names.
 # A configuration is BACKEND[:PRECISION[:ISA]][@EPOCHS] (@EPOCHS: this one's epoch count):
 #   cpu         hslide's CPU backend, LSH output layer        (cpu, cpu:bf16, cpu:fp32:avx2)
 #   cpu-nolsh   the same backend and kernels, dense output layer (--output-sparsity dense)
@@ -44,6 +37,13 @@
 #   torch-cpu, torch-gpu   scripts/baselines/torch_dense.py: PyTorch, full softmax
 # PRECISION is fp32 (default) or bf16; ISA is an `--isa` level (default auto).
 # Environment: PYTHON (default /usr/bin/python3: Debian's python3-torch/-matplotlib).
+#
+# Usage: scripts/reproduce.sh --compare DIR DIR ... [--names "A B ..."] [--target-p1 X] [--out OUT]
+#   puts results folders of one workload from different machines (or builds) side by side:
+#   OUT/compare.md (s/epoch and time to one common target P@1 per configuration and machine,
+#   each machine's speedup over the first, each machine's fastest configuration),
+#   OUT/compare.csv and OUT/compare_p1_vs_time.png (default OUT: results/compare-<date>);
+#   machines are named by --names or by their folders' names.
 set -euo pipefail
 here="$PWD"
 cd "$(dirname "$0")/.."

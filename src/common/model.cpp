@@ -29,10 +29,10 @@ void* detail::allocate_aligned_zeroed(size_t bytes) {
     madvise(p, bytes, MADV_HUGEPAGE);  // a refusal is harmless: normal pages then
     // The first write to a page faults it in and the kernel clears it: for a model of a few
     // GiB that took seconds on one thread, so the threads share the pages.
-    char* bytes_p = static_cast<char*>(p);
+    char* block = static_cast<char*>(p);
     const int64_t chunks = int64_t(bytes / huge);
 #pragma omp parallel for schedule(static)
-    for (int64_t c = 0; c < chunks; ++c) std::memset(bytes_p + size_t(c) * huge, 0, huge);
+    for (int64_t c = 0; c < chunks; ++c) std::memset(block + size_t(c) * huge, 0, huge);
     return p;
 }
 
