@@ -1,7 +1,25 @@
 #!/usr/bin/env bash
 # Sets up, builds, and runs every test with ctest.
+#
+#   scripts/test.sh                 # build/ (Release, CUDA where nvcc is found)
+#   scripts/test.sh --sanitize      # build-sanitize/: the C++ code under AddressSanitizer and
+#                                   # UndefinedBehaviorSanitizer (CUDA off, no benchmarks); any
+#                                   # finding fails its test
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/build.sh
-cd build
+if [[ ${1:-} == --sanitize ]]; then
+    ./scripts/setup.sh
+    cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHSLIDE_CUDA=OFF \
+        -DHSLIDE_BUILD_BENCH=OFF -DHSLIDE_SANITIZE=address,undefined >/dev/null
+    cmake --build build-sanitize -j "$(nproc)"
+    cd build-sanitize
+    export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
+    export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+elif (($#)); then
+    echo "usage: scripts/test.sh [--sanitize]" >&2
+    exit 2
+else
+    ./scripts/build.sh
+    cd build
+fi
 ctest --output-on-failure -j "$(nproc)" --timeout 900
