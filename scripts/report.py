@@ -40,6 +40,7 @@ STAGES = ["hashing", "rebuild", "active_sets", "forward", "backward", "update", 
 STAGE_NAMES = {"hashing": "hashing", "rebuild": "table build", "active_sets": "active sets",
                "forward": "forward", "backward": "backward", "update": "update",
                "transfer": "transfer"}
+MARKERS = "osD^v<>pP*Xh"  # one per configuration (per machine in a comparison)
 # Configurations with a full-softmax output layer (the dense baselines).
 DENSE = {"cpu-nolsh", "cpu-dense", "gpu-dense", "torch-cpu", "torch-gpu"}
 CSV_FIELDS = (["config", "backend", "precision", "isa", "epoch", "train_seconds", "wall_seconds",
@@ -163,6 +164,20 @@ def speedup_matrix(names, values, unit_note):
     return "\n".join(lines) + f"\n\n{unit_note}\n"
 
 
+def target_rule(finals, given, scope):
+    """(target P@1, the rule that gave it) from the runs' finite final P@1s: `given`, else 90%
+    of the lowest among the runs that learned, so every one of them reached it. `scope` is
+    added to the rule's text (e.g. ", over every machine")."""
+    if given is not None:
+        return given, "given with --target-p1"
+    if not finals or max(finals) <= 0:
+        return None, "no configuration has a positive P@1"
+    learned = [p for p in finals if p >= 0.1 * max(finals)]
+    return 0.9 * min(learned), ("90% of the lowest final P@1 among the configurations that "
+                                "learned (final P@1 at least a tenth of the best one)" + scope +
+                                ": an accuracy every one of them reached")
+
+
 def time_to_target(records, target):
     """(train seconds, epoch) at the first evaluation with P@1 >= target, or None."""
     for r in records:
@@ -218,17 +233,8 @@ def report(args):
     per_epoch = {c: sum(r["epoch_seconds"] for r in runs[c]) / len(runs[c]) for c in done}
     final = {c: runs[c][-1].get("p@1") for c in done}
 
-    # The target P@1.
     finals = [p for p in final.values() if p is not None and math.isfinite(p)]
-    if args.target_p1 is not None:
-        target, rule = args.target_p1, "given with --target-p1"
-    elif finals and max(finals) > 0:
-        learned = [p for p in finals if p >= 0.1 * max(finals)]
-        target = 0.9 * min(learned)
-        rule = ("90% of the lowest final P@1 among the configurations that learned (final "
-                "P@1 at least a tenth of the best one): an accuracy every one of them reached")
-    else:
-        target, rule = None, "no configuration has a positive P@1"
+    target, rule = target_rule(finals, args.target_p1, "")
     tta = {c: time_to_target(runs[c], target) for c in done} if target is not None else {}
 
     md = []
@@ -422,16 +428,6 @@ def machine_summary(hw):
             f"kernels, {hw.get('memory', '?')}; {gpus}")
 
 
-def target_rule(finals, given):
-    """The report's rule for the target P@1, over every (machine, configuration)."""
-    finals = [p for p in finals if p is not None and math.isfinite(p)]
-    if given is not None:
-        return given, "given with --target-p1"
-    if not finals or max(finals) <= 0:
-        return None, "no configuration has a positive P@1"
-    learned = [p for p in finals if p >= 0.1 * max(finals)]
-    return 0.9 * min(learned), ("90% of the lowest final P@1 among the configurations that "
-                                "learned, over every machine")
 
 
 def compare(args):
@@ -459,8 +455,9 @@ def compare(args):
         rows = m["runs"].get(c)
         return rows[-1].get("p@1") if rows else None
 
-    target, rule = target_rule([final_p1(m, c) for m in machines for c in m["runs"]],
-                               args.target_p1)
+    finals = [final_p1(m, c) for m in machines for c in m["runs"]]
+    target, rule = target_rule([p for p in finals if p is not None and math.isfinite(p)],
+                               args.target_p1, ", over every machine")
     tta = {(m["name"], c): time_to_target(m["runs"][c], target)
            for m in machines for c in m["runs"]} if target is not None else {}
 
@@ -492,10 +489,12 @@ def compare(args):
     md.append("Training wall time per epoch (mean over the epochs, evaluation excluded), and in "
               f"the last columns how many times faster each machine is than **{first}** on "
               "the same configuration.\n")
-    others = [m for m in machines[1:]]
-    md.append("| configuration | " + " | ".join(m["name"] for m in machines)
-              + "".join(f" | {m['name']} over {first}" for m in others) + " |")
-    md.append("|---|" + "---:|" * (len(machines) + len(others)))
+    others = machines[1:]
+    # Both tables: a column per machine, then each other machine's speedup over the first.
+    header = ("| configuration | " + " | ".join(m["name"] for m in machines)
+              + "".join(f" | {m['name']} over {first}" for m in others) + " |\n|---|"
+              + "---:|" * (len(machines) + len(others)))
+    md.append(header)
     for c in configs:
         cells = [fmt(per_epoch(m, c), 2) for m in machines]
         base = per_epoch(machines[0], c)
@@ -512,9 +511,7 @@ def compare(args):
         md.append(f"Target P@1 = **{target:.4f}** ({rule}): training seconds (evaluation "
                   "excluded) to the end of the first epoch whose evaluation reached it, and "
                   "the final P@1 in brackets.\n")
-        md.append("| configuration | " + " | ".join(m["name"] for m in machines)
-                  + "".join(f" | {m['name']} over {first}" for m in others) + " |")
-        md.append("|---|" + "---:|" * (len(machines) + len(others)))
+        md.append(header)
         for c in configs:
             cells = []
             for m in machines:
@@ -562,7 +559,6 @@ def compare(args):
         return 1
     colours = [f"C{i}" for i in range(10)]  # matplotlib's default cycle (tab10)
     styles = ["-", "--", ":", "-."]
-    markers = "osD^v<>pP*Xh"
     curves = []
     for j, m in enumerate(machines):
         for c, rows in m["runs"].items():
@@ -570,7 +566,7 @@ def compare(args):
             curves.append((f"{c} ({m['name']})", rows,
                            {"color": colours[i % len(colours)],
                             "linestyle": styles[j % len(styles)],
-                            "marker": markers[j % len(markers)]}))
+                            "marker": MARKERS[j % len(MARKERS)]}))
     p1_plot(out / "compare_p1_vs_time.png", curves, target,
             "P@1 against training time: colour = configuration, line = machine",
             {"fontsize": 7, "ncol": 2})
@@ -614,9 +610,8 @@ def plots(directory, configs, runs, stage_means, target):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    markers = "osD^v<>pP*Xh"
     p1_plot(directory / "p1_vs_time.png",
-            [(c, runs[c], {"marker": markers[i % len(markers)]}) for i, c in enumerate(configs)],
+            [(c, runs[c], {"marker": MARKERS[i % len(MARKERS)]}) for i, c in enumerate(configs)],
             target, "P@1 against training time", {"fontsize": 8})
 
     fig, ax = plt.subplots(figsize=(8, 0.5 * len(configs) + 1.8))
