@@ -31,8 +31,8 @@ cublas_api load() {
     }
     if (!lib)
         throw error(error_kind::unsupported,
-                    "cuBLAS (for a dense GPU output layer and exact scoring) could not be "
-                    "loaded: none of " +
+                    "cuBLAS (for a dense GPU output layer, and for exact scoring: "
+                    "--scoring lsh goes without it) could not be loaded: none of " +
                         tried + " loads (set HSLIDE_CUBLAS to the library's path)");
     auto symbol = [&](const char* name) {
         void* p = dlsym(lib, name);

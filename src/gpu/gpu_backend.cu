@@ -847,13 +847,6 @@ void gpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scor
         top_scores_.reserve(size_t(b) * k, "top-k scores");
         if (exact) {
             if (!blas_) {
-                try {
-                    cublas();
-                } catch (const error& e) {
-                    throw error(
-                        error_kind::unsupported,
-                        fmt::format("{}; score with --scoring lsh to go without it", e.what()));
-                }
                 HSLIDE_CUBLAS_CHECK(cublas().create(&blas_));
                 HSLIDE_CUBLAS_CHECK(cublas().set_stream(blas_, stream_));
             }

@@ -533,7 +533,6 @@ void first_layer_rows_adam(const layer_view& layer, const uint32_t* unique_rows,
 void untouched_rows_adam(const layer_view& layer, const uint8_t* touched, const adam_params& adam,
                          cudaStream_t stream) {
     const size_t n4 = size_t(layer.rows) * layer.stride / 4;
-    if (n4 == 0) return;  // a grid of no blocks is a launch error
     untouched_rows_adam_kernel<<<blocks_for(n4, block_threads), block_threads, 0, stream>>>(
         layer, touched, adam);
     HSLIDE_CUDA_LAUNCH();
@@ -541,7 +540,6 @@ void untouched_rows_adam(const layer_view& layer, const uint8_t* touched, const 
 
 void first_layer_bias_adam(const layer_view& layer, const float* d_hidden, uint32_t batch,
                            float inv_batch, const adam_params& adam, cudaStream_t stream) {
-    if (layer.width == 0) return;
     first_layer_bias_adam_kernel<<<blocks_for(layer.width, block_threads), block_threads, 0,
                                    stream>>>(layer, d_hidden, batch, inv_batch, adam);
     HSLIDE_CUDA_LAUNCH();
@@ -550,7 +548,6 @@ void first_layer_bias_adam(const layer_view& layer, const float* d_hidden, uint3
 void dense_adam(const layer_view& layer, const float* gradient, const float* bias_gradient,
                 const adam_params& adam, cudaStream_t stream) {
     const size_t n = std::max<size_t>(size_t(layer.rows) * layer.stride / 4, layer.rows);
-    if (n == 0) return;
     dense_adam_kernel<<<blocks_for(n, block_threads), block_threads, 0, stream>>>(
         layer, gradient, bias_gradient, adam);
     HSLIDE_CUDA_LAUNCH();
