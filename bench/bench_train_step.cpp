@@ -16,6 +16,7 @@
 // output sparsity dense), and the cpu-dense backend (BLAS GEMMs, same network and batches).
 // Environment: HSLIDE_BENCH_THREADS (default: all), HSLIDE_BENCH_DENSE_BATCHES (default 3).
 #include "hslide/backend.hpp"
+#include "hslide/backend_registry.hpp"
 #include "hslide/isa.hpp"
 #include "hslide/model.hpp"
 #include "hslide/synthetic.hpp"
@@ -62,7 +63,7 @@ struct step_config {
     isa_level isa;
     precision_mode precision;
     int threads;
-    const char* kind = "cpu";
+    backend_kind kind = backend_kind::cpu;
 };
 
 void train_step(benchmark::State& state, step_config sc) {
@@ -143,7 +144,7 @@ void register_benchmarks() {
         env_int("HSLIDE_BENCH_DENSE_BATCHES", 3));
     // The dense baseline: cpu-dense (OpenBLAS). Its Adam and gathers use the best level's kernels.
     add("train_step/cpu_dense_openblas/fp32" + t,
-        {sparsity_mode::dense, best, precision_mode::fp32, threads, "cpu-dense"},
+        {sparsity_mode::dense, best, precision_mode::fp32, threads, backend_kind::cpu_dense},
         env_int("HSLIDE_BENCH_DENSE_BATCHES", 3));
 }
 

@@ -3,6 +3,7 @@
 // export/import, prediction.
 #include "cpu/cpu_backend.hpp"
 #include "hslide/backend.hpp"
+#include "hslide/backend_registry.hpp"
 #include "hslide/isa.hpp"
 #include "hslide/model.hpp"
 #include "hslide/rng.hpp"

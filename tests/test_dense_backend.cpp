@@ -5,6 +5,7 @@
 #include "cpu/cpu_backend.hpp"
 #include "cpu/dense_backend.hpp"
 #include "hslide/backend.hpp"
+#include "hslide/backend_registry.hpp"
 #include "hslide/error.hpp"
 #include "hslide/isa.hpp"
 #include "hslide/model.hpp"
@@ -335,7 +336,7 @@ TEST(DenseBackend, ExportImportRoundTrip) {
 
 TEST(DenseBackend, CreatedByKindWithInfo) {
     backend_options bo;
-    bo.kind = "cpu-dense";
+    bo.kind = backend_kind::cpu_dense;
     bo.threads = 2;
     auto be = create_backend(bo, model_state::create(dense_config(), 5), train_config{});
     const backend_info bi = be->info();
@@ -349,7 +350,7 @@ TEST(DenseBackend, CreatedByKindWithInfo) {
 
 TEST(DenseBackend, Bf16IsRejected) {
     backend_options bo;
-    bo.kind = "cpu-dense";
+    bo.kind = backend_kind::cpu_dense;
     bo.precision = precision_mode::bf16;
     try {
         create_backend(bo, model_state::create(dense_config(), 5), train_config{});

@@ -8,6 +8,7 @@
 // and runs wherever one is.
 #include "cpu/cpu_backend.hpp"
 #include "hslide/backend.hpp"
+#include "hslide/backend_registry.hpp"
 #include "hslide/error.hpp"
 #include "hslide/gpu_devices.hpp"
 #include "hslide/lsh.hpp"
@@ -317,7 +318,7 @@ std::unique_ptr<backend> make_gpu(const model_state& m, const train_config& tc, 
                                   precision_mode precision = precision_mode::fp32,
                                   bool async_rebuild = false) {
     backend_options o;
-    o.kind = kind;
+    o.kind = parse_backend_kind(kind);
     o.precision = precision;
     o.gpu_async_rebuild = async_rebuild;
     return create_backend(o, m, tc);
@@ -556,7 +557,7 @@ TEST(GpuBackend, AsyncTableRebuildsBuildTheSameTablesAndOverlapTraining) {
         all[l].resize(before.layers[l].rows);
         std::iota(all[l].begin(), all[l].end(), 0u);
     }
-    for (auto* b : {sync.get(), stale.get(), async.get()}) b->import_rows(after, all);
+    for (auto* b : {sync.get(), stale.get(), async.get()}) b->rows()->import_rows(after, all);
     sync->rebuild_tables(false);
     async->rebuild_tables(false);
     gpu::finish_table_rebuild(*async);
@@ -614,7 +615,7 @@ void expect_row_transfers(precision_mode precision) {
     tc.adam = adam_mode::sparse;  // changed rows are the touched ones (input-dense: all)
     auto gpu = make_gpu(initial, tc, "gpu", precision);
     row_sets changed;
-    ASSERT_TRUE(gpu->take_changed_rows(changed));
+    ASSERT_TRUE(gpu->rows()->take_changed_rows(changed));
     ASSERT_EQ(changed.size(), 2u);
     EXPECT_TRUE(changed[0].empty() && changed[1].empty()) << "changes before any training";
 
@@ -626,7 +627,7 @@ void expect_row_transfers(precision_mode precision) {
     for (int step = 0; step < 2; ++step)
         gpu->train_batch({&data, rows.data() + 16 * step, 16}, 0.01f);
     gpu->export_state(after, false);
-    ASSERT_TRUE(gpu->take_changed_rows(changed));
+    ASSERT_TRUE(gpu->rows()->take_changed_rows(changed));
     // Layer 0: exactly the features of the batches' points.
     std::set<uint32_t> features;
     for (uint32_t p = 0; p < 32; ++p) {
@@ -641,14 +642,14 @@ void expect_row_transfers(precision_mode precision) {
             EXPECT_TRUE(reported.count(r)) << "layer " << l << " row " << r << " moved unreported";
     }
     EXPECT_FALSE(changed[1].empty());
-    ASSERT_TRUE(gpu->take_changed_rows(changed));
+    ASSERT_TRUE(gpu->rows()->take_changed_rows(changed));
     EXPECT_TRUE(changed[0].empty() && changed[1].empty()) << "a take must start a new period";
 
     // export_rows writes exactly the chosen rows (and layer 0's bias vector).
     const row_sets chosen = {{1, 2, 49}, {0, 5, 69}};
     model_state out = model_state::create(config, 77);
     const model_state untouched = out;
-    gpu->export_rows(chosen, out);
+    gpu->rows()->export_rows(chosen, out);
     for (size_t l = 0; l < 2; ++l) {
         const std::set<uint32_t> want(chosen[l].begin(), chosen[l].end());
         for (uint32_t r = 0; r < out.layers[l].rows; ++r) {
@@ -662,7 +663,7 @@ void expect_row_transfers(precision_mode precision) {
 
     // import_rows overwrites exactly those rows; they are not changes of the replica's own.
     const model_state donor = model_state::create(config, 55);
-    gpu->import_rows(donor, chosen);
+    gpu->rows()->import_rows(donor, chosen);
     model_state merged;
     gpu->export_state(merged, false);
     model_state expected = after;
@@ -671,7 +672,7 @@ void expect_row_transfers(precision_mode precision) {
         EXPECT_TRUE(rows_that_differ(merged, expected, l).empty()) << "layer " << l;
         EXPECT_EQ(merged.layers[l].bias, expected.layers[l].bias) << "layer " << l;
     }
-    ASSERT_TRUE(gpu->take_changed_rows(changed));
+    ASSERT_TRUE(gpu->rows()->take_changed_rows(changed));
     EXPECT_TRUE(changed[0].empty() && changed[1].empty()) << "imported rows reported as changes";
 
     // The derived copies followed: exact scores equal those of a replica given the whole state.

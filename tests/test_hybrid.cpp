@@ -2,9 +2,11 @@
 // concurrency, the adaptive policy's update shares, and hybrid training on Bibtex.
 #include "cpu/cpu_backend.hpp"
 #include "hslide/backend.hpp"
+#include "hslide/backend_registry.hpp"
 #include "hslide/error.hpp"
 #include "hslide/hybrid.hpp"
 #include "hslide/rng.hpp"
+#include "hslide/row_transfer.hpp"
 #include "test_util.hpp"
 
 #include <gtest/gtest.h>
@@ -58,7 +60,7 @@ struct contention {
 /// keeps the Backend defaults (the whole-model fallback). With `host` its replica is read in
 /// place (host_state); with `writable` too, merges write into it (writable_host_state), as
 /// into the CPU backend's.
-class counting_backend final : public backend {
+class counting_backend final : public backend, public row_transfer {
   public:
     counting_backend(const model_state& initial, double seconds_per_sample, bool track_rows,
                      bool host = false, bool writable = false)
@@ -67,7 +69,9 @@ class counting_backend final : public backend {
           track_rows_(track_rows),
           host_(host),
           writable_(host && writable),
-          changed_(initial.layers.size()) {}
+          changed_(initial.layers.size()) {
+        if (track_rows_) offer_rows(this);
+    }
 
     step_report train_batch(const batch_view& batch, float) override {
         for (uint32_t i = 0; i < batch.size; ++i) {
@@ -109,7 +113,6 @@ class counting_backend final : public backend {
         }
     }
     bool take_changed_rows(row_sets& rows) override {
-        if (!track_rows_) return backend::take_changed_rows(rows);
         rows.assign(changed_.size(), {});
         for (size_t l = 0; l < changed_.size(); ++l) {
             std::sort(changed_[l].begin(), changed_[l].end());
@@ -120,7 +123,6 @@ class counting_backend final : public backend {
         return true;
     }
     void export_rows(const row_sets& rows, model_state& out) const override {
-        if (!track_rows_) return backend::export_rows(rows, out);
         ++exports;
         exports_with_first_layer += !rows[0].empty();
         out.copy_rows(model_, rows);
@@ -128,7 +130,6 @@ class counting_backend final : public backend {
     void import_rows(const model_state& in, const row_sets& rows) override {
         last_imported = rows;
         ++row_imports;
-        if (!track_rows_) return backend::import_rows(in, rows);
         model_.copy_rows(in, rows);
     }
     backend_info info() const override { return {"fake", "counting", "fp32", 0, 0}; }
@@ -479,12 +480,18 @@ TEST(Hybrid, RowsOneWorkerChangedReachTheOthersAtTheirNextSync) {
 }
 
 TEST(BackendDefaults, RowTransfersFallBackToTheWholeModel) {
-    // A backend that overrides none of the row-level calls: it reports no tracking, and its
-    // row export and import go through export_state / import_state.
+    // A backend that offers no row_transfer: rows_of stands in for it with whole_model_rows,
+    // which reports no tracking, and its row export and import go through export_state /
+    // import_state.
     const model_state initial = integral_model(12);
-    counting_backend device(initial, 0, /*track_rows=*/false);
+    counting_backend backend_only(initial, 0, /*track_rows=*/false);
+    ASSERT_EQ(backend_only.rows(), nullptr);
+    std::unique_ptr<row_transfer> fallback;
+    row_transfer& device_rows = rows_of(backend_only, fallback);
+    ASSERT_NE(fallback, nullptr);
+    const counting_backend& device = backend_only;
     row_sets rows;
-    EXPECT_FALSE(device.take_changed_rows(rows));
+    EXPECT_FALSE(device_rows.take_changed_rows(rows));
     EXPECT_TRUE(rows.empty());
 
     model_state source = integral_model(12);
@@ -494,7 +501,7 @@ TEST(BackendDefaults, RowTransfersFallBackToTheWholeModel) {
         for (float& b : layer.bias) b += 50.0f;
     }
     const row_sets some = {{1, 5}, {0, 7, 23}};
-    device.import_rows(source, some);
+    device_rows.import_rows(source, some);
     EXPECT_EQ(device.full_imports, 1);
     model_state want = initial;
     want.copy_rows(source, some);
@@ -506,7 +513,7 @@ TEST(BackendDefaults, RowTransfersFallBackToTheWholeModel) {
 
     model_state out = integral_model(1);
     const model_state out_before = out;
-    device.export_rows({{5}, {23}}, out);
+    device_rows.export_rows({{5}, {23}}, out);
     want = out_before;
     want.copy_rows(device.model(), {{5}, {23}});
     expect_same_parameters(out, want, "after export_rows");
@@ -848,17 +855,23 @@ TEST(HybridAdaptive, KeepsASlowWorkerThatHelps) {
 }
 
 TEST(Hybrid, CpuWorkersShareTheCoresLeftAfterExplicitCountsAndGpuFeeders) {
-    EXPECT_EQ(split_worker_threads({"cpu", "gpu"}, {0, 0}, 16), (std::vector<int>{15, 0}));
-    EXPECT_EQ(split_worker_threads({"cpu", "cpu"}, {0, 0}, 16), (std::vector<int>{8, 8}));
-    EXPECT_EQ(split_worker_threads({"cpu", "cpu", "gpu"}, {4, 0, 0}, 16),
+    EXPECT_EQ(split_worker_threads({backend_kind::cpu, backend_kind::gpu}, {0, 0}, 16),
+              (std::vector<int>{15, 0}));
+    EXPECT_EQ(split_worker_threads({backend_kind::cpu, backend_kind::cpu}, {0, 0}, 16),
+              (std::vector<int>{8, 8}));
+    EXPECT_EQ(split_worker_threads({backend_kind::cpu, backend_kind::cpu, backend_kind::gpu},
+                                   {4, 0, 0}, 16),
               (std::vector<int>{4, 11, 0}));
-    EXPECT_EQ(split_worker_threads({"cpu", "cpu", "cpu"}, {0, 0, 0}, 16),
+    EXPECT_EQ(split_worker_threads({backend_kind::cpu, backend_kind::cpu, backend_kind::cpu},
+                                   {0, 0, 0}, 16),
               (std::vector<int>{5, 5, 5}));
     // Never fewer than one thread, however few cores are left.
-    EXPECT_EQ(split_worker_threads({"gpu", "cpu", "gpu"}, {0, 0, 0}, 2),
+    EXPECT_EQ(split_worker_threads({backend_kind::gpu, backend_kind::cpu, backend_kind::gpu},
+                                   {0, 0, 0}, 2),
               (std::vector<int>{0, 1, 0}));
-    EXPECT_EQ(split_worker_threads({"cpu", "cpu"}, {3, 0}, 2), (std::vector<int>{3, 1}));
-    EXPECT_THROW(split_worker_threads({"cpu"}, {0, 0}, 4), hslide::error);
+    EXPECT_EQ(split_worker_threads({backend_kind::cpu, backend_kind::cpu}, {3, 0}, 2),
+              (std::vector<int>{3, 1}));
+    EXPECT_THROW(split_worker_threads({backend_kind::cpu}, {0, 0}, 4), hslide::error);
 }
 
 TEST(Hybrid, TheFastestWorkerPredicts) {
@@ -898,7 +911,7 @@ TEST(Hybrid, TwoCpuWorkersTrainTheSameModelShape) {
     hybrid_options h;
     for (int i = 0; i < 2; ++i) {
         hybrid_worker_options w;
-        w.device.kind = "cpu";
+        w.device.kind = backend_kind::cpu;
         w.device.threads = 1;
         w.batch_size = 32;
         h.workers.push_back(w);

@@ -4,6 +4,7 @@
 // schedule survives a resume, the learning-rate schedules, and a diverging loss stops training
 // with a clear error.
 #include "hslide/backend.hpp"
+#include "hslide/backend_registry.hpp"
 #include "hslide/error.hpp"
 #include "hslide/trainer.hpp"
 

@@ -49,7 +49,7 @@
 // Row-sparse merges. A merge moves rows, not models (a row: an input feature's layer-0
 // weights, or a neuron's weights and bias; layer 0's bias vector goes with every merge):
 //  - the worker's backend reports the rows its training changed since the last merge
-//    (Backend::take_changed_rows; the CPU backend knows them from its update's row grouping,
+//    (row_transfer::take_changed_rows; the CPU backend knows them from its update's row grouping,
 //    the GPU backend from flags its update sets on the device);
 //    every other row of the replica still equals the worker's base, so its change there is
 //    zero, and adding only the reported rows is the whole change;
@@ -60,20 +60,20 @@
 //    since, and is copied into its base. A row the worker changed that nobody else did is
 //    copied (shared = base there, so the sum is the replica's row, exactly) and needs no
 //    import; every other changed or newer row goes to the replica: one in host memory that
-//    may be written in place (Backend::writable_host_state: the CPU backend's) gets it in the
-//    same pass, stored with the shared and base rows (a third less merge traffic than copying
-//    it after; its bf16 copies follow 64 rows at a time through Backend::rows_written, while
-//    in cache, so the lock is held for them too); any other imports the rows after the lock,
-//    in one call (Backend::import_rows; one transfer for a device). Bases and versions move per
-//    row, so every change is counted once: an overlap of rows between workers adds both changes,
-//    and a row is re-sent to a worker only once per change made by others.
+//    may be written in place (row_transfer::writable_host_state: the CPU backend's) gets it in
+//    the same pass, stored with the shared and base rows (a third less merge traffic than copying
+//    it after; its bf16 copies follow 64 rows at a time through row_transfer::rows_written,
+//    while in cache, so the lock is held for them too); any other imports the rows after the lock,
+//    in one call (row_transfer::import_rows; one transfer for a device). Bases and versions move
+//    per row, so every change is counted once: an overlap of rows between workers adds both
+//    changes, and a row is re-sent to a worker only once per change made by others.
 //  - the cost is the rows moved plus an O(rows) scan of 8-byte versions per merge.
 //    Where little of the model changes between merges (large output layers: a batch touches
 //    its active sets only), that is far less than the model; where most rows change (Bibtex:
 //    a 128-sample batch touches 88% of the 1836 input features) it saves the copies of
 //    whole-model merges but not the rows themselves (bench/hybrid.md).
-//  - a backend that does not track rows (the Backend defaults) takes part with whole-model
-//    transfers: all its rows count as changed, and it imports the whole shared model.
+//  - a backend that offers no row transfers takes part through whole_model_rows, with
+//    whole-model transfers: all its rows count as changed, and it imports the whole model.
 //
 // Tables. A row import does not rebuild the replica's LSH tables: the CPU backend re-hashes
 // the imported rows at its next rebuild_tables (it keeps every row's codes and re-hashes only
@@ -89,6 +89,7 @@
 #pragma once
 
 #include "hslide/backend.hpp"
+#include "hslide/backend_registry.hpp"
 
 #include <functional>
 #include <memory>
@@ -107,7 +108,7 @@ const char* to_string(schedule_policy policy);
 
 /// One worker of a hybrid backend.
 struct hybrid_worker_options {
-    backend_options device;     ///< what to create (kind "cpu" or "gpu", threads, ...)
+    backend_options device;     ///< what to create (a kind that can be a hybrid worker, ...)
     uint32_t batch_size = 128;  ///< hogbatch: its batch size; adaptive: the starting size
     double update_share = 1.0;  ///< adaptive: relative share of model updates (normalised)
     /// Tests: seconds of sleep added per sample trained, to make a worker slower.
@@ -151,11 +152,11 @@ std::unique_ptr<backend> create_hybrid_backend(const hybrid_options& options,
                                                const model_state& initial,
                                                const train_config& train);
 
-/// The CPU threads of each worker of a hybrid (`kinds`: "cpu" or "gpu"): a CPU worker with
+/// The CPU threads of each worker of a hybrid (by kind: a CPU or a GPU one): a CPU worker with
 /// requested[i] > 0 gets that many; the CPU workers given 0 share evenly, at least one each, the
 /// `cores` left after the explicit counts and one core for each GPU worker's feeding thread
 /// (it stages batches and waits on its stream). GPU workers' entries are 0.
-std::vector<int> split_worker_threads(const std::vector<std::string>& kinds,
+std::vector<int> split_worker_threads(const std::vector<backend_kind>& kinds,
                                       const std::vector<int>& requested, int cores);
 
 /// Adds the change `replica - base` to `shared`, weights and biases of every layer

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "hslide/backend.hpp"
+#include "hslide/backend_registry.hpp"
 #include "hslide/config.hpp"
 #include "hslide/dataset.hpp"
 #include "hslide/metrics.hpp"
@@ -26,8 +27,9 @@ struct evaluation_options {
     bool show_progress = true;
 };
 
-/// Evaluates `model` on `test`: P@k, nDCG@k, and PSP@k when `inverse_propensities` is given.
-metrics_result evaluate(backend& model, const dataset& test, const evaluation_options& options,
+/// Evaluates the model `engine` holds on `test`: P@k, nDCG@k, and PSP@k when
+/// `inverse_propensities` is given.
+metrics_result evaluate(backend& engine, const dataset& test, const evaluation_options& options,
                         const std::vector<double>& inverse_propensities = {});
 
 /// The trainer's own state: what a checkpoint needs besides the model to resume exactly.
@@ -66,14 +68,14 @@ struct trainer_options {
     /// Where a resumed run starts (from its checkpoint; the backend already holds the
     /// checkpoint's model). Unset: a fresh start.
     std::optional<trainer_state> resume;
-    std::string backend_name = "cpu";
+    backend_kind backend = backend_kind::cpu;  ///< what trains (for the metrics records)
     bool show_progress = true;
 };
 
-/// Runs training on `model` (a backend holding the initial replica).
+/// Runs training on `engine` (a backend holding the initial replica of the model).
 class trainer {
   public:
-    trainer(backend& model, const dataset& train, const dataset* test, trainer_options options);
+    trainer(backend& engine, const dataset& train, const dataset* test, trainer_options options);
 
     /// Trains up to options.train.epochs epochs in total (counting resumed ones); returns one
     /// record per epoch run. `on_epoch` (optional) sees each record as it is made.
@@ -90,7 +92,7 @@ class trainer {
     void write_metrics_record(const epoch_record& record);
     void save_checkpoint_now();
 
-    backend& model_;
+    backend& backend_;  // holds the model being trained
     const dataset& train_;
     const dataset* test_;
     trainer_options options_;

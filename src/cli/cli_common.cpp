@@ -276,7 +276,11 @@ void add_hybrid_options(CLI::App& app, hybrid_cli& o) {
                    "measured throughput, to meet --update-share)")
         ->check(CLI::IsMember({"hogbatch", "adaptive"}))
         ->capture_default_str();
-    app.add_option("--workers", o.workers, "hybrid: the workers, e.g. cpu,gpu or cpu,cpu")
+    app.add_option("--workers", o.workers,
+                   "hybrid: the workers, e.g. cpu,gpu or cpu,cpu (kinds: " +
+                       join_names(backend_names(
+                           [](const backend_entry& e) { return e.caps.hybrid_worker; })) +
+                       ")")
         ->capture_default_str();
     app.add_option("--worker-threads", o.threads,
                    "hybrid: CPU threads per CPU worker (one value, or one per worker; 0 = the "
@@ -323,6 +327,23 @@ void add_hybrid_options(CLI::App& app, hybrid_cli& o) {
         ->capture_default_str();
 }
 
+std::string join_names(const std::vector<std::string>& names) {
+    std::string out;
+    for (const std::string& name : names) out += (out.empty() ? "" : ", ") + name;
+    return out;
+}
+
+CLI::Option* add_backend_option(CLI::App& app, std::string& name,
+                                bool (*keep)(const backend_entry&)) {
+    const std::vector<std::string> names = backend_names(keep);
+    app.footer("Backends, and what each supports:\n" + describe_backends());
+    return app
+        .add_option("--backend", name,
+                    "where to compute: " + join_names(names) + " (see Backends below)")
+        ->check(CLI::IsMember(names))
+        ->capture_default_str();
+}
+
 hybrid_options make_hybrid_options(const hybrid_cli& o, const backend_options& device,
                                    const train_config& train) {
     auto split = [](const std::string& text) {
@@ -331,12 +352,19 @@ hybrid_options make_hybrid_options(const hybrid_cli& o, const backend_options& d
         for (std::string part; std::getline(in, part, ',');) parts.push_back(part);
         return parts;
     };
-    const std::vector<std::string> kinds = split(o.workers);
-    const size_t n = kinds.size();
+    const std::vector<std::string> names = split(o.workers);
+    const size_t n = names.size();
     HSLIDE_CHECK(n > 0, "--workers names no worker");
-    for (const std::string& kind : kinds)
-        HSLIDE_CHECK(kind == "cpu" || kind == "gpu", "--workers: unknown worker '{}' (cpu, gpu)",
-                     kind);
+    const std::vector<std::string> worker_kinds =
+        backend_names([](const backend_entry& e) { return e.caps.hybrid_worker; });
+    std::vector<backend_kind> kinds;
+    for (const std::string& name : names) {
+        HSLIDE_CHECK(
+            std::find(worker_kinds.begin(), worker_kinds.end(), name) != worker_kinds.end(),
+            "--workers: unknown worker '{}' ({})", name, join_names(worker_kinds));
+        kinds.push_back(parse_backend_kind(name));
+    }
+    auto on_gpu = [&](size_t i) { return backend_entry_of(kinds[i]).caps.needs_gpu; };
     // The i-th value of a list flag as a number, the one value standing for every worker.
     auto value = [&](const std::string& text, const char* flag, size_t i) {
         const std::vector<std::string> values = split(text);
@@ -357,10 +385,11 @@ hybrid_options make_hybrid_options(const hybrid_cli& o, const backend_options& d
     };
     std::vector<int> requested(n, 0);
     for (size_t i = 0; i < n; ++i)
-        if (kinds[i] == "cpu") requested[i] = int(value(o.threads, "--worker-threads", i));
+        if (!on_gpu(i)) requested[i] = int(value(o.threads, "--worker-threads", i));
     const std::vector<int> threads = split_worker_threads(
         kinds, requested, train.threads > 0 ? train.threads : omp_get_max_threads());
-    const bool beside_gpu = std::find(kinds.begin(), kinds.end(), "gpu") != kinds.end();
+    bool beside_gpu = false;
+    for (size_t i = 0; i < n; ++i) beside_gpu = beside_gpu || on_gpu(i);
     hybrid_options h;
     h.policy = parse_schedule_policy(o.policy);
     h.reference_batch = train.batch_size;
@@ -373,12 +402,12 @@ hybrid_options make_hybrid_options(const hybrid_cli& o, const backend_options& d
         hybrid_worker_options w;
         w.device = device;
         w.device.kind = kinds[i];
-        if (kinds[i] == "cpu") w.device.threads = threads[i];
+        if (!on_gpu(i)) w.device.threads = threads[i];
         w.merge_threads = o.merge_threads;
         if (o.batch == "auto") {
-            w.batch_size = kinds[i] == "gpu" ? 8 * train.batch_size
-                           : beside_gpu      ? std::max(1u, train.batch_size / 4)
-                                             : train.batch_size;
+            w.batch_size = on_gpu(i)    ? 8 * train.batch_size
+                           : beside_gpu ? std::max(1u, train.batch_size / 4)
+                                        : train.batch_size;
         } else {
             w.batch_size = uint32_t(value(o.batch, "--worker-batch", i));
         }

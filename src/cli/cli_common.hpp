@@ -2,6 +2,7 @@
 #pragma once
 
 #include "hslide/backend.hpp"
+#include "hslide/backend_registry.hpp"
 #include "hslide/config.hpp"
 #include "hslide/dataset.hpp"
 #include "hslide/hybrid.hpp"
@@ -108,6 +109,14 @@ struct output_options {
 void add_output_options(CLI::App& app, output_options& options);
 /// Configures logging; returns whether progress bars should be drawn.
 bool apply_output_options(const output_options& options);
+
+/// "a, b, c".
+std::string join_names(const std::vector<std::string>& names);
+
+/// --backend: the name of a kind in the backend registry, among those for which `keep` holds;
+/// the help lists them, and the footer what each supports (describe_backends).
+CLI::Option* add_backend_option(CLI::App& app, std::string& name,
+                                bool (*keep)(const backend_entry&));
 
 /// Adds --config FILE (TOML-style, keys are the long flag names); a key that names no flag is
 /// an error, never silently ignored.

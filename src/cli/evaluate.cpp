@@ -2,6 +2,7 @@
 #include "cli_common.hpp"
 
 #include "hslide/backend.hpp"
+#include "hslide/backend_registry.hpp"
 #include "hslide/checkpoint.hpp"
 #include "hslide/error.hpp"
 #include "hslide/metrics.hpp"
@@ -24,7 +25,7 @@ namespace {
 struct scoring_options {
     std::string model_path;
     std::string scoring = "exact";
-    std::string backend = "cpu";
+    std::string backend = to_string(backend_kind::cpu);
     int threads = 0;
     compute_options compute;
     std::vector<uint32_t> probes;  // empty: the model's own
@@ -39,11 +40,8 @@ void add_scoring_options(CLI::App& app, scoring_options& o) {
         ->check(CLI::IsMember({"auto", "exact", "lsh"}))
         ->capture_default_str();
     app.add_option("--threads", o.threads, "CPU threads (0 = all)")->check(CLI::NonNegativeNumber);
-    app.add_option("--backend", o.backend,
-                   "cpu, cpu-dense (every label through BLAS; always exact scoring), gpu, or "
-                   "gpu-dense (every label through cuBLAS; always exact)")
-        ->check(CLI::IsMember({"cpu", "cpu-dense", "gpu", "gpu-dense"}))
-        ->capture_default_str();
+    // Any kind that is made alone (a hybrid trains; a checkpoint is scored on one device).
+    add_backend_option(app, o.backend, [](const backend_entry& e) { return e.create != nullptr; });
     add_compute_options(app, o.compute);
     add_probes_option(app, o.probes);
     app.get_option("--probes")->default_str("the model's");
@@ -51,8 +49,8 @@ void add_scoring_options(CLI::App& app, scoring_options& o) {
 
 /// The checkpoint's model on the --backend, checked against the data's dimensions;
 /// scales `data` as the model's training inputs were.
-std::unique_ptr<backend> open_model(const scoring_options& o, dataset& data,
-                                    checkpoint_contents& ck) {
+std::unique_ptr<backend> open_backend(const scoring_options& o, dataset& data,
+                                      checkpoint_contents& ck) {
     ck = load_checkpoint(o.model_path);
     HSLIDE_CHECK(data.n_features <= ck.model.config.input_dim,
                  "{} has {} features but the model {} takes {}", data.source, data.n_features,
@@ -62,10 +60,14 @@ std::unique_ptr<backend> open_model(const scoring_options& o, dataset& data,
                  o.model_path, ck.model.config.output_dim());
     if (o.threads > 0) omp_set_num_threads(o.threads);
     backend_options bo;
-    bo.kind = o.backend;
+    bo.kind = parse_backend_kind(o.backend);
     bo.threads = o.threads;
     apply_compute_options(o.compute, bo);
     if (!o.probes.empty()) set_probes(ck.model.config, o.probes);
+    train_config scoring_only;
+    scoring_only.adam = adam_mode::sparse;  // no training: every backend takes its Adam mode
+    check_supported(bo.kind, ck.model.config, scoring_only, bo.precision,
+                    parse_scoring(o.scoring) != scoring_mode::exact);
     train_config tc;
     normalize_inputs(data, ck.model.config);
     return create_backend(bo, std::move(ck.model), tc);
@@ -101,12 +103,12 @@ int run_eval(int argc, char** argv) {
                        ? std::move(file)
                        : subset(file, read_split(data.test_split, data.split_column, file.size()));
     checkpoint_contents ck;
-    auto model = open_model(so, test, ck);
+    auto engine = open_backend(so, test, ck);
     std::vector<double> inv_prop;
     if (!ck.label_counts.empty() && ck.train_points > 0)
         inv_prop = inverse_propensities(ck.label_counts, ck.train_points, eo.metrics.propensity_a,
                                         eo.metrics.propensity_b);
-    const metrics_result r = evaluate(*model, test, eo, inv_prop);
+    const metrics_result r = evaluate(*engine, test, eo, inv_prop);
     std::printf("%s  (%zu points)\n", format_metrics(r).c_str(), r.n);
     if (!metrics_out.empty()) {
         std::ofstream out(metrics_out, std::ios::app);
@@ -148,7 +150,7 @@ int run_predict(int argc, char** argv) {
     data.show_progress = show_progress;
     dataset points = load_file(data, input);
     checkpoint_contents ck;
-    auto model = open_model(so, points, ck);
+    auto engine = open_backend(so, points, ck);
     const scoring_mode scoring = parse_scoring(so.scoring);
 
     const std::string tmp = out_path + ".tmp";
@@ -165,7 +167,7 @@ int run_predict(int argc, char** argv) {
         std::iota(rows.begin(), rows.end(), uint32_t(begin));
         labels.resize(size_t(size) * topk);
         scores.resize(size_t(size) * topk);
-        model->predict({&points, rows.data(), size}, topk, scoring, labels.data(), scores.data());
+        engine->predict({&points, rows.data(), size}, topk, scoring, labels.data(), scores.data());
         for (uint32_t s = 0; s < size; ++s) {
             line.clear();
             for (uint32_t i = 0; i < topk; ++i) {

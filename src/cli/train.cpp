@@ -2,6 +2,7 @@
 #include "cli_common.hpp"
 
 #include "hslide/backend.hpp"
+#include "hslide/backend_registry.hpp"
 #include "hslide/checkpoint.hpp"
 #include "hslide/error.hpp"
 #include "hslide/hybrid.hpp"
@@ -61,13 +62,9 @@ int run_train(int argc, char** argv) {
     const std::vector<CLI::Option*> model_flags = add_model_options(app, mopt);
 
     train_config tc;
-    std::string backend_name = "cpu", adam = to_string(tc.adam), scoring = "exact";
-    app.add_option("--backend", backend_name,
-                   "where to train: cpu (LSH-sparse), cpu-dense (every neuron through BLAS: the "
-                   "dense baseline), gpu (LSH on a GPU), gpu-dense (every neuron through "
-                   "cuBLAS), hybrid")
-        ->check(CLI::IsMember({"cpu", "cpu-dense", "gpu", "gpu-dense", "hybrid"}))
-        ->capture_default_str();
+    std::string backend_name = to_string(backend_kind::cpu), adam = to_string(tc.adam),
+                scoring = "exact";
+    add_backend_option(app, backend_name, [](const backend_entry&) { return true; });
     app.add_option("--threads", tc.threads, "CPU threads (0 = all)")
         ->check(CLI::NonNegativeNumber)
         ->capture_default_str();
@@ -152,7 +149,8 @@ int run_train(int argc, char** argv) {
     to.eval.scoring = parse_scoring(scoring);
     to.eval.show_progress = show_progress;
     to.show_progress = show_progress;
-    to.backend_name = backend_name;
+    const backend_kind kind = parse_backend_kind(backend_name);
+    to.backend = kind;
     validate(tc);
 
     if (tc.threads > 0) omp_set_num_threads(tc.threads);
@@ -210,7 +208,8 @@ int run_train(int argc, char** argv) {
                 mc.layers[l].active.max_active, mc.layers[l].active.hit_threshold);
 
     // Before the model moves into the backend (mc refers to it).
-    if (backend_name == "cpu-dense" || backend_name == "gpu-dense")
+    const bool every_neuron = backend_entry_of(kind).caps.computes_every_neuron;
+    if (every_neuron)
         for (size_t l = 0; l < mc.layers.size(); ++l)
             if (mc.is_sparse(l))
                 spdlog::info(
@@ -220,45 +219,37 @@ int run_train(int argc, char** argv) {
     // An LSH output layer whose active sets hold a large share of it saves little: say why
     // after the first epoch (the settings are read here, before the model moves).
     const size_t out_layer = mc.layers.size() - 1;
-    const bool sparse_output =
-        mc.is_sparse(out_layer) && backend_name != "cpu-dense" && backend_name != "gpu-dense";
+    const bool sparse_output = mc.is_sparse(out_layer) && !every_neuron;
     const uint32_t out_dim = mc.output_dim();
     const std::string dense_active_hint =
         fmt::format("the union of L = {} buckets of up to {} neurons, filled to --min-active {}",
                     mc.layers[out_layer].lsh.L, mc.layers[out_layer].lsh.bucket_capacity,
                     mc.layers[out_layer].active.min_active);
     bool dense_active_warned = false;
-    const bool probes = std::any_of(mc.layers.begin(), mc.layers.end(),
-                                    [](const layer_config& l) { return l.active.probes > 0; });
-    // Multi-probe scoring runs on the CPU only: say so before training, not at the first
-    // evaluation (a GPU, or a hybrid's GPU worker, scores the test set).
-    auto check_probes_on = [&](const std::string& kind) {
-        // `auto` scores an LSH layer with LSH, as `lsh` does.
-        HSLIDE_CHECK_KIND(!(probes && to.eval.scoring != scoring_mode::exact && kind == "gpu" &&
-                            d.test.size() > 0),
-                          error_kind::unsupported,
-                          "multi-probe LSH scoring (--probes) runs on the CPU backend only; use "
-                          "--probes 0 or --scoring exact with a GPU");
-    };
+    // What a backend does not support (the GPU's one hidden layer, its Adam modes, multi-probe
+    // scoring: the capability table) is refused before training, not at the first evaluation
+    // (`auto` scores an LSH layer with LSH, as `lsh` does).
+    const bool lsh_scoring = to.eval.scoring != scoring_mode::exact && d.test.size() > 0;
     backend_options bo;
-    bo.kind = backend_name;
+    bo.kind = kind;
     bo.threads = tc.threads;
     apply_compute_options(compute, bo);
-    std::unique_ptr<backend> model;
-    check_probes_on(backend_name);
-    if (backend_name == "hybrid") {
+    std::unique_ptr<backend> engine;
+    if (kind == backend_kind::hybrid) {
         const hybrid_options ho = make_hybrid_options(hybrid, bo, tc);
-        for (const hybrid_worker_options& w : ho.workers) check_probes_on(w.device.kind);
-        model = create_hybrid_backend(ho, initial, tc);
+        for (const hybrid_worker_options& w : ho.workers)
+            check_supported(w.device.kind, mc, tc, bo.precision, lsh_scoring);
+        engine = create_hybrid_backend(ho, initial, tc);
         initial = model_state{};  // the workers hold their copies
     } else {
-        model = create_backend(bo, std::move(initial), tc);
+        check_supported(kind, mc, tc, bo.precision, lsh_scoring);
+        engine = create_backend(bo, std::move(initial), tc);
     }
-    const backend_info bi = model->info();
+    const backend_info bi = engine->info();
     spdlog::info("backend: {} on {}, {}", bi.kind, bi.device, bi.precision);
 
     to.train = tc;
-    trainer run(*model, d.train, d.test.size() ? &d.test : nullptr, to);
+    trainer run(*engine, d.train, d.test.size() ? &d.test : nullptr, to);
     const auto records = run.run([&](const epoch_record& r) {
         std::string line = fmt::format(
             "epoch {:>3}/{}  {:7.1f} s  {:9.0f} samples/s  loss {:.4f}  active {:.0f}", r.epoch,

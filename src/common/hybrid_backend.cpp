@@ -2,7 +2,9 @@
 #include "hslide/hybrid.hpp"
 
 #include "enum_names.hpp"
+#include "hslide/backend_registry.hpp"
 #include "hslide/error.hpp"
+#include "hslide/row_transfer.hpp"
 #include "usefulness_probe.hpp"
 
 #include <fmt/format.h>
@@ -103,7 +105,7 @@ detail::usefulness_settings probe_settings(const hybrid_options& o) {
     return s;
 }
 
-class hybrid_backend final : public backend {
+class hybrid_backend final : public backend, public worker_stats_source {
   public:
     hybrid_backend(const hybrid_options& options, const model_state& initial,
                    const train_config& train);
@@ -129,6 +131,8 @@ class hybrid_backend final : public backend {
         std::string name;
         size_t index = 0;
         std::unique_ptr<backend> device;
+        row_transfer* rows = nullptr;  // device's row_transfer, or whole_model over it
+        std::unique_ptr<row_transfer> whole_model;
         model_state base;          // per row: the shared row when it last took it (its last sync)
         model_state staging;       // exported rows of a replica not held in host memory
         row_sets changed, pulled;  // rows of its last merge: changes added, rows taken back
@@ -230,34 +234,38 @@ hybrid_backend::hybrid_backend(const hybrid_options& options, const model_state&
     HSLIDE_CHECK(options_.merge_rows_per_thread >= 1, "merge rows per thread must be positive");
     shared_ = initial.parameters();
     for (const layer_state& layer : shared_.layers) row_version_.emplace_back(layer.rows, 0);
-    std::vector<int> kind_count(2, 0);
+    offer_worker_stats(this);
+    std::vector<int> kind_count(backend_registry().size(), 0);
     for (const hybrid_worker_options& wo : options_.workers) {
         HSLIDE_CHECK(wo.update_share > 0, "every hybrid worker's update share must be positive");
         HSLIDE_CHECK(wo.batch_size >= 1, "every hybrid worker's batch size must be positive");
         HSLIDE_CHECK(wo.merge_threads >= 0, "a hybrid worker's merge threads cannot be negative");
         auto w = std::make_unique<worker>();
         w->options = wo;
-        w->name = fmt::format("{}{}", wo.device.kind, kind_count[wo.device.kind == "gpu"]++);
+        const backend_capabilities& caps = backend_entry_of(wo.device.kind).caps;
+        w->name =
+            fmt::format("{}{}", to_string(wo.device.kind), kind_count[size_t(wo.device.kind)]++);
         w->index = workers_.size();
         try {
             w->device = wo.make_device ? wo.make_device(initial, train)
                                        : create_backend(wo.device, initial, train);
         } catch (const error& e) {
-            const bool no_gpu = wo.device.kind == "gpu" && e.kind() == error_kind::unsupported;
+            const bool no_gpu = caps.needs_gpu && e.kind() == error_kind::unsupported;
             throw error(
                 e.kind(),
                 fmt::format("hybrid worker {}: {}{}", w->name, e.what(),
                             no_gpu ? " (--workers cpu,cpu trains with CPU workers only)" : ""));
         }
         HSLIDE_CHECK(w->device != nullptr, "hybrid worker {} could not be created", w->name);
+        w->rows = &rows_of(*w->device, w->whole_model);
         w->base = initial.parameters();
         w->batch_size = std::clamp(wo.batch_size, options_.min_batch, options_.max_batch);
         w->merge_interval = options_.merge_every ? options_.merge_every : 1;
         w->synced.assign(shared_.layers.size(), 0);
-        w->merge_threads = wo.merge_threads > 0      ? wo.merge_threads
-                           : wo.device.kind != "cpu" ? 1
-                           : wo.device.threads > 0   ? wo.device.threads
-                                                     : omp_get_max_threads();
+        w->merge_threads = wo.merge_threads > 0    ? wo.merge_threads
+                           : caps.needs_gpu        ? 1
+                           : wo.device.threads > 0 ? wo.device.threads
+                                                   : omp_get_max_threads();
         w->window.name = w->name;
         workers_.push_back(std::move(w));
     }
@@ -464,7 +472,7 @@ void hybrid_backend::merge(worker& w, bool full, int threads) {
     const double cpu0 = thread_cpu_seconds();
     // The rows the replica changed since its last merge: only their change is added (every
     // other row of the replica still equals its base, so its change there is zero).
-    const bool tracked = w.device->take_changed_rows(w.changed);
+    const bool tracked = w.rows->take_changed_rows(w.changed);
     HSLIDE_ASSERT(tracked || w.first_layer_waiting.empty());
     HSLIDE_ASSERT(!tracked || w.changed.size() == shared_.layers.size());
     // The first layer's rows wait in the replica through the merges it skips: they stay
@@ -489,12 +497,12 @@ void hybrid_backend::merge(worker& w, bool full, int threads) {
     }
     // A host-resident replica is read in place (the worker is between batches), and written in
     // place where the backend allows it; others export their rows and import the merge's.
-    model_state* in_place = tracked ? w.device->writable_host_state() : nullptr;
+    model_state* in_place = tracked ? w.rows->writable_host_state() : nullptr;
     const model_state* held = in_place ? in_place : w.device->host_state();
     if (!held) {
         if (w.staging.layers.empty()) w.staging = w.base;  // the shapes, once
         if (tracked)
-            w.device->export_rows(w.changed, w.staging);
+            w.rows->export_rows(w.changed, w.staging);
         else
             w.device->export_state(w.staging, /*with_optimizer=*/false);
     }
@@ -532,7 +540,7 @@ void hybrid_backend::merge(worker& w, bool full, int threads) {
     if (in_place) {
         // Written during the pass.
     } else if (tracked) {
-        w.device->import_rows(w.base, w.pulled);
+        w.rows->import_rows(w.base, w.pulled);
         import = seconds_since(t_import);
     } else {
         // The whole-model fallback; the worker keeps its own hash functions and step count.
@@ -650,7 +658,7 @@ double hybrid_backend::merge_layer_locked(worker& w, size_t l, const layer_state
         w.chunk.resize(shared_.layers.size());
         for (auto& c : w.chunk) c.clear();
         w.chunk[l].assign(pulled.begin() + ptrdiff_t(written), pulled.end());
-        w.device->rows_written(w.chunk);
+        w.rows->rows_written(w.chunk);
         written = pulled.size();
         written_seconds += seconds_since(t0);
     };
@@ -741,7 +749,7 @@ void hybrid_backend::synchronize_models() {
     std::vector<char> caught_up(workers_.size(), 0);
     for (size_t i = 0; i < workers_.size(); ++i) {
         const step_report last = workers_[i]->device->synchronize();
-        caught_up[i] = workers_[i]->device->complete_deferred_updates();
+        caught_up[i] = workers_[i]->rows->complete_deferred_updates();
         std::lock_guard<std::mutex> lock(mu_);
         pending_ += last;
     }
@@ -766,7 +774,7 @@ void hybrid_backend::synchronize_models() {
         }
         // Rows, even for a backend without row tracking: its default import_rows keeps the
         // replica's own hash functions and step count.
-        w->device->import_rows(w->base, w->pulled);
+        w->rows->import_rows(w->base, w->pulled);
     }
 }
 
@@ -865,7 +873,7 @@ void hybrid_backend::import_state(const model_state& in, bool with_optimizer) {
 
 backend_info hybrid_backend::info() const {
     backend_info bi;
-    bi.kind = "hybrid";
+    bi.kind = to_string(backend_kind::hybrid);
     for (const auto& w : workers_) {
         const backend_info wi = w->device->info();
         bi.device += fmt::format("{}{}: {} [{}]", bi.device.empty() ? "" : "; ", w->name, wi.device,
@@ -917,13 +925,13 @@ void add_replica_change(model_state& shared, const model_state& replica, const m
         add_row_changes(shared.layers[l], replica.layers[l], base.layers[l], l, nullptr);
 }
 
-std::vector<int> split_worker_threads(const std::vector<std::string>& kinds,
+std::vector<int> split_worker_threads(const std::vector<backend_kind>& kinds,
                                       const std::vector<int>& requested, int cores) {
     HSLIDE_CHECK(requested.size() == kinds.size(), "{} thread counts for {} workers",
                  requested.size(), kinds.size());
     int explicit_threads = 0, automatic = 0, gpu_workers = 0;
     for (size_t i = 0; i < kinds.size(); ++i) {
-        if (kinds[i] != "cpu") {
+        if (backend_entry_of(kinds[i]).caps.needs_gpu) {
             ++gpu_workers;
             continue;
         }
@@ -936,7 +944,8 @@ std::vector<int> split_worker_threads(const std::vector<std::string>& kinds,
         automatic ? std::max(1, (cores - explicit_threads - gpu_workers) / automatic) : 0;
     std::vector<int> threads(kinds.size(), 0);
     for (size_t i = 0; i < kinds.size(); ++i)
-        if (kinds[i] == "cpu") threads[i] = requested[i] > 0 ? requested[i] : share;
+        if (!backend_entry_of(kinds[i]).caps.needs_gpu)
+            threads[i] = requested[i] > 0 ? requested[i] : share;
     return threads;
 }
 

@@ -25,7 +25,7 @@ double seconds_since(clock_type::time_point t0) {
 }
 }  // namespace
 
-metrics_result evaluate(backend& model, const dataset& test, const evaluation_options& options,
+metrics_result evaluate(backend& engine, const dataset& test, const evaluation_options& options,
                         const std::vector<double>& inverse_propensities) {
     const size_t n = options.max_points ? std::min(options.max_points, test.size()) : test.size();
     const uint32_t k = uint32_t(options.metrics.max_k);
@@ -39,7 +39,8 @@ metrics_result evaluate(backend& model, const dataset& test, const evaluation_op
         std::iota(rows.begin(), rows.end(), uint32_t(begin));
         labels.resize(size_t(size) * k);
         scores.resize(size_t(size) * k);
-        model.predict({&test, rows.data(), size}, k, options.scoring, labels.data(), scores.data());
+        engine.predict({&test, rows.data(), size}, k, options.scoring, labels.data(),
+                       scores.data());
         for (uint32_t s = 0; s < size; ++s) {
             const label_row y = test.labels(rows[s]);
             const uint32_t* top = labels.data() + size_t(s) * k;
@@ -53,8 +54,9 @@ metrics_result evaluate(backend& model, const dataset& test, const evaluation_op
     return acc.result();
 }
 
-trainer::trainer(backend& model, const dataset& train, const dataset* test, trainer_options options)
-    : model_(model), train_(train), test_(test), options_(std::move(options)) {
+trainer::trainer(backend& engine, const dataset& train, const dataset* test,
+                 trainer_options options)
+    : backend_(engine), train_(train), test_(test), options_(std::move(options)) {
     validate(options_.train);
     HSLIDE_CHECK(train_.size() > 0, "the training set {} has no points", train_.source);
     rng shuffle_gen(derive_seed(options_.train.seed, 0x5407f1e));
@@ -101,7 +103,7 @@ epoch_record trainer::run_epoch(bool synchronize_at_end) {
         // Tables are rebuilt from the current weights at every epoch start, so a run resumed
         // from an end-of-epoch checkpoint continues exactly as an uninterrupted one.
         const auto t0 = clock_type::now();
-        model_.rebuild_tables(false);
+        backend_.rebuild_tables(false);
         record.times.rebuild += seconds_since(t0);
     }
     progress bar(fmt::format("epoch {}/{}", record.epoch, tc.epochs), order.size(), "samples",
@@ -124,14 +126,14 @@ epoch_record trainer::run_epoch(bool synchronize_at_end) {
     };
     for (size_t begin = 0; begin < order.size(); begin += tc.batch_size) {
         const uint32_t size = uint32_t(std::min<size_t>(tc.batch_size, order.size() - begin));
-        add_report(model_.train_batch({&train_, order.data() + begin, size}, learning_rate_now()),
+        add_report(backend_.train_batch({&train_, order.data() + begin, size}, learning_rate_now()),
                    begin);
         state_.samples_seen += size;
         if (state_.samples_seen >= state_.next_rebuild) {
             const bool rehash = tc.rehash_every > 0 && state_.samples_seen >= state_.next_rehash;
             if (rehash) state_.next_rehash = state_.samples_seen + tc.rehash_every;
             const auto t0 = clock_type::now();
-            model_.rebuild_tables(rehash);
+            backend_.rebuild_tables(rehash);
             record.times.rebuild += seconds_since(t0);
             state_.rebuild_period *= std::exp(tc.rebuild_decay);
             state_.next_rebuild =
@@ -140,7 +142,7 @@ epoch_record trainer::run_epoch(bool synchronize_at_end) {
         bar.add(size);
         if (reported > 0) bar.set_suffix(fmt::format("loss {:.4f}", loss_sum / double(reported)));
     }
-    if (synchronize_at_end) add_report(model_.synchronize(), order.size());
+    if (synchronize_at_end) add_report(backend_.synchronize(), order.size());
     bar.finish();
     record.epoch_seconds = seconds_since(t_epoch);
     state_.seconds += record.epoch_seconds;
@@ -149,7 +151,7 @@ epoch_record trainer::run_epoch(bool synchronize_at_end) {
     record.samples_per_s = double(order.size()) / record.epoch_seconds;
     record.loss = reported ? loss_sum / double(reported) : 0.0;
     record.mean_active_output = reported ? double(active_output) / double(reported) : 0.0;
-    record.workers = model_.take_worker_stats();
+    record.workers = backend_.take_worker_stats();
     return record;
 }
 
@@ -162,7 +164,7 @@ void trainer::write_metrics_record(const epoch_record& r) {
     j["samples_per_s"] = r.samples_per_s;
     j["loss"] = r.loss;
     j["mean_active_output"] = r.mean_active_output;
-    j["backend"] = options_.backend_name;
+    j["backend"] = to_string(options_.backend);
     j["peak_rss_bytes"] = peak_rss_bytes();
     j["stage_seconds"] = {{"hashing", r.times.hashing},  {"active_sets", r.times.active_sets},
                           {"forward", r.times.forward},  {"backward", r.times.backward},
@@ -207,12 +209,12 @@ void trainer::write_metrics_record(const epoch_record& r) {
 }
 
 void trainer::save_checkpoint_now() {
-    if (const model_state* held = model_.host_state()) {
+    if (const model_state* held = backend_.host_state()) {
         save_checkpoint(options_.save_path, *held, state_, label_counts_, train_.size());
         return;
     }
     model_state snapshot;
-    model_.export_state(snapshot, /*with_optimizer=*/true);
+    backend_.export_state(snapshot, /*with_optimizer=*/true);
     save_checkpoint(options_.save_path, snapshot, state_, label_counts_, train_.size());
 }
 
@@ -229,7 +231,7 @@ std::vector<epoch_record> trainer::run(const std::function<void(const epoch_reco
         epoch_record record = run_epoch(evaluate_now || last || !options_.save_path.empty());
         if (evaluate_now) {
             const auto t0 = clock_type::now();
-            record.metrics = evaluate(model_, *test_, options_.eval, inverse_propensities_);
+            record.metrics = evaluate(backend_, *test_, options_.eval, inverse_propensities_);
             record.eval_seconds = seconds_since(t0);
             record.evaluated = true;
             state_.seconds += record.eval_seconds;

@@ -3,6 +3,7 @@
 
 #include "top_k.hpp"
 
+#include "hslide/backend_registry.hpp"
 #include "hslide/error.hpp"
 #include "hslide/rng.hpp"
 #include "hslide/system_info.hpp"
@@ -48,6 +49,7 @@ cpu_backend::cpu_backend(model_state initial, const train_config& train, int thr
       threads_(threads > 0 ? threads : omp_get_max_threads()),
       k_(kernels),
       precision_(precision) {
+    offer_rows(this);
     validate(model_.config);
     const size_t n_layers = model_.layers.size();
     lsh_.resize(n_layers);
@@ -965,7 +967,7 @@ void cpu_backend::copy_and_refresh_rows(size_t l, const std::vector<uint32_t>& i
 
 backend_info cpu_backend::info() const {
     backend_info bi;
-    bi.kind = "cpu";
+    bi.kind = to_string(backend_kind::cpu);
     bi.device = read_system_info().cpu_model + " (" + std::to_string(threads_) + " threads, " +
                 k_.name + ")";
     bi.precision = to_string(precision_);

@@ -40,6 +40,7 @@
 #include "hslide/backend.hpp"
 #include "hslide/lsh.hpp"
 #include "hslide/rng.hpp"
+#include "hslide/row_transfer.hpp"
 #include "kernels.hpp"
 
 #include <atomic>
@@ -50,7 +51,7 @@
 
 namespace hslide::cpu {
 
-class cpu_backend final : public backend {
+class cpu_backend final : public backend, public row_transfer {
   public:
     cpu_backend(model_state initial, const train_config& train, int threads,
                 const kernel_table& kernels = best_kernels(),

@@ -3,6 +3,7 @@
 
 #include "top_k.hpp"
 
+#include "hslide/backend_registry.hpp"
 #include "hslide/error.hpp"
 #include "hslide/isa.hpp"
 #include "hslide/system_info.hpp"
@@ -474,7 +475,7 @@ void dense_backend::import_state(const model_state& in, bool with_optimizer) {
 
 backend_info dense_backend::info() const {
     backend_info bi;
-    bi.kind = "cpu-dense";
+    bi.kind = to_string(backend_kind::cpu_dense);
     bi.device = read_system_info().cpu_model + " (" + std::to_string(threads_) + " threads, " +
                 blas_name() + ", kernels " + k_.name + ")";
     bi.precision = to_string(precision_mode::fp32);

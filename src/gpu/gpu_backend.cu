@@ -22,10 +22,12 @@
 #include "gpu_layers.cuh"
 #include "gpu_lsh.cuh"
 #include "gpu_rows.cuh"
+#include "hslide/backend_registry.hpp"
 #include "hslide/error.hpp"
 #include "hslide/gpu_devices.hpp"
 #include "hslide/lsh.hpp"
 #include "hslide/rng.hpp"
+#include "hslide/row_transfer.hpp"
 
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_run_length_encode.cuh>
@@ -122,7 +124,7 @@ struct row_groups {
     }
 };
 
-class gpu_backend final : public backend {
+class gpu_backend final : public backend, public row_transfer {
   public:
     gpu_backend(model_state initial, const train_config& train, int device,
                 precision_mode precision, bool dense_output, bool async_rebuild);
@@ -293,6 +295,7 @@ class gpu_backend final : public backend {
 gpu_backend::gpu_backend(model_state initial, const train_config& train, int device,
                          precision_mode precision, bool dense_output, bool async_rebuild)
     : train_(train), device_(device), precision_(precision), async_rebuild_(async_rebuild) {
+    offer_rows(this);
     // input-dense's result, which input-catch-up reaches lazily on the CPU: a pass over the
     // input layer costs a GPU a fraction of a millisecond a step, and it is the same model.
     if (train_.adam == adam_mode::input_catch_up) train_.adam = adam_mode::input_dense;
@@ -318,7 +321,7 @@ gpu_backend::gpu_backend(model_state initial, const train_config& train, int dev
     cudaGetLastError();  // a failed count is reported below, not left for a later check
     HSLIDE_CHECK_KIND(count_status == cudaSuccess && n_gpus > 0, error_kind::unsupported,
                       "--backend={}: no usable GPU on this machine ({})",
-                      dense_output ? "gpu-dense" : "gpu",
+                      to_string(dense_output ? backend_kind::gpu_dense : backend_kind::gpu),
                       count_status != cudaSuccess ? cudaGetErrorString(count_status)
                                                   : "the CUDA runtime sees no device");
     HSLIDE_CHECK_KIND(device >= 0 && device < n_gpus, error_kind::invalid_argument,
@@ -1044,7 +1047,7 @@ void gpu_backend::import_rows(const model_state& in, const row_sets& rows) {
 
 backend_info gpu_backend::info() const {
     backend_info bi;
-    bi.kind = "gpu";
+    bi.kind = to_string(backend_kind::gpu);
     bi.device = device_name_ + (dense_output_ ? " (dense output, cuBLAS)" : " (LSH output)");
     bi.precision = to_string(precision_);
     for (const device_layer& l : layers_)

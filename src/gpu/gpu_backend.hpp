@@ -1,4 +1,5 @@
-// The CUDA backend's factory, in plain C++ (no CUDA types), for backend_factory.cpp.
+// The CUDA backend's factory, in plain C++ (no CUDA types), for the backend registry
+// (src/backends/registry.cpp).
 //
 // The backend (gpu_backend.cu) trains a network of a sparse-input hidden layer and an output
 // layer on one GPU, G-SLIDE style: the output layer's hash functions, tables and per-sample

@@ -1,0 +1,37 @@
+// What a training step reports: its samples, loss, active neurons and the time of each stage.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace hslide {
+
+/// Seconds spent in each stage of a step (for breakdowns and benchmarks).
+struct stage_times {
+    double hashing = 0;      ///< LSH codes of the layer inputs
+    double active_sets = 0;  ///< active-set queries: bucket unions, forced labels, random fill
+    double forward = 0;      ///< forward pass (dot products, softmax, loss)
+    double backward = 0;     ///< backpropagation of deltas
+    double update = 0;       ///< gradient reduction and the optimizer
+    double rebuild = 0;      ///< table rebuilds
+    double transfer = 0;     ///< host<->device copies (GPU backends)
+
+    stage_times& operator+=(const stage_times& o);
+    double total() const {
+        return hashing + active_sets + forward + backward + update + rebuild + transfer;
+    }
+};
+
+/// What one training step did.
+struct step_report {
+    uint32_t samples = 0;
+    double loss_sum = 0;                     ///< summed over the batch's samples
+    std::vector<uint64_t> active_per_layer;  ///< neurons computed, summed over samples
+    stage_times times;
+    double seconds = 0;  ///< wall time of the step
+
+    /// Sums another report into this one (per-layer counts elementwise).
+    step_report& operator+=(const step_report& o);
+};
+
+}  // namespace hslide
