@@ -1,6 +1,6 @@
 // Tests of the adaptive hybrid policy's usefulness probe, on simulated workers and a simulated
 // clock: who is checked, the verdicts, parking and rejoining, and what time is not counted.
-#include "common/usefulness_probe.hpp"
+#include "hybrid/usefulness_probe.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // Parsing of the enum settings and validation of the configuration.
 #include "hslide/config.hpp"
 
-#include "common/enum_names.hpp"
+#include "common/util/enum_names.hpp"
 #include "hslide/error.hpp"
 
 #include <cmath>

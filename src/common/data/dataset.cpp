@@ -2,7 +2,7 @@
 // operations on a dataset (push_back, subset). The binary cache is in dataset_cache.cpp.
 #include "hslide/dataset.hpp"
 
-#include "common/dataset_io.hpp"
+#include "common/data/dataset_io.hpp"
 #include "hslide/error.hpp"
 #include "hslide/progress.hpp"
 

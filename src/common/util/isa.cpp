@@ -1,7 +1,7 @@
 // Instruction-set level detection and the process-wide choice (see isa.hpp).
 #include "hslide/isa.hpp"
 
-#include "enum_names.hpp"
+#include "common/util/enum_names.hpp"
 #include "hslide/error.hpp"
 #include "hslide/system_info.hpp"
 

@@ -1,11 +1,11 @@
 // The hybrid backend (see hybrid.hpp for the scheduling and merge design).
 #include "hslide/hybrid.hpp"
 
-#include "enum_names.hpp"
+#include "common/util/enum_names.hpp"
 #include "hslide/backend_registry.hpp"
 #include "hslide/error.hpp"
 #include "hslide/row_transfer.hpp"
-#include "usefulness_probe.hpp"
+#include "hybrid/usefulness_probe.hpp"
 
 #include <fmt/format.h>
 #include <omp.h>

@@ -1,7 +1,7 @@
 // The AVX-512 LSH hash kernels (lsh_hash_kernels.hpp). Compiled with the AVX-512 F/BW/VL/DQ
 // flags only; intrinsics and plain code only, no shared inline functions or templates (see
 // the header).
-#include "common/lsh_hash_kernels.hpp"
+#include "common/lsh/lsh_hash_kernels.hpp"
 
 #include <immintrin.h>
 

@@ -6,7 +6,7 @@
 // (N+1 x u64), feature_ids (nnz x u32), feature_values (nnz x f32), label_ids (lnnz x u32).
 #include "hslide/dataset.hpp"
 
-#include "common/dataset_io.hpp"
+#include "common/data/dataset_io.hpp"
 #include "hslide/error.hpp"
 #include "hslide/progress.hpp"
 

@@ -1,5 +1,5 @@
 // The adaptive hybrid policy's usefulness test (see usefulness_probe.hpp).
-#include "usefulness_probe.hpp"
+#include "hybrid/usefulness_probe.hpp"
 
 #include "hslide/error.hpp"
 

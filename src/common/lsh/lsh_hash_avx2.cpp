@@ -1,6 +1,6 @@
 // The AVX2 + FMA LSH hash kernels (lsh_hash_kernels.hpp). Compiled with -mavx2 -mfma only;
 // intrinsics and plain code only, no shared inline functions or templates (see the header).
-#include "common/lsh_hash_kernels.hpp"
+#include "common/lsh/lsh_hash_kernels.hpp"
 
 #include <immintrin.h>
 
