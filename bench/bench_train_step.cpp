@@ -86,7 +86,7 @@ void train_step(benchmark::State& state, step_config sc) {
     bo.precision = sc.precision;
     bo.isa = sc.isa;
     set_active_isa(sc.isa);  // the LSH hash kernels follow the process-wide level
-    auto model = create_backend(bo, model_state::create(config, 1), tc);
+    auto engine = create_backend(bo, model_state::create(config, 1), tc);
     clear_active_isa();
 
     std::vector<uint32_t> order(data.size());
@@ -97,7 +97,7 @@ void train_step(benchmark::State& state, step_config sc) {
     for (auto _ : state) {
         if (next + batch_size > order.size()) next = 0;
         const step_report r =
-            model->train_batch({&data, order.data() + next, batch_size}, tc.learning_rate);
+            engine->train_batch({&data, order.data() + next, batch_size}, tc.learning_rate);
         next += batch_size;
         samples += r.samples;
         if (!r.active_per_layer.empty()) active += r.active_per_layer.back();
@@ -116,7 +116,7 @@ void train_step(benchmark::State& state, step_config sc) {
         benchmark::Counter(double(samples) / double(train_points),
                            benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
     state.counters["active"] = double(active) / double(samples);
-    state.counters["model_GiB"] = double(model->info().memory_bytes) / double(1 << 30);
+    state.counters["model_GiB"] = double(engine->info().memory_bytes) / double(1 << 30);
 }
 
 void register_benchmarks() {

@@ -10,8 +10,9 @@
 // Nine virtuals, the destructor counted (ten at most, issue #21): the core a trainer needs.
 // The row-level transfers that only the hybrid's merges use are a separate, optional
 // interface (hslide/row_transfer.hpp), and so are a multi-device backend's per-worker
-// statistics (hslide/worker_stats.hpp). Which backends exist, what each supports and how to
-// make one: hslide/backend_registry.hpp.
+// statistics (hslide/worker_stats.hpp). Which backends exist, what each supports (the GPU
+// backend: one hidden layer, input-catch-up run as input-dense) and how to make one:
+// hslide/backend_registry.hpp.
 #pragma once
 
 #include "hslide/config.hpp"

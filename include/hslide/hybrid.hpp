@@ -16,7 +16,7 @@
 //    all workers together are compared, in windows of wall time, with those of the others
 //    while it sits out; unless it adds at least `park_min_gain` of their rate it is parked
 //    (no batches: a share of zero) for a while that doubles at each such verdict, then it is
-//    tried again (src/common/usefulness_probe.hpp). A parked worker merges what it trained
+//    tried again (src/hybrid/usefulness_probe.hpp). A parked worker merges what it trained
 //    before it rests, and takes the shared model before its next batch.
 //  - learning rate: a worker with batch b uses lr * sqrt(b / reference_batch) (the square-root
 //    rule, which keeps the noise scale of Adam's steps constant across batch sizes).

@@ -13,7 +13,7 @@ Matches hslide where practical:
     (no header, 1-based features), optional XC split files (1-based rows, --split-column);
   * each point's features scaled to unit L2 norm (hslide's --normalize l2 default);
   * initialisation: layer 0 ~ N(0, 0.1^2), later ReLU layers ~ N(0, (2/sqrt(fan_in))^2), the
-    output layer ~ N(0, (1/sqrt(fan_in))^2), biases 0 (src/common/model.cpp);
+    output layer ~ N(0, (1/sqrt(fan_in))^2), biases 0 (src/common/model/model.cpp);
   * loss: cross-entropy against the uniform distribution over the point's labels,
     -sum_{y} (1/|y|) log softmax(z)_y, averaged over the batch (points without labels count
     in the batch size but add no loss or gradient), as src/cpu/cpu_backend.cpp computes it;
