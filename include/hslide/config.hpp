@@ -13,11 +13,13 @@
 
 namespace hslide {
 
-/// Whether a layer computes all its neurons or only an LSH-chosen active set.
+/// Whether a layer computes all its neurons or only an active set, and how it chooses it (the
+/// setting; model_config::selection says what it resolves to for a layer).
 enum class sparsity_mode {
     automatic,  ///< LSH when the layer has more than `auto_sparse_min` neurons, else dense
     lsh,        ///< always LSH-sparse
     dense,      ///< always every neuron
+    topk,       ///< exact top-k: the sample's labels plus the `top_k` highest logits (output only)
 };
 sparsity_mode parse_sparsity(const std::string& name);
 const char* to_string(sparsity_mode mode);
@@ -30,12 +32,29 @@ enum class input_normalization {
 input_normalization parse_input_normalization(const std::string& name);
 const char* to_string(input_normalization mode);
 
+/// How a layer's active neurons are chosen for a sample: the one seam every backend's forward
+/// pass goes through. Whatever the strategy, a training sample's active set lists its labels
+/// first, and forward, softmax, backward and Adam touch only the set's rows.
+enum class neuron_selection {
+    all,  ///< every neuron (a dense layer)
+    /// the union of the sample's LSH buckets (SLIDE), random fill up to min_active; the softmax
+    /// is normalised over the set
+    lsh,
+    /// the `top_k` neurons with the highest logits, found exactly by scoring every row (a GEMM
+    /// over the batch), plus the labels; the softmax uses the exact log-partition over every
+    /// neuron, so the loss is the full-softmax cross-entropy and the only gradient dropped is
+    /// that of the rows left out (their probability mass is reported: `dropped_mass`)
+    top_k,
+};
+const char* to_string(neuron_selection selection);
+
 /// One fully connected layer: `size` neurons over the previous layer's output.
 struct layer_config {
     uint32_t size = 0;
     sparsity_mode sparsity = sparsity_mode::dense;
-    lsh_config lsh;            ///< used when the layer is sparse
-    active_set_config active;  ///< used when the layer is sparse
+    lsh_config lsh;            ///< used when the layer selects with LSH
+    active_set_config active;  ///< used when the layer selects with LSH
+    uint32_t top_k = 256;      ///< neurons a sample keeps besides its labels (top-k selection)
 };
 
 /// The network: sparse input of `input_dim` features, ReLU hidden layers, a softmax output
@@ -52,8 +71,12 @@ struct model_config {
     input_normalization input_norm = input_normalization::l2;
 
     uint32_t output_dim() const { return layers.empty() ? 0 : layers.back().size; }
-    /// True when layer `l` is computed on an LSH active set.
-    bool is_sparse(size_t l) const;
+    /// How layer `l` chooses its active neurons (layer 0 and `dense` layers: all).
+    neuron_selection selection(size_t l) const;
+    /// True when layer `l` has LSH hash functions and tables.
+    bool uses_lsh(size_t l) const { return selection(l) == neuron_selection::lsh; }
+    /// True when layer `l` is computed on a per-sample active set (LSH or top-k).
+    bool has_active_sets(size_t l) const { return selection(l) != neuron_selection::all; }
 };
 
 /// How Adam treats rows a batch did not touch.

@@ -27,6 +27,11 @@ struct step_report {
     uint32_t samples = 0;
     double loss_sum = 0;                     ///< summed over the batch's samples
     std::vector<uint64_t> active_per_layer;  ///< neurons computed, summed over samples
+    /// Samples whose loss is the exact full-softmax cross-entropy (a top-k output layer, which
+    /// knows the log-partition over every neuron), and the softmax mass of the output rows
+    /// their active sets left out (whose gradient was dropped), summed over them.
+    uint64_t full_softmax_samples = 0;
+    double dropped_mass_sum = 0;
     stage_times times;
     double seconds = 0;  ///< wall time of the step
 

@@ -51,6 +51,9 @@ struct epoch_record {
     double samples_per_s = 0;
     double loss = 0;  ///< mean training loss over the epoch
     double mean_active_output = 0;
+    /// Top-k output layers: the mean softmax mass of the output rows a sample's active set
+    /// left out (their gradient is dropped); unset for other selections.
+    std::optional<double> dropped_mass;
     stage_times times;                  ///< summed over the epoch
     std::vector<worker_stats> workers;  ///< per worker of a hybrid backend (else empty)
     bool evaluated = false;

@@ -25,6 +25,8 @@ stage_times& stage_times::operator+=(const stage_times& o) {
 step_report& step_report::operator+=(const step_report& o) {
     samples += o.samples;
     loss_sum += o.loss_sum;
+    full_softmax_samples += o.full_softmax_samples;
+    dropped_mass_sum += o.dropped_mass_sum;
     if (active_per_layer.size() < o.active_per_layer.size())
         active_per_layer.resize(o.active_per_layer.size(), 0);
     for (size_t l = 0; l < o.active_per_layer.size(); ++l)

@@ -128,8 +128,14 @@ std::vector<CLI::Option*> add_model_options(CLI::App& app, model_options& o) {
         ->check(CLI::IsMember({"l2", "none"}))
         ->capture_default_str();
     app.add_option("--output-sparsity", o.output_sparsity,
-                   "output layer: auto (LSH above --auto-sparse-min neurons), lsh or dense")
-        ->check(CLI::IsMember({"auto", "lsh", "dense"}))
+                   "output layer: auto (LSH above --auto-sparse-min neurons), lsh, dense, or topk "
+                   "(each sample's labels plus its --top-k highest logits, found exactly)")
+        ->check(CLI::IsMember({"auto", "lsh", "dense", "topk"}))
+        ->capture_default_str();
+    app.add_option("--top-k", o.top_k,
+                   "--output-sparsity topk: output neurons a training sample keeps besides its "
+                   "labels")
+        ->check(CLI::PositiveNumber)
         ->capture_default_str();
     app.add_option("--hidden-sparsity", o.hidden_sparsity,
                    "hidden layers after the first: auto, lsh or dense")
@@ -234,6 +240,7 @@ model_config make_model_config(const model_options& o, uint32_t input_dim, uint3
             layer.active.hit_threshold = pick(o.hit_threshold, "--hit-threshold", l);
             layer.active.probes = pick(o.probes, "--probes", l);
         }
+        if (output) layer.top_k = o.top_k;
         config.layers.push_back(layer);
     }
     validate(config);

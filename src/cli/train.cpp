@@ -194,11 +194,14 @@ int run_train(int argc, char** argv) {
     normalize_inputs(d.test, mc);
     std::string shape = std::to_string(mc.input_dim);
     for (size_t l = 0; l < mc.layers.size(); ++l)
-        shape += fmt::format(" -> {}{}", mc.layers[l].size, mc.is_sparse(l) ? " (LSH)" : "");
+        shape += fmt::format(" -> {}{}", mc.layers[l].size,
+                             mc.uses_lsh(l)                               ? " (LSH)"
+                             : mc.selection(l) == neuron_selection::top_k ? " (top-k)"
+                                                                          : "");
     spdlog::info("model: {} ({:.1f} M parameters, {} with optimizer state)", shape,
                  initial.parameter_count() / 1e6, human_bytes(double(initial.memory_bytes())));
     for (size_t l = 0; l < mc.layers.size(); ++l)
-        if (mc.is_sparse(l))
+        if (mc.uses_lsh(l))
             spdlog::info(
                 "layer {} LSH: {} K={} L={} bits={} capacity={} {}, active min {} max {} threshold "
                 "{}",
@@ -211,15 +214,15 @@ int run_train(int argc, char** argv) {
     const bool every_neuron = backend_entry_of(kind).caps.computes_every_neuron;
     if (every_neuron)
         for (size_t l = 0; l < mc.layers.size(); ++l)
-            if (mc.is_sparse(l))
+            if (mc.has_active_sets(l))
                 spdlog::info(
-                    "{} computes every neuron: layer {}'s LSH settings are kept in the model "
-                    "but not used",
-                    backend_name, l);
+                    "{} computes every neuron: layer {}'s {} selection is kept in the model but "
+                    "not used",
+                    backend_name, l, to_string(mc.selection(l)));
     // An LSH output layer whose active sets hold a large share of it saves little: say why
     // after the first epoch (the settings are read here, before the model moves).
     const size_t out_layer = mc.layers.size() - 1;
-    const bool sparse_output = mc.is_sparse(out_layer) && !every_neuron;
+    const bool sparse_output = mc.uses_lsh(out_layer) && !every_neuron;
     const uint32_t out_dim = mc.output_dim();
     const std::string dense_active_hint =
         fmt::format("the union of L = {} buckets of up to {} neurons, filled to --min-active {}",
@@ -254,6 +257,7 @@ int run_train(int argc, char** argv) {
         std::string line = fmt::format(
             "epoch {:>3}/{}  {:7.1f} s  {:9.0f} samples/s  loss {:.4f}  active {:.0f}", r.epoch,
             tc.epochs, r.epoch_seconds, r.samples_per_s, r.loss, r.mean_active_output);
+        if (r.dropped_mass) line += fmt::format("  dropped {:.4f}", *r.dropped_mass);
         if (r.evaluated)
             line += fmt::format("  P@1 {:.4f} P@3 {:.4f} P@5 {:.4f}", r.metrics.p_at(1),
                                 r.metrics.p_at(3), r.metrics.p_at(5));

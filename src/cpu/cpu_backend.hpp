@@ -1,15 +1,23 @@
-// The CPU backend: OpenMP data parallelism over the samples of a batch, LSH active sets,
-// and a race-free row-sparse update.
+// The CPU backend: OpenMP data parallelism over the samples of a batch, per-layer active sets
+// (LSH or exact top-k), and a race-free row-sparse update.
 //
 // A step has three phases:
-//  1. per sample, in parallel: forward through every layer (LSH query for sparse layers,
-//     labels forced into the output active set), softmax + loss, backward of the deltas.
-//     Results go to per-sample buffers; nothing shared is written.
+//  1. layer by layer over the batch: the layer's active sets are chosen for every sample
+//     (select_active_sets, the one seam every neuron_selection goes through: every neuron;
+//     LSH, a query per sample in parallel, labels forced into the output layer's set; or
+//     exact top-k, every output row scored against the batch in L2-sized blocks, as exact
+//     prediction scores them), then the samples' products are computed in parallel; at the
+//     output layer, softmax + loss and the backward of the deltas follow per sample. Results
+//     go to per-sample buffers; nothing shared is written.
 //  2. grouping: for each layer, the (row, sample) pairs the batch touched are grouped by row
 //     in sample order (sequential, O(entries), no O(rows) clearing).
 //  3. per touched row, in parallel: the row's gradient is summed over its samples in sample
 //     order and Adam is applied. Each row has one owner, so there are no races, and the
 //     result does not depend on the number of threads.
+//
+// The files: cpu_backend.cpp (the step), cpu_backend_selection.cpp (the seam, LSH tables,
+// exact scoring), cpu_backend_predict.cpp, cpu_backend_catch_up.cpp, cpu_backend_rows.cpp
+// (changed-row tracking, exports and imports).
 //
 // In bf16 precision the backend also holds a bf16 copy of every layer's weights (rows padded
 // to 32 values, one cache line): the forward products and the backward W^T delta read it, and
@@ -18,7 +26,7 @@
 //
 // Row tracking. The backend marks the rows each update changed (phase 3's touched rows; every
 // row of a dense layer, or of every layer with dense Adam) for two readers: take_changed_rows
-// (row-sparse merges of the hybrid backend) and the LSH rebuild, which keeps every sparse
+// (row-sparse merges of the hybrid backend) and the LSH rebuild, which keeps every LSH
 // layer's bucket codes and re-hashes only the rows changed or imported since they were
 // computed (a rebuild gives the same tables as hashing every row: codes are a function of the
 // row and the hash functions).
@@ -42,6 +50,7 @@
 #include "hslide/rng.hpp"
 #include "hslide/row_transfer.hpp"
 #include "kernels.hpp"
+#include "top_k.hpp"
 
 #include <atomic>
 
@@ -102,7 +111,10 @@ class cpu_backend final : public backend, public row_transfer {
     struct sample_buffers {
         std::vector<layer_buffers> layers;
         double loss = 0;
-        bool trained = false;  // false for points without labels
+        bool trained = false;      // false for points without labels
+        rng gen;                   // the sample's random fills, layer after layer
+        double log_partition = 0;  // top-k: log sum_j exp(logit j) over every output neuron
+        double dropped_mass = 0;   // top-k: softmax mass of the output rows left out
     };
     struct thread_scratch {
         active_set_builder builder;
@@ -165,14 +177,45 @@ class cpu_backend final : public backend, public row_transfer {
     };
 
     void ensure_buffers(uint32_t batch_size);
-    void forward_sample(const dataset& data, uint32_t point, uint32_t s, bool training,
-                        output_pass output, uint64_t sample_seed, thread_scratch& scratch);
-    /// predict with exact scores: a chunk of samples' last hidden layers as one matrix (fp32:
-    /// transposed in groups of 16 for dots16), scored against L2-sized blocks of output rows
-    /// (each block read once a chunk, not once a sample), a running top-k per sample and
-    /// thread, merged at the end.
+    /// Layer 0 of sample s: its feature rows' weighted sum plus the bias, then ReLU.
+    void forward_input_layer(const dataset& data, uint32_t point, uint32_t s,
+                             thread_scratch& scratch);
+    /// The seam: chooses layer l's active neurons for every sample of the batch (whose layer
+    /// l-1 is computed), as config.selection(l) says: every neuron (empty ids), LSH
+    /// (select_lsh per sample) or top-k (select_top_k_sets).
+    void select_active_sets(const batch_view& batch, size_t l, bool training, step_report& report);
+    /// LSH: hashes sample s's input to layer l and unions its buckets into the layer's ids
+    /// (the output layer's labels first when training; rows brought up to date under
+    /// catch-up), drawing the random fill from the sample's generator.
+    void select_lsh(size_t l, const label_row& labels, uint32_t s, bool training,
+                    thread_scratch& scratch);
+    /// Top-k (output layer): every sample's ids are its labels, then the other neurons among
+    /// its top_k exact logits in increasing id order; log_partition is set.
+    void select_top_k_sets(const batch_view& batch);
+    /// Exact scoring of every output row against samples [first, first + n) (n at most
+    /// exact_chunk(k)), whose last hidden layers are computed and dense: a chunk's hidden
+    /// vectors as one matrix (fp32: transposed in groups of 16 for dots16), scored against
+    /// L2-sized blocks of output rows (each block read once a chunk, not once a sample), a
+    /// running top-k per sample and thread, merged at the end. Writes each sample's k best
+    /// (best first, padded with UINT32_MAX / -inf) to exact_labels_/exact_scores_[j * k..]
+    /// and, with_log_partition, the log-sum-exp of all its logits to exact_log_partition_[j]
+    /// (summed block by block in block order: independent of the threads).
+    void score_output_exactly(uint32_t first, uint32_t n, uint32_t k, bool with_log_partition);
+    /// Samples per exact-scoring chunk for a top k: 256, fewer when k is large.
+    uint32_t exact_chunk(uint32_t k) const;
+    /// Layer l's products for sample s over its ids (empty: every neuron); ReLU below the
+    /// output layer.
+    void layer_products(size_t l, uint32_t s, thread_scratch& scratch);
+    /// Softmax, loss and output deltas of training sample s with labels y (top-k: the
+    /// probabilities of the full softmax through log_partition; dropped_mass set).
+    void output_loss(const label_row& y, uint32_t s, thread_scratch& scratch);
+    /// Prediction's whole pass for one sample: every layer (LSH layers query their tables,
+    /// unless the output layer is asked for every neuron), or the hidden layers only.
+    void forward_sample(const dataset& data, uint32_t point, uint32_t s, output_pass output,
+                        uint64_t sample_seed, thread_scratch& scratch);
+    /// predict with exact scores, a chunk of points at a time (score_output_exactly).
     void predict_exact(const batch_view& batch, uint32_t k, uint32_t* labels, float* scores);
-    void backward_sample(const dataset& data, uint32_t point, uint32_t s, thread_scratch& scratch);
+    void backward_sample(uint32_t s, thread_scratch& scratch);
     void run_forward_backward(const batch_view& batch, step_report& report);
     void group_rows(const batch_view& batch, size_t l);
     /// Calls visit(row, grad_row, bias_grad) for every row of layer l the batch touched,
@@ -200,7 +243,7 @@ class cpu_backend final : public backend, public row_transfer {
     /// Whether layer l's rows catch up: updated sparsely (layer 0, LSH layers), in a layer
     /// the mode covers.
     bool catches_up(size_t l) const {
-        return (l == 0 || model_.config.is_sparse(l)) && adam_catches_up_rows(train_.adam, l);
+        return (l == 0 || model_.config.uses_lsh(l)) && adam_catches_up_rows(train_.adam, l);
     }
     /// Brings rows `ids` of layer l up to date before a training step reads them (any thread).
     void bring_up_to_date(size_t l, const uint32_t* ids, uint32_t n, thread_scratch& scratch);
@@ -218,7 +261,6 @@ class cpu_backend final : public backend, public row_transfer {
     uint64_t predict_seed() const {
         return derive_seed(train_.seed ^ 0x9e3d1c7ULL, model_.adam_step);
     }
-    bool output_is_sparse() const { return model_.config.is_sparse(model_.layers.size() - 1); }
 
     model_state model_;
     train_config train_;
@@ -232,7 +274,11 @@ class cpu_backend final : public backend, public row_transfer {
     std::vector<row_groups> groups_;  // per layer
     std::vector<row_marks> changed_;  // per layer: rows updated since take_changed_rows
     std::vector<float> layer0_bias_grad_;
-    std::vector<float> hidden_matrix_;  // predict_exact: the chunk's last hidden layers
+    std::vector<float> hidden_matrix_;  // score_output_exactly: the chunk's last hidden layers
+    // score_output_exactly's results, and its log-partition of each block per sample.
+    std::vector<uint32_t> exact_labels_;
+    std::vector<float> exact_scores_;
+    std::vector<double> exact_log_partition_, block_log_partition_;
     // Catch-up Adam: per layer that catches up, the step each row is up to date at (a busy
     // mark while a thread catches it up); null for other layers, empty without catch-up.
     std::vector<std::unique_ptr<std::atomic<uint64_t>[]>> row_step_;

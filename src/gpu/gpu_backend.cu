@@ -313,7 +313,12 @@ gpu_backend::gpu_backend(model_state initial, const train_config& train, int dev
                       "--adam {} is CPU-only so far; the GPU backend takes sparse, input-dense "
                       "and input-catch-up",
                       to_string(train.adam));
-    dense_output_ = dense_output || !config.is_sparse(1);
+    HSLIDE_CHECK_KIND(dense_output || config.selection(1) != neuron_selection::top_k,
+                      error_kind::unsupported,
+                      "--output-sparsity topk runs on the CPU backend so far (its GPU selection, "
+                      "chunked tensor-core scoring, is not built yet); use --backend cpu, or lsh "
+                      "or dense on the GPU");
+    dense_output_ = dense_output || !config.uses_lsh(1);
 
     // Only this backend's device is touched (list_gpus would create a context on every GPU).
     int n_gpus = 0;

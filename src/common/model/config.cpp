@@ -14,7 +14,12 @@ using detail::parse_named;
 
 const std::pair<const char*, sparsity_mode> sparsity_names[] = {{"auto", sparsity_mode::automatic},
                                                                 {"lsh", sparsity_mode::lsh},
-                                                                {"dense", sparsity_mode::dense}};
+                                                                {"dense", sparsity_mode::dense},
+                                                                {"topk", sparsity_mode::topk}};
+const std::pair<const char*, neuron_selection> selection_names[] = {
+    {"all", neuron_selection::all},
+    {"lsh", neuron_selection::lsh},
+    {"topk", neuron_selection::top_k}};
 const std::pair<const char*, adam_mode> adam_names[] = {
     {"sparse", adam_mode::sparse},
     {"dense", adam_mode::dense},
@@ -58,6 +63,9 @@ sparsity_mode parse_sparsity(const std::string& name) {
 const char* to_string(sparsity_mode mode) {
     return name_of(mode, sparsity_names);
 }
+const char* to_string(neuron_selection selection) {
+    return name_of(selection, selection_names);
+}
 adam_mode parse_adam_mode(const std::string& name) {
     return parse_named(name, "adam mode", adam_names);
 }
@@ -71,18 +79,20 @@ const char* to_string(scoring_mode mode) {
     return name_of(mode, scoring_names);
 }
 
-bool model_config::is_sparse(size_t l) const {
+neuron_selection model_config::selection(size_t l) const {
     HSLIDE_ASSERT(l < layers.size());
-    if (l == 0) return false;  // the sparse-input layer is always dense in its outputs
+    if (l == 0) return neuron_selection::all;  // the sparse-input layer is dense in its outputs
     switch (layers[l].sparsity) {
         case sparsity_mode::lsh:
-            return true;
+            return neuron_selection::lsh;
         case sparsity_mode::dense:
-            return false;
+            return neuron_selection::all;
+        case sparsity_mode::topk:
+            return neuron_selection::top_k;
         case sparsity_mode::automatic:
-            return layers[l].size > auto_sparse_min;
+            return layers[l].size > auto_sparse_min ? neuron_selection::lsh : neuron_selection::all;
     }
-    return false;
+    return neuron_selection::all;
 }
 
 void validate(const model_config& model) {
@@ -95,7 +105,15 @@ void validate(const model_config& model) {
         HSLIDE_CHECK(!(l == 0 && layer.sparsity == sparsity_mode::lsh),
                      "the first layer (over the sparse input features) cannot be LSH-sparse; "
                      "make a later layer sparse instead");
-        if (model.is_sparse(l)) {
+        // Top-k ranks logits: only the output layer has them before its activation is known
+        // (a hidden layer's top-k would need its whole product, which is the dense layer).
+        HSLIDE_CHECK(layer.sparsity != sparsity_mode::topk || l + 1 == model.layers.size(),
+                     "layer {}: top-k selection is for the output layer only (hidden layers: "
+                     "lsh or dense)",
+                     l);
+        if (model.selection(l) == neuron_selection::top_k)
+            HSLIDE_CHECK(layer.top_k >= 1, "layer {}: --top-k must be at least 1", l);
+        if (model.uses_lsh(l)) {
             validate(layer.lsh);
             HSLIDE_CHECK(
                 layer.active.max_active == 0 || layer.active.max_active >= layer.active.min_active,
@@ -148,7 +166,8 @@ std::string model_config_to_json(const model_config& config) {
                                {"min_active", layer.active.min_active},
                                {"max_active", layer.active.max_active},
                                {"hit_threshold", layer.active.hit_threshold},
-                               {"probes", layer.active.probes}});
+                               {"probes", layer.active.probes},
+                               {"top_k", layer.top_k}});
     }
     return j.dump();
 }
@@ -174,6 +193,7 @@ model_config model_config_from_json(const std::string& json_text) {
             layer.active.max_active = jl.at("max_active").get<uint32_t>();
             layer.active.hit_threshold = jl.at("hit_threshold").get<uint32_t>();
             layer.active.probes = jl.value("probes", 0u);  // absent in older checkpoints
+            layer.top_k = jl.value("top_k", layer_config{}.top_k);
             config.layers.push_back(layer);
         }
         return config;

@@ -110,8 +110,8 @@ epoch_record trainer::run_epoch(bool synchronize_at_end) {
                  options_.show_progress);
     // Reports count the samples they cover: an asynchronous backend (hybrid) reports batches
     // as they finish, possibly after the epoch that queued them.
-    double loss_sum = 0;
-    uint64_t active_output = 0, reported = 0;
+    double loss_sum = 0, dropped_mass_sum = 0;
+    uint64_t active_output = 0, reported = 0, full_softmax_samples = 0;
     auto add_report = [&](const step_report& report, size_t at_sample) {
         HSLIDE_CHECK_KIND(
             std::isfinite(report.loss_sum), error_kind::runtime,
@@ -120,6 +120,8 @@ epoch_record trainer::run_epoch(bool synchronize_at_end) {
             "learning rate",
             record.epoch, at_sample, report.loss_sum);
         loss_sum += report.loss_sum;
+        dropped_mass_sum += report.dropped_mass_sum;
+        full_softmax_samples += report.full_softmax_samples;
         if (!report.active_per_layer.empty()) active_output += report.active_per_layer.back();
         reported += report.samples;
         record.times += report.times;
@@ -151,6 +153,8 @@ epoch_record trainer::run_epoch(bool synchronize_at_end) {
     record.samples_per_s = double(order.size()) / record.epoch_seconds;
     record.loss = reported ? loss_sum / double(reported) : 0.0;
     record.mean_active_output = reported ? double(active_output) / double(reported) : 0.0;
+    if (full_softmax_samples > 0)
+        record.dropped_mass = dropped_mass_sum / double(full_softmax_samples);
     record.workers = backend_.take_worker_stats();
     return record;
 }
@@ -164,6 +168,7 @@ void trainer::write_metrics_record(const epoch_record& r) {
     j["samples_per_s"] = r.samples_per_s;
     j["loss"] = r.loss;
     j["mean_active_output"] = r.mean_active_output;
+    if (r.dropped_mass) j["dropped_mass"] = *r.dropped_mass;
     j["backend"] = to_string(options_.backend);
     j["peak_rss_bytes"] = peak_rss_bytes();
     j["stage_seconds"] = {{"hashing", r.times.hashing},  {"active_sets", r.times.active_sets},

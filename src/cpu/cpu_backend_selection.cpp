@@ -1,0 +1,274 @@
+// The CPU backend's neuron selection: the one seam through which a layer's active neurons are
+// chosen for a batch (config.hpp's neuron_selection): every neuron, LSH (with its tables'
+// rebuilds), or exact top-k over the blocked exact scoring that prediction uses too.
+#include "cpu_backend.hpp"
+#include "cpu_backend_clock.hpp"
+
+#include "hslide/error.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace hslide::cpu {
+
+void cpu_backend::build_layer_tables(size_t l) {
+    const lsh_config& cfg = model_.config.layers[l].lsh;
+    const layer_state& layer = model_.layers[l];
+    sparse_layer& sl = lsh_[l];
+    const uint32_t n = layer.rows, L = uint32_t(cfg.L);
+    if (!sl.hash || sl.hash->seed() != model_.hash_seeds[l]) {
+        sl.hash = hash_family::create(cfg, layer.width, model_.hash_seeds[l]);
+        sl.stale.mark_all();  // new functions: every code changes
+    }
+    if (sl.codes.size() != size_t(n) * L) {
+        sl.codes.resize(size_t(n) * L);
+        sl.stale.mark_all();
+    }
+    // Only the rows changed or imported since they were hashed: the others' codes stand.
+    std::vector<uint32_t> rows;
+    sl.stale.take(rows);
+    const hash_family& hash = *sl.hash;
+    uint32_t* codes = sl.codes.data();
+#pragma omp parallel for schedule(dynamic, 256) num_threads(threads_)
+    for (int64_t k = 0; k < int64_t(rows.size()); ++k)
+        hash.codes_dense(layer.row(rows[k]), &codes[size_t(rows[k]) * L]);
+    if (sl.tables.n_items() == 0) sl.tables = lsh_tables(cfg);
+    // The insertion order depends on the step count, so a resumed run rebuilds identically.
+    sl.tables.build(codes, n, derive_seed(model_.hash_seeds[l], model_.adam_step));
+}
+
+void cpu_backend::rebuild_tables(bool new_functions) {
+    for (size_t l = 0; l < model_.layers.size(); ++l) {
+        if (!model_.config.uses_lsh(l)) continue;
+        if (new_functions)
+            model_.hash_seeds[l] = derive_seed(model_.hash_seeds[l], model_.adam_step + 1);
+        build_layer_tables(l);
+    }
+}
+
+void cpu_backend::select_active_sets(const batch_view& batch, size_t l, bool training,
+                                     step_report& report) {
+    switch (model_.config.selection(l)) {
+        case neuron_selection::all:
+            for (uint32_t s = 0; s < batch.size; ++s) samples_[s].layers[l].ids.clear();
+            return;
+        case neuron_selection::lsh:
+#pragma omp parallel num_threads(threads_)
+        {
+            thread_scratch& scratch = scratch_[omp_get_thread_num()];
+#pragma omp for schedule(dynamic, 2)
+            for (int64_t s = 0; s < int64_t(batch.size); ++s)
+                select_lsh(l, batch.data->labels(batch.rows[s]), uint32_t(s), training, scratch);
+        }
+            return;
+        case neuron_selection::top_k: {
+            const auto t0 = clock_type::now();
+            select_top_k_sets(batch);
+            report.times.active_sets += seconds_since(t0);
+            return;
+        }
+    }
+}
+
+void cpu_backend::select_lsh(size_t l, const label_row& labels, uint32_t s, bool training,
+                             thread_scratch& scratch) {
+    sample_buffers& sb = samples_[s];
+    const layer_buffers& in = sb.layers[l - 1];
+    layer_buffers& out = sb.layers[l];
+    const bool output = l + 1 == model_.layers.size();
+    auto t0 = clock_type::now();
+    const hash_family& hash = *lsh_[l].hash;
+    // Queries probe nearby buckets too (a dense input only; training never does).
+    const uint32_t probes = training || !in.ids.empty() ? 0 : model_.config.layers[l].active.probes;
+    if (scratch.codes.size() < size_t(hash.config().L) * (1 + probes))
+        scratch.codes.resize(size_t(hash.config().L) * (1 + probes));
+    if (probes > 0)
+        hash.probe_codes_dense(in.act.data(), probes, scratch.codes.data());
+    else if (in.ids.empty())
+        hash.codes_dense(in.act.data(), scratch.codes.data());
+    else
+        hash.codes_sparse(in.ids.data(), in.act.data(), uint32_t(in.ids.size()),
+                          scratch.codes.data());
+    scratch.times.hashing += seconds_since(t0);
+    t0 = clock_type::now();
+    const bool force_labels = output && training;
+    scratch.builder.build(lsh_[l].tables, scratch.codes.data(), force_labels ? labels.ids : nullptr,
+                          force_labels ? labels.count : 0, model_.config.layers[l].active, sb.gen,
+                          out.ids, 1 + probes);
+    if (training && catches_up(l))
+        bring_up_to_date(l, out.ids.data(), uint32_t(out.ids.size()), scratch);
+    scratch.times.active_sets += seconds_since(t0);
+}
+
+uint32_t cpu_backend::exact_chunk(uint32_t k) const {
+    // 256 points a chunk, fewer when k is large: at most 2^22 candidates (32 MiB) a thread.
+    return uint32_t(std::clamp<uint64_t>((uint64_t{1} << 22) / std::max(k, 1u), 1, 256));
+}
+
+void cpu_backend::select_top_k_sets(const batch_view& batch) {
+    const size_t out_layer = model_.layers.size() - 1;
+    const uint32_t k =
+        std::min(model_.config.layers[out_layer].top_k, model_.layers[out_layer].rows);
+    const uint32_t chunk = exact_chunk(k);
+    for (uint32_t begin = 0; begin < batch.size; begin += chunk) {
+        const uint32_t n = std::min(chunk, batch.size - begin);
+        score_output_exactly(begin, n, k, /*with_log_partition=*/true);
+#pragma omp parallel for schedule(static) num_threads(threads_)
+        for (int64_t j = 0; j < int64_t(n); ++j) {
+            sample_buffers& sb = samples_[begin + uint32_t(j)];
+            const label_row y = batch.data->labels(batch.rows[begin + uint32_t(j)]);
+            std::vector<uint32_t>& ids = sb.layers[out_layer].ids;
+            // Labels first (the loss reads them there), then the best other neurons in
+            // increasing id order, which the products read nearly in memory order.
+            ids.assign(y.ids, y.ids + y.count);
+            const uint32_t* best = exact_labels_.data() + size_t(j) * k;
+            for (uint32_t i = 0; i < k && best[i] != std::numeric_limits<uint32_t>::max(); ++i)
+                if (std::find(y.ids, y.ids + y.count, best[i]) == y.ids + y.count)
+                    ids.push_back(best[i]);
+            std::sort(ids.begin() + y.count, ids.end());
+            sb.log_partition = exact_log_partition_[size_t(j)];
+        }
+    }
+}
+
+void cpu_backend::score_output_exactly(uint32_t first, uint32_t n, uint32_t k,
+                                       bool with_log_partition) {
+    // Scoring a point against every output row one point at a time streams the whole layer
+    // from memory per point (686 MB at 670k x 256): memory-bound, ~30 ms a point on 2 cores.
+    // Here a block of rows small enough to stay in L2 is scored against the chunk's points
+    // before the next block is read, so the layer streams once a chunk. In fp32, dots16
+    // multiplies the block by 16 points at once (the hidden vectors transposed): a GEMM
+    // without horizontal sums. Its sums run in element order, so scores can differ from the
+    // per-point kernel's in the last bits; bf16 keeps the per-point kernel over the block.
+    const size_t out_layer = model_.layers.size() - 1;
+    const layer_state& layer = model_.layers[out_layer];
+    const uint32_t width = layer.width;
+    const size_t in_stride = use_bf16() ? weights16_[out_layer].stride : layer.stride;
+    const size_t value_bytes = use_bf16() ? sizeof(bf16) : sizeof(float);
+    const uint32_t block_rows = uint32_t(std::clamp<size_t>(
+        (size_t(512) << 10) / (in_stride * value_bytes), 16, std::max<size_t>(layer.rows, 16)));
+    const int64_t n_blocks = (int64_t(layer.rows) + block_rows - 1) / block_rows;
+    // Each thread keeps a min-heap of the best `kept` labels per point over the blocks it
+    // scores (offer_top_k, as select_top_k ranks them).
+    const uint32_t kept = std::min(k, layer.rows);
+    // fp32: groups of 16 transposed points (n rounded up to 16); bf16: a row a point (using
+    // half of each in_stride floats).
+    hidden_matrix_.resize(size_t(n + 15) / 16 * 16 * in_stride);
+    exact_labels_.resize(size_t(n) * k);
+    exact_scores_.resize(size_t(n) * k);
+    // Each block's log-partition per point, summed in block order afterwards: the result does
+    // not depend on which thread scored which block.
+    if (with_log_partition) {
+        block_log_partition_.resize(size_t(n_blocks) * n);
+        exact_log_partition_.resize(n);
+    }
+    std::vector<std::vector<scored_label>> best(static_cast<size_t>(threads_));
+    std::vector<std::vector<uint32_t>> best_count(static_cast<size_t>(threads_));
+#pragma omp parallel num_threads(threads_)
+    {
+        const int thread = omp_get_thread_num();
+        thread_scratch& scratch = scratch_[thread];
+#pragma omp for schedule(static)
+        for (int64_t s = 0; s < int64_t(n); ++s) {
+            const std::vector<float>& h = samples_[first + uint32_t(s)].layers[out_layer - 1].act;
+            if (use_bf16()) {
+                k_.to_bf16(h.data(),
+                           reinterpret_cast<bf16*>(hidden_matrix_.data()) + size_t(s) * in_stride,
+                           width);
+            } else {
+                // Groups of 16 points, each transposed: element i of point s at
+                // [(s / 16) * width * 16 + i * 16 + s % 16].
+                float* group = hidden_matrix_.data() + size_t(s / 16) * width * 16;
+                for (uint32_t i = 0; i < width; ++i) group[size_t(i) * 16 + s % 16] = h[i];
+            }
+        }
+        // The last group's missing points: zeros (their scores are never read).
+        if (!use_bf16())
+#pragma omp single
+            for (uint32_t s = n; s % 16 != 0; ++s) {
+                float* group = hidden_matrix_.data() + size_t(s / 16) * width * 16;
+                for (uint32_t i = 0; i < width; ++i) group[size_t(i) * 16 + s % 16] = 0.0f;
+            }
+        std::vector<scored_label>& heaps = best[size_t(thread)];
+        std::vector<uint32_t>& counts = best_count[size_t(thread)];
+        heaps.resize(size_t(n) * kept);
+        counts.assign(n, 0);
+        constexpr uint32_t inputs = 16;  // points per dots16 call
+        std::vector<float>& logits = scratch.dense;
+        logits.resize(size_t(inputs) * block_rows);
+        std::vector<float>& one_point = scratch.grad;  // a point's logits of the block (fp32)
+        if (with_log_partition && one_point.size() < block_rows) one_point.resize(block_rows);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t blk = 0; blk < n_blocks; ++blk) {
+            const uint32_t r0 = uint32_t(blk) * block_rows;
+            const uint32_t nb = std::min(block_rows, layer.rows - r0);
+            for (uint32_t s0 = 0; s0 < n; s0 += inputs) {
+                const uint32_t n_x = std::min(inputs, n - s0);
+                // Score of row r0 + i for point s0 + j: logits[i * row_step + j * col_step].
+                size_t row_step = 1, col_step = block_rows;
+                if (use_bf16()) {
+                    const bf16_weights& w16 = weights16_[out_layer];
+                    const bf16* x16 = reinterpret_cast<const bf16*>(hidden_matrix_.data());
+                    for (uint32_t j = 0; j < n_x; ++j)
+                        k_.active_dots_bf16(w16.row(r0), w16.stride, width, nullptr, nb,
+                                            x16 + size_t(s0 + j) * in_stride,
+                                            layer.bias.data() + r0,
+                                            logits.data() + size_t(j) * block_rows);
+                } else {
+                    k_.dots16(layer.row(r0), layer.stride, width, nb,
+                              hidden_matrix_.data() + size_t(s0) * width, layer.bias.data() + r0,
+                              logits.data());
+                    row_step = inputs;
+                    col_step = 1;
+                }
+                for (uint32_t j = 0; j < n_x; ++j) {
+                    const float* z = logits.data() + size_t(j) * col_step;
+                    scored_label* heap = heaps.data() + size_t(s0 + j) * kept;
+                    for (uint32_t i = 0; i < nb; ++i)
+                        offer_top_k(heap, counts[s0 + j], kept, {z[size_t(i) * row_step], r0 + i});
+                    if (with_log_partition) {
+                        // The softmax kernel returns the block's log-sum-exp (its
+                        // probabilities go to scratch).
+                        for (uint32_t i = 0; i < nb; ++i) one_point[i] = z[size_t(i) * row_step];
+                        block_log_partition_[size_t(blk) * n + s0 + j] =
+                            k_.softmax(one_point.data(), one_point.data(), nb);
+                    }
+                }
+            }
+        }
+        // Merge the team's candidates per point (after the loop's implicit barrier; the
+        // team may be smaller than threads_ when OpenMP limits it).
+        const int team = omp_get_num_threads();
+        std::vector<scored_label> top;
+        std::vector<float> cand_score;
+        std::vector<uint32_t> cand_id;
+#pragma omp for schedule(static)
+        for (int64_t s = 0; s < int64_t(n); ++s) {
+            cand_score.clear();
+            cand_id.clear();
+            for (int t = 0; t < team; ++t)
+                for (uint32_t j = 0; j < best_count[size_t(t)][size_t(s)]; ++j) {
+                    const scored_label& c = best[size_t(t)][size_t(s) * kept + j];
+                    cand_score.push_back(c.first);
+                    cand_id.push_back(c.second);
+                }
+            select_top_k(cand_score.data(), cand_id.data(), uint32_t(cand_score.size()), k,
+                         exact_labels_.data() + size_t(s) * k, exact_scores_.data() + size_t(s) * k,
+                         top);
+            if (with_log_partition) {
+                double max_lp = -std::numeric_limits<double>::infinity();
+                for (int64_t b = 0; b < n_blocks; ++b)
+                    max_lp = std::max(max_lp, block_log_partition_[size_t(b) * n + size_t(s)]);
+                double sum = 0;
+                for (int64_t b = 0; b < n_blocks; ++b)
+                    sum += std::exp(block_log_partition_[size_t(b) * n + size_t(s)] - max_lp);
+                exact_log_partition_[size_t(s)] = max_lp + std::log(sum);
+            }
+        }
+    }
+}
+
+}  // namespace hslide::cpu
