@@ -23,7 +23,7 @@ namespace hslide {
 
 /// Which backend.
 enum class backend_kind {
-    cpu,        ///< LSH-sparse on the CPU (OpenMP, ISA-dispatched kernels)
+    cpu,        ///< sparse (LSH or top-k active sets) on the CPU (OpenMP, ISA-dispatched kernels)
     cpu_dense,  ///< every neuron through BLAS GEMMs: the dense baseline
     gpu,        ///< LSH-sparse on one GPU
     gpu_dense,  ///< every neuron through cuBLAS on one GPU
@@ -58,6 +58,9 @@ struct backend_capabilities {
     /// always score every label (exact).
     bool computes_every_neuron = false;
     bool multi_probe = false;  ///< LSH scoring with multi-probe (--probes)
+    /// Selects a layer's active neurons by exact top-k (neuron_selection::top_k; LSH and
+    /// `all` every sparse backend takes). Moot where it computes every neuron.
+    bool top_k_selection = false;
     /// Per adam_mode (indexed by its value): the mode it runs as (the same model), or nullopt
     /// when it refuses the mode.
     std::array<std::optional<adam_mode>, 5> adam_runs_as{};
@@ -92,7 +95,8 @@ std::vector<std::string> backend_names(Pred keep) {
 /// The table as text for --help: one line per backend, saying what it supports.
 std::string describe_backends();
 
-/// Checks that `kind` supports the model, optimizer and precision, and, when `lsh_scoring`
+/// Checks that `kind` supports the model (its shape and selections), optimizer and precision,
+/// and, when `lsh_scoring`
 /// (the evaluation scores LSH layers with LSH), the model's multi-probe settings; throws
 /// hslide::error (unsupported) saying what it does not support and what does. The hybrid's
 /// own entry checks nothing: check each worker's kind.

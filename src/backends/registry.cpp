@@ -56,6 +56,7 @@ backend_capabilities cpu_caps() {
     backend_capabilities c;
     c.bf16 = true;
     c.multi_probe = true;
+    c.top_k_selection = true;
     c.adam_runs_as = every_adam_mode;
     c.hybrid_worker = true;
     return c;
@@ -89,14 +90,16 @@ backend_capabilities hybrid_caps() {
     backend_capabilities c;  // its workers' union; each worker is checked on its own entry
     c.bf16 = true;
     c.multi_probe = true;
+    c.top_k_selection = true;
     c.adam_runs_as = every_adam_mode;
     return c;
 }
 
 std::vector<backend_entry> make_registry() {
     std::vector<backend_entry> table = {
-        {backend_kind::cpu, "cpu", "LSH-sparse training on the CPU (OpenMP, SIMD kernels)",
-         cpu_caps(), create_cpu},
+        {backend_kind::cpu, "cpu",
+         "sparse training on the CPU: LSH or top-k active sets (OpenMP, SIMD kernels)", cpu_caps(),
+         create_cpu},
         {backend_kind::cpu_dense, "cpu-dense",
          "every neuron through BLAS GEMMs on the CPU (the dense baseline)", cpu_dense_caps(),
          create_cpu_dense},
@@ -170,12 +173,16 @@ std::string describe_backends() {
             continue;
         }
         line(fmt::format(
-            "precision: {}; hidden layers: {}; scoring: {}", c.bf16 ? "fp32, bf16" : "fp32",
+            "precision: {}; hidden layers: {}; selection: {}; scoring: {}",
+            c.bf16 ? "fp32, bf16" : "fp32",
             c.max_hidden_layers == 0
                 ? std::string("any number")
                 : fmt::format("{}", c.max_hidden_layers) +
                       (c.max_hidden_width ? fmt::format(" (at most {} neurons)", c.max_hidden_width)
                                           : std::string()),
+            c.computes_every_neuron ? "every neuron"
+            : c.top_k_selection     ? "LSH, top-k"
+                                    : "LSH",
             c.computes_every_neuron ? "exact"
             : c.multi_probe         ? "exact, LSH (with --probes)"
                                     : "exact, LSH (without --probes)"));
@@ -223,6 +230,15 @@ void check_supported(backend_kind kind, const model_config& model, const train_c
                           "--backend {} supports hidden layers of at most {} neurons; layer {} "
                           "has {}",
                           e.name, c.max_hidden_width, l, model.layers[l].size);
+    for (size_t l = 0; l < model.layers.size(); ++l)
+        HSLIDE_CHECK_KIND(c.computes_every_neuron || c.top_k_selection ||
+                              model.selection(l) != neuron_selection::top_k,
+                          error_kind::unsupported,
+                          "--backend {} does not select neurons by top-k (layer {}); use "
+                          "--backend {}, or lsh or dense selection with it",
+                          e.name, l, names_where([](const backend_entry& x) {
+                              return x.caps.top_k_selection && x.kind != backend_kind::hybrid;
+                          }));
     adam_mode_run_by(kind, train.adam);
     const bool probes = std::any_of(model.layers.begin(), model.layers.end(),
                                     [](const layer_config& l) { return l.active.probes > 0; });
