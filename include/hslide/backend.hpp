@@ -47,6 +47,10 @@ struct backend_info {
 
 class backend {
   public:
+    backend() = default;
+    /// Not copied: an offered interface points into the backend that offered it.
+    backend(const backend&) = delete;
+    backend& operator=(const backend&) = delete;
     virtual ~backend() = default;
 
     /// One SGD step on the batch: sparse forward, backward, Adam update of the touched rows.

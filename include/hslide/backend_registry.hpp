@@ -84,7 +84,7 @@ const std::vector<backend_entry>& backend_registry();
 /// The table's entry of `kind`.
 const backend_entry& backend_entry_of(backend_kind kind);
 
-/// The names of the kinds for which `keep` holds, comma-separated ("cpu, gpu").
+/// The names of the kinds for which `keep` holds, in the table's order.
 template <typename Pred>
 std::vector<std::string> backend_names(Pred keep) {
     std::vector<std::string> names;
