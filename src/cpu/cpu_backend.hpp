@@ -127,6 +127,9 @@ class cpu_backend final : public backend {
         std::vector<std::pair<uint32_t, float>> sparse_entries;
         std::vector<bf16> input16;  // a layer's input rounded to bf16 (bf16 precision)
         std::vector<std::pair<uint32_t, uint32_t>> caught_up;  // (layer, row) it caught up
+        // Top-k's random fill: a row is in the sample's set when its stamp is the current one.
+        std::vector<uint32_t> member_stamp;
+        uint32_t stamp = 0;
         stage_times times;
     };
     /// A layer's weights rounded to bf16, rows `stride` values apart.
@@ -189,8 +192,14 @@ class cpu_backend final : public backend {
     void select_lsh(size_t l, const label_row& labels, uint32_t s, bool training,
                     thread_scratch& scratch);
     /// Top-k (output layer): every sample's ids are its labels, then the other neurons among
-    /// its top_k exact logits in increasing id order; log_partition is set.
+    /// its top_k exact logits, then uniformly random other neurons up to the layer's
+    /// min_active (drawn from the sample's generator), past the labels in increasing id
+    /// order; log_partition is set.
     void select_top_k_sets(const batch_view& batch);
+    /// Adds uniformly random output neurons not in `ids` until it holds `target` (at most
+    /// the layer's rows).
+    void add_random_fill(std::vector<uint32_t>& ids, uint32_t target, rng& gen,
+                         thread_scratch& scratch) const;
     /// Exact scoring of every output row against samples [first, first + n) (n at most
     /// exact_chunk(k)), whose last hidden layers are computed and dense: a chunk's hidden
     /// vectors as one matrix (fp32: transposed in groups of 16 for dots16), scored against

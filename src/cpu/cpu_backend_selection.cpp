@@ -112,25 +112,53 @@ void cpu_backend::select_top_k_sets(const batch_view& batch) {
     const size_t out_layer = model_.layers.size() - 1;
     const uint32_t k =
         std::min(model_.config.layers[out_layer].top_k, model_.layers[out_layer].rows);
+    const uint32_t fill =
+        std::min(model_.config.layers[out_layer].active.min_active, model_.layers[out_layer].rows);
     const uint32_t chunk = exact_chunk(k);
     for (uint32_t begin = 0; begin < batch.size; begin += chunk) {
         const uint32_t n = std::min(chunk, batch.size - begin);
         score_output_exactly(begin, n, k, /*with_log_partition=*/true);
-#pragma omp parallel for schedule(static) num_threads(threads_)
-        for (int64_t j = 0; j < int64_t(n); ++j) {
-            sample_buffers& sb = samples_[begin + uint32_t(j)];
-            const label_row y = batch.data->labels(batch.rows[begin + uint32_t(j)]);
-            std::vector<uint32_t>& ids = sb.layers[out_layer].ids;
-            // Labels first (the loss reads them there), then the best other neurons in
-            // increasing id order, which the products read nearly in memory order.
-            ids.assign(y.ids, y.ids + y.count);
-            const uint32_t* best = exact_labels_.data() + size_t(j) * k;
-            for (uint32_t i = 0; i < k && best[i] != std::numeric_limits<uint32_t>::max(); ++i)
-                if (std::find(y.ids, y.ids + y.count, best[i]) == y.ids + y.count)
-                    ids.push_back(best[i]);
-            std::sort(ids.begin() + y.count, ids.end());
-            sb.log_partition = exact_log_partition_[size_t(j)];
+#pragma omp parallel num_threads(threads_)
+        {
+            thread_scratch& scratch = scratch_[omp_get_thread_num()];
+#pragma omp for schedule(static)
+            for (int64_t j = 0; j < int64_t(n); ++j) {
+                sample_buffers& sb = samples_[begin + uint32_t(j)];
+                const label_row y = batch.data->labels(batch.rows[begin + uint32_t(j)]);
+                std::vector<uint32_t>& ids = sb.layers[out_layer].ids;
+                // Labels first (the loss reads them there), then the best other neurons in
+                // increasing id order, which the products read nearly in memory order.
+                ids.assign(y.ids, y.ids + y.count);
+                const uint32_t* best = exact_labels_.data() + size_t(j) * k;
+                for (uint32_t i = 0; i < k && best[i] != std::numeric_limits<uint32_t>::max(); ++i)
+                    if (std::find(y.ids, y.ids + y.count, best[i]) == y.ids + y.count)
+                        ids.push_back(best[i]);
+                if (ids.size() < fill) add_random_fill(ids, fill, sb.gen, scratch);
+                std::sort(ids.begin() + y.count, ids.end());
+                sb.log_partition = exact_log_partition_[size_t(j)];
+            }
         }
+    }
+}
+
+void cpu_backend::add_random_fill(std::vector<uint32_t>& ids, uint32_t target, rng& gen,
+                                  thread_scratch& scratch) const {
+    const uint32_t rows = model_.layers.back().rows;
+    if (scratch.member_stamp.size() != rows) {
+        scratch.member_stamp.assign(rows, 0);
+        scratch.stamp = 0;
+    }
+    if (++scratch.stamp == 0) {  // wrapped: no stale stamp may equal the new one
+        std::fill(scratch.member_stamp.begin(), scratch.member_stamp.end(), 0);
+        scratch.stamp = 1;
+    }
+    for (uint32_t id : ids) scratch.member_stamp[id] = scratch.stamp;
+    // Rejection draws: a set far below the layer's size takes few retries.
+    while (ids.size() < target) {
+        const uint32_t r = uint32_t(gen.below(rows));
+        if (scratch.member_stamp[r] == scratch.stamp) continue;
+        scratch.member_stamp[r] = scratch.stamp;
+        ids.push_back(r);
     }
 }
 
