@@ -329,13 +329,21 @@ TEST(CpuBackend, TopKSetsAreTheLabelsThenTheExactTopKAndReportTheDroppedMass) {
             if (std::find(y.ids, y.ids + y.count, order[i]) == y.ids + y.count)
                 best.push_back(order[i]);
         std::sort(best.begin(), best.end());
-        expected.insert(expected.end(), best.begin(), best.end());
-        EXPECT_EQ(be.last_active(s, 2), expected) << "point " << point;
+        // The labels, then the rest in increasing id order: the best 6 and random ones up to
+        // min_active (8), each once.
+        const std::vector<uint32_t>& set = be.last_active(s, 2);
+        ASSERT_EQ(set.size(), std::max<size_t>(8, y.count + best.size())) << "point " << point;
+        EXPECT_TRUE(std::equal(y.ids, y.ids + y.count, set.begin())) << "point " << point;
+        EXPECT_TRUE(std::is_sorted(set.begin() + y.count, set.end()));
+        EXPECT_EQ(std::set<uint32_t>(set.begin(), set.end()).size(), set.size());
+        for (uint32_t id : best)
+            EXPECT_TRUE(std::binary_search(set.begin() + y.count, set.end(), id))
+                << "point " << point << " misses " << id;
         if (y.count == 0) continue;
         const double m = *std::max_element(z.begin(), z.end());
         double all = 0, kept = 0;
         for (double v : z) all += std::exp(v - m);
-        for (uint32_t id : expected) kept += std::exp(z[id] - m);
+        for (uint32_t id : set) kept += std::exp(z[id] - m);
         dropped += 1 - kept / all;
         ++labelled;
     }
@@ -343,6 +351,58 @@ TEST(CpuBackend, TopKSetsAreTheLabelsThenTheExactTopKAndReportTheDroppedMass) {
     EXPECT_EQ(report.full_softmax_samples, labelled);
     EXPECT_NEAR(report.dropped_mass_sum, dropped, 1e-5 * labelled);
     EXPECT_GT(dropped, 0.05 * labelled);  // 6 of 30 neurons leave a real share out
+}
+
+TEST(CpuBackend, SelectionQualityMeasuresTheSetsAgainstTheExactTopLogits) {
+    // Top-6 sets without fill against the exact top 10: every point's recall is 6/10, and
+    // its labels are found when they rank among its 6 best.
+    model_config config = small_config(sparsity_mode::dense, sparsity_mode::topk);
+    config.layers.back().active.min_active = 1;
+    const dataset data = random_dataset(40, 20, 30, 17, /*unlabelled_every=*/7);
+    cpu::cpu_backend be(model_state::create(config, 17), train_config{}, 2);
+    std::vector<uint32_t> rows(40);
+    std::iota(rows.begin(), rows.end(), 0u);
+    for (uint32_t b = 0; b < 40; b += 8) be.train_batch({&data, rows.data() + b, 8}, 0.02f);
+    const selection_quality q = be.measure_selection({&data, rows.data(), 20}, 10);
+    EXPECT_EQ(q.points, 20u);
+    EXPECT_EQ(q.top, 10u);
+    EXPECT_DOUBLE_EQ(q.top_recall, 0.6);
+    EXPECT_DOUBLE_EQ(q.mean_set_size, 6.0);
+    const ref_params p = to_ref(be.model());  // up to date: the measurement caught it up
+    double label_recall = 0;
+    int labelled = 0;
+    for (uint32_t point = 0; point < 20; ++point) {
+        const label_row y = data.labels(point);
+        if (y.count == 0) continue;
+        const std::vector<double> z = reference_logits(p, config, data, point);
+        std::vector<uint32_t> order(z.size());
+        std::iota(order.begin(), order.end(), 0u);
+        std::stable_sort(order.begin(), order.end(),
+                         [&](uint32_t a, uint32_t b) { return z[a] > z[b]; });
+        uint32_t found = 0;
+        for (uint32_t i = 0; i < y.count; ++i)
+            found += std::find(order.begin(), order.begin() + 6, y.ids[i]) != order.begin() + 6;
+        label_recall += double(found) / y.count;
+        ++labelled;
+    }
+    EXPECT_NEAR(q.label_recall, label_recall / labelled, 1e-12);
+    EXPECT_GT(q.label_recall, 0.0);
+    EXPECT_LT(q.label_recall, 1.0);
+    // A dense output layer's set is every neuron; an LSH set lies in between.
+    cpu::cpu_backend dense(
+        model_state::create(small_config(sparsity_mode::dense, sparsity_mode::dense), 17),
+        train_config{}, 2);
+    const selection_quality all = dense.measure_selection({&data, rows.data(), 20}, 10);
+    EXPECT_EQ(all.top_recall, 1.0);
+    EXPECT_EQ(all.label_recall, 1.0);
+    EXPECT_EQ(all.mean_set_size, 30.0);
+    cpu::cpu_backend lsh(
+        model_state::create(small_config(sparsity_mode::dense, sparsity_mode::lsh), 17),
+        train_config{}, 2);
+    const selection_quality some = lsh.measure_selection({&data, rows.data(), 20}, 10);
+    EXPECT_GT(some.top_recall, 0.0);
+    EXPECT_LT(some.mean_set_size, 30.0);
+    EXPECT_GE(some.mean_set_size, 8.0);  // filled to min_active
 }
 
 TEST(CpuBackend, TopKOverEveryNeuronTrainsAsTheDenseLayer) {

@@ -55,7 +55,7 @@ struct layer_config {
     sparsity_mode sparsity = sparsity_mode::dense;
     lsh_config lsh;            ///< used when the layer selects with LSH
     active_set_config active;  ///< used when the layer selects with LSH
-    uint32_t top_k = 256;      ///< neurons a sample keeps besides its labels (top-k selection)
+    uint32_t top_k = 64;       ///< neurons a sample keeps besides its labels (top-k selection)
 };
 
 /// The network: sparse input of `input_dim` features, ReLU hidden layers, a softmax output

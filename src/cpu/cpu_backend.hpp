@@ -48,6 +48,7 @@
 #include "hslide/backend.hpp"
 #include "hslide/lsh.hpp"
 #include "hslide/rng.hpp"
+#include "hslide/selection_quality.hpp"
 #include "kernels.hpp"
 #include "top_k.hpp"
 
@@ -84,6 +85,12 @@ class cpu_backend final : public backend {
     void import_rows(const model_state& in, const row_sets& rows) override;
     model_state* writable_host_state() override { return &model_; }
     void rows_written(const row_sets& rows) override;
+
+    /// The output layer's sets for `batch` as training would choose them without the labels,
+    /// against each point's exact top `top` logits (selection_quality.hpp). Brings deferred
+    /// rows up to date first, as predict does; draws its random fills from its own seed.
+    /// points == 0 when the layer before the output has active sets (no exact scoring).
+    selection_quality measure_selection(const batch_view& batch, uint32_t top);
 
     /// Forward and backward on `batch` without updating: writes the batch-mean gradient of
     /// the loss into `gradient` (shaped like the model; zero where the batch did not touch)
@@ -196,6 +203,10 @@ class cpu_backend final : public backend {
     /// min_active (drawn from the sample's generator), past the labels in increasing id
     /// order; log_partition is set.
     void select_top_k_sets(const batch_view& batch);
+    /// A top-k set: `labels` first, then the other ids among best[0..k) (ranked, padded with
+    /// UINT32_MAX), then random fill up to `fill`, past the labels in increasing id order.
+    void build_top_k_set(const uint32_t* best, uint32_t k, const label_row& labels, uint32_t fill,
+                         rng& gen, thread_scratch& scratch, std::vector<uint32_t>& ids) const;
     /// Adds uniformly random output neurons not in `ids` until it holds `target` (at most
     /// the layer's rows).
     void add_random_fill(std::vector<uint32_t>& ids, uint32_t target, rng& gen,
