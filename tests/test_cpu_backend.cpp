@@ -4,6 +4,7 @@
 #include "cpu/cpu_backend.hpp"
 #include "hslide/backend.hpp"
 #include "hslide/backend_registry.hpp"
+#include "hslide/error.hpp"
 #include "hslide/isa.hpp"
 #include "hslide/model.hpp"
 #include "hslide/rng.hpp"
@@ -45,6 +46,7 @@ model_config small_config(sparsity_mode hidden, sparsity_mode output) {
     l.size = 30;
     l.sparsity = output;
     l.active.min_active = 8;
+    l.top_k = 6;
     c.layers.push_back(l);
     return c;
 }
@@ -141,7 +143,11 @@ void check_gradient(sparsity_mode hidden, sparsity_mode output, uint64_t seed,
             active[s].push_back(be.last_active(uint32_t(s), l));
 
     ref_params p = to_ref(be.model());
-    EXPECT_NEAR(reference_loss(p, config, data, rows, active), loss,
+    // A top-k layer's loss is the full softmax's (the gradient is its set's softmax's, below).
+    auto loss_sets = active;
+    if (output == sparsity_mode::topk)
+        for (auto& sets : loss_sets) sets.back().clear();
+    EXPECT_NEAR(reference_loss(p, config, data, rows, loss_sets), loss,
                 1e-5 * std::max(1.0, std::abs(loss)));
 
     // Central differences on every weight and bias of every layer.
@@ -212,6 +218,11 @@ TEST(CpuBackendGradient, SparseHiddenAndOutputMatchFiniteDifferences) {
     check_gradient(sparsity_mode::lsh, sparsity_mode::lsh, 13);
 }
 
+TEST(CpuBackendGradient, TopKOutputMatchesFiniteDifferences) {
+    // The gradient of the softmax over each sample's set (labels and its 6 best logits).
+    check_gradient(sparsity_mode::dense, sparsity_mode::topk, 16);
+}
+
 TEST(CpuBackendGradient, EveryIsaLevelMatchesFiniteDifferences) {
     for (const isa_level level :
          {isa_level::scalar, isa_level::avx2, isa_level::avx512, isa_level::avx512bf16})
@@ -267,6 +278,193 @@ TEST(CpuBackend, SparseOutputActiveSetHoldsLabelsFirstAndIsSparse) {
     }
 }
 
+/// The logits of every output neuron of `point`, from the definition (one dense hidden layer
+/// after the first, or none).
+static std::vector<double> reference_logits(const ref_params& p, const model_config& c,
+                                            const dataset& d, uint32_t point) {
+    const feature_row x = d.features(point);
+    std::vector<double> a(c.layers[0].size);
+    for (uint32_t j = 0; j < a.size(); ++j) {
+        double z = p.b[0][j];
+        for (uint32_t k = 0; k < x.count; ++k)
+            z += x.values[k] * p.w[0][size_t(x.ids[k]) * p.width[0] + j];
+        a[j] = std::max(0.0, z);
+    }
+    for (size_t l = 1; l < c.layers.size(); ++l) {
+        std::vector<double> z(c.layers[l].size);
+        for (uint32_t r = 0; r < z.size(); ++r) {
+            z[r] = p.b[l][r];
+            for (uint32_t i = 0; i < p.width[l]; ++i)
+                z[r] += p.w[l][size_t(r) * p.width[l] + i] * a[i];
+        }
+        if (l + 1 == c.layers.size()) return z;
+        for (double& v : z) v = std::max(0.0, v);
+        a = z;
+    }
+    return {};
+}
+
+TEST(CpuBackend, TopKSetsAreTheLabelsThenTheExactTopKAndReportTheDroppedMass) {
+    model_config config = small_config(sparsity_mode::dense, sparsity_mode::topk);
+    const dataset data = random_dataset(40, 20, 30, 7, /*unlabelled_every=*/9);
+    cpu::cpu_backend be(model_state::create(config, 7), train_config{}, 2);
+    std::vector<uint32_t> rows(40);
+    std::iota(rows.begin(), rows.end(), 0u);
+    for (uint32_t b = 0; b < 24; b += 8) be.train_batch({&data, rows.data() + b, 8}, 0.02f);
+    model_state now;  // the model the next step selects with (input rows caught up)
+    be.export_state(now, false);
+    const ref_params p = to_ref(now);
+    const step_report report = be.train_batch({&data, rows.data() + 24, 16}, 0.02f);
+    double dropped = 0;
+    uint32_t labelled = 0;
+    for (uint32_t s = 0; s < 16; ++s) {
+        const uint32_t point = 24 + s;
+        const std::vector<double> z = reference_logits(p, config, data, point);
+        std::vector<uint32_t> order(z.size());
+        std::iota(order.begin(), order.end(), 0u);
+        std::stable_sort(order.begin(), order.end(),
+                         [&](uint32_t a, uint32_t b) { return z[a] > z[b]; });
+        const label_row y = data.labels(point);
+        std::vector<uint32_t> expected(y.ids, y.ids + y.count), best;
+        for (uint32_t i = 0; i < 6; ++i)
+            if (std::find(y.ids, y.ids + y.count, order[i]) == y.ids + y.count)
+                best.push_back(order[i]);
+        std::sort(best.begin(), best.end());
+        // The labels, then the rest in increasing id order: the best 6 and random ones up to
+        // min_active (8), each once.
+        const std::vector<uint32_t>& set = be.last_active(s, 2);
+        ASSERT_EQ(set.size(), std::max<size_t>(8, y.count + best.size())) << "point " << point;
+        EXPECT_TRUE(std::equal(y.ids, y.ids + y.count, set.begin())) << "point " << point;
+        EXPECT_TRUE(std::is_sorted(set.begin() + y.count, set.end()));
+        EXPECT_EQ(std::set<uint32_t>(set.begin(), set.end()).size(), set.size());
+        for (uint32_t id : best)
+            EXPECT_TRUE(std::binary_search(set.begin() + y.count, set.end(), id))
+                << "point " << point << " misses " << id;
+        if (y.count == 0) continue;
+        const double m = *std::max_element(z.begin(), z.end());
+        double all = 0, kept = 0;
+        for (double v : z) all += std::exp(v - m);
+        for (uint32_t id : set) kept += std::exp(z[id] - m);
+        dropped += 1 - kept / all;
+        ++labelled;
+    }
+    ASSERT_GT(labelled, 10u);
+    EXPECT_EQ(report.full_softmax_samples, labelled);
+    EXPECT_NEAR(report.dropped_mass_sum, dropped, 1e-5 * labelled);
+    EXPECT_GT(dropped, 0.05 * labelled);  // 6 of 30 neurons leave a real share out
+}
+
+TEST(CpuBackend, SelectionQualityMeasuresTheSetsAgainstTheExactTopLogits) {
+    // Top-6 sets without fill against the exact top 10: every point's recall is 6/10, and
+    // its labels are found when they rank among its 6 best.
+    model_config config = small_config(sparsity_mode::dense, sparsity_mode::topk);
+    config.layers.back().active.min_active = 1;
+    const dataset data = random_dataset(40, 20, 30, 17, /*unlabelled_every=*/7);
+    cpu::cpu_backend be(model_state::create(config, 17), train_config{}, 2);
+    std::vector<uint32_t> rows(40);
+    std::iota(rows.begin(), rows.end(), 0u);
+    for (uint32_t b = 0; b < 40; b += 8) be.train_batch({&data, rows.data() + b, 8}, 0.02f);
+    const selection_quality q = be.measure_selection({&data, rows.data(), 20}, 10);
+    EXPECT_EQ(q.points, 20u);
+    EXPECT_EQ(q.top, 10u);
+    EXPECT_DOUBLE_EQ(q.top_recall, 0.6);
+    EXPECT_DOUBLE_EQ(q.mean_set_size, 6.0);
+    const ref_params p = to_ref(be.model());  // up to date: the measurement caught it up
+    double label_recall = 0;
+    int labelled = 0;
+    for (uint32_t point = 0; point < 20; ++point) {
+        const label_row y = data.labels(point);
+        if (y.count == 0) continue;
+        const std::vector<double> z = reference_logits(p, config, data, point);
+        std::vector<uint32_t> order(z.size());
+        std::iota(order.begin(), order.end(), 0u);
+        std::stable_sort(order.begin(), order.end(),
+                         [&](uint32_t a, uint32_t b) { return z[a] > z[b]; });
+        uint32_t found = 0;
+        for (uint32_t i = 0; i < y.count; ++i)
+            found += std::find(order.begin(), order.begin() + 6, y.ids[i]) != order.begin() + 6;
+        label_recall += double(found) / y.count;
+        ++labelled;
+    }
+    EXPECT_NEAR(q.label_recall, label_recall / labelled, 1e-12);
+    EXPECT_GT(q.label_recall, 0.0);
+    EXPECT_LT(q.label_recall, 1.0);
+    // A dense output layer's set is every neuron; an LSH set lies in between.
+    cpu::cpu_backend dense(
+        model_state::create(small_config(sparsity_mode::dense, sparsity_mode::dense), 17),
+        train_config{}, 2);
+    const selection_quality all = dense.measure_selection({&data, rows.data(), 20}, 10);
+    EXPECT_EQ(all.top_recall, 1.0);
+    EXPECT_EQ(all.label_recall, 1.0);
+    EXPECT_EQ(all.mean_set_size, 30.0);
+    cpu::cpu_backend lsh(
+        model_state::create(small_config(sparsity_mode::dense, sparsity_mode::lsh), 17),
+        train_config{}, 2);
+    const selection_quality some = lsh.measure_selection({&data, rows.data(), 20}, 10);
+    EXPECT_GT(some.top_recall, 0.0);
+    EXPECT_LT(some.mean_set_size, 30.0);
+    EXPECT_GE(some.mean_set_size, 8.0);  // filled to min_active
+}
+
+TEST(CpuBackend, TopKOverEveryNeuronTrainsAsTheDenseLayer) {
+    // k = the layer: every neuron is in every set, its softmax the full one, so the model
+    // is the dense layer's (the set's order and the exact log-partition round differently).
+    model_config dense = small_config(sparsity_mode::dense, sparsity_mode::dense);
+    model_config top = small_config(sparsity_mode::dense, sparsity_mode::topk);
+    top.layers.back().top_k = 30;
+    const dataset data = random_dataset(64, 20, 30, 8);
+    cpu::cpu_backend a(model_state::create(dense, 8), train_config{}, 2);
+    cpu::cpu_backend b(model_state::create(top, 8), train_config{}, 2);
+    std::vector<uint32_t> rows(64);
+    std::iota(rows.begin(), rows.end(), 0u);
+    for (uint32_t s = 0; s < 64; s += 16) {
+        const step_report ra = a.train_batch({&data, rows.data() + s, 16}, 0.01f);
+        const step_report rb = b.train_batch({&data, rows.data() + s, 16}, 0.01f);
+        EXPECT_NEAR(ra.loss_sum, rb.loss_sum, 1e-5 * ra.loss_sum);
+        EXPECT_LT(rb.dropped_mass_sum, 1e-5);
+    }
+    EXPECT_LT(max_parameter_difference(a.model(), b.model()), 1e-5);
+}
+
+TEST(CpuBackend, TopKRefusesWhatItCannotRun) {
+    train_config catch_up;
+    catch_up.adam = adam_mode::catch_up;
+    EXPECT_THROW(cpu::cpu_backend(model_state::create(
+                                      small_config(sparsity_mode::dense, sparsity_mode::topk), 1),
+                                  catch_up, 1),
+                 hslide::error);
+    // Its exact scoring needs whole hidden vectors.
+    EXPECT_THROW(cpu::cpu_backend(
+                     model_state::create(small_config(sparsity_mode::lsh, sparsity_mode::topk), 1),
+                     train_config{}, 1),
+                 hslide::error);
+    // A hidden layer has no logits to rank.
+    EXPECT_THROW(validate(small_config(sparsity_mode::topk, sparsity_mode::dense)), hslide::error);
+    model_config zero = small_config(sparsity_mode::dense, sparsity_mode::topk);
+    zero.layers.back().top_k = 0;
+    EXPECT_THROW(validate(zero), hslide::error);
+}
+
+TEST(CpuBackend, TopKLayerPredictsExactlyUnderEveryScoringAndRoundTripsItsConfig) {
+    const model_config config = small_config(sparsity_mode::dense, sparsity_mode::topk);
+    const model_config back = model_config_from_json(model_config_to_json(config));
+    EXPECT_EQ(back.layers.back().sparsity, sparsity_mode::topk);
+    EXPECT_EQ(back.layers.back().top_k, 6u);
+    EXPECT_EQ(back.selection(2), neuron_selection::top_k);
+    const dataset data = random_dataset(40, 20, 30, 9);
+    cpu::cpu_backend be(model_state::create(config, 9), train_config{}, 2);
+    std::vector<uint32_t> rows(40);
+    std::iota(rows.begin(), rows.end(), 0u);
+    for (uint32_t b = 0; b < 40; b += 8) be.train_batch({&data, rows.data() + b, 8}, 0.02f);
+    const uint32_t k = 5;
+    std::vector<uint32_t> exact(40 * k), lsh(40 * k);
+    std::vector<float> exact_scores(40 * k), lsh_scores(40 * k);
+    be.predict({&data, rows.data(), 40}, k, scoring_mode::exact, exact.data(), exact_scores.data());
+    be.predict({&data, rows.data(), 40}, k, scoring_mode::lsh, lsh.data(), lsh_scores.data());
+    EXPECT_EQ(exact, lsh);
+    EXPECT_EQ(exact_scores, lsh_scores);
+}
+
 /// Trains one backend on 1 thread and one on `threads` through the same batches (tables
 /// rebuilt with new functions after `rebuild_after` batches); per-row reductions in sample
 /// order make the result independent of the thread count: not merely within tolerance, but
@@ -300,6 +498,11 @@ uint64_t expect_thread_count_invariance(const model_config& config, const datase
 TEST(CpuBackend, TwoThreadsGiveTheSameModelAsOneThread) {
     expect_thread_count_invariance(small_config(sparsity_mode::lsh, sparsity_mode::lsh),
                                    random_dataset(200, 20, 30, 21), 16, 2, 7);
+}
+
+TEST(CpuBackend, TopKTrainingDoesNotDependOnTheThreadCount) {
+    expect_thread_count_invariance(small_config(sparsity_mode::dense, sparsity_mode::topk),
+                                   random_dataset(200, 20, 30, 23), 16, 3, 7);
 }
 
 TEST(CpuBackend, CatchUpAdamGivesTheSameModelOnAnyThreadCount) {

@@ -41,9 +41,10 @@ enum class neuron_selection {
     /// is normalised over the set
     lsh,
     /// the `top_k` neurons with the highest logits, found exactly by scoring every row (a GEMM
-    /// over the batch), plus the labels; the softmax uses the exact log-partition over every
-    /// neuron, so the loss is the full-softmax cross-entropy and the only gradient dropped is
-    /// that of the rows left out (their probability mass is reported: `dropped_mass`)
+    /// over the batch), plus the labels (no random fill); the gradient is the softmax over the set
+    /// (its hardest negatives), the loss reported is the full-softmax cross-entropy (through the
+    /// exact log-partition over every neuron), and the probability mass of the rows left out is
+    /// reported (`dropped_mass`)
     top_k,
 };
 const char* to_string(neuron_selection selection);
@@ -54,7 +55,7 @@ struct layer_config {
     sparsity_mode sparsity = sparsity_mode::dense;
     lsh_config lsh;            ///< used when the layer selects with LSH
     active_set_config active;  ///< used when the layer selects with LSH
-    uint32_t top_k = 256;      ///< neurons a sample keeps besides its labels (top-k selection)
+    uint32_t top_k = 64;       ///< neurons a sample keeps besides its labels (top-k selection)
 };
 
 /// The network: sparse input of `input_dim` features, ReLU hidden layers, a softmax output

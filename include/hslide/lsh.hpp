@@ -195,7 +195,9 @@ class lsh_tables {
 
 /// How a sample's active set is formed from its buckets.
 struct active_set_config {
-    uint32_t min_active = 0;     ///< random fill up to this many (clamped to max_active > 0)
+    /// random fill up to this many (clamped to max_active > 0); a top-k layer fills its sets
+    /// the same way (its other fields are LSH's)
+    uint32_t min_active = 0;
     uint32_t max_active = 0;     ///< cap (0 = no cap); labels are never dropped
     uint32_t hit_threshold = 1;  ///< keep only items found in at least this many tables (0 = 1)
     /// Multi-probe at prediction (never in training): besides its own bucket, each table

@@ -49,6 +49,7 @@
 #include "hslide/lsh.hpp"
 #include "hslide/rng.hpp"
 #include "hslide/row_transfer.hpp"
+#include "hslide/selection_quality.hpp"
 #include "kernels.hpp"
 #include "top_k.hpp"
 
@@ -85,6 +86,12 @@ class cpu_backend final : public backend, public row_transfer {
     void import_rows(const model_state& in, const row_sets& rows) override;
     model_state* writable_host_state() override { return &model_; }
     void rows_written(const row_sets& rows) override;
+
+    /// The output layer's sets for `batch` as training would choose them without the labels,
+    /// against each point's exact top `top` logits (selection_quality.hpp). Brings deferred
+    /// rows up to date first, as predict does; draws its random fills from its own seed.
+    /// points == 0 when the layer before the output has active sets (no exact scoring).
+    selection_quality measure_selection(const batch_view& batch, uint32_t top);
 
     /// Forward and backward on `batch` without updating: writes the batch-mean gradient of
     /// the loss into `gradient` (shaped like the model; zero where the batch did not touch)
@@ -128,6 +135,9 @@ class cpu_backend final : public backend, public row_transfer {
         std::vector<std::pair<uint32_t, float>> sparse_entries;
         std::vector<bf16> input16;  // a layer's input rounded to bf16 (bf16 precision)
         std::vector<std::pair<uint32_t, uint32_t>> caught_up;  // (layer, row) it caught up
+        // Top-k's random fill: a row is in the sample's set when its stamp is the current one.
+        std::vector<uint32_t> member_stamp;
+        uint32_t stamp = 0;
         stage_times times;
     };
     /// A layer's weights rounded to bf16, rows `stride` values apart.
@@ -190,8 +200,18 @@ class cpu_backend final : public backend, public row_transfer {
     void select_lsh(size_t l, const label_row& labels, uint32_t s, bool training,
                     thread_scratch& scratch);
     /// Top-k (output layer): every sample's ids are its labels, then the other neurons among
-    /// its top_k exact logits in increasing id order; log_partition is set.
+    /// its top_k exact logits, then uniformly random other neurons up to the layer's
+    /// min_active (drawn from the sample's generator), past the labels in increasing id
+    /// order; log_partition is set.
     void select_top_k_sets(const batch_view& batch);
+    /// A top-k set: `labels` first, then the other ids among best[0..k) (ranked, padded with
+    /// UINT32_MAX), then random fill up to `fill`, past the labels in increasing id order.
+    void build_top_k_set(const uint32_t* best, uint32_t k, const label_row& labels, uint32_t fill,
+                         rng& gen, thread_scratch& scratch, std::vector<uint32_t>& ids) const;
+    /// Adds uniformly random output neurons not in `ids` until it holds `target` (at most
+    /// the layer's rows).
+    void add_random_fill(std::vector<uint32_t>& ids, uint32_t target, rng& gen,
+                         thread_scratch& scratch) const;
     /// Exact scoring of every output row against samples [first, first + n) (n at most
     /// exact_chunk(k)), whose last hidden layers are computed and dense: a chunk's hidden
     /// vectors as one matrix (fp32: transposed in groups of 16 for dots16), scored against

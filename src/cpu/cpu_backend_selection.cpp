@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 
 namespace hslide::cpu {
 
@@ -112,25 +113,144 @@ void cpu_backend::select_top_k_sets(const batch_view& batch) {
     const size_t out_layer = model_.layers.size() - 1;
     const uint32_t k =
         std::min(model_.config.layers[out_layer].top_k, model_.layers[out_layer].rows);
+    const uint32_t fill =
+        std::min(model_.config.layers[out_layer].active.min_active, model_.layers[out_layer].rows);
     const uint32_t chunk = exact_chunk(k);
     for (uint32_t begin = 0; begin < batch.size; begin += chunk) {
         const uint32_t n = std::min(chunk, batch.size - begin);
         score_output_exactly(begin, n, k, /*with_log_partition=*/true);
-#pragma omp parallel for schedule(static) num_threads(threads_)
-        for (int64_t j = 0; j < int64_t(n); ++j) {
-            sample_buffers& sb = samples_[begin + uint32_t(j)];
-            const label_row y = batch.data->labels(batch.rows[begin + uint32_t(j)]);
-            std::vector<uint32_t>& ids = sb.layers[out_layer].ids;
-            // Labels first (the loss reads them there), then the best other neurons in
-            // increasing id order, which the products read nearly in memory order.
-            ids.assign(y.ids, y.ids + y.count);
-            const uint32_t* best = exact_labels_.data() + size_t(j) * k;
-            for (uint32_t i = 0; i < k && best[i] != std::numeric_limits<uint32_t>::max(); ++i)
-                if (std::find(y.ids, y.ids + y.count, best[i]) == y.ids + y.count)
-                    ids.push_back(best[i]);
-            std::sort(ids.begin() + y.count, ids.end());
-            sb.log_partition = exact_log_partition_[size_t(j)];
+#pragma omp parallel num_threads(threads_)
+        {
+            thread_scratch& scratch = scratch_[omp_get_thread_num()];
+#pragma omp for schedule(static)
+            for (int64_t j = 0; j < int64_t(n); ++j) {
+                sample_buffers& sb = samples_[begin + uint32_t(j)];
+                const label_row y = batch.data->labels(batch.rows[begin + uint32_t(j)]);
+                build_top_k_set(exact_labels_.data() + size_t(j) * k, k, y, fill, sb.gen, scratch,
+                                sb.layers[out_layer].ids);
+                sb.log_partition = exact_log_partition_[size_t(j)];
+            }
         }
+    }
+}
+
+void cpu_backend::build_top_k_set(const uint32_t* best, uint32_t k, const label_row& labels,
+                                  uint32_t fill, rng& gen, thread_scratch& scratch,
+                                  std::vector<uint32_t>& ids) const {
+    // Labels first (the loss reads them there), then the other neurons in increasing id order,
+    // which the products read nearly in memory order.
+    const label_row& y = labels;
+    ids.assign(y.ids, y.ids + y.count);
+    for (uint32_t i = 0; i < k && best[i] != std::numeric_limits<uint32_t>::max(); ++i)
+        if (std::find(y.ids, y.ids + y.count, best[i]) == y.ids + y.count) ids.push_back(best[i]);
+    if (ids.size() < fill) add_random_fill(ids, fill, gen, scratch);
+    std::sort(ids.begin() + y.count, ids.end());
+}
+
+selection_quality cpu_backend::measure_selection(const batch_view& batch, uint32_t top) {
+    HSLIDE_CHECK(top > 0 && batch.size > 0, "a selection measurement needs points and a top");
+    const size_t out_layer = model_.layers.size() - 1;
+    const uint32_t rows = model_.layers[out_layer].rows;
+    selection_quality q;
+    q.top = std::min(top, rows);
+    // Exact scoring needs the output layer's input dense (an LSH hidden layer before it: no).
+    if (model_.config.has_active_sets(out_layer - 1)) return q;
+    complete_deferred_updates();  // the rows as the next step reads them
+    const neuron_selection selection = model_.config.selection(out_layer);
+    const uint32_t top_k = std::min(model_.config.layers[out_layer].top_k, rows);
+    const uint32_t fill = std::min(model_.config.layers[out_layer].active.min_active, rows);
+    const uint32_t k = selection == neuron_selection::top_k ? std::max(q.top, top_k) : q.top;
+    const uint32_t chunk = exact_chunk(k);
+    const uint64_t seed = derive_seed(train_.seed ^ 0x5e1ec7ULL, model_.adam_step);
+    ensure_buffers(std::min(chunk, batch.size));
+    // Per point: top recall, label recall (-1: no labels), set size; summed in point order.
+    std::vector<double> top_hits(batch.size), label_hits(batch.size), set_size(batch.size);
+    const label_row no_labels{nullptr, 0};
+    for (uint32_t begin = 0; begin < batch.size; begin += chunk) {
+        const uint32_t n = std::min(chunk, batch.size - begin);
+#pragma omp parallel num_threads(threads_)
+        {
+            thread_scratch& scratch = scratch_[omp_get_thread_num()];
+#pragma omp for schedule(dynamic, 4)
+            for (int64_t s = 0; s < int64_t(n); ++s)
+                forward_sample(*batch.data, batch.rows[begin + s], uint32_t(s), output_pass::skip,
+                               derive_seed(seed, uint64_t(begin) + uint64_t(s)), scratch);
+        }
+        score_output_exactly(0, n, k, /*with_log_partition=*/false);
+#pragma omp parallel num_threads(threads_)
+        {
+            thread_scratch& scratch = scratch_[omp_get_thread_num()];
+            std::vector<uint32_t> set;
+#pragma omp for schedule(dynamic, 4)
+            for (int64_t s = 0; s < int64_t(n); ++s) {
+                sample_buffers& sb = samples_[s];
+                const uint32_t* best = exact_labels_.data() + size_t(s) * k;
+                // The set training would choose, without the labels.
+                switch (selection) {
+                    case neuron_selection::all:
+                        set.resize(rows);
+                        std::iota(set.begin(), set.end(), 0u);
+                        break;
+                    case neuron_selection::lsh:
+                        select_lsh(out_layer, no_labels, uint32_t(s), /*training=*/true, scratch);
+                        set = sb.layers[out_layer].ids;
+                        break;
+                    case neuron_selection::top_k:
+                        build_top_k_set(best, top_k, no_labels, fill, sb.gen, scratch, set);
+                        break;
+                }
+                std::sort(set.begin(), set.end());
+                auto in_set = [&](uint32_t id) {
+                    return std::binary_search(set.begin(), set.end(), id);
+                };
+                const size_t p = size_t(begin) + size_t(s);
+                uint32_t hits = 0;
+                for (uint32_t i = 0; i < q.top; ++i)
+                    hits += best[i] != UINT32_MAX && in_set(best[i]);
+                top_hits[p] = double(hits) / q.top;
+                const label_row y = batch.data->labels(batch.rows[p]);
+                uint32_t found = 0;
+                for (uint32_t i = 0; i < y.count; ++i) found += in_set(y.ids[i]);
+                label_hits[p] = y.count ? double(found) / y.count : -1.0;
+                set_size[p] = double(set.size());
+            }
+        }
+    }
+    if (catches_up()) mark_caught_up_rows();  // none: every row was up to date
+    uint32_t labelled = 0;
+    for (uint32_t p = 0; p < batch.size; ++p) {
+        q.top_recall += top_hits[p];
+        q.mean_set_size += set_size[p];
+        if (label_hits[p] >= 0) {
+            q.label_recall += label_hits[p];
+            ++labelled;
+        }
+    }
+    q.points = batch.size;
+    q.top_recall /= batch.size;
+    q.mean_set_size /= batch.size;
+    q.label_recall = labelled ? q.label_recall / labelled : 0;
+    return q;
+}
+
+void cpu_backend::add_random_fill(std::vector<uint32_t>& ids, uint32_t target, rng& gen,
+                                  thread_scratch& scratch) const {
+    const uint32_t rows = model_.layers.back().rows;
+    if (scratch.member_stamp.size() != rows) {
+        scratch.member_stamp.assign(rows, 0);
+        scratch.stamp = 0;
+    }
+    if (++scratch.stamp == 0) {  // wrapped: no stale stamp may equal the new one
+        std::fill(scratch.member_stamp.begin(), scratch.member_stamp.end(), 0);
+        scratch.stamp = 1;
+    }
+    for (uint32_t id : ids) scratch.member_stamp[id] = scratch.stamp;
+    // Rejection draws: a set far below the layer's size takes few retries.
+    while (ids.size() < target) {
+        const uint32_t r = uint32_t(gen.below(rows));
+        if (scratch.member_stamp[r] == scratch.stamp) continue;
+        scratch.member_stamp[r] = scratch.stamp;
+        ids.push_back(r);
     }
 }
 
