@@ -1,7 +1,7 @@
 // The LSH hash families (DWTA, WTA, SimHash, densified MinHash) declared in hslide/lsh.hpp,
 // with the enum parsing and configuration validation that go with them.
-#include "common/util/enum_names.hpp"
 #include "common/lsh/lsh_hash_kernels.hpp"
+#include "common/util/enum_names.hpp"
 #include "hslide/error.hpp"
 #include "hslide/isa.hpp"
 #include "hslide/lsh.hpp"
