@@ -29,7 +29,7 @@ enum class backend_kind {
     gpu_dense,  ///< every neuron through cuBLAS on one GPU
     hybrid,     ///< several workers (CPU and GPU backends) training one model together
 };
-/// The kind's name in the table ("cpu", "cpu-dense", ...).
+/// The kind's name in the table (cpu, cpu-dense, ...).
 const char* to_string(backend_kind kind);
 /// The kind named `name`; throws hslide::error (invalid_argument) listing the names otherwise.
 backend_kind parse_backend_kind(const std::string& name);
