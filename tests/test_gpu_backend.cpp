@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <numeric>
 #include <set>
@@ -303,6 +304,238 @@ TEST(GpuTopK, BothKernelsMatchASortOnAwkwardSizesTiesAndNaNs) {
     }
 }
 
+// A value rounded to bf16 (round to nearest even), as the GPU's to_bf16 rounds.
+float round_bf16(float x) {
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    u &= 0xffff0000u;
+    std::memcpy(&x, &u, 4);
+    return x;
+}
+
+// The k best (score, id) of one sample's scores, best first, NaN skipped: select_top_k's order.
+std::vector<std::pair<float, uint32_t>> sorted_best(
+    const std::vector<std::pair<float, uint32_t>>& all, uint32_t k) {
+    std::vector<std::pair<float, uint32_t>> w;
+    for (const auto& e : all)
+        if (!std::isnan(e.first)) w.push_back(e);
+    std::sort(w.begin(), w.end(), [](const auto& a, const auto& b) {
+        return a.first > b.first || (a.first == b.first && a.second < b.second);
+    });
+    if (w.size() > k) w.resize(k);
+    return w;
+}
+
+TEST(GpuTopK, ChunkedSelectionMatchesASortOnAwkwardSizesTiesAndNaNs) {
+    // The merge kernel over chunks (the backend's selection without its GEMMs): the k best
+    // (score desc, id asc, NaN skipped, padded with UINT32_MAX / -inf when k exceeds the
+    // scored entries) and the log-partition of every score, on sizes around the warp, the
+    // block and the chunk boundaries, k from 1 to 1024 (the shared buffer's merges).
+    HSLIDE_REQUIRE_GPU();
+    rng gen(23);
+    for (const bool awkward : {false, true}) {
+        auto value = [&] {
+            const double u = gen.uniform();
+            if (awkward && u < 0.02) return std::nanf("");
+            if (awkward && u < 0.04) return -INFINITY;
+            return awkward && u < 0.3 ? float(int(gen.below(4))) : float(gen.normal());  // ties
+        };
+        for (const uint32_t n : {1u, 15u, 16u, 17u, 33u, 257u, 1000u, 5000u}) {
+            for (const uint32_t k : {1u, 16u, 17u, 64u, 300u, 1024u}) {
+                for (const uint32_t chunk : {16u, 255u, 256u, 4096u}) {
+                    if (n >= 5000 && chunk < 256) continue;  // many launches, nothing new
+                    SCOPED_TRACE("n " + std::to_string(n) + ", k " + std::to_string(k) +
+                                 ", chunk " + std::to_string(chunk) +
+                                 (awkward ? ", NaN/-inf/ties" : ""));
+                    const uint32_t batch = 3;
+                    std::vector<float> scores(size_t(batch) * n), bias(n);
+                    for (float& b : bias) b = float(gen.below(3)) * 0.5f;
+                    for (float& v : scores) v = value();
+                    std::vector<uint32_t> labels;
+                    std::vector<float> top, log_z;
+                    gpu::testing::top_k_chunked(scores, n, batch, k, chunk, bias, labels, top,
+                                                log_z);
+                    for (uint32_t s = 0; s < batch; ++s) {
+                        std::vector<std::pair<float, uint32_t>> all;
+                        bool has_nan = false;
+                        double max = -INFINITY;
+                        for (uint32_t j = 0; j < n; ++j) {
+                            const float v = scores[size_t(s) * n + j] + bias[j];
+                            all.push_back({v, j});
+                            has_nan |= std::isnan(v);
+                            if (!std::isnan(v)) max = std::max(max, double(v));
+                        }
+                        const auto w = sorted_best(all, k);
+                        for (uint32_t i = 0; i < k; ++i) {
+                            const size_t at = size_t(s) * k + i;
+                            if (i < w.size()) {
+                                ASSERT_EQ(labels[at], w[i].second)
+                                    << "sample " << s << ", rank " << i;
+                                ASSERT_EQ(top[at], w[i].first) << "sample " << s << ", rank " << i;
+                            } else {
+                                ASSERT_EQ(labels[at], UINT32_MAX)
+                                    << "sample " << s << ", rank " << i;
+                                ASSERT_EQ(top[at], -INFINITY);
+                            }
+                        }
+                        if (has_nan) {
+                            EXPECT_TRUE(std::isnan(log_z[s])) << "sample " << s;
+                            continue;
+                        }
+                        if (std::isinf(max)) continue;  // every score -inf: nothing to compare
+                        double sum = 0;
+                        for (const auto& e : all) sum += std::exp(double(e.first) - max);
+                        const double want = max + std::log(sum);
+                        EXPECT_NEAR(log_z[s], want, 1e-4 * std::max(1.0, std::abs(want)))
+                            << "sample " << s;
+                    }
+                }
+            }
+        }
+    }
+}
+
+// The whole scoring pass (cuBLAS GEMMs in chunks, then the merge) against exact scores in
+// double precision: the same ids, scores and log-partitions within fp32 (or bf16-product)
+// rounding. Random weights: no ties, and near-ties within rounding are improbable.
+void expect_scoring_pass(bool bf16) {
+    rng gen(bf16 ? 29 : 31);
+    const uint32_t rows = 1000, width = 50, stride = 64, batch = 37, k = 40;
+    std::vector<float> weights(size_t(rows) * stride, 0.0f), bias(rows),
+        hidden(size_t(batch) * stride, 0.0f);
+    for (uint32_t r = 0; r < rows; ++r) {
+        for (uint32_t i = 0; i < width; ++i) weights[size_t(r) * stride + i] = float(gen.normal());
+        bias[r] = float(gen.normal()) * 0.5f;
+    }
+    for (uint32_t s = 0; s < batch; ++s)
+        for (uint32_t i = 0; i < width; ++i)
+            hidden[size_t(s) * stride + i] = std::max(0.0f, float(gen.normal()));  // ReLU zeros
+    auto rounded = [&](float x) { return bf16 ? round_bf16(x) : x; };
+    for (const uint32_t chunk : {0u, 256u, 333u}) {  // 0: one chunk of all 1000 rows
+        SCOPED_TRACE(std::string(bf16 ? "bf16" : "fp32") + ", chunk " + std::to_string(chunk));
+        std::vector<uint32_t> labels;
+        std::vector<float> top, log_z;
+        try {
+            gpu::testing::score_top_k(weights, bias, rows, width, stride, hidden, batch, bf16, k,
+                                      chunk, labels, top, log_z);
+        } catch (const error& e) {
+            if (e.kind() == error_kind::unsupported &&
+                std::string(e.what()).find("cuBLAS") != std::string::npos)
+                HSLIDE_GPU_SKIP(e.what());
+            throw;
+        }
+        for (uint32_t s = 0; s < batch; ++s) {
+            std::vector<std::pair<float, uint32_t>> all;
+            std::vector<double> z(rows);
+            double max = -INFINITY;
+            for (uint32_t r = 0; r < rows; ++r) {
+                double dot = bias[r];
+                for (uint32_t i = 0; i < width; ++i)
+                    dot += double(rounded(weights[size_t(r) * stride + i])) *
+                           double(rounded(hidden[size_t(s) * stride + i]));
+                z[r] = dot;
+                all.push_back({float(dot), r});
+                max = std::max(max, dot);
+            }
+            const auto w = sorted_best(all, k);
+            for (uint32_t i = 0; i < k; ++i) {
+                const size_t at = size_t(s) * k + i;
+                ASSERT_EQ(labels[at], w[i].second) << "sample " << s << ", rank " << i;
+                EXPECT_NEAR(top[at], w[i].first, 1e-4 * std::max(1.0f, std::abs(w[i].first)));
+            }
+            double sum = 0;
+            for (double v : z) sum += std::exp(v - max);
+            const double want = max + std::log(sum);
+            EXPECT_NEAR(log_z[s], want, 1e-4 * std::max(1.0, std::abs(want))) << "sample " << s;
+        }
+    }
+}
+
+TEST(GpuTopK, ScoringPassMatchesExactScores) {
+    HSLIDE_REQUIRE_GPU();
+    expect_scoring_pass(/*bf16=*/false);
+}
+
+TEST(GpuTopK, Bf16ScoringPassMatchesExactScoresOfTheRoundedValues) {
+    HSLIDE_REQUIRE_GPU();
+    expect_scoring_pass(/*bf16=*/true);
+}
+
+TEST(GpuTopK, SetsAreLabelsThenTheTopKThenARandomFillSortedByIdAndDependOnlyOnTheSeed) {
+    HSLIDE_REQUIRE_GPU();
+    rng gen(37);
+    const uint32_t n_items = 300, k = 20, batch = 6;
+    // Sample 0 without labels; the others 1..4 labels, some of them among its top-k.
+    std::vector<uint32_t> best(size_t(batch) * k), offsets{0}, label_ids;
+    std::vector<std::vector<uint32_t>> labels(batch), tops(batch);
+    for (uint32_t s = 0; s < batch; ++s) {
+        std::vector<uint32_t> ids(n_items);
+        std::iota(ids.begin(), ids.end(), 0u);
+        for (uint32_t i = n_items; i > 1; --i) std::swap(ids[i - 1], ids[gen.below(i)]);
+        tops[s].assign(ids.begin(), ids.begin() + k);
+        // Sample 5's list stops early (NaN scores): UINT32_MAX past its 7th.
+        if (s == 5) std::fill(tops[s].begin() + 7, tops[s].end(), UINT32_MAX);
+        std::copy(tops[s].begin(), tops[s].end(), best.begin() + size_t(s) * k);
+        const uint32_t n_labels = s == 0 ? 0 : 1 + uint32_t(gen.below(4));
+        for (uint32_t i = 0; i < n_labels; ++i)  // half from the top-k, half from elsewhere
+            labels[s].push_back(i % 2 ? ids[gen.below(k)] : ids[k + 10 * i]);
+        std::sort(labels[s].begin(), labels[s].end());
+        labels[s].erase(std::unique(labels[s].begin(), labels[s].end()), labels[s].end());
+        label_ids.insert(label_ids.end(), labels[s].begin(), labels[s].end());
+        offsets.push_back(uint32_t(label_ids.size()));
+    }
+    for (const uint32_t fill : {0u, 10u, 100u, 290u, 300u, 1000u}) {
+        SCOPED_TRACE("fill " + std::to_string(fill));
+        const auto sets =
+            gpu::testing::top_k_sets(best, k, batch, offsets, label_ids, fill, n_items, 5);
+        EXPECT_EQ(sets,
+                  gpu::testing::top_k_sets(best, k, batch, offsets, label_ids, fill, n_items, 5))
+            << "the same seed drew another set";
+        ASSERT_EQ(sets.size(), batch);
+        EXPECT_TRUE(sets[0].empty()) << "a sample without labels has no set";
+        for (uint32_t s = 1; s < batch; ++s) {
+            const auto& set = sets[s];
+            const auto& y = labels[s];
+            ASSERT_GE(set.size(), y.size());
+            EXPECT_TRUE(std::equal(y.begin(), y.end(), set.begin()))
+                << "labels first, sample " << s;
+            std::vector<uint32_t> deterministic;  // the top-k ids that are not labels
+            for (uint32_t id : tops[s])
+                if (id != UINT32_MAX && !std::binary_search(y.begin(), y.end(), id))
+                    deterministic.push_back(id);
+            std::sort(deterministic.begin(), deterministic.end());
+            const std::vector<uint32_t> tail(set.begin() + y.size(), set.end());
+            EXPECT_TRUE(std::is_sorted(tail.begin(), tail.end())) << "sample " << s;
+            EXPECT_EQ(std::adjacent_find(tail.begin(), tail.end()), tail.end()) << "sample " << s;
+            EXPECT_EQ(set.size(),
+                      std::max<size_t>(y.size() + deterministic.size(), std::min(fill, n_items)))
+                << "sample " << s;
+            EXPECT_TRUE(
+                std::includes(tail.begin(), tail.end(), deterministic.begin(), deterministic.end()))
+                << "sample " << s;
+            for (uint32_t id : tail) {
+                EXPECT_LT(id, n_items);
+                EXPECT_FALSE(std::binary_search(y.begin(), y.end(), id)) << "a label twice";
+            }
+            if (y.size() + deterministic.size() >= fill) EXPECT_EQ(tail, deterministic);
+        }
+        if (fill == 100)
+            EXPECT_NE(sets, gpu::testing::top_k_sets(best, k, batch, offsets, label_ids, fill,
+                                                     n_items, 6))
+                << "another seed drew the same fill";
+    }
+    // Without labels (prediction's form): every sample gets the top-k and the fill.
+    const auto unlabelled = gpu::testing::top_k_sets(best, k, batch, {}, {}, 0, n_items, 5);
+    for (uint32_t s = 0; s < batch; ++s) {
+        std::vector<uint32_t> want;
+        for (uint32_t id : tops[s])
+            if (id != UINT32_MAX) want.push_back(id);
+        std::sort(want.begin(), want.end());
+        EXPECT_EQ(unlabelled[s], want) << "sample " << s;
+    }
+}
+
 #endif  // HSLIDE_HAVE_CUDA
 
 /// input 50 -> hidden (ReLU) -> 70 outputs; LSH output whose fill makes every neuron active,
@@ -378,6 +611,92 @@ void expect_same_training(const char* kind, sparsity_mode output, precision_mode
         }
     }
     EXPECT_LE(outliers, allowed_outliers);
+}
+
+// Top-k training on both backends from the same state: a top-k output layer of 70 neurons
+// keeping 10 besides the labels, min_active 1 (no random fill, whose ids differ between the
+// backends), so the sets are the same ties aside (random weights: none) and the steps are the
+// same arithmetic up to summation order. The reported loss is the full softmax's and the
+// dropped mass is measured on both.
+void expect_same_top_k_training(precision_mode precision, double loss_tolerance,
+                                double weight_tolerance, double dropped_tolerance,
+                                size_t allowed_outliers) {
+    model_config config = hslide::testing::two_layer_model(50, 33, 70, sparsity_mode::topk);
+    config.layers[1].top_k = 10;
+    config.layers[1].active.min_active = 1;
+    const model_state initial = model_state::create(config, 3);
+    train_config tc;
+    tc.seed = 4;
+    tc.adam = adam_mode::sparse;
+    std::unique_ptr<backend> gpu;
+    try {
+        gpu = make_gpu(initial, tc, "gpu", precision);
+    } catch (const error& e) {
+        if (e.kind() == error_kind::unsupported &&
+            std::string(e.what()).find("cuBLAS") != std::string::npos)
+            HSLIDE_GPU_SKIP(e.what());
+        throw;
+    }
+    cpu::cpu_backend cpu(initial, tc, 1, cpu::scalar_kernels(), precision);
+    const dataset data = random_dataset(64, 50, 70, 5, /*unlabelled_every=*/7);
+    std::vector<uint32_t> rows(data.size());
+    std::iota(rows.begin(), rows.end(), 0u);
+    for (int step = 0; step < 6; ++step) {
+        const batch_view batch{&data, rows.data() + (step % 4) * 16, 16};
+        const step_report c = cpu.train_batch(batch, 0.01f);
+        step_report g = gpu->train_batch(batch, 0.01f);
+        g += gpu->synchronize();
+        EXPECT_EQ(g.samples, c.samples) << "step " << step;
+        EXPECT_EQ(g.full_softmax_samples, c.full_softmax_samples) << "step " << step;
+        EXPECT_GT(c.full_softmax_samples, 0u);
+        EXPECT_NEAR(g.loss_sum, c.loss_sum, loss_tolerance * std::abs(c.loss_sum))
+            << "step " << step;
+        EXPECT_NEAR(g.dropped_mass_sum, c.dropped_mass_sum,
+                    dropped_tolerance * std::max(1.0, c.dropped_mass_sum))
+            << "step " << step;
+        // Labels plus 10 of 70 leave most of a fresh layer's mass out.
+        EXPECT_GT(g.dropped_mass_sum, 0.1 * double(g.full_softmax_samples)) << "step " << step;
+        EXPECT_EQ(g.active_per_layer.size(), 2u);
+    }
+    model_state from_gpu, from_cpu;
+    gpu->export_state(from_gpu, /*with_optimizer=*/true);
+    cpu.export_state(from_cpu, /*with_optimizer=*/true);
+    EXPECT_EQ(from_gpu.adam_step, from_cpu.adam_step);
+    size_t outliers = 0;
+    for (size_t l = 0; l < 2; ++l) {
+        if (allowed_outliers == 0) {
+            EXPECT_LT(max_parameter_difference(from_gpu.layers[l], from_cpu.layers[l]),
+                      weight_tolerance)
+                << "layer " << l;
+        } else {
+            outliers += parameters_differing_by_more(from_gpu.layers[l], from_cpu.layers[l],
+                                                     weight_tolerance);
+        }
+    }
+    EXPECT_LE(outliers, allowed_outliers);
+    // Prediction with a top-k layer is exact scoring (no tables).
+    std::vector<uint32_t> g_labels(size_t(data.size()) * 3), c_labels(g_labels.size());
+    std::vector<float> g_scores(g_labels.size()), c_scores(g_labels.size());
+    const batch_view all{&data, rows.data(), uint32_t(data.size())};
+    gpu->predict(all, 3, scoring_mode::automatic, g_labels.data(), g_scores.data());
+    cpu.predict(all, 3, scoring_mode::exact, c_labels.data(), c_scores.data());
+    size_t same = 0;
+    for (size_t i = 0; i < g_labels.size(); ++i) same += g_labels[i] == c_labels[i];
+    EXPECT_GE(double(same), 0.9 * double(g_labels.size()));
+}
+
+TEST(GpuBackend, TopKTrainingMatchesTheCpu) {
+    HSLIDE_REQUIRE_GPU();
+    // fp32: sgemm scores against the CPU's dots16 (1e-6 relative); the log-partition within
+    // 1e-4 relative, hence the loss.
+    expect_same_top_k_training(precision_mode::fp32, 1e-4, 2e-4, 1e-4, 0);
+}
+
+TEST(GpuBackend, Bf16TopKTrainingMatchesTheCpuBf16) {
+    HSLIDE_REQUIRE_GPU();
+    // bf16 products on both sides, summed in another order; a set may differ where two
+    // logits are within rounding at the k-th place, moving a few rows by Adam steps.
+    expect_same_top_k_training(precision_mode::bf16, 1e-2, 5e-3, 2e-2, 40);
 }
 
 TEST(GpuBackend, EachStepsReportComesWithTheNextStepOrFromSynchronize) {

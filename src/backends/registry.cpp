@@ -77,6 +77,7 @@ backend_capabilities gpu_caps(bool dense) {
     c.max_hidden_layers = 1;    // a fixed shape: a sparse-input hidden layer, the output layer
     c.max_hidden_width = 1024;  // a hidden activation row per thread block
     c.computes_every_neuron = dense;
+    c.top_k_selection = !dense;  // exact scoring in chunked GEMMs, fused k-selection
     // Dense Adam over every row is CPU-only so far; input-catch-up runs as input-dense (a
     // pass over the input layer costs the GPU a fraction of a millisecond: the same model).
     c.adam_runs_as = {adam_mode::sparse, refused, adam_mode::input_dense, refused,
@@ -103,8 +104,8 @@ std::vector<backend_entry> make_registry() {
         {backend_kind::cpu_dense, "cpu-dense",
          "every neuron through BLAS GEMMs on the CPU (the dense baseline)", cpu_dense_caps(),
          create_cpu_dense},
-        {backend_kind::gpu, "gpu", "LSH-sparse training on one GPU (CUDA)", gpu_caps(false),
-         create_gpu_kind},
+        {backend_kind::gpu, "gpu", "sparse training on one GPU (CUDA): LSH or top-k active sets",
+         gpu_caps(false), create_gpu_kind},
         {backend_kind::gpu_dense, "gpu-dense", "every neuron through cuBLAS on one GPU",
          gpu_caps(true), create_gpu_kind},
         {backend_kind::hybrid, "hybrid",

@@ -6,6 +6,9 @@
 //  3. output layer (LSH): bucket codes of the hidden vectors, active sets (labels first),
 //     one warp per active neuron for the logits, one block per sample for the fused
 //     softmax + loss + gradient, and one block per sample for W^T delta;
+//     (top-k): the same, with the active sets from exact scoring of every row in chunked
+//     GEMMs and a fused k-selection (gpu_topk.cuh), and the loss through the exact
+//     log-partition;
 //     (dense): cuBLAS for logits, W^T delta and the weight gradient;
 //  4. update: the active entries sorted by neuron (CUB), one warp per touched row sums its
 //     gradient in sample order and applies Adam; the first layer's touched rows likewise
@@ -22,6 +25,7 @@
 #include "gpu_layers.cuh"
 #include "gpu_lsh.cuh"
 #include "gpu_rows.cuh"
+#include "gpu_topk.cuh"
 #include "hslide/backend_registry.hpp"
 #include "hslide/error.hpp"
 #include "hslide/gpu_devices.hpp"
@@ -178,7 +182,13 @@ class gpu_backend final : public backend, public row_transfer {
     /// A rebuild asked for meanwhile (rebuild_wanted_) is the caller's to start.
     void adopt_rebuilt_tables(bool wait);
     bool use_bf16() const { return precision_ == precision_mode::bf16; }
-    bool lsh_output() const { return !dense_output_; }
+    /// The output layer's active sets come from LSH tables (rebuilt as training goes).
+    bool lsh_output() const { return !dense_output_ && !topk_output_; }
+    /// The output layer trains on active sets (LSH or top-k), not on every neuron.
+    bool sparse_output() const { return !dense_output_; }
+    /// Top-k active sets of the batch (exact scoring, gpu_topk.cuh) into active_; the loss's
+    /// log-partition in topk_.log_partition. Returns the number of entries.
+    uint32_t select_top_k_sets(uint32_t batch, const batch_csr& csr, uint32_t max_labels);
     /// logits (batch x n_out) = hidden . W^T, fp32 or bf16 tensor cores.
     void dense_logits(uint32_t batch, float* logits);
     void dense_backward_and_update(uint32_t batch, float inv_batch, const adam_params& adam);
@@ -205,6 +215,7 @@ class gpu_backend final : public backend, public row_transfer {
     std::string device_name_;
     precision_mode precision_;
     bool dense_output_;
+    bool topk_output_ = false;  // exact top-k output sets (neuron_selection::top_k)
     bool async_rebuild_;
     /// The stream, cuBLAS handle and timing events, released by their own destructor so that
     /// a constructor that throws part-way (out of memory) leaks none of them.
@@ -263,6 +274,7 @@ class gpu_backend final : public backend, public row_transfer {
     device_array<__nv_bfloat16> hidden16_, delta16_;
     device_array<uint32_t> codes_;
     active_sets active_;
+    top_k_workspace topk_;
     device_array<float> logits_, delta_;
     device_array<float> dense_gradient_, bias_gradient_;
     row_groups output_groups_, input_groups_;
@@ -270,7 +282,8 @@ class gpu_backend final : public backend, public row_transfer {
     device_array<uint8_t> input_touched_;  // --adam input-dense: the step's first-layer rows
     device_array<uint32_t> top_labels_;
     device_array<float> top_scores_;
-    pinned_array<float> loss_host_[2];  // per-sample losses, by step parity
+    pinned_array<float> loss_host_[2];     // per-sample losses, by step parity
+    pinned_array<float> dropped_host_[2];  // top-k: per-sample dropped mass, by step parity
 
     /// The last step queued, whose report is built once it is done.
     struct pending_step {
@@ -278,6 +291,7 @@ class gpu_backend final : public backend, public row_transfer {
         int parity = 0;
         uint32_t samples = 0;
         uint64_t active_entries = 0;
+        uint32_t labelled = 0;  // top-k: samples with labels (their dropped mass is reported)
     };
     pending_step pending_;
     int step_parity_ = 0;
@@ -313,12 +327,11 @@ gpu_backend::gpu_backend(model_state initial, const train_config& train, int dev
                       "--adam {} is CPU-only so far; the GPU backend takes sparse, input-dense "
                       "and input-catch-up",
                       to_string(train.adam));
-    HSLIDE_CHECK_KIND(dense_output || config.selection(1) != neuron_selection::top_k,
-                      error_kind::unsupported,
-                      "--output-sparsity topk runs on the CPU backend so far (its GPU selection, "
-                      "chunked tensor-core scoring, is not built yet); use --backend cpu, or lsh "
-                      "or dense on the GPU");
-    dense_output_ = dense_output || !config.uses_lsh(1);
+    topk_output_ = !dense_output && config.selection(1) == neuron_selection::top_k;
+    dense_output_ = dense_output || (!config.uses_lsh(1) && !topk_output_);
+    HSLIDE_CHECK_KIND(!topk_output_ || config.layers[1].top_k <= top_k_max, error_kind::unsupported,
+                      "the GPU backend selects at most {} neurons by top-k (--top-k {})", top_k_max,
+                      config.layers[1].top_k);
 
     // Only this backend's device is touched (list_gpus would create a context on every GPU).
     int n_gpus = 0;
@@ -352,7 +365,7 @@ gpu_backend::gpu_backend(model_state initial, const train_config& train, int dev
         HSLIDE_CUDA_CHECK(cudaEventCreate(&handles_.rebuild_begin));
         HSLIDE_CUDA_CHECK(cudaEventCreate(&handles_.rebuild_end));
     }
-    if (dense_output_) {
+    if (dense_output_ || topk_output_) {
         HSLIDE_CUBLAS_CHECK(cublas().create(&blas_));
         HSLIDE_CUBLAS_CHECK(cublas().set_stream(blas_, stream_));
     }
@@ -693,6 +706,19 @@ void gpu_backend::reserve_first_layer_update(uint32_t nnz) {
         input_touched_.reserve(layers_[0].rows, "first-layer row flags");
 }
 
+uint32_t gpu_backend::select_top_k_sets(uint32_t batch, const batch_csr& csr, uint32_t max_labels) {
+    const layer_config& cfg = shape_.config.layers[1];
+    const device_layer& out = layers_[1];
+    const uint32_t k = std::min(cfg.top_k, out.rows);
+    const uint32_t fill = std::min(cfg.active.min_active, out.rows);
+    score_top_k(out.view(), hidden_.data(), use_bf16() ? hidden16_.data() : nullptr,
+                layers_[0].stride, use_bf16(), batch, k, /*chunk=*/0, blas_, topk_, stream_);
+    // The fill's seed as LSH's (the CPU draws other ids: only the seed decides them).
+    return build_top_k_sets(batch, k, csr.label_offsets, csr.label_ids, max_labels, fill, out.rows,
+                            derive_seed(train_.seed ^ 0x5eedf111ULL, shape_.adam_step), topk_,
+                            active_, stream_);
+}
+
 step_report gpu_backend::train_batch(const batch_view& batch, float learning_rate) {
     HSLIDE_CHECK(batch.size > 0 && batch.data, "empty batch");
     activate();
@@ -712,15 +738,23 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
     uint64_t active_entries = uint64_t(b) * out.rows;
     const float inv_batch = 1.0f / float(b);
     uint32_t total = 0;
-    if (lsh_output()) {
+    if (sparse_output()) {
         HSLIDE_CUDA_CHECK(cudaEventRecord(events[2], stream_));
-        device_hash_.hash_rows(hidden_.data(), layers_[0].stride, b, codes_.data(), stream_);
-        HSLIDE_CUDA_CHECK(cudaEventRecord(events[3], stream_));
-        adopt_rebuilt_tables(/*wait=*/false);
-        total = build_active_sets(
-            tables_[front_].view(), codes_.data(), b, csr.label_offsets, csr.label_ids, max_labels,
-            output_active_params(true, derive_seed(train_.seed ^ 0x5eedf111ULL, shape_.adam_step)),
-            active_, stream_);
+        if (topk_output_) {
+            // No hashing: the selection (scoring GEMMs included) counts as active sets.
+            HSLIDE_CUDA_CHECK(cudaEventRecord(events[3], stream_));
+            total = select_top_k_sets(b, csr, max_labels);
+        } else {
+            device_hash_.hash_rows(hidden_.data(), layers_[0].stride, b, codes_.data(), stream_);
+            HSLIDE_CUDA_CHECK(cudaEventRecord(events[3], stream_));
+            adopt_rebuilt_tables(/*wait=*/false);
+            total = build_active_sets(
+                tables_[front_].view(), codes_.data(), b, csr.label_offsets, csr.label_ids,
+                max_labels,
+                output_active_params(true,
+                                     derive_seed(train_.seed ^ 0x5eedf111ULL, shape_.adam_step)),
+                active_, stream_);
+        }
         active_entries = total;
         HSLIDE_CUDA_CHECK(cudaEventRecord(events[4], stream_));
         logits_.reserve(std::max(total, 1u), "active logits");
@@ -728,8 +762,13 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
         sparse_output_forward(out.view(), hidden_.data(), hidden16_.data(), use_bf16(),
                               active_.ids.data(), active_.entry_sample.data(), total,
                               logits_.data(), stream_);
+        // The gradient is the softmax over the set (as LSH's; bench/topk.md says why).
         softmax_loss(logits_.data(), nullptr, active_.offsets.data(), 0, /*labels_first=*/true, csr,
                      delta_.data(), loss_.data(), stream_);
+        // Top-k: the loss reported is the full softmax's, through the exact log-partition.
+        if (topk_output_)
+            full_softmax_loss(logits_.data(), active_.offsets.data(), csr, topk_, loss_.data(),
+                              stream_);
         HSLIDE_CUDA_CHECK(cudaEventRecord(events[5], stream_));
         sparse_output_backward(out.view(), use_bf16(), active_.offsets.data(), active_.ids.data(),
                                delta_.data(), hidden_.data(), b, d_hidden_.data(), stream_);
@@ -746,11 +785,12 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
     // The step counts once its update is queued (an error before leaves the count as it was).
     reserve_first_layer_update(batch_nnz_);
     loss_host_[parity].reserve(b, "losses");
+    if (topk_output_) dropped_host_[parity].reserve(b, "dropped mass");
     const uint64_t step = shape_.adam_step + 1;
     const adam_corrections corrections = adam_bias_corrections(train_, step);
     const adam_params adam{learning_rate,       train_.adam_beta1, train_.adam_beta2,
                            train_.adam_epsilon, corrections.c1,    corrections.c2};
-    if (lsh_output()) {
+    if (sparse_output()) {
         HSLIDE_CUDA_CHECK(cudaEventRecord(events[6], stream_));
         row_groups& g = output_groups_;
         g.reserve(total);
@@ -774,6 +814,9 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
     // This parity's loss block was last read two steps ago (its report is taken).
     HSLIDE_CUDA_CHECK(cudaMemcpyAsync(loss_host_[parity].data(), loss_.data(), size_t(b) * 4,
                                       cudaMemcpyDeviceToHost, stream_));
+    if (topk_output_)
+        HSLIDE_CUDA_CHECK(cudaMemcpyAsync(dropped_host_[parity].data(), topk_.dropped.data(),
+                                          size_t(b) * 4, cudaMemcpyDeviceToHost, stream_));
     HSLIDE_CUDA_CHECK(cudaEventRecord(events[7], stream_));
     // A rebuild asked for while one ran starts now, from this step's weights, beside the
     // host's staging of the next batch.
@@ -783,7 +826,9 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
     // while the caller prepares the next batch.
     step_report report = finish_pending_step();
     report.times.rebuild += std::exchange(rebuild_seconds_, 0.0);
-    pending_ = pending_step{true, parity, b, active_entries};
+    uint32_t labelled = 0;
+    for (uint32_t s = 0; s < b; ++s) labelled += batch.data->labels(batch.rows[s]).count > 0;
+    pending_ = pending_step{true, parity, b, active_entries, labelled};
     step_parity_ ^= 1;
     return report;
 }
@@ -798,6 +843,12 @@ step_report gpu_backend::finish_pending_step() {
     report.samples = b;
     const float* loss = loss_host_[pending_.parity].data();
     for (uint32_t s = 0; s < b; ++s) report.loss_sum += loss[s];
+    if (topk_output_) {
+        // Unlabelled samples have 0 there and are not counted.
+        const float* dropped = dropped_host_[pending_.parity].data();
+        for (uint32_t s = 0; s < b; ++s) report.dropped_mass_sum += dropped[s];
+        report.full_softmax_samples = pending_.labelled;
+    }
     report.active_per_layer = {uint64_t(b) * layers_[0].width, pending_.active_entries};
     auto elapsed = [&](int from, int to) {
         float ms = 0;
@@ -831,7 +882,8 @@ void gpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scor
     HSLIDE_CHECK(k > 0, "top-k must be positive");
     activate();
     const drain_on_throw drain(stream_);
-    const bool exact = dense_output_ || scoring == scoring_mode::exact;
+    // A top-k layer has no tables: its prediction is exact scoring.
+    const bool exact = !lsh_output() || scoring == scoring_mode::exact;
     HSLIDE_CHECK_KIND(exact || shape_.config.layers[1].active.probes == 0, error_kind::unsupported,
                       "multi-probe LSH scoring (--probes {}) runs on the CPU backend only; use "
                       "--probes 0 or --scoring exact on the GPU",
@@ -885,7 +937,7 @@ void gpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scor
     }
     // Exact scores took up to 1 GiB that LSH training, which needs a batch's active logits,
     // would otherwise keep from the rest of the model.
-    if (exact && lsh_output()) logits_.resize(0, "exact scores");
+    if (exact && sparse_output()) logits_.resize(0, "exact scores");
 }
 
 void gpu_backend::export_state(model_state& out, bool with_optimizer) const {
@@ -1053,11 +1105,14 @@ void gpu_backend::import_rows(const model_state& in, const row_sets& rows) {
 backend_info gpu_backend::info() const {
     backend_info bi;
     bi.kind = to_string(backend_kind::gpu);
-    bi.device = device_name_ + (dense_output_ ? " (dense output, cuBLAS)" : " (LSH output)");
+    bi.device = device_name_ + (dense_output_  ? " (dense output, cuBLAS)"
+                                : topk_output_ ? " (top-k output, cuBLAS scoring)"
+                                               : " (LSH output)");
     bi.precision = to_string(precision_);
     for (const device_layer& l : layers_)
         bi.memory_bytes += l.weights.bytes() + l.adam_m.bytes() + l.adam_v.bytes() +
                            l.bias.bytes() * 3 + l.weights16.bytes();
+    bi.memory_bytes += topk_.memory_bytes();
     bi.memory_bytes += tables_[0].memory_bytes() + tables_[1].memory_bytes() +
                        table_scratch_.memory_bytes() + table_codes_.bytes();
     activate();

@@ -1,7 +1,9 @@
 // The test entry points of gpu_testing.hpp: copy in, run the GPU pieces, copy out.
+#include "cublas_loader.hpp"
 #include "gpu_layers.cuh"
 #include "gpu_lsh.cuh"
 #include "gpu_testing.hpp"
+#include "gpu_topk.cuh"
 
 #include <algorithm>
 
@@ -107,6 +109,100 @@ void top_k(const std::vector<float>& scores, const std::vector<uint32_t>& offset
     HSLIDE_CUDA_CHECK(cudaDeviceSynchronize());
     labels = to_host(d_labels.data(), d_labels.size());
     top_scores = to_host(d_top.data(), d_top.size());
+}
+
+void top_k_chunked(const std::vector<float>& scores, uint32_t n, uint32_t batch, uint32_t k,
+                   uint32_t chunk, const std::vector<float>& bias, std::vector<uint32_t>& labels,
+                   std::vector<float>& top_scores, std::vector<float>& log_partition) {
+    const auto d_bias = to_device(bias, "test bias");
+    top_k_workspace ws;
+    top_k_begin(batch, k, ws, nullptr);
+    std::vector<float> part;
+    device_array<float> d_part(size_t(batch) * std::max(chunk, 1u), "test chunk");
+    for (uint32_t c0 = 0; c0 < n; c0 += chunk) {
+        const uint32_t m = std::min(chunk, n - c0);
+        part.resize(size_t(batch) * m);
+        for (uint32_t s = 0; s < batch; ++s)
+            std::copy_n(scores.begin() + size_t(s) * n + c0, m, part.begin() + size_t(s) * m);
+        HSLIDE_CUDA_CHECK(
+            cudaMemcpy(d_part.data(), part.data(), part.size() * 4, cudaMemcpyHostToDevice));
+        top_k_merge_chunk(d_part.data(), m, c0, bias.empty() ? nullptr : d_bias.data(), batch, k,
+                          ws, nullptr);
+        HSLIDE_CUDA_CHECK(cudaDeviceSynchronize());  // d_part is refilled
+    }
+    top_k_finish(batch, ws, nullptr);
+    HSLIDE_CUDA_CHECK(cudaDeviceSynchronize());
+    labels = to_host(ws.best_id.data(), size_t(batch) * k);
+    top_scores = to_host(ws.best_score.data(), size_t(batch) * k);
+    log_partition = to_host(ws.log_partition.data(), batch);
+}
+
+void score_top_k(const std::vector<float>& weights, const std::vector<float>& bias, uint32_t rows,
+                 uint32_t width, uint32_t stride, const std::vector<float>& hidden, uint32_t batch,
+                 bool bf16, uint32_t k, uint32_t chunk, std::vector<uint32_t>& labels,
+                 std::vector<float>& top_scores, std::vector<float>& log_partition) {
+    auto d_weights = to_device(weights, "test weights");
+    auto d_bias = to_device(bias, "test bias");
+    auto d_hidden = to_device(hidden, "test hidden");
+    device_array<__nv_bfloat16> w16(std::max<size_t>(weights.size(), 1), "test bf16"),
+        h16(std::max<size_t>(hidden.size(), 1), "test bf16");
+    if (bf16) {
+        to_bf16(d_weights.data(), w16.data(), weights.size(), nullptr);
+        to_bf16(d_hidden.data(), h16.data(), hidden.size(), nullptr);
+    }
+    const layer_view out{d_weights.data(),
+                         nullptr,
+                         nullptr,
+                         d_bias.data(),
+                         nullptr,
+                         nullptr,
+                         bf16 ? w16.data() : nullptr,
+                         rows,
+                         width,
+                         stride};
+    cublasHandle_t blas = nullptr;
+    HSLIDE_CUBLAS_CHECK(cublas().create(&blas));
+    top_k_workspace ws;
+    try {
+        score_top_k(out, d_hidden.data(), h16.data(), stride, bf16, batch, k, chunk, blas, ws,
+                    nullptr);
+        HSLIDE_CUDA_CHECK(cudaDeviceSynchronize());
+    } catch (...) {
+        cublas().destroy(blas);
+        throw;
+    }
+    cublas().destroy(blas);
+    labels = to_host(ws.best_id.data(), size_t(batch) * k);
+    top_scores = to_host(ws.best_score.data(), size_t(batch) * k);
+    log_partition = to_host(ws.log_partition.data(), batch);
+}
+
+std::vector<std::vector<uint32_t>> top_k_sets(const std::vector<uint32_t>& best, uint32_t k,
+                                              uint32_t batch,
+                                              const std::vector<uint32_t>& label_offsets,
+                                              const std::vector<uint32_t>& label_ids, uint32_t fill,
+                                              uint32_t n_items, uint64_t seed) {
+    top_k_workspace ws;
+    ws.best_id.reserve(std::max<size_t>(best.size(), 1), "test best ids");
+    HSLIDE_CUDA_CHECK(
+        cudaMemcpy(ws.best_id.data(), best.data(), best.size() * 4, cudaMemcpyHostToDevice));
+    const auto d_offsets = to_device(label_offsets, "test labels");
+    const auto d_labels = to_device(label_ids, "test labels");
+    uint32_t max_labels = 0;
+    for (size_t s = 0; s + 1 < label_offsets.size(); ++s)
+        max_labels = std::max(max_labels, label_offsets[s + 1] - label_offsets[s]);
+    const bool with_labels = !label_offsets.empty();
+    hslide::gpu::active_sets sets;
+    build_top_k_sets(batch, k, with_labels ? d_offsets.data() : nullptr,
+                     with_labels ? d_labels.data() : nullptr, max_labels, fill, n_items, seed, ws,
+                     sets, nullptr);
+    HSLIDE_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto offsets = to_host(sets.offsets.data(), size_t(batch) + 1);
+    const auto ids = to_host(sets.ids.data(), offsets.back());
+    std::vector<std::vector<uint32_t>> out(batch);
+    for (uint32_t s = 0; s < batch; ++s)
+        out[s].assign(ids.begin() + offsets[s], ids.begin() + offsets[s + 1]);
+    return out;
 }
 
 }  // namespace hslide::gpu::testing

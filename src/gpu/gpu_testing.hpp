@@ -37,4 +37,30 @@ void top_k(const std::vector<float>& scores, const std::vector<uint32_t>& offset
            const std::vector<float>& bias, std::vector<uint32_t>& labels,
            std::vector<float>& top_scores);
 
+/// The GPU's chunked top-k merge (gpu_topk.cuh) on host scores, batch x n row-major (bias, n
+/// floats, added when not empty), merged `chunk` columns at a time: the k best per sample
+/// (batch * k, best first, UINT32_MAX / -inf past the scored) and each sample's
+/// log-partition over all n scores.
+void top_k_chunked(const std::vector<float>& scores, uint32_t n, uint32_t batch, uint32_t k,
+                   uint32_t chunk, const std::vector<float>& bias, std::vector<uint32_t>& labels,
+                   std::vector<float>& top_scores, std::vector<float>& log_partition);
+
+/// The GPU's whole scoring pass (score_top_k: cuBLAS GEMMs of `chunk` rows, 0 = the
+/// backend's choice, and the merge): a layer of `rows` rows of `stride` floats (width used)
+/// and its bias against batch hidden rows of `stride` floats; bf16 rounds both first. Throws
+/// hslide::error (unsupported, naming cuBLAS) where cuBLAS does not load.
+void score_top_k(const std::vector<float>& weights, const std::vector<float>& bias, uint32_t rows,
+                 uint32_t width, uint32_t stride, const std::vector<float>& hidden, uint32_t batch,
+                 bool bf16, uint32_t k, uint32_t chunk, std::vector<uint32_t>& labels,
+                 std::vector<float>& top_scores, std::vector<float>& log_partition);
+
+/// The GPU's top-k sets (build_top_k_sets) from best ids (batch * k, UINT32_MAX: none) and,
+/// when label_offsets is not empty, labels: each set as built (labels first, the rest
+/// ascending).
+std::vector<std::vector<uint32_t>> top_k_sets(const std::vector<uint32_t>& best, uint32_t k,
+                                              uint32_t batch,
+                                              const std::vector<uint32_t>& label_offsets,
+                                              const std::vector<uint32_t>& label_ids, uint32_t fill,
+                                              uint32_t n_items, uint64_t seed);
+
 }  // namespace hslide::gpu::testing

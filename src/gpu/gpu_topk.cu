@@ -1,0 +1,489 @@
+// Exact top-k active sets on the GPU (see gpu_topk.cuh).
+#include "cublas_loader.hpp"
+#include "gpu_topk.cuh"
+#include "launch.cuh"
+
+#include <cub/block/block_scan.cuh>
+#include <cub/device/device_scan.cuh>
+
+#include <algorithm>
+#include <cfloat>
+
+namespace hslide::gpu {
+
+namespace {
+
+constexpr uint32_t select_threads = 256;
+constexpr uint32_t none = 0xffffffffu;
+constexpr uint32_t empty_slot = 0xffffffffu;
+constexpr uint32_t taken = 0xffffffffu;  // a slot's claim once its id is in the set
+
+uint32_t next_pow2(uint64_t n) {
+    HSLIDE_CHECK(n <= (uint64_t{1} << 31), "a top-k buffer of {} entries is too large", n);
+    uint32_t p = 1;
+    while (p < n) p <<= 1;
+    return p;
+}
+
+// Entries of the merge kernel's shared buffer: the k kept, then the candidates.
+uint32_t merge_buffer(uint32_t k) {
+    return std::max<uint32_t>(2048, next_pow2(2 * uint64_t(k)));
+}
+
+// (score, id) ranks above (bs, bi): a higher score, or an equal one and a smaller id.
+__device__ bool better(float a, uint32_t ia, float b, uint32_t ib) {
+    return a > b || (a == b && ia < ib);
+}
+
+__device__ max_sum warp_combine(max_sum v) {
+    for (int o = 16; o > 0; o /= 2) {
+        const max_sum other{__shfl_xor_sync(0xffffffffu, v.max, o),
+                            __shfl_xor_sync(0xffffffffu, v.sum, o)};
+        v = max_sum_combine(v, other);
+    }
+    return v;
+}
+
+// The block's pair, valid in thread 0 (scratch: 64 floats).
+__device__ max_sum block_combine(max_sum v, float* scratch) {
+    v = warp_combine(v);
+    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v.max, scratch[32 + warp] = v.sum;
+    __syncthreads();
+    const uint32_t n_warps = blockDim.x / 32;
+    v = lane < n_warps ? max_sum{scratch[lane], scratch[32 + lane]} : max_sum{};
+    return warp_combine(v);
+}
+
+__device__ float block_sum(float v, float* scratch) {
+    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < blockDim.x / 32 ? scratch[lane] : 0.0f;
+    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Sorts key/id[0, n) (n a power of two) best first; every thread of the block calls it.
+__device__ void bitonic_best_first(float* key, uint32_t* id, uint32_t n) {
+    for (uint32_t size = 2; size <= n; size <<= 1)
+        for (uint32_t stride = size / 2; stride > 0; stride >>= 1) {
+            __syncthreads();
+            for (uint32_t t = threadIdx.x; t < n / 2; t += blockDim.x) {
+                const uint32_t i = 2 * t - (t & (stride - 1)), j = i + stride;
+                const bool up = (i & size) == 0;  // this run best first
+                const bool swap = up ? better(key[j], id[j], key[i], id[i])
+                                     : better(key[i], id[i], key[j], id[j]);
+                if (swap) {
+                    const float ks = key[i];
+                    key[i] = key[j];
+                    key[j] = ks;
+                    const uint32_t is = id[i];
+                    id[i] = id[j];
+                    id[j] = is;
+                }
+            }
+        }
+    __syncthreads();
+}
+
+// Sorts v[0, n) ascending (n a power of two).
+__device__ void bitonic_ascending(uint32_t* v, uint32_t n) {
+    for (uint32_t size = 2; size <= n; size <<= 1)
+        for (uint32_t stride = size / 2; stride > 0; stride >>= 1) {
+            __syncthreads();
+            for (uint32_t t = threadIdx.x; t < n / 2; t += blockDim.x) {
+                const uint32_t i = 2 * t - (t & (stride - 1)), j = i + stride;
+                const bool up = (i & size) == 0;
+                if (up ? v[j] < v[i] : v[i] < v[j]) {
+                    const uint32_t x = v[i];
+                    v[i] = v[j];
+                    v[j] = x;
+                }
+            }
+        }
+    __syncthreads();
+}
+
+__global__ void top_k_begin_kernel(uint32_t batch, uint32_t k, float* best_score, uint32_t* best_id,
+                                   max_sum* running) {
+    const uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < uint64_t(batch) * k) best_score[i] = -INFINITY, best_id[i] = none;
+    if (i < batch) running[i] = max_sum{};
+}
+
+// One block per sample. Dynamic shared memory: `buffer` floats then `buffer` ids.
+__global__ void top_k_merge_kernel(const float* scores, uint32_t n_cols, uint32_t first_id,
+                                   const float* bias, uint32_t k, uint32_t buffer,
+                                   float* best_score, uint32_t* best_id, max_sum* running) {
+    extern __shared__ float shared_keys[];
+    float* key = shared_keys;
+    uint32_t* id = reinterpret_cast<uint32_t*>(key + buffer);
+    __shared__ uint32_t n_cand;
+    __shared__ float threshold_score;
+    __shared__ uint32_t threshold_id;
+    __shared__ float scratch[64];
+    const uint32_t s = blockIdx.x;
+    for (uint32_t i = threadIdx.x; i < k; i += blockDim.x) {
+        key[i] = best_score[size_t(s) * k + i];
+        id[i] = best_id[size_t(s) * k + i];
+    }
+    if (threadIdx.x == 0) n_cand = 0;
+    __syncthreads();
+    if (threadIdx.x == 0) threshold_score = key[k - 1], threshold_id = id[k - 1];
+    const uint32_t capacity = buffer - k;
+    // Sorts the kept and the `have` candidates, keeps the first k, and raises the threshold.
+    auto merge = [&](uint32_t have) {
+        for (uint32_t i = k + have + threadIdx.x; i < buffer; i += blockDim.x)
+            key[i] = -INFINITY, id[i] = none;
+        bitonic_best_first(key, id, buffer);
+        if (threadIdx.x == 0) {
+            n_cand = 0;
+            threshold_score = key[k - 1];
+            threshold_id = id[k - 1];
+        }
+    };
+    const float* row = scores + size_t(s) * n_cols;
+    max_sum ms;
+    for (uint32_t base = 0; base < n_cols; base += blockDim.x) {
+        __syncthreads();
+        const uint32_t have = n_cand;  // the same in every thread: read between barriers
+        if (have + blockDim.x > capacity) merge(have);
+        __syncthreads();
+        const uint32_t j = base + threadIdx.x;
+        if (j < n_cols) {
+            const uint32_t label = first_id + j;
+            const float v = bias ? row[j] + bias[label] : row[j];
+            ms = max_sum_add(ms, v);
+            if (!isnan(v) && better(v, label, threshold_score, threshold_id)) {
+                const uint32_t at = k + atomicAdd(&n_cand, 1u);
+                key[at] = v;
+                id[at] = label;
+            }
+        }
+    }
+    __syncthreads();
+    const uint32_t have = n_cand;
+    if (have > 0) merge(have);  // ends with a barrier
+    for (uint32_t i = threadIdx.x; i < k; i += blockDim.x) {
+        best_score[size_t(s) * k + i] = key[i];
+        best_id[size_t(s) * k + i] = id[i];
+    }
+    ms = block_combine(ms, scratch);
+    if (threadIdx.x == 0) running[s] = max_sum_combine(running[s], ms);
+}
+
+__global__ void top_k_finish_kernel(uint32_t batch, const max_sum* running, float* log_partition) {
+    const uint32_t s = blockIdx.x * blockDim.x + threadIdx.x;
+    if (s < batch) log_partition[s] = running[s].max + logf(running[s].sum);
+}
+
+struct set_view {
+    uint32_t* ids;
+    uint32_t* hits;
+    uint32_t mask;
+    uint32_t shift;
+};
+
+__device__ uint32_t set_find_or_insert(const set_view& set, uint32_t id, bool* inserted) {
+    uint32_t slot = (id * 2654435761u) >> set.shift;
+    for (;;) {
+        const uint32_t prev = atomicCAS(&set.ids[slot], empty_slot, id);
+        if (prev == empty_slot || prev == id) {
+            if (inserted) *inserted = prev == empty_slot;
+            return slot;
+        }
+        slot = (slot + 1) & set.mask;
+    }
+}
+
+__device__ uint32_t gcd(uint32_t a, uint32_t b) {
+    while (b) {
+        const uint32_t r = a % b;
+        a = b;
+        b = r;
+    }
+    return a;
+}
+
+// One block per sample. Dynamic shared memory: `sort_size` ids (the part after the labels).
+__global__ void top_k_sets_kernel(const uint32_t* best_id, uint32_t k,
+                                  const uint32_t* label_offsets, const uint32_t* label_ids,
+                                  uint32_t fill, uint32_t n_items, uint64_t seed, uint32_t slots,
+                                  uint32_t* global_ids, uint32_t* global_hits,
+                                  uint32_t max_per_sample, uint32_t sort_size, uint32_t* padded,
+                                  uint32_t* counts) {
+    extern __shared__ uint32_t tail[];
+    __shared__ uint32_t n_out;
+    const uint32_t s = blockIdx.x;
+    const bool with_labels = label_offsets != nullptr;
+    const uint32_t label_begin = with_labels ? label_offsets[s] : 0;
+    const uint32_t n_labels = with_labels ? label_offsets[s + 1] - label_begin : 0;
+    if (with_labels && n_labels == 0) {  // nothing to train on: no set
+        if (threadIdx.x == 0) counts[s] = 0;
+        return;
+    }
+    set_view set{global_ids + size_t(s) * slots, global_hits + size_t(s) * slots, slots - 1,
+                 32 - uint32_t(__ffs(int(slots)) - 1)};
+    uint32_t* out = padded + size_t(s) * max_per_sample;
+    for (uint32_t i = threadIdx.x; i < slots; i += blockDim.x)
+        set.ids[i] = empty_slot, set.hits[i] = 0;
+    if (threadIdx.x == 0) n_out = n_labels;
+    __syncthreads();
+    for (uint32_t i = threadIdx.x; i < n_labels; i += blockDim.x) {
+        const uint32_t label = label_ids[label_begin + i];
+        out[i] = label;
+        set.hits[set_find_or_insert(set, label, nullptr)] = taken;
+    }
+    __syncthreads();
+    // The top-k ids that are not labels (ids are unique: only a label is found present).
+    for (uint32_t i = threadIdx.x; i < k; i += blockDim.x) {
+        const uint32_t id = best_id[size_t(s) * k + i];
+        if (id == none) continue;
+        bool inserted = false;
+        const uint32_t slot = set_find_or_insert(set, id, &inserted);
+        if (!inserted) continue;
+        set.hits[slot] = taken;
+        out[atomicAdd(&n_out, 1u)] = id;
+    }
+    __syncthreads();
+    const uint32_t chosen = n_out;
+    const uint32_t target = min(fill, n_items);
+    if (chosen < target) {
+        // As gpu_lsh.cu's fill: every thread calls take() together, a twice-drawn id goes to
+        // the lower thread, and the round that reaches the target keeps its claims in thread
+        // order, so the set depends only on the seed.
+        using block_scan = cub::BlockScan<uint32_t, select_threads>;
+        __shared__ typename block_scan::TempStorage scan_storage;
+        auto take = [&](uint32_t id, bool valid) {
+            const uint32_t bid = 0x80000000u + (blockDim.x - 1 - threadIdx.x);
+            uint32_t slot = 0;
+            if (valid) {
+                slot = set_find_or_insert(set, id, nullptr);
+                atomicMax(&set.hits[slot], bid);  // a taken id stays taken
+            }
+            __syncthreads();
+            const uint32_t won = valid && set.hits[slot] == bid ? 1u : 0u;
+            __syncthreads();
+            if (won) set.hits[slot] = taken;
+            uint32_t rank = 0, total = 0;
+            block_scan(scan_storage).ExclusiveSum(won, rank, total);
+            if (won && n_out + rank < target) out[n_out + rank] = id;
+            __syncthreads();
+            if (threadIdx.x == 0) n_out = min(n_out + total, target);
+        };
+        auto have_target = [&]() {
+            __syncthreads();
+            const uint32_t have = n_out;
+            __syncthreads();
+            return have >= target;
+        };
+        const uint32_t need = target - chosen, free_ids = n_items - chosen;
+        const uint32_t max_rounds = 2 * need <= free_ids ? 16 + 4 * need / blockDim.x : 0;
+        for (uint32_t round = 0; round < max_rounds && !have_target(); ++round) {
+            const uint64_t draw = splitmix64(seed ^ (uint64_t(s) << 40) ^
+                                             (uint64_t(round) * blockDim.x + threadIdx.x));
+            take(uint32_t(((draw >> 32) * n_items) >> 32), true);
+        }
+        const uint64_t mix = splitmix64(seed ^ (uint64_t(s) << 40) ^ 0xf111f111f111ULL);
+        uint32_t a = uint32_t(mix % n_items) | 1u;
+        while (gcd(a, n_items) != 1) a = a + 1 < n_items ? a + 1 : 1;
+        const uint64_t b = (mix >> 32) % n_items;
+        for (uint32_t base = 0; base < n_items && !have_target(); base += blockDim.x) {
+            const uint32_t i = base + threadIdx.x;
+            take(uint32_t((uint64_t(a) * i + b) % n_items), i < n_items);
+        }
+    }
+    __syncthreads();
+    // The part after the labels, sorted by id.
+    const uint32_t n = n_out, n_tail = n - n_labels;
+    for (uint32_t i = threadIdx.x; i < sort_size; i += blockDim.x)
+        tail[i] = i < n_tail ? out[n_labels + i] : none;
+    bitonic_ascending(tail, sort_size);
+    for (uint32_t i = threadIdx.x; i < n_tail; i += blockDim.x) out[n_labels + i] = tail[i];
+    if (threadIdx.x == 0) counts[s] = n;
+}
+
+__global__ void compact_kernel(const uint32_t* padded, uint32_t max_per_sample,
+                               const uint32_t* offsets, uint32_t* ids, uint32_t* entry_sample) {
+    const uint32_t s = blockIdx.x;
+    const uint32_t begin = offsets[s], n = offsets[s + 1] - begin;
+    for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
+        ids[begin + i] = padded[size_t(s) * max_per_sample + i];
+        entry_sample[begin + i] = s;
+    }
+}
+
+__global__ void full_softmax_loss_kernel(const float* logits, const uint32_t* offsets,
+                                         batch_csr batch, const float* log_partition, float* loss,
+                                         float* dropped) {
+    __shared__ float scratch[32];
+    const uint32_t s = blockIdx.x;
+    const uint32_t begin = offsets[s], end = offsets[s + 1];
+    const uint32_t n_labels = batch.label_offsets[s + 1] - batch.label_offsets[s];
+    if (n_labels == 0 || end == begin) {
+        if (threadIdx.x == 0) loss[s] = 0.0f, dropped[s] = 0.0f;
+        return;
+    }
+    const float log_z = log_partition[s];
+    float kept = 0.0f;
+    for (uint32_t e = begin + threadIdx.x; e < end; e += blockDim.x)
+        kept += expf(logits[e] - log_z);
+    kept = block_sum(kept, scratch);
+    const float target = 1.0f / float(n_labels);
+    float sample_loss = 0.0f;
+    for (uint32_t i = threadIdx.x; i < n_labels; i += blockDim.x)
+        sample_loss -= target * (logits[begin + i] - log_z);  // labels come first
+    sample_loss = block_sum(sample_loss, scratch);
+    if (threadIdx.x == 0) {
+        loss[s] = sample_loss;
+        dropped[s] = fmaxf(0.0f, 1.0f - kept);  // another kernel's logits may sum above 1
+    }
+}
+
+}  // namespace
+
+uint32_t top_k_chunk_rows(uint32_t batch, uint32_t rows) {
+    const uint64_t floats = (uint64_t{16} << 20) / 4;  // 16 MiB
+    const uint64_t chunk = std::max<uint64_t>(256, floats / std::max(batch, 1u) / 256 * 256);
+    return uint32_t(std::min<uint64_t>(chunk, std::max(rows, 1u)));
+}
+
+void top_k_begin(uint32_t batch, uint32_t k, top_k_workspace& ws, cudaStream_t stream) {
+    if (batch == 0) return;
+    ws.best_score.reserve(size_t(batch) * k, "top-k selection");
+    ws.best_id.reserve(size_t(batch) * k, "top-k selection");
+    ws.running.reserve(batch, "top-k selection");
+    ws.log_partition.reserve(batch, "top-k selection");
+    const uint64_t n = std::max<uint64_t>(uint64_t(batch) * k, batch);
+    top_k_begin_kernel<<<blocks_for(n, select_threads), select_threads, 0, stream>>>(
+        batch, k, ws.best_score.data(), ws.best_id.data(), ws.running.data());
+    HSLIDE_CUDA_LAUNCH();
+}
+
+void top_k_merge_chunk(const float* scores, uint32_t n_cols, uint32_t first_id, const float* bias,
+                       uint32_t batch, uint32_t k, top_k_workspace& ws, cudaStream_t stream) {
+    if (batch == 0 || n_cols == 0) return;
+    HSLIDE_CHECK(k >= 1 && k <= top_k_max,
+                 "top-k selection on the GPU takes k from 1 to {}, got {}", top_k_max, k);
+    const uint32_t buffer = merge_buffer(k);
+    const size_t shared = size_t(buffer) * 8;  // at most 32 KiB: no opt-in needed
+    top_k_merge_kernel<<<batch, select_threads, shared, stream>>>(
+        scores, n_cols, first_id, bias, k, buffer, ws.best_score.data(), ws.best_id.data(),
+        ws.running.data());
+    HSLIDE_CUDA_LAUNCH();
+}
+
+void top_k_finish(uint32_t batch, top_k_workspace& ws, cudaStream_t stream) {
+    if (batch == 0) return;
+    top_k_finish_kernel<<<blocks_for(batch, select_threads), select_threads, 0, stream>>>(
+        batch, ws.running.data(), ws.log_partition.data());
+    HSLIDE_CUDA_LAUNCH();
+}
+
+void score_top_k(const layer_view& out, const float* hidden, const __nv_bfloat16* hidden16,
+                 uint32_t hidden_stride, bool bf16, uint32_t batch, uint32_t k, uint32_t chunk,
+                 cublasHandle_t blas, top_k_workspace& ws, cudaStream_t stream) {
+    if (batch == 0) return;
+    HSLIDE_CHECK(k >= 1 && k <= std::min(top_k_max, out.rows),
+                 "top-k selection on the GPU takes k from 1 to min({}, rows = {}), got {}",
+                 top_k_max, out.rows, k);
+    HSLIDE_CHECK(!bf16 || (out.weights16 && hidden16), "bf16 top-k scoring needs bf16 copies");
+    if (chunk == 0) chunk = top_k_chunk_rows(batch, out.rows);
+    chunk = std::min(chunk, out.rows);
+    ws.chunk_scores.reserve(size_t(batch) * chunk, "top-k score chunk");
+    top_k_begin(batch, k, ws, stream);
+    const float one = 1.0f, zero = 0.0f;
+    for (uint32_t r0 = 0; r0 < out.rows; r0 += chunk) {
+        const uint32_t n = std::min(chunk, out.rows - r0);
+        // Column-major n x batch = W[r0, r0 + n) . hidden^T: sample s's scores at s * n.
+        if (bf16)
+            HSLIDE_CUBLAS_CHECK(cublas().gemm_ex(
+                blas, CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(batch), int(out.width), &one,
+                out.weights16 + size_t(r0) * out.stride, CUDA_R_16BF, int(out.stride), hidden16,
+                CUDA_R_16BF, int(hidden_stride), &zero, ws.chunk_scores.data(), CUDA_R_32F, int(n),
+                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        else
+            HSLIDE_CUBLAS_CHECK(
+                cublas().sgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(batch), int(out.width),
+                               &one, out.weights + size_t(r0) * out.stride, int(out.stride), hidden,
+                               int(hidden_stride), &zero, ws.chunk_scores.data(), int(n)));
+        top_k_merge_chunk(ws.chunk_scores.data(), n, r0, out.bias, batch, k, ws, stream);
+    }
+    top_k_finish(batch, ws, stream);
+}
+
+uint32_t build_top_k_sets(uint32_t batch, uint32_t k, const uint32_t* label_offsets,
+                          const uint32_t* label_ids, uint32_t max_labels, uint32_t fill,
+                          uint32_t n_items, uint64_t seed, top_k_workspace& ws, active_sets& out,
+                          cudaStream_t stream) {
+    if (batch == 0) return 0;
+    fill = std::min(fill, n_items);
+    const uint64_t labels = label_offsets ? max_labels : 0;
+    out.max_per_sample = uint32_t(std::max<uint64_t>(labels + k, fill));
+    HSLIDE_CHECK(uint64_t(batch) * out.max_per_sample < (uint64_t{1} << 32),
+                 "a batch of {} samples with up to {} active neurons each has too many entries "
+                 "for the GPU backend's 32-bit offsets: use a smaller batch or --min-active",
+                 batch, out.max_per_sample);
+    const uint32_t slots = next_pow2(2 * (labels + k + fill) + 2 * select_threads);
+    const uint32_t sort_size = next_pow2(std::max<uint32_t>(std::max(k, fill), 2));
+    int device = 0, shared_limit = 0;
+    HSLIDE_CUDA_CHECK(cudaGetDevice(&device));
+    HSLIDE_CUDA_CHECK(
+        cudaDeviceGetAttribute(&shared_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    const size_t shared = size_t(sort_size) * 4;
+    static const int static_shared = [] {
+        cudaFuncAttributes attributes{};
+        HSLIDE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, top_k_sets_kernel));
+        return int(attributes.sharedSizeBytes);
+    }();
+    HSLIDE_CHECK_KIND(shared + size_t(static_shared) <= size_t(shared_limit),
+                      error_kind::unsupported,
+                      "top-k sets of up to {} ids after the labels do not fit the GPU's shared "
+                      "memory: use a smaller --min-active or --top-k",
+                      std::max(k, fill));
+    // The same value every time (the most the device allows), as gpu_lsh.cu does.
+    HSLIDE_CUDA_CHECK(cudaFuncSetAttribute(top_k_sets_kernel,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           shared_limit - static_shared));
+    ws.set_ids.reserve(size_t(batch) * slots, "top-k set hash sets");
+    ws.set_hits.reserve(size_t(batch) * slots, "top-k set hash sets");
+    out.padded.reserve(size_t(batch) * out.max_per_sample, "active sets");
+    out.counts.reserve(batch + 1, "active-set sizes");
+    out.offsets.reserve(batch + 1, "active-set offsets");
+    HSLIDE_CUDA_CHECK(cudaMemsetAsync(out.counts.data() + batch, 0, 4, stream));
+    top_k_sets_kernel<<<batch, select_threads, shared, stream>>>(
+        ws.best_id.data(), k, label_offsets, label_ids, fill, n_items, seed, slots,
+        ws.set_ids.data(), ws.set_hits.data(), out.max_per_sample, sort_size, out.padded.data(),
+        out.counts.data());
+    HSLIDE_CUDA_LAUNCH();
+    with_scratch(out.temp, [&](void* t, size_t& bytes) {
+        return cub::DeviceScan::ExclusiveSum(t, bytes, out.counts.data(), out.offsets.data(),
+                                             batch + 1, stream);
+    });
+    uint32_t total = 0;
+    HSLIDE_CUDA_CHECK(
+        cudaMemcpyAsync(&total, out.offsets.data() + batch, 4, cudaMemcpyDeviceToHost, stream));
+    HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    out.ids.reserve(std::max(total, 1u), "active-set entries");
+    out.entry_sample.reserve(std::max(total, 1u), "active-set entries");
+    compact_kernel<<<batch, select_threads, 0, stream>>>(out.padded.data(), out.max_per_sample,
+                                                         out.offsets.data(), out.ids.data(),
+                                                         out.entry_sample.data());
+    HSLIDE_CUDA_LAUNCH();
+    return total;
+}
+
+void full_softmax_loss(const float* logits, const uint32_t* offsets, const batch_csr& batch,
+                       top_k_workspace& ws, float* loss, cudaStream_t stream) {
+    if (batch.size == 0) return;
+    ws.dropped.reserve(batch.size, "dropped mass");
+    full_softmax_loss_kernel<<<batch.size, select_threads, 0, stream>>>(
+        logits, offsets, batch, ws.log_partition.data(), loss, ws.dropped.data());
+    HSLIDE_CUDA_LAUNCH();
+}
+
+}  // namespace hslide::gpu

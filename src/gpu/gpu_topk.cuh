@@ -1,0 +1,115 @@
+// Exact top-k active sets on the GPU (config.hpp's neuron_selection::top_k; the CPU reference
+// is cpu_backend_selection.cpp's select_top_k_sets).
+//
+// Scoring. The batch's hidden activations are scored against every output row in chunks of
+// `chunk` rows: one cuBLAS GEMM per chunk (bf16 tensor cores with fp32 accumulation, or fp32
+// sgemm) writes batch x chunk floats, never batch x rows. After each GEMM one thread block
+// per sample (top_k_merge_kernel, 256 threads) reads its chunk of scores (+ bias) once:
+//  - an online log-sum-exp (online_softmax.hpp's max_sum) over every score, combined across
+//    the block and into the sample's running pair: after the last chunk the exact
+//    log-partition over all rows;
+//  - a filter against the k-th best entry kept so far: the entries that beat it go to a
+//    candidate buffer in shared memory behind the running k best; when the buffer is nearly
+//    full (and after the chunk) the k + candidates are sorted by a block-wide bitonic sort
+//    (higher score first, ties to the smaller id, NaN never kept: the CPU's select_top_k
+//    order) and the first k kept. The threshold only rises, so after the first chunk few
+//    entries pass it (FAISS's GPU k-selection filters against the k-th best the same way).
+// The running k best and the pair live in global memory between chunks: batch x (k + chunk)
+// floats of selection memory in all (plus the fill's hash sets below).
+//
+// Sets (top_k_sets_kernel, one block per sample, 256 threads): the sample's labels first
+// (a sample without labels gets no set, as with LSH), then the top-k ids that are not labels,
+// then a random fill up to `fill` ids in all (min_active clamped to the layer), drawn as the
+// LSH fill draws (gpu_lsh.cu: claims in a per-sample hash set, the lowest thread wins a
+// twice-drawn id, so the set depends only on the seed; not the CPU's ids), and the part after
+// the labels sorted by id (bitonic sort in shared memory). Then the CSR arrays, as
+// build_active_sets gives them: the one host wait of the step is for their total size.
+//
+// Bytes and FLOPs per training step (batch B, rows R, hidden H, bf16; Amazon-670K's preset:
+// B 256, R 670,091, H 128):
+//  - GEMM: 2 B R H = 43.9 GFLOP -> 0.056 ms at the H200's ~790 TFLOP/s (bf16 dense);
+//  - W read (bf16): R H 2 = 171.5 MB -> 0.040 ms at ~4.3 TB/s (fp32: 343 MB, 0.080 ms; the
+//    hidden block, B H 2 = 64 KB, stays in cache);
+//  - chunk buffer: written by the GEMM and read by the selection, B R 4 bytes each way =
+//    686 MB + 686 MB -> 0.32 ms if it went to HBM. The chunk is sized to a 16 MiB buffer
+//    (16,384 rows at B 256) so that it can stay in the H100's / H200's 50 MB L2 between the
+//    GEMM and the selection: then the floor is the GEMM's W read and FLOPs, ~0.06-0.1 ms;
+//  - launches: 2 per chunk, 41 chunks at 670K: ~82 launches, ~0.2-0.4 ms of launch latency,
+//    likely the real floor at this size (a fused GEMM + selection kernel would remove it);
+//  - selection arithmetic: one compare and one exp per score (B R = 172 M), negligible.
+// So the selection should cost about 0.3-0.6 ms a step at 670K labels (1,916 steps an epoch:
+// ~0.6-1.2 s), and the sparse forward/backward/Adam on ~1.1k ids a sample as LSH's do; what
+// gpu_check.sh should show for `gpu` topk bf16 at Amazon-670K: on the order of 1-2 s an epoch,
+// below LSH's 4.6 s and dense's 10.9 s (st.active_sets in the step report holds the selection).
+#pragma once
+
+#include "device_memory.hpp"
+#include "gpu_layers.cuh"
+#include "gpu_lsh.cuh"
+#include "online_softmax.hpp"
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace hslide::gpu {
+
+/// The largest k the merge kernel takes (its shared buffer is max(2048, 2k) entries of 8 bytes).
+constexpr uint32_t top_k_max = 2048;
+
+/// Rows scored per GEMM for a batch of `batch` samples: a buffer of at most 16 MiB
+/// (at least 256 rows), never more than the layer.
+uint32_t top_k_chunk_rows(uint32_t batch, uint32_t rows);
+
+/// The selection's work arrays, grown to the largest batch.
+struct top_k_workspace {
+    device_array<float> chunk_scores;   ///< batch x chunk (column-major rows x batch per chunk)
+    device_array<float> best_score;     ///< batch x k, best first
+    device_array<uint32_t> best_id;     ///< batch x k (UINT32_MAX: none)
+    device_array<max_sum> running;      ///< batch: the online log-sum-exp so far
+    device_array<float> log_partition;  ///< batch: log sum_r exp(z_r) over every row
+    device_array<float> dropped;        ///< batch: softmax mass outside the set (training)
+    device_array<uint32_t> set_ids, set_hits;  ///< the fill's per-sample hash sets
+
+    size_t memory_bytes() const {
+        return chunk_scores.bytes() + best_score.bytes() + best_id.bytes() + running.bytes() +
+               log_partition.bytes() + dropped.bytes() + set_ids.bytes() + set_hits.bytes();
+    }
+};
+
+/// Clears the running state of `batch` samples (k best: none; log-sum-exp: nothing seen).
+void top_k_begin(uint32_t batch, uint32_t k, top_k_workspace& ws, cudaStream_t stream);
+
+/// Merges one chunk: scores[s * n_cols + j] (+ bias[first_id + j] when bias is not null) is
+/// the score of id first_id + j for sample s.
+void top_k_merge_chunk(const float* scores, uint32_t n_cols, uint32_t first_id, const float* bias,
+                       uint32_t batch, uint32_t k, top_k_workspace& ws, cudaStream_t stream);
+
+/// log_partition[s] = the running pair's max + log(sum).
+void top_k_finish(uint32_t batch, top_k_workspace& ws, cudaStream_t stream);
+
+/// The whole scoring pass: chunked GEMMs of the output layer against the hidden rows (bf16
+/// when `bf16`: the layer's bf16 copy and hidden16; else fp32), each merged. Leaves the k
+/// best per sample (best_id / best_score) and log_partition in `ws`. `chunk` 0: chosen by
+/// top_k_chunk_rows. k <= min(top_k_max, rows).
+void score_top_k(const layer_view& out, const float* hidden, const __nv_bfloat16* hidden16,
+                 uint32_t hidden_stride, bool bf16, uint32_t batch, uint32_t k, uint32_t chunk,
+                 cublasHandle_t blas, top_k_workspace& ws, cudaStream_t stream);
+
+/// Builds the CSR active sets from ws.best_id (k per sample): labels first (label_offsets /
+/// label_ids, batch + 1 offsets; null: no labels, and every sample gets a set), then the
+/// top-k ids that are not labels, then random ids up to `fill` in all (seed), the part after
+/// the labels sorted by id. Returns the total number of entries (one host wait).
+uint32_t build_top_k_sets(uint32_t batch, uint32_t k, const uint32_t* label_offsets,
+                          const uint32_t* label_ids, uint32_t max_labels, uint32_t fill,
+                          uint32_t n_items, uint64_t seed, top_k_workspace& ws, active_sets& out,
+                          cudaStream_t stream);
+
+/// The full-softmax cross-entropy of each labelled sample through ws.log_partition, over its
+/// set's logits (labels first): loss[s] = -1/|y| sum_labels (z - logZ); ws.dropped[s] =
+/// max(0, 1 - sum_set exp(z - logZ)). Samples without labels: 0 and 0.
+void full_softmax_loss(const float* logits, const uint32_t* offsets, const batch_csr& batch,
+                       top_k_workspace& ws, float* loss, cudaStream_t stream);
+
+}  // namespace hslide::gpu
