@@ -20,7 +20,15 @@
 #                                           # at batch 1024 and with --gpu-async-rebuild, and
 #                                           # hybrid cpu+gpu (adaptive; hogbatch); gpu and
 #                                           # gpu-dense bf16 only on amazon3m (2,000 test
-#                                           # points scored)
+#                                           # points scored); and gpu bf16 with a top-k
+#                                           # output layer (--output-sparsity topk, the
+#                                           # default --top-k, 64) on every preset.
+#                                           # A PRESETS entry NAME@S takes scale S instead.
+#   scripts/gpu_check.sh topk [EPOCHS]      # on the GPU machine: issue 19's checks, EPOCHS (3)
+#                                           # each: gpu topk bf16, gpu-dense bf16 and gpu (LSH)
+#                                           # bf16 on amazon670k at full size, wikilshtc325k at
+#                                           # scale 0.25 and amazon3m at scale 0.02 (2,000 test
+#                                           # points scored there); bench's summary
 #   scripts/gpu_check.sh reproduce [SCALE] [EPOCHS] [PRESET] [REPRODUCE OPTIONS...]
 #                                           # on the GPU machine: scripts/reproduce.sh with its
 #                                           # default configurations (every CPU one, the GPU,
@@ -32,6 +40,7 @@
 # With the device tool: run `scripts/gpu_check.sh pack` here, then one call per step, each
 # well inside the tool's 10 minutes a call:
 #   run(command="scripts/gpu_check.sh tests", carry=["gpu-pack"])
+#   run(command="scripts/gpu_check.sh topk 3", carry=["gpu-pack"])
 #   run(command="scripts/gpu_check.sh bench 0.1 2 amazon670k", carry=["gpu-pack"])
 #   run(command="scripts/gpu_check.sh bench 0.1 2 wikilshtc325k,amazon3m", carry=["gpu-pack"])
 #   run(command="scripts/gpu_check.sh reproduce 0.01 2", carry=["gpu-pack"])
@@ -79,7 +88,7 @@ pack)
     tar -C "$stage" -czf "$pack_file" .
     du -h "$pack_file"
     ;;
-tests | bench | reproduce)
+tests | bench | topk | reproduce)
     [[ -f $pack_file ]] || { echo "gpu_check.sh: no $pack_file: run '$0 pack' first and carry gpu-pack" >&2; exit 1; }
     # Unpacked once per machine (again when the pack is newer).
     root=gpu-pack/unpacked
@@ -152,27 +161,40 @@ tests)
     [[ $out == "$work" ]] || ship_logs
     exit $status
     ;;
-bench)
-    scale=${2:-0.1}
-    epochs=${3:-2}
-    presets=${4:-amazon670k,wikilshtc325k,amazon3m}
+bench | topk)
+    if [[ $mode == topk ]]; then
+        # Issue 19: top-k against dense (and LSH) at the issue's sizes, top-k first.
+        scale=1
+        epochs=${2:-3}
+        presets=amazon670k@1,wikilshtc325k@0.25,amazon3m@0.02
+    else
+        scale=${2:-0.1}
+        epochs=${3:-2}
+        presets=${4:-amazon670k,wikilshtc325k,amazon3m}
+    fi
     summary="$work/summary.md"
     {
         echo "Per epoch: training seconds (median over epochs), P@1 after the last epoch, and the"
         echo "stage seconds of the last epoch (hashing, active sets, forward, backward, update,"
-        echo "table rebuilds, host-device transfer). Scale $scale, $epochs epochs."
+        echo "table rebuilds, host-device transfer). Scale $scale (NAME@S: S), $epochs epochs."
         echo
-        echo "| preset | backend | precision | s/epoch | P@1 | hash | sets | fwd | bwd | update | rebuild | transfer |"
-        echo "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        echo "P@1: after each epoch evaluated. dropped: top-k rows, the mean softmax mass outside"
+        echo "the sets in the last epoch (issue 19)."
+        echo
+        echo "| preset | backend | precision | s/epoch | P@1 | hash | sets | fwd | bwd | update | rebuild | transfer | dropped |"
+        echo "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     } >"$summary"
-    for preset in ${presets//,/ }; do
-        data="$work/data-$preset"
+    for spec in ${presets//,/ }; do
+        preset=${spec%@*}
+        preset_scale=$scale
+        [[ $spec == *@* ]] && preset_scale=${spec##*@}
+        data="$work/data-$preset-s$preset_scale"
         # The papers' network and LSH settings, as reproduce.sh trains them.
         preset_settings "$preset" || { echo "gpu_check.sh: unknown preset $preset" >&2; exit 2; }
-        "$root/bin/hslide" gen --preset "$preset" --scale "$scale" --out "$data" -q
+        [[ -f $data/test.txt ]] ||
+            "$root/bin/hslide" gen --preset "$preset" --scale "$preset_scale" --out "$data" -q
         network=(--hidden "$p_hidden" --K "$p_K" --L "$p_L" --bits "$p_bits"
-                 --bucket-capacity "$p_capacity" --min-active "$p_min_active"
-                 --output-sparsity "$p_sparsity")
+                 --bucket-capacity "$p_capacity" --min-active "$p_min_active")
         # BACKEND PRECISION [BATCH [VARIANT]] (default: the preset's batch). On amazon670k, gpu
         # bf16 at 1024 too:
         # how much of a step at 256 is per-step overhead (launches, the wait for the set sizes)
@@ -181,18 +203,20 @@ bench)
         # both adaptive (its default: equal update shares, so the GPU worker's batches grow
         # far past the single backend's) and hogbatch with the GPU worker at the single
         # backend's batch (a quarter of it on the CPU), to see which reaches a P@1 sooner.
-        configs=("gpu fp32" "gpu bf16" "gpu-dense bf16" "cpu fp32")
+        configs=("gpu fp32" "gpu bf16" "gpu bf16 $p_batch topk" "gpu-dense bf16" "cpu fp32")
         [[ $preset == amazon670k ]] &&
             configs+=("gpu bf16 1024" "gpu bf16 $p_batch async" "hybrid fp32" "hybrid fp32 $p_batch hog")
         # 2.8M labels: exact scores of every test point would dominate the run.
-        [[ $preset == amazon3m ]] && configs=("gpu bf16" "gpu-dense bf16")
+        [[ $preset == amazon3m ]] && configs=("gpu bf16" "gpu bf16 $p_batch topk" "gpu-dense bf16")
+        [[ $mode == topk ]] && configs=("gpu bf16 $p_batch topk" "gpu-dense bf16" "gpu bf16")
         for config in "${configs[@]}"; do
             read -r backend precision batch variant <<<"$config"
             batch=${batch:-$p_batch}
-            name="$preset-$backend-$precision-b$batch${variant:+-$variant}"
+            name="$preset-s$preset_scale-$backend-$precision-b$batch${variant:+-$variant}"
             label=$backend
             [[ $batch == "$p_batch" ]] || label="$backend (batch $batch)"
-            extra=()
+            extra=(--output-sparsity "$p_sparsity")
+            [[ $variant == topk ]] && { extra=(--output-sparsity topk); label="$label topk"; }
             [[ $variant == async ]] && { extra=(--gpu-async-rebuild); label="$label (async rebuild)"; }
             if [[ $backend == hybrid && $variant == hog ]]; then
                 extra+=(--workers cpu,gpu --schedule hogbatch --worker-batch "$((batch / 4)),$batch")
@@ -201,12 +225,13 @@ bench)
                 extra+=(--workers cpu,gpu --schedule adaptive)
             fi
             [[ $preset == amazon3m ]] && extra+=(--eval-max 2000)
+            [[ $mode == topk ]] && extra+=(--eval-every 1)  # P@1 after each epoch
             "$root/bin/hslide" train --train "$data/train.txt" --test "$data/test.txt" \
                 --backend "$backend" --precision "$precision" --epochs "$epochs" "${network[@]}" \
                 --batch-size "$batch" --no-progress --metrics-out "$work/$name.jsonl" "${extra[@]}" \
                 >"$work/$name.log" 2>&1 || echo "| $preset | $label | $precision | failed: see $name.log in $mode-logs.tar.gz |" >>"$summary"
             if [[ -s $work/$name.jsonl ]]; then
-                python3 - "$work/$name.jsonl" "$preset" "$label" "$precision" >>"$summary" <<'EOF'
+                python3 - "$work/$name.jsonl" "$preset@$preset_scale" "$label" "$precision" >>"$summary" <<'EOF'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 last = rows[-1]
@@ -214,9 +239,11 @@ st = last.get("stage_seconds", {})
 stages = " | ".join(f"{st.get(k, 0):.2f}" for k in
                     ("hashing", "active_sets", "forward", "backward", "update", "rebuild",
                      "transfer"))
+p1 = ", ".join(f"{r['p@1']:.4f}" for r in rows if "p@1" in r) or "nan"
+dropped = f"{last['dropped_mass']:.4f}" if "dropped_mass" in last else ""
 print(f"| {sys.argv[2]} | {sys.argv[3]} | {sys.argv[4]} | "
       f"{statistics.median(r['epoch_seconds'] for r in rows):.2f} | "
-      f"{last.get('p@1', float('nan')):.4f} | {stages} |")
+      f"{p1} | {stages} | {dropped} |")
 # Hybrid: each worker's share of samples and updates, utilisation and parked time, per epoch.
 for r in rows:
     for w in r.get("workers", []):
@@ -224,7 +251,7 @@ for r in rows:
         print(f"|  | epoch {r['epoch']}: {w['name']} | | "
               f"{w['samples']} samples, {100 * w['update_share']:.0f}% of updates | "
               f"busy {100 * w['utilisation']:.0f}% | "
-              f"parked {100 * w['parked_seconds'] / wall:.0f}% | | | | | | |")
+              f"parked {100 * w['parked_seconds'] / wall:.0f}% | | | | | | | |")
 EOF
             fi
             # What is done so far comes back even if the call is cut off at its limit.

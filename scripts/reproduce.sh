@@ -34,6 +34,8 @@
 #   cpu-dense   hslide's full-softmax OpenBLAS backend (--backend cpu-dense)
 #   hybrid-cpu  --backend hybrid --workers cpu,cpu (the threads shared between the workers)
 #   gpu, gpu-dense, hybrid-gpu (--workers gpu,cpu)   the CUDA backends
+#   cpu-topk, gpu-topk   the cpu / gpu backend with an exact top-k output layer
+#               (--output-sparsity topk; --top-k from the extra flags, default 64)
 #   torch-cpu, torch-gpu   scripts/baselines/torch_dense.py: PyTorch, full softmax
 # PRECISION is fp32 (default) or bf16; ISA is an `--isa` level (default auto).
 # Environment: PYTHON (default /usr/bin/python3: Debian's python3-torch/-matplotlib).
@@ -194,7 +196,7 @@ if [[ -z $configs ]]; then
     fi
     if ((has_torch)); then configs+=" torch-cpu"; else notes+=("PyTorch missing for $python: no torch-cpu baseline"); fi
     if ((has_gpu)); then
-        configs+=" gpu gpu:bf16 hybrid-gpu"
+        configs+=" gpu gpu:bf16 gpu-topk:bf16 hybrid-gpu"
         has_backend gpu-dense && configs+=" gpu-dense"
         "$python" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null &&
             configs+=" torch-gpu"
@@ -214,11 +216,11 @@ for c in "${config_list[@]}"; do
     IFS=: read -r backend precision isa rest <<<"$spec"
     [[ -z ${rest:-} ]] || die "configuration '$c': expected BACKEND[:PRECISION[:ISA]][@EPOCHS]"
     case $backend in
-        cpu | cpu-nolsh | cpu-dense | gpu | gpu-dense | hybrid-cpu | hybrid-gpu) ;;
+        cpu | cpu-nolsh | cpu-dense | cpu-topk | gpu | gpu-dense | gpu-topk | hybrid-cpu | hybrid-gpu) ;;
         torch-cpu | torch-gpu)
             [[ -z $precision && -z $isa ]] || die "configuration '$c': the PyTorch baseline is fp32 only"
             ((has_torch)) || die "configuration '$c': $python cannot import torch and numpy (scripts/setup.sh installs python3-torch)" ;;
-        *) die "unknown configuration '$c' (backends: cpu cpu-nolsh cpu-dense hybrid-cpu gpu gpu-dense hybrid-gpu torch-cpu torch-gpu)" ;;
+        *) die "unknown configuration '$c' (backends: cpu cpu-nolsh cpu-dense cpu-topk hybrid-cpu gpu gpu-dense gpu-topk hybrid-gpu torch-cpu torch-gpu)" ;;
     esac
     [[ -z $precision || $precision == fp32 || $precision == bf16 ]] ||
         die "configuration '$c': precision must be fp32 or bf16"
@@ -226,6 +228,7 @@ for c in "${config_list[@]}"; do
         die "configuration '$c': unknown ISA level '$isa'"
     case $backend in
         cpu-dense | gpu | gpu-dense) has_backend "$backend" || die "configuration '$c': this hslide has no --backend $backend" ;;
+        gpu-topk) has_backend gpu || die "configuration '$c': this hslide has no --backend gpu" ;;
     esac
     [[ -z ${seen[$c]:-} ]] || die "configuration '$c' given twice"
     seen[$c]=1
@@ -300,6 +303,7 @@ for c in "${config_list[@]}"; do
             case $backend in
                 cpu-nolsh) cmd+=(--backend cpu --output-sparsity dense) ;;
                 cpu-dense | gpu-dense) cmd+=(--backend "$backend" --output-sparsity dense) ;;
+                cpu-topk | gpu-topk) cmd+=(--backend "${backend%-topk}" --output-sparsity topk) ;;
                 hybrid-cpu) cmd+=(--backend hybrid --workers "cpu,cpu" --output-sparsity "$sparsity") ;;
                 hybrid-gpu) cmd+=(--backend hybrid --workers "gpu,cpu" --output-sparsity "$sparsity") ;;
                 *) cmd+=(--backend "$backend" --output-sparsity "$sparsity") ;;
