@@ -25,10 +25,12 @@ uint32_t next_pow2(uint64_t n) {
     return p;
 }
 
-// Entries of the merge kernel's shared buffer: the k kept, then the candidates.
-uint32_t merge_buffer(uint32_t k) {
-    return std::max<uint32_t>(2048, next_pow2(2 * uint64_t(k)));
-}
+// Scores a thread of the merge kernel loads per round (in flight together).
+constexpr uint32_t per_thread = 8;
+// Entries of the merge kernel's shared buffer: the k kept (at most top_k_max), then room for
+// a whole round's candidates (per_thread x select_threads).
+constexpr uint32_t merge_buffer = 4096;
+static_assert(top_k_max + per_thread * select_threads <= merge_buffer, "merge buffer too small");
 
 // (score, id) ranks above (bs, bi): a higher score, or an equal one and a smaller id.
 __device__ bool better(float a, uint32_t ia, float b, uint32_t ib) {
@@ -115,10 +117,12 @@ __global__ void top_k_begin_kernel(uint32_t batch, uint32_t k, float* best_score
     if (i < batch) running[i] = max_sum{};
 }
 
-// One block per sample. Dynamic shared memory: `buffer` floats then `buffer` ids.
+// One block per sample (select_threads threads). Dynamic shared memory: merge_buffer floats
+// then merge_buffer ids.
 __global__ void top_k_merge_kernel(const float* scores, uint32_t n_cols, uint32_t first_id,
-                                   const float* bias, uint32_t k, uint32_t buffer,
-                                   float* best_score, uint32_t* best_id, max_sum* running) {
+                                   const float* bias, uint32_t k, float* best_score,
+                                   uint32_t* best_id, max_sum* running) {
+    constexpr uint32_t buffer = merge_buffer;
     extern __shared__ float shared_keys[];
     float* key = shared_keys;
     uint32_t* id = reinterpret_cast<uint32_t*>(key + buffer);
@@ -136,10 +140,14 @@ __global__ void top_k_merge_kernel(const float* scores, uint32_t n_cols, uint32_
     if (threadIdx.x == 0) threshold_score = key[k - 1], threshold_id = id[k - 1];
     const uint32_t capacity = buffer - k;
     // Sorts the kept and the `have` candidates, keeps the first k, and raises the threshold.
+    // Only the filled part is sorted, padded to a power of two (after the first chunk a
+    // merge holds few candidates).
     auto merge = [&](uint32_t have) {
-        for (uint32_t i = k + have + threadIdx.x; i < buffer; i += blockDim.x)
+        const uint32_t used = k + have;
+        const uint32_t n = used <= 1 ? 1u : 1u << (32 - __clz(used - 1));
+        for (uint32_t i = used + threadIdx.x; i < n; i += blockDim.x)
             key[i] = -INFINITY, id[i] = none;
-        bitonic_best_first(key, id, buffer);
+        bitonic_best_first(key, id, n);
         if (threadIdx.x == 0) {
             n_cand = 0;
             threshold_score = key[k - 1];
@@ -148,19 +156,28 @@ __global__ void top_k_merge_kernel(const float* scores, uint32_t n_cols, uint32_
     };
     const float* row = scores + size_t(s) * n_cols;
     max_sum ms;
-    for (uint32_t base = 0; base < n_cols; base += blockDim.x) {
+    const uint32_t round = per_thread * blockDim.x;
+    for (uint32_t base = 0; base < n_cols; base += round) {
+        // The round's loads first: in flight during the barriers (and a merge) below.
+        float v[per_thread];
+#pragma unroll
+        for (uint32_t u = 0; u < per_thread; ++u) {
+            const uint32_t j = base + u * blockDim.x + threadIdx.x;
+            v[u] = j < n_cols ? (bias ? row[j] + bias[first_id + j] : row[j]) : 0.0f;
+        }
         __syncthreads();
         const uint32_t have = n_cand;  // the same in every thread: read between barriers
-        if (have + blockDim.x > capacity) merge(have);
+        if (have + round > capacity) merge(have);
         __syncthreads();
-        const uint32_t j = base + threadIdx.x;
-        if (j < n_cols) {
+#pragma unroll
+        for (uint32_t u = 0; u < per_thread; ++u) {
+            const uint32_t j = base + u * blockDim.x + threadIdx.x;
+            if (j >= n_cols) continue;
             const uint32_t label = first_id + j;
-            const float v = bias ? row[j] + bias[label] : row[j];
-            ms = max_sum_add(ms, v);
-            if (!isnan(v) && better(v, label, threshold_score, threshold_id)) {
+            ms = max_sum_add(ms, v[u]);
+            if (!isnan(v[u]) && better(v[u], label, threshold_score, threshold_id)) {
                 const uint32_t at = k + atomicAdd(&n_cand, 1u);
-                key[at] = v;
+                key[at] = v[u];
                 id[at] = label;
             }
         }
@@ -369,10 +386,9 @@ void top_k_merge_chunk(const float* scores, uint32_t n_cols, uint32_t first_id, 
     if (batch == 0 || n_cols == 0) return;
     HSLIDE_CHECK(k >= 1 && k <= top_k_max,
                  "top-k selection on the GPU takes k from 1 to {}, got {}", top_k_max, k);
-    const uint32_t buffer = merge_buffer(k);
-    const size_t shared = size_t(buffer) * 8;  // at most 32 KiB: no opt-in needed
+    const size_t shared = size_t(merge_buffer) * 8;  // 32 KiB: no opt-in needed
     top_k_merge_kernel<<<batch, select_threads, shared, stream>>>(
-        scores, n_cols, first_id, bias, k, buffer, ws.best_score.data(), ws.best_id.data(),
+        scores, n_cols, first_id, bias, k, ws.best_score.data(), ws.best_id.data(),
         ws.running.data());
     HSLIDE_CUDA_LAUNCH();
 }
