@@ -229,7 +229,7 @@ bench | topk)
             "$root/bin/hslide" train --train "$data/train.txt" --test "$data/test.txt" \
                 --backend "$backend" --precision "$precision" --epochs "$epochs" "${network[@]}" \
                 --batch-size "$batch" --no-progress --metrics-out "$work/$name.jsonl" "${extra[@]}" \
-                >"$work/$name.log" 2>&1 || echo "| $preset | $label | $precision | failed: see $name.log in $mode-logs.tar.gz |" >>"$summary"
+                >"$work/$name.log" 2>&1 || echo "| $preset@$preset_scale | $label | $precision | failed: see $name.log in $mode-logs.tar.gz |" >>"$summary"
             if [[ -s $work/$name.jsonl ]]; then
                 python3 - "$work/$name.jsonl" "$preset@$preset_scale" "$label" "$precision" >>"$summary" <<'EOF'
 import json, statistics, sys
