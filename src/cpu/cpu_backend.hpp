@@ -91,7 +91,7 @@ class cpu_backend final : public backend, public row_transfer {
     /// against each point's exact top `top` logits (selection_quality.hpp). Brings deferred
     /// rows up to date first, as predict does; draws its random fills from its own seed.
     /// points == 0 when the layer before the output has active sets (no exact scoring).
-    selection_quality measure_selection(const batch_view& batch, uint32_t top);
+    selection_quality measure_selection(const batch_view& batch, uint32_t top) override;
 
     /// Forward and backward on `batch` without updating: writes the batch-mean gradient of
     /// the loss into `gradient` (shaped like the model; zero where the batch did not touch)
