@@ -342,8 +342,8 @@ TEST(GpuTopK, ChunkedSelectionMatchesASortOnAwkwardSizesTiesAndNaNs) {
             return awkward && u < 0.3 ? float(int(gen.below(4))) : float(gen.normal());  // ties
         };
         for (const uint32_t n : {1u, 15u, 16u, 17u, 33u, 257u, 1000u, 5000u}) {
-            for (const uint32_t k : {1u, 16u, 17u, 64u, 300u, 1024u}) {
-                for (const uint32_t chunk : {16u, 255u, 256u, 4096u}) {
+            for (const uint32_t k : {1u, 17u, 64u, 300u, 1024u}) {
+                for (const uint32_t chunk : {16u, 255u, 4096u}) {
                     if (n >= 5000 && chunk < 256) continue;  // many launches, nothing new
                     SCOPED_TRACE("n " + std::to_string(n) + ", k " + std::to_string(k) +
                                  ", chunk " + std::to_string(chunk) +
