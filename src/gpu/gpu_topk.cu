@@ -283,7 +283,9 @@ __global__ void top_k_sets_kernel(const uint32_t* best_id, uint32_t k,
                 atomicMax(&set.hits[slot], bid);  // a taken id stays taken
             }
             __syncthreads();
-            const uint32_t won = valid && set.hits[slot] == bid ? 1u : 0u;
+            // A volatile read: the set lives in global memory, where the atomics went to L2.
+            const uint32_t won =
+                valid && *static_cast<volatile uint32_t*>(&set.hits[slot]) == bid ? 1u : 0u;
             __syncthreads();
             if (won) set.hits[slot] = taken;
             uint32_t rank = 0, total = 0;
