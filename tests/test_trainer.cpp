@@ -257,3 +257,33 @@ TEST(Trainer, MeasuresTheSelectionOnTheSameTrainingPointsEveryEpoch) {
     EXPECT_EQ(b.probes.size(), 1u);
     EXPECT_FALSE(none.back().selection);
 }
+
+TEST(Trainer, LargeBatchRulesScaleTheRateAndTheWarmUpRampsItUp) {
+    const dataset data = points(100);
+    trainer_options o = options(1);  // batches of 10
+    o.train.learning_rate = 0.01f;
+    o.train.lr_base_batch = 40;
+    for (const auto& [scaling, factor] :
+         {std::pair{lr_batch_scaling::none, 1.0}, std::pair{lr_batch_scaling::sqrt, 0.5},
+          std::pair{lr_batch_scaling::linear, 0.25}}) {
+        recording_backend b;
+        o.train.lr_scaling = scaling;
+        trainer(b, data, nullptr, o).run();
+        ASSERT_EQ(b.learning_rates.size(), 10u);
+        for (const float lr : b.learning_rates) EXPECT_FLOAT_EQ(lr, float(0.01 * factor));
+    }
+    // A warm-up over 40 samples: steps 1..4 at 1/4..4/4 of the rate, then the rate; under the
+    // linear schedule both apply.
+    recording_backend warm, both;
+    o.train.lr_scaling = lr_batch_scaling::none;
+    o.train.warmup_samples = 40;
+    trainer(warm, data, nullptr, o).run();
+    for (size_t step = 0; step < 10; ++step)
+        EXPECT_NEAR(warm.learning_rates[step], 0.01 * std::min(1.0, (step + 1) / 4.0), 1e-9)
+            << "step " << step;
+    o.train.schedule = lr_schedule::linear;
+    trainer(both, data, nullptr, o).run();
+    EXPECT_NEAR(both.learning_rates[1], 0.01 * 0.5 * (1.0 - 10.0 / 100.0), 1e-9);
+    o.train.lr_base_batch = 0;
+    EXPECT_THROW(validate(o.train), hslide::error);
+}

@@ -82,6 +82,19 @@ int run_train(int argc, char** argv) {
                    "constant, or linear: decay to 0 over the run (from --lr at the start)")
         ->check(CLI::IsMember({"constant", "linear"}))
         ->capture_default_str();
+    std::string lr_scaling = to_string(tc.lr_scaling);
+    app.add_option("--lr-scaling", lr_scaling,
+                   "large-batch rule: none, sqrt (--lr x sqrt(batch / --lr-base-batch), for "
+                   "Adam) or linear (x batch / --lr-base-batch)")
+        ->check(CLI::IsMember({"none", "sqrt", "linear"}))
+        ->capture_default_str();
+    app.add_option("--lr-base-batch", tc.lr_base_batch,
+                   "the batch size --lr is tuned for (--lr-scaling)")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    app.add_option("--warmup", tc.warmup_samples,
+                   "samples over which the learning rate ramps up from 0 at the start (0 = none)")
+        ->capture_default_str();
     app.add_option("--lr", tc.learning_rate, "Adam learning rate")
         ->check(CLI::PositiveNumber)
         ->capture_default_str();
@@ -155,6 +168,7 @@ int run_train(int argc, char** argv) {
     data.show_progress = show_progress;
     tc.adam = parse_adam_mode(adam);
     tc.schedule = parse_lr_schedule(schedule);
+    tc.lr_scaling = parse_lr_batch_scaling(lr_scaling);
     to.eval.scoring = parse_scoring(scoring);
     to.eval.show_progress = show_progress;
     to.show_progress = show_progress;

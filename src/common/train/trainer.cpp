@@ -88,11 +88,16 @@ trainer::trainer(backend& engine, const dataset& train, const dataset* test,
 
 float trainer::learning_rate_now() const {
     const train_config& tc = options_.train;
-    if (tc.schedule == lr_schedule::constant) return tc.learning_rate;
+    double rate = scaled_learning_rate(tc);
+    // The warm-up reaches the full rate with the step that ends its samples.
+    if (tc.warmup_samples > 0)
+        rate *=
+            std::min(1.0, double(state_.samples_seen + tc.batch_size) / double(tc.warmup_samples));
+    if (tc.schedule == lr_schedule::constant) return float(rate);
     const double total = double(tc.epochs) * double(train_.size());
     const double left = std::max(0.0, 1.0 - double(state_.samples_seen) / total);
     // Never exactly 0: the last step still moves the rows it touches.
-    return float(tc.learning_rate * std::max(left, 1e-3));
+    return float(rate * std::max(left, 1e-3));
 }
 
 epoch_record trainer::run_epoch(bool synchronize_at_end) {
