@@ -28,7 +28,9 @@
 #                                           # each: gpu topk bf16, gpu-dense bf16 and gpu (LSH)
 #                                           # bf16 on amazon670k at full size, wikilshtc325k at
 #                                           # scale 0.25 and amazon3m at scale 0.02 (2,000 test
-#                                           # points scored there); bench's summary
+#                                           # points scored there), and on amazon670k a hybrid
+#                                           # of a top-k GPU worker and an LSH CPU worker;
+#                                           # bench's summary
 #   scripts/gpu_check.sh reproduce [SCALE] [EPOCHS] [PRESET] [REPRODUCE OPTIONS...]
 #                                           # on the GPU machine: scripts/reproduce.sh with its
 #                                           # default configurations (every CPU one, the GPU,
@@ -209,6 +211,8 @@ bench | topk)
         # 2.8M labels: exact scores of every test point would dominate the run.
         [[ $preset == amazon3m ]] && configs=("gpu bf16" "gpu bf16 $p_batch topk" "gpu-dense bf16")
         [[ $mode == topk ]] && configs=("gpu bf16 $p_batch topk" "gpu-dense bf16" "gpu bf16")
+        # Issue 19's hybrid: top-k on the GPU worker beside LSH on a CPU worker.
+        [[ $mode == topk && $preset == amazon670k ]] && configs+=("hybrid bf16 $p_batch topk-gpu")
         for config in "${configs[@]}"; do
             read -r backend precision batch variant <<<"$config"
             batch=${batch:-$p_batch}
@@ -218,7 +222,10 @@ bench | topk)
             extra=(--output-sparsity "$p_sparsity")
             [[ $variant == topk ]] && { extra=(--output-sparsity topk); label="$label topk"; }
             [[ $variant == async ]] && { extra=(--gpu-async-rebuild); label="$label (async rebuild)"; }
-            if [[ $backend == hybrid && $variant == hog ]]; then
+            if [[ $backend == hybrid && $variant == topk-gpu ]]; then
+                extra+=(--workers gpu,cpu --schedule adaptive --worker-output-sparsity topk,lsh)
+                label="$label (gpu topk, cpu lsh)"
+            elif [[ $backend == hybrid && $variant == hog ]]; then
                 extra+=(--workers cpu,gpu --schedule hogbatch --worker-batch "$((batch / 4)),$batch")
                 label="$label (hogbatch $((batch / 4)),$batch)"
             elif [[ $backend == hybrid ]]; then
