@@ -156,6 +156,24 @@ class gpu_backend final : public backend, public row_transfer {
         }
     }
 
+    /// The output layer's active sets of the last step (tests): per sample, as built.
+    std::vector<std::vector<uint32_t>> last_active_sets() {
+        activate();
+        std::vector<std::vector<uint32_t>> sets;
+        if (dense_output_ || last_batch_ == 0) return sets;
+        HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        std::vector<uint32_t> offsets(size_t(last_batch_) + 1);
+        HSLIDE_CUDA_CHECK(cudaMemcpy(offsets.data(), active_.offsets.data(), offsets.size() * 4,
+                                     cudaMemcpyDeviceToHost));
+        std::vector<uint32_t> ids(offsets.back());
+        if (!ids.empty())
+            HSLIDE_CUDA_CHECK(
+                cudaMemcpy(ids.data(), active_.ids.data(), ids.size() * 4, cudaMemcpyDeviceToHost));
+        for (uint32_t s = 0; s < last_batch_; ++s)
+            sets.emplace_back(ids.begin() + offsets[s], ids.begin() + offsets[s + 1]);
+        return sets;
+    }
+
   private:
     /// Rows of a layer moved per transfer: bounds the pinned and device staging blocks.
     static constexpr uint32_t rows_per_chunk = 65536;
@@ -295,6 +313,7 @@ class gpu_backend final : public backend, public row_transfer {
     };
     pending_step pending_;
     int step_parity_ = 0;
+    uint32_t last_batch_ = 0;  // samples of the last training step (last_active_sets)
 
     // Row traffic for hybrid merges (gpu_rows.cuh).
     device_array<uint8_t> changed_[2];      // per row: updated since the last take
@@ -829,6 +848,7 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
     uint32_t labelled = 0;
     for (uint32_t s = 0; s < b; ++s) labelled += batch.data->labels(batch.rows[s]).count > 0;
     pending_ = pending_step{true, parity, b, active_entries, labelled};
+    last_batch_ = b;
     step_parity_ ^= 1;
     return report;
 }
@@ -1124,6 +1144,11 @@ backend_info gpu_backend::info() const {
 
 void finish_table_rebuild(backend& b) {
     if (auto* g = dynamic_cast<gpu_backend*>(&b)) g->finish_table_rebuild();
+}
+
+std::vector<std::vector<uint32_t>> last_output_active_sets(backend& b) {
+    if (auto* g = dynamic_cast<gpu_backend*>(&b)) return g->last_active_sets();
+    return {};
 }
 
 std::unique_ptr<backend> create_gpu_backend(model_state initial, const train_config& train,

@@ -11,7 +11,9 @@
 
 #include "hslide/backend.hpp"
 
+#include <cstdint>
 #include <memory>
+#include <vector>
 
 namespace hslide::gpu {
 
@@ -29,5 +31,10 @@ std::unique_ptr<backend> create_gpu_backend(model_state initial, const train_con
 /// Waits for the table rebuilds a GPU backend made with `async_rebuild` still runs, and puts
 /// the last one in use (tests and benchmarks; nothing for other backends).
 void finish_table_rebuild(backend& b);
+
+/// The output layer's active sets of a GPU backend's last training step, per sample as built
+/// (labels first), after waiting for it (tests; empty for a dense output layer or another
+/// backend).
+std::vector<std::vector<uint32_t>> last_output_active_sets(backend& b);
 
 }  // namespace hslide::gpu
