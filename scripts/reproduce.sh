@@ -36,7 +36,8 @@
 #   gpu, gpu-dense, hybrid-gpu (--workers gpu,cpu)   the CUDA backends
 #   cpu-topk, gpu-topk   the cpu / gpu backend with an exact top-k output layer
 #               (--output-sparsity topk; --top-k from the extra flags, default 64)
-#   torch-cpu, torch-gpu   scripts/baselines/torch_dense.py: PyTorch, full softmax
+#   torch-cpu, torch-gpu   scripts/baselines/torch_dense.py: PyTorch, full softmax (torch-gpu:bf16:
+#               autocast mixed precision, the fastest dense baseline on a GPU)
 # PRECISION is fp32 (default) or bf16; ISA is an `--isa` level (default auto).
 # Environment: PYTHON (default /usr/bin/python3: Debian's python3-torch/-matplotlib).
 #
@@ -218,7 +219,7 @@ for c in "${config_list[@]}"; do
     case $backend in
         cpu | cpu-nolsh | cpu-dense | cpu-topk | gpu | gpu-dense | gpu-topk | hybrid-cpu | hybrid-gpu) ;;
         torch-cpu | torch-gpu)
-            [[ -z $precision && -z $isa ]] || die "configuration '$c': the PyTorch baseline is fp32 only"
+            [[ -z $isa ]] || die "configuration '$c': the PyTorch baseline takes a precision, not an ISA"
             ((has_torch)) || die "configuration '$c': $python cannot import torch and numpy (scripts/setup.sh installs python3-torch)" ;;
         *) die "unknown configuration '$c' (backends: cpu cpu-nolsh cpu-dense cpu-topk hybrid-cpu gpu gpu-dense gpu-topk hybrid-gpu torch-cpu torch-gpu)" ;;
     esac
@@ -296,7 +297,8 @@ for c in "${config_list[@]}"; do
             [[ $backend == torch-gpu ]] && device=cuda
             cmd=("$python" scripts/baselines/torch_dense.py "${torch_data_args[@]}" --device "$device"
                  --hidden "$hidden" --epochs "$n_epochs" --batch-size "$batch" --lr "$lr"
-                 --threads "$threads" --eval-max "$eval_max" --metrics-out "$metrics") ;;
+                 --threads "$threads" --eval-max "$eval_max" --precision "${precision:-fp32}"
+                 --metrics-out "$metrics") ;;
         *)
             cmd=("$hslide" train "${data_args[@]}" "${model_args[@]}" --epochs "$n_epochs" "${common[@]}"
                  --threads "$threads" --precision "${precision:-fp32}" --isa "${isa:-auto}")
