@@ -41,6 +41,8 @@
 // ~0.6-1.2 s), and the sparse forward/backward/Adam on ~1.1k ids a sample as LSH's do; what
 // gpu_check.sh should show for `gpu` topk bf16 at Amazon-670K: on the order of 1-2 s an epoch,
 // below LSH's 4.6 s and dense's 10.9 s (st.active_sets in the step report holds the selection).
+// step_floor.hpp models the whole step's floor (its top-k GEMM row is the one above, with the
+// chunk buffer kept on chip).
 #pragma once
 
 #include "device_memory.hpp"
