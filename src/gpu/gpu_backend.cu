@@ -348,9 +348,12 @@ gpu_backend::gpu_backend(model_state initial, const train_config& train, int dev
                       to_string(train.adam));
     topk_output_ = !dense_output && config.selection(1) == neuron_selection::top_k;
     dense_output_ = dense_output || (!config.uses_lsh(1) && !topk_output_);
-    HSLIDE_CHECK_KIND(!topk_output_ || config.layers[1].top_k <= top_k_max, error_kind::unsupported,
-                      "the GPU backend selects at most {} neurons by top-k (--top-k {})", top_k_max,
-                      config.layers[1].top_k);
+    // k is clamped to the layer (as the CPU's and select_top_k_sets' k): --top-k above the
+    // layer's size takes every neuron, and only the clamped k has to fit the merge buffer.
+    HSLIDE_CHECK_KIND(
+        !topk_output_ || std::min(config.layers[1].top_k, config.layers[1].size) <= top_k_max,
+        error_kind::unsupported, "the GPU backend selects at most {} neurons by top-k (--top-k {})",
+        top_k_max, config.layers[1].top_k);
 
     // Only this backend's device is touched (list_gpus would create a context on every GPU).
     int n_gpus = 0;
