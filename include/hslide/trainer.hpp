@@ -7,6 +7,8 @@
 #include "hslide/config.hpp"
 #include "hslide/dataset.hpp"
 #include "hslide/metrics.hpp"
+#include "hslide/model.hpp"
+#include "hslide/validation.hpp"
 
 #include <cstdint>
 #include <functional>
@@ -59,6 +61,12 @@ struct epoch_record {
     bool evaluated = false;
     metrics_result metrics;
     double eval_seconds = 0;
+    /// With a validation set (validation_options): its metrics after this epoch, and the best
+    /// epoch so far by the chosen metric (this one or an earlier one).
+    bool validated = false;
+    metrics_result valid_metrics;
+    double valid_seconds = 0;
+    uint32_t best_epoch = 0;
 };
 
 /// Options of a training run.
@@ -73,6 +81,7 @@ struct trainer_options {
     std::optional<trainer_state> resume;
     backend_kind backend = backend_kind::cpu;  ///< what trains (for the metrics records)
     bool show_progress = true;
+    validation_options validation;  ///< validation set, best epoch, early stopping
 };
 
 /// Runs training on `engine` (a backend holding the initial replica of the model).
@@ -85,6 +94,13 @@ class trainer {
     std::vector<epoch_record> run(const std::function<void(const epoch_record&)>& on_epoch = {});
 
     const trainer_state& state() const { return state_; }
+    /// The best epoch by the validation metric (0 without a validation set or before one).
+    /// With keep_best, after run() the backend holds its model.
+    uint32_t best_epoch() const { return best_epoch_; }
+    /// Asks run() to stop after the epoch under way (from on_epoch, e.g. a Python callback).
+    void request_stop() { stop_requested_ = true; }
+    /// An epoch's record as one JSON object: the line --metrics-out writes.
+    std::string record_json(const epoch_record& record) const;
 
   private:
     /// One epoch; with `synchronize_at_end`, waits until an asynchronous backend applied it.
@@ -93,6 +109,8 @@ class trainer {
     /// a resumed run continues the same schedule).
     float learning_rate_now() const;
     void write_metrics_record(const epoch_record& record);
+    /// Evaluates the validation set into `record`, and keeps the model when it is the best.
+    void validate_epoch(epoch_record& record);
     void save_checkpoint_now();
 
     backend& backend_;  // holds the model being trained
@@ -102,6 +120,11 @@ class trainer {
     trainer_state state_;
     std::vector<uint32_t> label_counts_;  // of the training set: for PSP@k and checkpoints
     std::vector<double> inverse_propensities_;
+    uint32_t best_epoch_ = 0;
+    double best_value_ = 0;
+    std::optional<model_state> best_model_;  // keep_best: the best epoch's model
+    trainer_state best_state_;
+    bool stop_requested_ = false;
 };
 
 }  // namespace hslide
