@@ -294,7 +294,7 @@ std::vector<epoch_record> trainer::run(const std::function<void(const epoch_reco
         write_metrics_record(record);
         if (on_epoch) on_epoch(record);
         records.push_back(std::move(record));
-        if (v.patience > 0 && epoch - best_epoch_ >= v.patience) {
+        if (v.patience > 0 && epoch < total && epoch - best_epoch_ >= v.patience) {
             spdlog::info(
                 "stopping early: {} has not improved for {} epochs (best: epoch {}, {:.4f})",
                 to_string(v.metric), v.patience, best_epoch_, best_value_);
