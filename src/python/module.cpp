@@ -13,6 +13,7 @@
 #include "hslide/model.hpp"
 #include "hslide/model_options.hpp"
 #include "hslide/progress.hpp"
+#include "hslide/synthetic.hpp"
 #include "hslide/trainer.hpp"
 #include "hslide/validation.hpp"
 
@@ -496,6 +497,21 @@ PYBIND11_MODULE(_core, m) {
     m.def(
         "write_xc", [](const dataset& d, const std::string& path) { write_xc(d, path); },
         py::arg("dataset"), py::arg("path"), py::call_guard<py::gil_scoped_release>());
+    m.def(
+        "synthetic",
+        [](const std::string& preset, double scale, uint64_t labels, uint64_t features,
+           uint64_t seed) {
+            synthetic_config sc;
+            sc.preset = preset;
+            sc.scale = scale;
+            sc.n_labels = labels;
+            sc.n_features = features;
+            sc.seed = seed;
+            synthetic_data data = generate_synthetic(sc, false);
+            return py::make_tuple(std::move(data.train), std::move(data.test));
+        },
+        py::arg("preset"), py::arg("scale"), py::arg("labels"), py::arg("features"),
+        py::arg("seed"));
     m.def("option_names", [] {
         std::vector<std::string> names;
         for (const auto& entry : option_table()) names.push_back(entry.first);

@@ -9,8 +9,12 @@
 Features are a scipy.sparse CSR matrix (float32 or float64; other sparse formats are
 converted); labels a CSR label-indicator matrix (its nonzero entries) or a list of label
 lists. Errors of the library are hslide.Error subclasses: InvalidArgumentError (a ValueError),
-IOError (an OSError) and RuntimeError (a RuntimeError), carrying the library's message.
+IOError (an OSError) and RuntimeError (a RuntimeError), carrying the library's message; a
+missing file is a FileNotFoundError.
 """
+
+import errno as _errno
+import os as _os
 
 import numpy as _np
 import scipy.sparse as _sp
@@ -18,8 +22,15 @@ import scipy.sparse as _sp
 from . import _core
 from ._core import Error, InvalidArgumentError, IOError, RuntimeError  # noqa: A004
 
-__all__ = ["Model", "load", "read_xc", "write_xc", "read_split", "option_names", "Error",
+__all__ = ["Model", "load", "read_xc", "write_xc", "read_split", "synthetic", "option_names", "Error",
            "InvalidArgumentError", "IOError", "RuntimeError"]
+
+
+def _existing(path):
+    path = _os.fspath(path)
+    if not _os.path.exists(path):
+        raise FileNotFoundError(_errno.ENOENT, "No such file or directory", path)
+    return path
 
 
 def option_names():
@@ -135,7 +146,7 @@ class Model:
 
     def save(self, path):
         """Writes the model as an `hslide train --save` checkpoint (`hslide eval --model`)."""
-        self._core.save(str(path))
+        self._core.save(_os.fspath(path))
 
     @property
     def n_features(self):
@@ -160,21 +171,29 @@ def load(path, **options):
     (backend, threads, scoring, ...) say how it predicts."""
     m = Model.__new__(Model)
     m._options = dict(options)
-    m._core = _core.Model.load(str(path), m._options)
+    m._core = _core.Model.load(_existing(path), m._options)
     m.history_ = []
     return m
 
 
 def read_xc(path):
     """(X, Y) of an XC-format file: features (float32 CSR) and a label-indicator CSR matrix."""
-    return _matrices(_core.read_xc(str(path)))
+    return _matrices(_core.read_xc(_existing(path)))
+
+
+def synthetic(preset="amazon670k", scale=0.05, labels=0, features=0, seed=2024):
+    """(X_train, Y_train, X_test, Y_test) from the built-in generator: what `hslide train`
+    trains on without --train (--preset, --scale, --labels, --features, --data-seed)."""
+    train, test = _core.synthetic(preset, float(scale), int(labels), int(features), int(seed))
+    return _matrices(train) + _matrices(test)
 
 
 def read_split(path, n_points, column=1):
     """0-based rows of column `column` (1-based) of an XC split file, as a numpy array."""
-    return _np.asarray(_core.read_split(str(path), int(column), int(n_points)), dtype=_np.int64)
+    return _np.asarray(_core.read_split(_existing(path), int(column), int(n_points)),
+                       dtype=_np.int64)
 
 
 def write_xc(path, X, Y):
     """Writes (X, Y) as an XC-format file (`N D L` header, then `labels f:v ...` per row)."""
-    _core.write_xc(_dataset(X, Y, "X"), str(path))
+    _core.write_xc(_dataset(X, Y, "X"), _os.fspath(path))
