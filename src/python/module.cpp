@@ -9,6 +9,7 @@
 #include "hslide/dataset.hpp"
 #include "hslide/error.hpp"
 #include "hslide/isa.hpp"
+#include "hslide/memory.hpp"
 #include "hslide/metrics.hpp"
 #include "hslide/model.hpp"
 #include "hslide/model_options.hpp"
@@ -459,12 +460,18 @@ PYBIND11_MODULE(_core, m) {
     static py::object runtime = py::reinterpret_steal<py::object>(
         PyErr_NewException("hslide.RuntimeError",
                            py::make_tuple(base, py::handle(PyExc_RuntimeError)).ptr(), nullptr));
+    static py::object no_memory = py::reinterpret_steal<py::object>(
+        PyErr_NewException("hslide.OutOfMemoryError",
+                           py::make_tuple(base, py::handle(PyExc_MemoryError)).ptr(), nullptr));
+    m.attr("OutOfMemoryError") = no_memory;
     m.attr("InvalidArgumentError") = invalid;
     m.attr("IOError") = io;
     m.attr("RuntimeError") = runtime;
     py::register_exception_translator([](std::exception_ptr p) {
         try {
             if (p) std::rethrow_exception(p);
+        } catch (const out_of_memory_error& e) {
+            PyErr_SetString(no_memory.ptr(), e.what());
         } catch (const error& e) {
             const error_kind kind = e.kind();
             PyObject* type = kind == error_kind::invalid_argument || kind == error_kind::bad_input

@@ -9,7 +9,8 @@
 Features are a scipy.sparse CSR matrix (float32 or float64; other sparse formats are
 converted); labels a CSR label-indicator matrix (its nonzero entries) or a list of label
 lists. Errors of the library are hslide.Error subclasses: InvalidArgumentError (a ValueError),
-IOError (an OSError) and RuntimeError (a RuntimeError), carrying the library's message; a
+IOError (an OSError), OutOfMemoryError (a MemoryError, saying what needed how many bytes) and
+RuntimeError (a RuntimeError), carrying the library's message; a
 missing file is a FileNotFoundError.
 """
 
@@ -20,10 +21,11 @@ import numpy as _np
 import scipy.sparse as _sp
 
 from . import _core
-from ._core import Error, InvalidArgumentError, IOError, RuntimeError  # noqa: A004
+from ._core import (Error, InvalidArgumentError, IOError, OutOfMemoryError,  # noqa: A004
+                    RuntimeError)
 
 __all__ = ["Model", "load", "read_xc", "write_xc", "read_split", "synthetic", "option_names", "Error",
-           "InvalidArgumentError", "IOError", "RuntimeError"]
+           "InvalidArgumentError", "IOError", "OutOfMemoryError", "RuntimeError"]
 
 
 def _existing(path):
