@@ -304,6 +304,15 @@ static std::vector<double> reference_logits(const ref_params& p, const model_con
     return {};
 }
 
+/// Neuron ids by decreasing logit (ties: the smaller id first, as the backend ranks them).
+static std::vector<uint32_t> ranking(const std::vector<double>& z) {
+    std::vector<uint32_t> order(z.size());
+    std::iota(order.begin(), order.end(), 0u);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](uint32_t a, uint32_t b) { return z[a] > z[b]; });
+    return order;
+}
+
 TEST(CpuBackend, TopKSetsAreTheLabelsThenTheExactTopKAndReportTheDroppedMass) {
     model_config config = small_config(sparsity_mode::dense, sparsity_mode::topk);
     const dataset data = random_dataset(40, 20, 30, 7, /*unlabelled_every=*/9);
@@ -320,10 +329,7 @@ TEST(CpuBackend, TopKSetsAreTheLabelsThenTheExactTopKAndReportTheDroppedMass) {
     for (uint32_t s = 0; s < 16; ++s) {
         const uint32_t point = 24 + s;
         const std::vector<double> z = reference_logits(p, config, data, point);
-        std::vector<uint32_t> order(z.size());
-        std::iota(order.begin(), order.end(), 0u);
-        std::stable_sort(order.begin(), order.end(),
-                         [&](uint32_t a, uint32_t b) { return z[a] > z[b]; });
+        const std::vector<uint32_t> order = ranking(z);
         const label_row y = data.labels(point);
         std::vector<uint32_t> expected(y.ids, y.ids + y.count), best;
         for (uint32_t i = 0; i < 6; ++i)
@@ -376,10 +382,7 @@ TEST(CpuBackend, SelectionQualityMeasuresTheSetsAgainstTheExactTopLogits) {
         const label_row y = data.labels(point);
         if (y.count == 0) continue;
         const std::vector<double> z = reference_logits(p, config, data, point);
-        std::vector<uint32_t> order(z.size());
-        std::iota(order.begin(), order.end(), 0u);
-        std::stable_sort(order.begin(), order.end(),
-                         [&](uint32_t a, uint32_t b) { return z[a] > z[b]; });
+        const std::vector<uint32_t> order = ranking(z);
         uint32_t found = 0;
         for (uint32_t i = 0; i < y.count; ++i)
             found += std::find(order.begin(), order.begin() + 6, y.ids[i]) != order.begin() + 6;

@@ -32,6 +32,8 @@ class recording_backend final : public backend {
     std::vector<rebuild_call> rebuilds;
     uint64_t samples = 0;
     double loss_per_sample = 1.0;
+    std::vector<std::vector<uint32_t>> probes;  // points of each measure_selection call
+    bool measures = true;
 
     step_report train_batch(const batch_view& batch, float learning_rate) override {
         batches.emplace_back(batch.rows, batch.rows + batch.size);
@@ -41,7 +43,20 @@ class recording_backend final : public backend {
         r.samples = batch.size;
         r.loss_sum = loss_per_sample * batch.size;
         r.active_per_layer = {1, 1};
+        r.output_rows_touched = 2;  // of the 3 labels
+        r.steps_counted = 1;
         return r;
+    }
+    selection_quality measure_selection(const batch_view& batch, uint32_t top) override {
+        probes.emplace_back(batch.rows, batch.rows + batch.size);
+        if (!measures) return {};
+        selection_quality q;
+        q.points = batch.size;
+        q.top = top;
+        q.top_recall = 0.25;
+        q.label_recall = 0.5;
+        q.mean_set_size = 7;
+        return q;
     }
     void rebuild_tables(bool new_functions) override {
         rebuilds.push_back({samples, new_functions});
@@ -216,6 +231,61 @@ TEST(Trainer, LearningRateIsConstantOrDecaysLinearlyToTheEnd) {
     EXPECT_GT(linear.learning_rates.back(), 0.0f);
 }
 
+TEST(Trainer, MeasuresTheSelectionOnTheSameTrainingPointsEveryEpoch) {
+    // After every epoch that is synchronised (evaluated, saved, or the last).
+    const dataset data = points(95), test = points(10);
+    recording_backend a;
+    trainer_options o = options(3);
+    o.selection_probe_points = 20;
+    o.selection_probe_top = 5;
+    const std::vector<epoch_record> records = trainer(a, data, &test, o).run();
+    ASSERT_EQ(a.probes.size(), 3u);
+    EXPECT_EQ(a.probes[0].size(), 20u);
+    EXPECT_TRUE(std::is_sorted(a.probes[0].begin(), a.probes[0].end()));
+    EXPECT_EQ(std::adjacent_find(a.probes[0].begin(), a.probes[0].end()), a.probes[0].end());
+    EXPECT_LT(a.probes[0].back(), 95u);
+    for (const auto& p : a.probes) EXPECT_EQ(p, a.probes[0]);
+    ASSERT_TRUE(records.back().selection);
+    EXPECT_EQ(records.back().selection->top, 5u);
+    EXPECT_EQ(records.back().selection->top_recall, 0.25);
+    ASSERT_TRUE(records.back().touched_share);
+    EXPECT_NEAR(*records.back().touched_share, 2.0 / 3.0, 1e-12);
+    // A backend that does not measure is asked once.
+    recording_backend b;
+    b.measures = false;
+    const std::vector<epoch_record> none = trainer(b, data, &test, o).run();
+    EXPECT_EQ(b.probes.size(), 1u);
+    EXPECT_FALSE(none.back().selection);
+}
+
+TEST(Trainer, LargeBatchRulesScaleTheRateAndTheWarmUpRampsItUp) {
+    const dataset data = points(100);
+    trainer_options o = options(1);  // batches of 10
+    o.train.learning_rate = 0.01f;
+    o.train.lr_base_batch = 40;
+    for (const auto& [scaling, factor] :
+         {std::pair{lr_batch_scaling::none, 1.0}, std::pair{lr_batch_scaling::sqrt, 0.5},
+          std::pair{lr_batch_scaling::linear, 0.25}}) {
+        recording_backend b;
+        o.train.lr_scaling = scaling;
+        trainer(b, data, nullptr, o).run();
+        ASSERT_EQ(b.learning_rates.size(), 10u);
+        for (const float lr : b.learning_rates) EXPECT_FLOAT_EQ(lr, float(0.01 * factor));
+    }
+    // A warm-up over 40 samples: steps 1..4 at 1/4..4/4 of the rate, then the rate; under the
+    // linear schedule both apply.
+    recording_backend warm, both;
+    o.train.lr_scaling = lr_batch_scaling::none;
+    o.train.warmup_samples = 40;
+    trainer(warm, data, nullptr, o).run();
+    for (size_t step = 0; step < 10; ++step)
+        EXPECT_NEAR(warm.learning_rates[step], 0.01 * std::min(1.0, (step + 1) / 4.0), 1e-9)
+            << "step " << step;
+    o.train.schedule = lr_schedule::linear;
+    trainer(both, data, nullptr, o).run();
+    EXPECT_NEAR(both.learning_rates[1], 0.01 * 0.5 * (1.0 - 10.0 / 100.0), 1e-9);
+    o.train.lr_base_batch = 0;
+    EXPECT_THROW(validate(o.train), hslide::error);
 namespace {
 
 /// A backend whose predictions get better or worse with the epochs as `quality` says: after

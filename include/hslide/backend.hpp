@@ -7,7 +7,7 @@
 // which one it talks to. Calls on one backend are not concurrent; different backends may be
 // driven from different threads.
 //
-// Nine virtuals, the destructor counted (ten at most, issue #21): the core a trainer needs.
+// Ten virtuals, the destructor counted (ten at most, issue #21): the core a trainer needs.
 // The row-level transfers that only the hybrid's merges use are a separate, optional
 // interface (hslide/row_transfer.hpp), and so are a multi-device backend's per-worker
 // statistics (hslide/worker_stats.hpp). Which backends exist, what each supports (the GPU
@@ -18,6 +18,7 @@
 #include "hslide/config.hpp"
 #include "hslide/dataset.hpp"
 #include "hslide/model.hpp"
+#include "hslide/selection_quality.hpp"
 #include "hslide/step_report.hpp"
 #include "hslide/worker_stats.hpp"
 
@@ -85,6 +86,14 @@ class backend {
     /// train_batch of an asynchronous backend (the hybrid one) may return before its batch is
     /// trained, with the report of earlier ones; synchronous backends return an empty report.
     virtual step_report synchronize() { return {}; }
+
+    /// How well the output layer's active sets retrieve the exact top `top` logits and the
+    /// labels of `batch`'s points (selection_quality.hpp), chosen as training would but without
+    /// the labels forced in; the trainer asks once an epoch, on a fixed sample of training
+    /// points. The default measures nothing (points == 0).
+    virtual selection_quality measure_selection(const batch_view& batch, uint32_t top) {
+        return {};
+    }
 
     // Optional interfaces (ggml style): a backend offers one by registering it in its
     // constructor; callers ask for it rather than test which backend they hold.

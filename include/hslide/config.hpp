@@ -142,12 +142,29 @@ enum class lr_schedule {
 lr_schedule parse_lr_schedule(const std::string& name);
 const char* to_string(lr_schedule schedule);
 
+/// How the learning rate follows the batch size: a large-batch rule. Bigger batches take fewer
+/// steps an epoch, so at the same rate they learn less per epoch (on the GPU, batch 1024 reached
+/// a third of batch 256's P@1 after 2 epochs: issue #20); a rule scales the rate with the batch,
+/// relative to the batch the rate was tuned at (`lr_base_batch`).
+enum class lr_batch_scaling {
+    none,    ///< `learning_rate` whatever the batch
+    sqrt,    ///< times sqrt(batch_size / lr_base_batch): Adam's rule (Malladi et al., 2022)
+    linear,  ///< times batch_size / lr_base_batch: SGD's rule (Goyal et al., 2017)
+};
+lr_batch_scaling parse_lr_batch_scaling(const std::string& name);
+const char* to_string(lr_batch_scaling scaling);
+
 /// Optimisation and schedule settings.
 struct train_config {
     uint32_t epochs = 10;
     uint32_t batch_size = 128;
     float learning_rate = 2e-3f;
     lr_schedule schedule = lr_schedule::constant;
+    lr_batch_scaling lr_scaling = lr_batch_scaling::none;
+    uint32_t lr_base_batch = 256;
+    /// Samples over which the rate ramps up linearly from 0 at the start of training (0 = none);
+    /// large scaled rates want it.
+    uint64_t warmup_samples = 0;
     float adam_beta1 = 0.9f;
     float adam_beta2 = 0.999f;
     float adam_epsilon = 1e-8f;
@@ -169,6 +186,9 @@ struct adam_corrections {
     float c1, c2;
 };
 adam_corrections adam_bias_corrections(const train_config& train, uint64_t t);
+
+/// The learning rate at the start of the schedule: learning_rate under the batch-size rule.
+float scaled_learning_rate(const train_config& train);
 
 /// Throws hslide::error naming the setting when a configuration cannot work.
 void validate(const model_config& model);

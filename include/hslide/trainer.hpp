@@ -56,6 +56,14 @@ struct epoch_record {
     /// Top-k output layers: the mean softmax mass of the output rows a sample's active set
     /// left out (their gradient is dropped); unset for other selections.
     std::optional<double> dropped_mass;
+    /// The mean share of the output layer's rows a step's update touched (backends that count
+    /// them: the CPU ones).
+    std::optional<double> touched_share;
+    /// The active sets against exact scoring on a fixed sample of training points, after the
+    /// epoch (backends that measure it: the CPU one), and the seconds it took (counted in
+    /// `seconds`, not in `epoch_seconds`).
+    std::optional<selection_quality> selection;
+    double selection_seconds = 0;
     stage_times times;                  ///< summed over the epoch
     std::vector<worker_stats> workers;  ///< per worker of a hybrid backend (else empty)
     bool evaluated = false;
@@ -80,6 +88,10 @@ struct trainer_options {
     /// checkpoint's model). Unset: a fresh start.
     std::optional<trainer_state> resume;
     backend_kind backend = backend_kind::cpu;  ///< what trains (for the metrics records)
+    /// Training points on which the active sets are measured after every epoch (0 = never),
+    /// and how many exact top logits their recall is against.
+    uint32_t selection_probe_points = 256;
+    uint32_t selection_probe_top = 32;
     bool show_progress = true;
     validation_options validation;  ///< validation set, best epoch, early stopping
 };
@@ -120,6 +132,7 @@ class trainer {
     trainer_state state_;
     std::vector<uint32_t> label_counts_;  // of the training set: for PSP@k and checkpoints
     std::vector<double> inverse_propensities_;
+    std::vector<uint32_t> probe_rows_;  // training points the selection is measured on
     uint32_t best_epoch_ = 0;
     double best_value_ = 0;
     std::optional<model_state> best_model_;  // keep_best: the best epoch's model

@@ -82,6 +82,19 @@ int run_train(int argc, char** argv) {
                    "constant, or linear: decay to 0 over the run (from --lr at the start)")
         ->check(CLI::IsMember({"constant", "linear"}))
         ->capture_default_str();
+    std::string lr_scaling = to_string(tc.lr_scaling);
+    app.add_option("--lr-scaling", lr_scaling,
+                   "large-batch rule: none, sqrt (--lr x sqrt(batch / --lr-base-batch), for "
+                   "Adam) or linear (x batch / --lr-base-batch)")
+        ->check(CLI::IsMember({"none", "sqrt", "linear"}))
+        ->capture_default_str();
+    app.add_option("--lr-base-batch", tc.lr_base_batch,
+                   "the batch size --lr is tuned for (--lr-scaling)")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    app.add_option("--warmup", tc.warmup_samples,
+                   "samples over which the learning rate ramps up from 0 at the start (0 = none)")
+        ->capture_default_str();
     app.add_option("--lr", tc.learning_rate, "Adam learning rate")
         ->check(CLI::PositiveNumber)
         ->capture_default_str();
@@ -115,6 +128,15 @@ int run_train(int argc, char** argv) {
                    "evaluation scoring: exact (every label), lsh (the LSH active set only), or "
                    "auto (lsh for LSH output layers)")
         ->check(CLI::IsMember({"auto", "exact", "lsh"}))
+        ->capture_default_str();
+    app.add_option("--selection-probe", to.selection_probe_points,
+                   "after each evaluated epoch, score this many training points exactly and report "
+                   "how well the output layer's active sets (labels not forced) hold their top "
+                   "--selection-top logits and their labels (0 = never)")
+        ->capture_default_str();
+    app.add_option("--selection-top", to.selection_probe_top,
+                   "the exact top logits the selection probe's recall is against")
+        ->check(CLI::PositiveNumber)
         ->capture_default_str();
     app.add_option("--eval-max", to.eval.max_points,
                    "evaluate on at most this many test points (0 = all)")
@@ -165,6 +187,7 @@ int run_train(int argc, char** argv) {
     data.show_progress = show_progress;
     tc.adam = parse_adam_mode(adam);
     tc.schedule = parse_lr_schedule(schedule);
+    tc.lr_scaling = parse_lr_batch_scaling(lr_scaling);
     to.eval.scoring = parse_scoring(scoring);
     to.eval.show_progress = show_progress;
     to.show_progress = show_progress;
@@ -310,6 +333,11 @@ int run_train(int argc, char** argv) {
             "epoch {:>3}/{}  {:7.1f} s  {:9.0f} samples/s  loss {:.4f}  active {:.0f}", r.epoch,
             tc.epochs, r.epoch_seconds, r.samples_per_s, r.loss, r.mean_active_output);
         if (r.dropped_mass) line += fmt::format("  dropped {:.4f}", *r.dropped_mass);
+        if (r.touched_share) line += fmt::format("  rows {:.1f}%", 100 * *r.touched_share);
+        if (r.selection)
+            line += fmt::format("  recall@{} {:.3f} labels {:.3f} set {:.0f}", r.selection->top,
+                                r.selection->top_recall, r.selection->label_recall,
+                                r.selection->mean_set_size);
         if (r.evaluated)
             line += fmt::format("  P@1 {:.4f} P@3 {:.4f} P@5 {:.4f}", r.metrics.p_at(1),
                                 r.metrics.p_at(3), r.metrics.p_at(5));

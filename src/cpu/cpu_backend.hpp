@@ -91,7 +91,7 @@ class cpu_backend final : public backend, public row_transfer {
     /// against each point's exact top `top` logits (selection_quality.hpp). Brings deferred
     /// rows up to date first, as predict does; draws its random fills from its own seed.
     /// points == 0 when the layer before the output has active sets (no exact scoring).
-    selection_quality measure_selection(const batch_view& batch, uint32_t top);
+    selection_quality measure_selection(const batch_view& batch, uint32_t top) override;
 
     /// Forward and backward on `batch` without updating: writes the batch-mean gradient of
     /// the loss into `gradient` (shaped like the model; zero where the batch did not touch)
@@ -233,6 +233,9 @@ class cpu_backend final : public backend, public row_transfer {
     /// unless the output layer is asked for every neuron), or the hidden layers only.
     void forward_sample(const dataset& data, uint32_t point, uint32_t s, output_pass output,
                         uint64_t sample_seed, thread_scratch& scratch);
+    /// The hidden layers (forward_sample, output skipped) of points batch.rows[begin..+n) into
+    /// sample buffers 0..n-1, point i drawing from derive_seed(seed, i).
+    void forward_hidden_chunk(const batch_view& batch, uint32_t begin, uint32_t n, uint64_t seed);
     /// predict with exact scores, a chunk of points at a time (score_output_exactly).
     void predict_exact(const batch_view& batch, uint32_t k, uint32_t* labels, float* scores);
     void backward_sample(uint32_t s, thread_scratch& scratch);

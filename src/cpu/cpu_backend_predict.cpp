@@ -59,6 +59,18 @@ void cpu_backend::forward_sample(const dataset& data, uint32_t point, uint32_t s
     }
 }
 
+void cpu_backend::forward_hidden_chunk(const batch_view& batch, uint32_t begin, uint32_t n,
+                                       uint64_t seed) {
+#pragma omp parallel num_threads(threads_)
+    {
+        thread_scratch& scratch = scratch_[omp_get_thread_num()];
+#pragma omp for schedule(dynamic, 4)
+        for (int64_t s = 0; s < int64_t(n); ++s)
+            forward_sample(*batch.data, batch.rows[begin + s], uint32_t(s), output_pass::skip,
+                           derive_seed(seed, uint64_t(begin) + uint64_t(s)), scratch);
+    }
+}
+
 void cpu_backend::predict_exact(const batch_view& batch, uint32_t k, uint32_t* labels,
                                 float* scores) {
     const uint32_t chunk = exact_chunk(k);
@@ -66,15 +78,7 @@ void cpu_backend::predict_exact(const batch_view& batch, uint32_t k, uint32_t* l
     ensure_buffers(std::min(chunk, batch.size));
     for (uint32_t begin = 0; begin < batch.size; begin += chunk) {
         const uint32_t n = std::min(chunk, batch.size - begin);
-#pragma omp parallel num_threads(threads_)
-        {
-            thread_scratch& scratch = scratch_[omp_get_thread_num()];
-#pragma omp for schedule(dynamic, 4)
-            for (int64_t s = 0; s < int64_t(n); ++s)
-                // The hidden layers only (the seed serves LSH hidden layers, as per point).
-                forward_sample(*batch.data, batch.rows[begin + s], uint32_t(s), output_pass::skip,
-                               derive_seed(seed, uint64_t(begin) + uint64_t(s)), scratch);
-        }
+        forward_hidden_chunk(batch, begin, n, seed);
         score_output_exactly(0, n, k, /*with_log_partition=*/false);
         std::copy(exact_labels_.begin(), exact_labels_.begin() + size_t(n) * k,
                   labels + size_t(begin) * k);

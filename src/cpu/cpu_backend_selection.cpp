@@ -168,14 +168,7 @@ selection_quality cpu_backend::measure_selection(const batch_view& batch, uint32
     const label_row no_labels{nullptr, 0};
     for (uint32_t begin = 0; begin < batch.size; begin += chunk) {
         const uint32_t n = std::min(chunk, batch.size - begin);
-#pragma omp parallel num_threads(threads_)
-        {
-            thread_scratch& scratch = scratch_[omp_get_thread_num()];
-#pragma omp for schedule(dynamic, 4)
-            for (int64_t s = 0; s < int64_t(n); ++s)
-                forward_sample(*batch.data, batch.rows[begin + s], uint32_t(s), output_pass::skip,
-                               derive_seed(seed, uint64_t(begin) + uint64_t(s)), scratch);
-        }
+        forward_hidden_chunk(batch, begin, n, seed);
         score_output_exactly(0, n, k, /*with_log_partition=*/false);
 #pragma omp parallel num_threads(threads_)
         {

@@ -30,6 +30,10 @@ const std::pair<const char*, scoring_mode> scoring_names[] = {
     {"auto", scoring_mode::automatic}, {"exact", scoring_mode::exact}, {"lsh", scoring_mode::lsh}};
 const std::pair<const char*, lr_schedule> schedule_names[] = {{"constant", lr_schedule::constant},
                                                               {"linear", lr_schedule::linear}};
+const std::pair<const char*, lr_batch_scaling> scaling_names[] = {
+    {"none", lr_batch_scaling::none},
+    {"sqrt", lr_batch_scaling::sqrt},
+    {"linear", lr_batch_scaling::linear}};
 const std::pair<const char*, input_normalization> normalization_names[] = {
     {"none", input_normalization::none}, {"l2", input_normalization::l2}};
 const std::pair<const char*, precision_mode> precision_names[] = {{"fp32", precision_mode::fp32},
@@ -48,6 +52,26 @@ lr_schedule parse_lr_schedule(const std::string& name) {
 }
 const char* to_string(lr_schedule schedule) {
     return name_of(schedule, schedule_names);
+}
+
+lr_batch_scaling parse_lr_batch_scaling(const std::string& name) {
+    return parse_named(name, "learning-rate batch scaling", scaling_names);
+}
+const char* to_string(lr_batch_scaling scaling) {
+    return name_of(scaling, scaling_names);
+}
+
+float scaled_learning_rate(const train_config& train) {
+    const double ratio = double(train.batch_size) / double(train.lr_base_batch);
+    switch (train.lr_scaling) {
+        case lr_batch_scaling::none:
+            return train.learning_rate;
+        case lr_batch_scaling::sqrt:
+            return float(train.learning_rate * std::sqrt(ratio));
+        case lr_batch_scaling::linear:
+            return float(train.learning_rate * ratio);
+    }
+    return train.learning_rate;
 }
 
 input_normalization parse_input_normalization(const std::string& name) {
@@ -131,6 +155,7 @@ void validate(const model_config& model) {
 
 void validate(const train_config& train) {
     HSLIDE_CHECK(train.batch_size > 0, "batch-size must be positive");
+    HSLIDE_CHECK(train.lr_base_batch > 0, "lr-base-batch must be positive");
     HSLIDE_CHECK(train.learning_rate > 0 && std::isfinite(train.learning_rate),
                  "learning rate must be a positive number, got {}", train.learning_rate);
     HSLIDE_CHECK(train.adam_beta1 >= 0 && train.adam_beta1 < 1, "adam beta1 must be in [0, 1)");

@@ -73,6 +73,16 @@ trainer::trainer(backend& engine, const dataset& train, const dataset* test,
         inverse_propensities_ =
             inverse_propensities(label_counts_, train_.size(), options_.eval.metrics.propensity_a,
                                  options_.eval.metrics.propensity_b);
+    if (options_.selection_probe_points > 0) {
+        // A fixed sample, so every epoch's measurement is of the same points.
+        std::vector<uint32_t> all(train_.size());
+        std::iota(all.begin(), all.end(), 0u);
+        rng probe_gen(derive_seed(options_.train.seed, 0x9e1ec7));
+        shuffle(all.begin(), all.end(), probe_gen);
+        all.resize(std::min<size_t>(all.size(), options_.selection_probe_points));
+        std::sort(all.begin(), all.end());
+        probe_rows_ = std::move(all);
+    }
     if (options_.resume) {
         state_ = *options_.resume;
         spdlog::info("resuming after epoch {} ({} samples)", state_.epochs_done,
@@ -82,11 +92,16 @@ trainer::trainer(backend& engine, const dataset& train, const dataset* test,
 
 float trainer::learning_rate_now() const {
     const train_config& tc = options_.train;
-    if (tc.schedule == lr_schedule::constant) return tc.learning_rate;
+    double rate = scaled_learning_rate(tc);
+    // The warm-up reaches the full rate with the step that ends its samples.
+    if (tc.warmup_samples > 0)
+        rate *=
+            std::min(1.0, double(state_.samples_seen + tc.batch_size) / double(tc.warmup_samples));
+    if (tc.schedule == lr_schedule::constant) return float(rate);
     const double total = double(tc.epochs) * double(train_.size());
     const double left = std::max(0.0, 1.0 - double(state_.samples_seen) / total);
     // Never exactly 0: the last step still moves the rows it touches.
-    return float(tc.learning_rate * std::max(left, 1e-3));
+    return float(rate * std::max(left, 1e-3));
 }
 
 epoch_record trainer::run_epoch(bool synchronize_at_end) {
@@ -116,6 +131,7 @@ epoch_record trainer::run_epoch(bool synchronize_at_end) {
     // as they finish, possibly after the epoch that queued them.
     double loss_sum = 0, dropped_mass_sum = 0;
     uint64_t active_output = 0, reported = 0, full_softmax_samples = 0;
+    uint64_t rows_touched = 0, steps_counted = 0;
     auto add_report = [&](const step_report& report, size_t at_sample) {
         HSLIDE_CHECK_KIND(
             std::isfinite(report.loss_sum), error_kind::runtime,
@@ -125,6 +141,8 @@ epoch_record trainer::run_epoch(bool synchronize_at_end) {
             record.epoch, at_sample, report.loss_sum);
         loss_sum += report.loss_sum;
         dropped_mass_sum += report.dropped_mass_sum;
+        rows_touched += report.output_rows_touched;
+        steps_counted += report.steps_counted;
         full_softmax_samples += report.full_softmax_samples;
         if (!report.active_per_layer.empty()) active_output += report.active_per_layer.back();
         reported += report.samples;
@@ -159,6 +177,9 @@ epoch_record trainer::run_epoch(bool synchronize_at_end) {
     record.mean_active_output = reported ? double(active_output) / double(reported) : 0.0;
     if (full_softmax_samples > 0)
         record.dropped_mass = dropped_mass_sum / double(full_softmax_samples);
+    if (steps_counted > 0 && train_.n_labels > 0)
+        record.touched_share =
+            double(rows_touched) / double(steps_counted) / double(train_.n_labels);
     record.workers = backend_.take_worker_stats();
     return record;
 }
@@ -172,6 +193,14 @@ std::string trainer::record_json(const epoch_record& r) const {
     j["loss"] = r.loss;
     j["mean_active_output"] = r.mean_active_output;
     if (r.dropped_mass) j["dropped_mass"] = *r.dropped_mass;
+    if (r.touched_share) j["touched_share"] = *r.touched_share;
+    if (r.selection)
+        j["selection"] = {{"points", r.selection->points},
+                          {"top", r.selection->top},
+                          {"top_recall", r.selection->top_recall},
+                          {"label_recall", r.selection->label_recall},
+                          {"mean_set_size", r.selection->mean_set_size},
+                          {"seconds", r.selection_seconds}};
     j["backend"] = to_string(options_.backend);
     j["peak_rss_bytes"] = peak_rss_bytes();
     j["stage_seconds"] = {{"hashing", r.times.hashing},  {"active_sets", r.times.active_sets},
@@ -279,8 +308,23 @@ std::vector<epoch_record> trainer::run(const std::function<void(const epoch_reco
         const bool last = epoch == total;
         const bool due = options_.eval_every > 0 && epoch % options_.eval_every == 0;
         const bool evaluate_now = test_ && test_->size() > 0 && (due || last);
-        epoch_record record =
-            run_epoch(evaluate_now || last || validating || !options_.save_path.empty());
+        const bool synchronized =
+            evaluate_now || last || validating || !options_.save_path.empty();
+        epoch_record record = run_epoch(synchronized);
+        if (synchronized && !probe_rows_.empty()) {
+            const auto t0 = clock_type::now();
+            const selection_quality q = backend_.measure_selection(
+                {&train_, probe_rows_.data(), uint32_t(probe_rows_.size())},
+                options_.selection_probe_top);
+            if (q.points > 0) {
+                record.selection = q;
+                record.selection_seconds = seconds_since(t0);
+                state_.seconds += record.selection_seconds;
+                record.seconds = state_.seconds;
+            } else {
+                probe_rows_.clear();  // the backend does not measure: stop asking
+            }
+        }
         if (validating) validate_epoch(record);
         if (evaluate_now) {
             const auto t0 = clock_type::now();
