@@ -308,8 +308,7 @@ std::vector<epoch_record> trainer::run(const std::function<void(const epoch_reco
         const bool last = epoch == total;
         const bool due = options_.eval_every > 0 && epoch % options_.eval_every == 0;
         const bool evaluate_now = test_ && test_->size() > 0 && (due || last);
-        const bool synchronized =
-            evaluate_now || last || validating || !options_.save_path.empty();
+        const bool synchronized = evaluate_now || last || validating || !options_.save_path.empty();
         epoch_record record = run_epoch(synchronized);
         if (synchronized && !probe_rows_.empty()) {
             const auto t0 = clock_type::now();
