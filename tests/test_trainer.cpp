@@ -286,6 +286,8 @@ TEST(Trainer, LargeBatchRulesScaleTheRateAndTheWarmUpRampsItUp) {
     EXPECT_NEAR(both.learning_rates[1], 0.01 * 0.5 * (1.0 - 10.0 / 100.0), 1e-9);
     o.train.lr_base_batch = 0;
     EXPECT_THROW(validate(o.train), hslide::error);
+}
+
 namespace {
 
 /// A backend whose predictions get better or worse with the epochs as `quality` says: after
