@@ -104,6 +104,8 @@ struct options {
     std::optional<std::string> keep_best;
     uint32_t patience = 0;
     double valid_fraction = 0;
+    uint32_t selection_probe = trainer_options{}.selection_probe_points;
+    uint32_t selection_top = trainer_options{}.selection_probe_top;
     bool progress = false;
     std::string log_level = "warn";
 
@@ -167,6 +169,13 @@ const std::map<std::string, setter>& option_table() {
              o.train.schedule = parse_lr_schedule(v.cast<std::string>());
          }},
         {"lr", [](options& o, py::handle v) { o.train.learning_rate = v.cast<float>(); }},
+        {"lr_scaling",
+         [](options& o, py::handle v) {
+             o.train.lr_scaling = parse_lr_batch_scaling(v.cast<std::string>());
+         }},
+        {"lr_base_batch",
+         [](options& o, py::handle v) { o.train.lr_base_batch = v.cast<uint32_t>(); }},
+        {"warmup", [](options& o, py::handle v) { o.train.warmup_samples = v.cast<uint64_t>(); }},
         {"beta1", [](options& o, py::handle v) { o.train.adam_beta1 = v.cast<float>(); }},
         {"beta2", [](options& o, py::handle v) { o.train.adam_beta2 = v.cast<float>(); }},
         {"adam_eps", [](options& o, py::handle v) { o.train.adam_epsilon = v.cast<float>(); }},
@@ -187,6 +196,9 @@ const std::map<std::string, setter>& option_table() {
          [](options& o, py::handle v) { o.eval.metrics.propensity_a = v.cast<double>(); }},
         {"propensity_b",
          [](options& o, py::handle v) { o.eval.metrics.propensity_b = v.cast<double>(); }},
+        {"selection_probe",
+         [](options& o, py::handle v) { o.selection_probe = v.cast<uint32_t>(); }},
+        {"selection_top", [](options& o, py::handle v) { o.selection_top = v.cast<uint32_t>(); }},
         // validation-driven training
         {"keep_best",
          [](options& o, py::handle v) {
@@ -296,6 +308,8 @@ class model {
         to.eval.show_progress = options_.progress;
         to.show_progress = options_.progress;
         to.backend = options_.device.kind;
+        to.selection_probe_points = options_.selection_probe;
+        to.selection_probe_top = options_.selection_top;
         vo.valid = valid.size() > 0 ? &valid : nullptr;
         to.validation = vo;
         trainer run(*engine_, train, nullptr, to);
