@@ -246,7 +246,9 @@ options parse_options(const py::dict& given) {
 /// A model: its options, and once fitted or loaded, a backend holding it.
 class model {
   public:
-    explicit model(const py::dict& given) : options_(parse_options(given)) {}
+    explicit model(const py::dict& given) : options_(parse_options(given)) {
+        setup_logging(options_.log_level, false);
+    }
 
     static std::unique_ptr<model> load(const std::string& path, const py::dict& given) {
         auto m = std::make_unique<model>(given);
@@ -254,14 +256,12 @@ class model {
         m->state_ = ck.trainer;
         m->label_counts_ = std::move(ck.label_counts);
         m->train_points_ = ck.train_points;
-        m->options_.train.adam = adam_mode::sparse;  // scoring only until fitted again
         m->open(std::move(ck.model));
         return m;
     }
 
     py::list fit(const dataset& train_in, const dataset* valid_in, std::optional<uint32_t> epochs,
                  py::object callback) {
-        setup_logging(options_.log_level, false);
         train_config tc = options_.train;
         if (epochs) tc.epochs = *epochs;
         validate(tc);
@@ -340,7 +340,6 @@ class model {
         train_points_ = train.size();
         state_ = run.state();
         best_epoch_ = run.best_epoch();
-        options_.train = tc;
         if (failure) std::rethrow_exception(failure);
         return history;
     }

@@ -180,3 +180,16 @@ def test_bibtex_same_p1_as_cli(bibtex, tmp_path, cli):
     theirs = last_json(tmp_path / "bibtex.jsonl")
     assert ours["p@1"] == theirs["p@1"] and ours["p@5"] == theirs["p@5"]
     assert ours["p@1"] > 0.4
+
+
+def test_fit_starts_fresh_each_time(tiny):
+    """fit(epochs=1) does not change the options: a second fit trains the model's own epochs
+    from scratch, the same model as a fresh one."""
+    X, Y, Xt, _ = tiny
+    model = hslide.Model(**FAST)
+    model.fit(X, Y, epochs=1)
+    assert model.epochs_done == 1
+    model.fit(X, Y)
+    assert model.epochs_done == FAST["epochs"]
+    np.testing.assert_array_equal(model.predict(Xt, 3)[0],
+                                  hslide.Model(**FAST).fit(X, Y).predict(Xt, 3)[0])
