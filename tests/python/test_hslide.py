@@ -170,16 +170,16 @@ def test_bibtex_same_p1_as_cli(bibtex, tmp_path, cli):
     X, Y = hslide.read_xc(data)
     train = hslide.read_split(train_split, X.shape[0])
     test = hslide.read_split(test_split, X.shape[0])
-    options = dict(hidden=128, epochs=3, threads=2, seed=5, deterministic=True)
+    options = dict(hidden=64, epochs=2, threads=2, seed=5, deterministic=True)
     model = hslide.Model(**options).fit(X[train], Y[train])
     ours = model.evaluate(X[test], Y[test])
     run_cli(cli, "train", "--train", data, "--train-split", train_split, "--test-split",
-            test_split, "--hidden", 128, "--epochs", 3, "--threads", 2, "--seed", 5,
+            test_split, "--hidden", 64, "--epochs", 2, "--threads", 2, "--seed", 5,
             "--deterministic", "--eval-every", 0, "-q", "--metrics-out",
             tmp_path / "bibtex.jsonl")
     theirs = last_json(tmp_path / "bibtex.jsonl")
     assert ours["p@1"] == theirs["p@1"] and ours["p@5"] == theirs["p@5"]
-    assert ours["p@1"] > 0.4
+    assert ours["p@1"] > 0.25, ours  # 0.31: it learns
 
 
 def test_fit_starts_fresh_each_time(tiny):
