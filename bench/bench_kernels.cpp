@@ -227,6 +227,30 @@ void dots16_small(benchmark::State& state, const kernel_table& k) {
     report(state, bytes, 2.0 * inputs * small_rows * width);
 }
 
+// dots16_bf16 on the same block in bf16, the inputs in pairs: exact scoring's product in bf16
+// precision (levels without it score per input with active_dots_bf16, as the row beside).
+void dots16_bf16_small(benchmark::State& state, const kernel_table& k) {
+    if (!k.dots16_bf16) {
+        state.SkipWithError("no native dots16_bf16 on this level");
+        return;
+    }
+    aligned_array<bf16> w16(size_t(small_rows) * stride);
+    fill_bf16(w16.data(), w16.size(), -0.05f, 0.05f, 38);
+    const auto bias = random_floats(small_rows, -0.01f, 0.01f, 39);
+    const uint32_t inputs = 16;
+    aligned_array<bf16> xp(size_t(inputs) * width);
+    fill_bf16(xp.data(), xp.size(), 0.0f, 1.0f, 40);
+    std::vector<float> out(size_t(inputs) * small_rows);
+    for (auto _ : state) {
+        k.dots16_bf16(w16.data(), stride, width, small_rows, xp.data(), bias.data(), out.data());
+        benchmark::DoNotOptimize(out.data());
+        benchmark::ClobberMemory();
+    }
+    const double bytes =
+        double(small_rows) * (width * 2.0 + 4.0 * (1 + inputs)) + double(inputs) * width * 2.0;
+    report(state, bytes, 2.0 * inputs * small_rows * width);
+}
+
 // weighted_vector_sum of `n` vectors (a row's gradient over the samples of a batch that
 // touched it; 128 = a dense layer's row in a batch of 128).
 void weighted_vector_sum_bench(benchmark::State& state, const kernel_table& k, uint32_t n) {
@@ -523,6 +547,7 @@ void register_all() {
                [](benchmark::State& s, const kernel_table& k) { active_dots_small<bf16>(s, k); });
 
     each_level("dots16", "rows:1024/inputs:16/width:256", dots16_small);
+    each_level("dots16_bf16", "rows:1024/inputs:16/width:256", dots16_bf16_small);
     each_level(
         "weighted_vector_sum", "n:128/width:256",
         [](benchmark::State& s, const kernel_table& k) { weighted_vector_sum_bench(s, k, 128); });

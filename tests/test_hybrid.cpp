@@ -984,3 +984,40 @@ TEST(HybridCli, BibtexHybridOfTwoOneThreadWorkersMatchesSingleBackendP1) {
     EXPECT_GT(single, 0.58);
     EXPECT_NEAR(hybrid, single, 0.01);
 }
+
+TEST(Hybrid, WorkersMayChooseTheirOwnOutputNeurons) {
+    // A top-k worker beside an LSH one: both train the one model, each selecting its own
+    // rows; the model keeps its own setting.
+    model_config config = tiny_config();
+    config.layers.back().sparsity = sparsity_mode::lsh;
+    config.layers.back().top_k = 4;
+    const model_state initial = model_state::create(config, 9);
+    dataset data = counting_dataset(512);
+    hybrid_options h;
+    std::vector<model_config> made;
+    for (const sparsity_mode own : {sparsity_mode::topk, sparsity_mode::lsh}) {
+        hybrid_worker_options w;
+        w.device.kind = backend_kind::cpu;
+        w.device.threads = 1;
+        w.batch_size = 32;
+        w.output_sparsity = own;
+        w.make_device = [&made, w](const model_state& replica, const train_config& train) {
+            made.push_back(replica.config);
+            return create_backend(w.device, replica, train);
+        };
+        h.workers.push_back(w);
+    }
+    h.merge_every = 128;
+    auto hybrid = create_hybrid_backend(h, initial, train_config{});
+    ASSERT_EQ(made.size(), 2u);
+    EXPECT_EQ(made[0].selection(made[0].layers.size() - 1), neuron_selection::top_k);
+    EXPECT_EQ(made[1].selection(made[1].layers.size() - 1), neuron_selection::lsh);
+    EXPECT_EQ(feed(*hybrid, data, 512, 64), 512u);
+    model_state after;
+    hybrid->export_state(after, true);
+    EXPECT_EQ(after.config.layers.back().sparsity, sparsity_mode::lsh);
+    double moved = 0;
+    for (size_t i = 0; i < after.layers[1].weights.size(); ++i)
+        moved += std::abs(after.layers[1].weights[i] - initial.layers[1].weights[i]);
+    EXPECT_GT(moved, 0.0);
+}

@@ -627,6 +627,47 @@ TEST_P(kernel_level, dots16) {
     }
 }
 
+TEST_P(kernel_level, dots16_bf16) {
+    // bf16 rows with NaN in their padding against 16 bf16 inputs in pairs (the odd width's last
+    // pair padded with zeros, as the layout says); the native level against the scalar one.
+    if (!k().dots16_bf16) {
+        EXPECT_NE(k().level, isa_level::avx512bf16) << "the bf16 level has a native kernel";
+        GTEST_SKIP() << k().name << " has no native dots16_bf16 (exact scoring takes "
+                     << "active_dots_bf16 per input there)";
+    }
+    rng g = gen(15);
+    for (uint32_t width : test_sizes) {
+        for (uint32_t n : {0u, 1u, 7u, 8u, 9u, 17u, 100u}) {
+            SCOPED_TRACE("width = " + std::to_string(width) + ", n = " + std::to_string(n));
+            const rows_block<bf16> block = random_rows_bf16(n + 1, width, g);
+            const uint32_t pairs = (width + 1) / 2;
+            guarded<bf16> xp(size_t(pairs) * 32, nan_bf16);
+            for (uint32_t i = 0; i < 2 * pairs; ++i)
+                for (uint32_t j = 0; j < 16; ++j)
+                    xp[(i / 2) * 32 + j * 2 + i % 2] =
+                        i < width ? float_to_bf16(normal(g)) : bf16{0};
+            const auto bias = random_vector(n + 1, g, nan_f);
+            for (int use_bias = 0; use_bias < 2; ++use_bias) {
+                const float* b = use_bias ? bias.data() : nullptr;
+                guarded<float> got(size_t(n) * 16, canary_f), want(size_t(n) * 16, canary_f);
+                k().dots16_bf16(block.data.data(), block.stride, width, n, xp.data(), b,
+                                got.data());
+                ref().dots16_bf16(block.data.data(), block.stride, width, n, xp.data(), b,
+                                  want.data());
+                EXPECT_TRUE(all_close(got.data(), want.data(), got.size(), [&](size_t e) {
+                    const size_t a = e / 16, j = e % 16;
+                    double mag = use_bias ? std::fabs(bias[a]) : 0.0;
+                    for (uint32_t i = 0; i < width; ++i)
+                        mag += std::fabs(double(bf16_to_float(block.row(a)[i])) *
+                                         bf16_to_float(xp[(i / 2) * 32 + j * 2 + i % 2]));
+                    return reduction_bound(mag);
+                }));
+                EXPECT_TRUE(got.guards_intact());
+            }
+        }
+    }
+}
+
 TEST_P(kernel_level, weighted_vector_sum) {
     // Vectors in separate allocations, each with NaN guards (a read past `width` poisons the
     // sum); the update relies on the result equalling n axpy calls of the same level bit for

@@ -93,6 +93,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -116,6 +117,12 @@ struct hybrid_worker_options {
     /// Threads of its merge passes (0 = its CPU threads for a CPU worker, 1 for a GPU worker:
     /// its feeding thread's core, the others being the CPU worker's).
     int merge_threads = 0;
+    /// This worker's choice of output neurons, in place of the model's (e.g. top-k on a GPU
+    /// worker beside LSH on a CPU one). Sound: the workers train one set of weights, and a
+    /// selection only decides which rows a step reads and updates, so each replica may choose
+    /// its own; merges move rows whatever chose them. The model (exports, checkpoints) keeps
+    /// its own setting. Unset: the model's.
+    std::optional<sparsity_mode> output_sparsity;
     /// Makes the device instead of create_backend(device, ...) when set (tests, custom devices).
     std::function<std::unique_ptr<backend>(const model_state&, const train_config&)> make_device;
 };

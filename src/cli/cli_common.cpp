@@ -247,6 +247,10 @@ void add_hybrid_options(CLI::App& app, hybrid_cli& o) {
     app.add_option("--update-share", o.share,
                    "hybrid, adaptive: relative share of model updates per worker")
         ->capture_default_str();
+    app.add_option("--worker-output-sparsity", o.output_sparsity,
+                   "hybrid: each worker's choice of output neurons, e.g. topk,lsh (model: the "
+                   "model's --output-sparsity; one value, or one per worker)")
+        ->capture_default_str();
     app.add_option(
            "--merge-every", o.merge_every,
            "hybrid: samples a worker trains between merges into the shared model (0 = "
@@ -366,6 +370,13 @@ hybrid_options make_hybrid_options(const hybrid_cli& o, const backend_options& d
         HSLIDE_CHECK(w.batch_size > 0, "--worker-batch sizes must be positive");
         w.update_share = value(o.share, "--update-share", i);
         HSLIDE_CHECK(w.update_share > 0, "--update-share values must be positive");
+        const std::vector<std::string> sparsity = split(o.output_sparsity);
+        HSLIDE_CHECK(sparsity.size() == 1 || sparsity.size() == n,
+                     "--worker-output-sparsity has {} values for {} hybrid workers (give one, or "
+                     "one per worker)",
+                     sparsity.size(), n);
+        const std::string& own = sparsity.size() == 1 ? sparsity[0] : sparsity[i];
+        if (own != "model") w.output_sparsity = parse_sparsity(own);
         h.workers.push_back(w);
     }
     return h;

@@ -65,6 +65,7 @@ struct hybrid_cli {
     std::string threads = "0";
     std::string batch = "auto";  // a CPU worker: --batch-size (/ 4 beside a GPU); a GPU: x 8
     std::string share = "1";
+    std::string output_sparsity = "model";  // per worker: model (the model's) or a sparsity
     uint64_t merge_every = 0;
     uint32_t first_layer_merge_every = hybrid_options{}.first_layer_merge_every;
     int merge_threads = 0;

@@ -254,8 +254,9 @@ void cpu_backend::score_output_exactly(uint32_t first, uint32_t n, uint32_t k,
     // Here a block of rows small enough to stay in L2 is scored against the chunk's points
     // before the next block is read, so the layer streams once a chunk. In fp32, dots16
     // multiplies the block by 16 points at once (the hidden vectors transposed): a GEMM
-    // without horizontal sums. Its sums run in element order, so scores can differ from the
-    // per-point kernel's in the last bits; bf16 keeps the per-point kernel over the block.
+    // without horizontal sums; in bf16, dots16_bf16 does the same with vdpbf16ps. Their sums
+    // run in another order than the per-point kernels', so scores can differ from those of the
+    // forward pass in the last bits.
     const size_t out_layer = model_.layers.size() - 1;
     const layer_state& layer = model_.layers[out_layer];
     const uint32_t width = layer.width;
@@ -278,6 +279,12 @@ void cpu_backend::score_output_exactly(uint32_t first, uint32_t n, uint32_t k,
         block_log_partition_.resize(size_t(n_blocks) * n);
         exact_log_partition_.resize(n);
     }
+    // bf16 with a native dots16_bf16: the points in pairs, 16 at a time, as fp32's dots16 takes
+    // them transposed (the buffer holds (n + 15) / 16 * 16 * in_stride floats, twice what this
+    // needs); without one, a row of bf16 a point for active_dots_bf16.
+    const bool paired = use_bf16() && k_.dots16_bf16;
+    const uint32_t pairs = (width + 1) / 2;
+    bf16* const hidden16 = reinterpret_cast<bf16*>(hidden_matrix_.data());
     std::vector<std::vector<scored_label>> best(static_cast<size_t>(threads_));
     std::vector<std::vector<uint32_t>> best_count(static_cast<size_t>(threads_));
 #pragma omp parallel num_threads(threads_)
@@ -287,7 +294,14 @@ void cpu_backend::score_output_exactly(uint32_t first, uint32_t n, uint32_t k,
 #pragma omp for schedule(static)
         for (int64_t s = 0; s < int64_t(n); ++s) {
             const std::vector<float>& h = samples_[first + uint32_t(s)].layers[out_layer - 1].act;
-            if (use_bf16()) {
+            if (paired) {
+                // Groups of 16 points in pairs: element i of point s at
+                // [(s / 16) * pairs * 32 + (i / 2) * 32 + (s % 16) * 2 + i % 2].
+                bf16* group = hidden16 + size_t(s / 16) * pairs * 32 + (s % 16) * 2;
+                k_.to_bf16(h.data(), scratch.input16.data(), width);
+                for (uint32_t i = 0; i < 2 * pairs; ++i)
+                    group[size_t(i / 2) * 32 + i % 2] = i < width ? scratch.input16[i] : bf16{0};
+            } else if (use_bf16()) {
                 k_.to_bf16(h.data(),
                            reinterpret_cast<bf16*>(hidden_matrix_.data()) + size_t(s) * in_stride,
                            width);
@@ -299,7 +313,13 @@ void cpu_backend::score_output_exactly(uint32_t first, uint32_t n, uint32_t k,
             }
         }
         // The last group's missing points: zeros (their scores are never read).
-        if (!use_bf16())
+        if (paired)
+#pragma omp single
+            for (uint32_t s = n; s % 16 != 0; ++s) {
+                bf16* group = hidden16 + size_t(s / 16) * pairs * 32 + (s % 16) * 2;
+                for (uint32_t i = 0; i < 2 * pairs; ++i) group[size_t(i / 2) * 32 + i % 2] = 0;
+            }
+        else if (!use_bf16())
 #pragma omp single
             for (uint32_t s = n; s % 16 != 0; ++s) {
                 float* group = hidden_matrix_.data() + size_t(s / 16) * width * 16;
@@ -322,7 +342,14 @@ void cpu_backend::score_output_exactly(uint32_t first, uint32_t n, uint32_t k,
                 const uint32_t n_x = std::min(inputs, n - s0);
                 // Score of row r0 + i for point s0 + j: logits[i * row_step + j * col_step].
                 size_t row_step = 1, col_step = block_rows;
-                if (use_bf16()) {
+                if (paired) {
+                    const bf16_weights& w16 = weights16_[out_layer];
+                    k_.dots16_bf16(w16.row(r0), w16.stride, width, nb,
+                                   hidden16 + size_t(s0 / 16) * pairs * 32, layer.bias.data() + r0,
+                                   logits.data());
+                    row_step = inputs;
+                    col_step = 1;
+                } else if (use_bf16()) {
                     const bf16_weights& w16 = weights16_[out_layer];
                     const bf16* x16 = reinterpret_cast<const bf16*>(hidden_matrix_.data());
                     for (uint32_t j = 0; j < n_x; ++j)

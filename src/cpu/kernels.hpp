@@ -95,6 +95,14 @@ struct kernel_table {
     /// avx512bf16 level).
     void (*active_dots_bf16)(const bf16* rows, size_t stride, uint32_t width, const uint32_t* ids,
                              uint32_t n, const bf16* x, const float* bias, float* out);
+    /// dots16 over bf16 rows and 16 bf16 inputs stored in pairs: element i of input j at
+    /// xp[(i / 2) * 32 + j * 2 + i % 2], the odd width's last pair padded with zeros:
+    /// out[a * 16 + j] = bias[a] + <row a, input j> (bias == nullptr: no bias), accumulated in
+    /// fp32 (vdpbf16ps sums each pair of products before adding it). Exact scoring's product in
+    /// bf16. nullptr on levels without native bf16 products: callers take active_dots_bf16 per
+    /// input there.
+    void (*dots16_bf16)(const bf16* rows, size_t stride, uint32_t width, uint32_t n, const bf16* xp,
+                        const float* bias, float* out);
     /// weighted_row_sum over bf16 rows, accumulating into fp32 `out`.
     void (*weighted_row_sum_bf16)(const bf16* rows, size_t stride, uint32_t width,
                                   const uint32_t* ids, const float* coef, uint32_t n, float* out);

@@ -36,11 +36,51 @@ void active_dots_dpbf16(const bf16* rows, size_t stride, uint32_t width, const u
     active_dots_with(row_dot_bf16, rows, stride, width, ids, n, x, bias, out);
 }
 
+// R rows against the 16 inputs: per pair of elements, one load of the inputs' pairs and R
+// broadcasts of a row's pair feed R vdpbf16ps, each lane one input.
+template <uint32_t R>
+void dots16_bf16_rows(const bf16* rows, size_t stride, uint32_t width, uint32_t a, const bf16* xp,
+                      const float* bias, float* out) {
+    __m512 acc[R];
+    for (uint32_t r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    const uint32_t pairs = width / 2;
+    const bf16* w = rows + size_t(a) * stride;
+    for (uint32_t p = 0; p < pairs; ++p) {
+        const __m512bh x = load_pairs(xp + size_t(p) * 32);
+        for (uint32_t r = 0; r < R; ++r) {
+            uint32_t pair;
+            __builtin_memcpy(&pair, w + r * stride + 2 * p, 4);
+            acc[r] = _mm512_dpbf16_ps(acc[r],
+                                      reinterpret_cast<__m512bh>(_mm512_set1_epi32(int(pair))), x);
+        }
+    }
+    if (width % 2) {  // the last element alone: the row's padding is never read
+        const __m512bh x = load_pairs(xp + size_t(pairs) * 32);
+        for (uint32_t r = 0; r < R; ++r) {
+            const uint32_t pair = w[r * stride + width - 1];
+            acc[r] = _mm512_dpbf16_ps(acc[r],
+                                      reinterpret_cast<__m512bh>(_mm512_set1_epi32(int(pair))), x);
+        }
+    }
+    for (uint32_t r = 0; r < R; ++r) {
+        const __m512 s = bias ? _mm512_add_ps(acc[r], _mm512_set1_ps(bias[a + r])) : acc[r];
+        _mm512_storeu_ps(out + size_t(a + r) * 16, s);
+    }
+}
+
+void dots16_dpbf16(const bf16* rows, size_t stride, uint32_t width, uint32_t n, const bf16* xp,
+                   const float* bias, float* out) {
+    constexpr uint32_t R = 8;  // independent chains to cover vdpbf16ps' latency
+    uint32_t a = 0;
+    for (; a + R <= n; a += R) dots16_bf16_rows<R>(rows, stride, width, a, xp, bias, out);
+    for (; a < n; ++a) dots16_bf16_rows<1>(rows, stride, width, a, xp, bias, out);
+}
+
 }  // namespace
 
 const kernel_table& avx512bf16_kernels() {
-    static const kernel_table table =
-        make_table<avx512_ops>("avx512bf16", isa_level::avx512bf16, active_dots_dpbf16);
+    static const kernel_table table = make_table<avx512_ops>("avx512bf16", isa_level::avx512bf16,
+                                                             active_dots_dpbf16, dots16_dpbf16);
     return table;
 }
 

@@ -123,6 +123,18 @@ void active_dots_bf16_scalar(const bf16* rows, size_t stride, uint32_t width, co
     active_dots_impl(rows, stride, width, ids, n, x, bias, out, bf16_to_float);
 }
 
+void dots16_bf16_scalar(const bf16* rows, size_t stride, uint32_t width, uint32_t n, const bf16* xp,
+                        const float* bias, float* out) {
+    for (uint32_t a = 0; a < n; ++a)
+        for (uint32_t j = 0; j < 16; ++j) {
+            float s = 0.0f;
+            for (uint32_t i = 0; i < width; ++i)
+                s += bf16_to_float(rows[a * stride + i]) *
+                     bf16_to_float(xp[(i / 2) * 32 + j * 2 + i % 2]);
+            out[a * 16 + j] = bias ? s + bias[a] : s;
+        }
+}
+
 void weighted_row_sum_bf16_scalar(const bf16* rows, size_t stride, uint32_t width,
                                   const uint32_t* ids, const float* coef, uint32_t n, float* out) {
     weighted_row_sum_impl(rows, stride, width, ids, coef, n, out, bf16_to_float);
@@ -145,6 +157,7 @@ const kernel_table& scalar_kernels() {
                                     weighted_vector_sum_scalar,
                                     to_bf16_scalar,
                                     active_dots_bf16_scalar,
+                                    dots16_bf16_scalar,
                                     weighted_row_sum_bf16_scalar};
     return table;
 }

@@ -270,10 +270,12 @@ void to_bf16_simd(const float* x, bf16* out, uint32_t n) {
     if (i < n) V::store_bf16_n(out + i, V::load_n(x + i, n - i), n - i);
 }
 
-// The table of one level; `dots_bf16` lets a level put a native bf16 dot product in place.
+// The table of one level; `dots_bf16` and `dots16_bf16` let a level put native bf16 products in
+// place (none: exact scoring in bf16 takes dots_bf16 per input).
 template <class V>
 constexpr kernel_table make_table(const char* name, isa_level level,
-                                  decltype(kernel_table::active_dots_bf16) dots_bf16) {
+                                  decltype(kernel_table::active_dots_bf16) dots_bf16,
+                                  decltype(kernel_table::dots16_bf16) dots16_bf16 = nullptr) {
     return kernel_table{name,
                         level,
                         dot_simd<V>,
@@ -288,6 +290,7 @@ constexpr kernel_table make_table(const char* name, isa_level level,
                         weighted_vector_sum_simd<V>,
                         to_bf16_simd<V>,
                         dots_bf16,
+                        dots16_bf16,
                         weighted_row_sum_simd<V, bf16>};
 }
 

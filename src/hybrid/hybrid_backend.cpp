@@ -55,6 +55,7 @@ hybrid_backend::hybrid_backend(const hybrid_options& options, const model_state&
                  "the first layer's merge period must be at least 1 (every merge)");
     HSLIDE_CHECK(options_.merge_rows_per_thread >= 1, "merge rows per thread must be positive");
     shared_ = initial.parameters();
+    config_ = initial.config;
     for (const layer_state& layer : shared_.layers) row_version_.emplace_back(layer.rows, 0);
     offer_worker_stats(this);
     std::vector<int> kind_count(backend_registry().size(), 0);
@@ -68,9 +69,20 @@ hybrid_backend::hybrid_backend(const hybrid_options& options, const model_state&
         w->name =
             fmt::format("{}{}", to_string(wo.device.kind), kind_count[size_t(wo.device.kind)]++);
         w->index = workers_.size();
+        // A worker choosing its own output neurons holds a replica that says so.
+        std::optional<model_state> own;
+        if (wo.output_sparsity && *wo.output_sparsity != initial.config.layers.back().sparsity) {
+            own = initial;
+            own->config.layers.back().sparsity = *wo.output_sparsity;
+        }
         try {
-            w->device = wo.make_device ? wo.make_device(initial, train)
-                                       : create_backend(wo.device, initial, train);
+            if (own) validate(own->config);
+            if (wo.make_device)
+                w->device = wo.make_device(own ? *own : initial, train);
+            else if (own)
+                w->device = create_backend(wo.device, std::move(*own), train);  // no second copy
+            else
+                w->device = create_backend(wo.device, initial, train);
         } catch (const error& e) {
             const bool no_gpu = caps.needs_gpu && e.kind() == error_kind::unsupported;
             throw error(
@@ -368,6 +380,7 @@ void hybrid_backend::export_state(model_state& out, bool with_optimizer) const {
     const_cast<hybrid_backend*>(this)->synchronize_models();
     // The first worker's replica is the shared model now, with its own Adam moments.
     workers_.front()->device->export_state(out, with_optimizer);
+    out.config = config_;
 }
 
 void hybrid_backend::import_state(const model_state& in, bool with_optimizer) {

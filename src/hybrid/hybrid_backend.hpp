@@ -143,6 +143,7 @@ class hybrid_backend final : public backend, public worker_stats_source {
 
     std::mutex shared_mu_;  // the shared model, its version and its rows' versions
     model_state shared_;
+    model_config config_;   // the model's own (workers may choose their output neurons otherwise)
     uint64_t version_ = 0;  // merges (and imports) so far
     std::vector<std::vector<uint64_t>>
         row_version_;  // per layer and row: last version to change it
