@@ -123,7 +123,7 @@ def config_parts(config):
     parts = (config.split("@")[0].split(":") + ["", ""])[:3]
     backend, precision, isa = parts
     if backend.startswith("torch"):
-        return backend, "fp32", ""
+        return backend, precision or "fp32", ""
     return backend, precision or "fp32", isa or "auto"
 
 

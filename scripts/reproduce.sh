@@ -34,7 +34,8 @@
 #   cpu-dense   hslide's full-softmax OpenBLAS backend (--backend cpu-dense)
 #   hybrid-cpu  --backend hybrid --workers cpu,cpu (the threads shared between the workers)
 #   gpu, gpu-dense, hybrid-gpu (--workers gpu,cpu)   the CUDA backends
-#   torch-cpu, torch-gpu   scripts/baselines/torch_dense.py: PyTorch, full softmax
+#   torch-cpu, torch-gpu   scripts/baselines/torch_dense.py: PyTorch, full softmax (torch-gpu:bf16:
+#               autocast mixed precision, the fastest dense baseline on a GPU)
 # PRECISION is fp32 (default) or bf16; ISA is an `--isa` level (default auto).
 # Environment: PYTHON (default /usr/bin/python3: Debian's python3-torch/-matplotlib).
 #
@@ -216,7 +217,7 @@ for c in "${config_list[@]}"; do
     case $backend in
         cpu | cpu-nolsh | cpu-dense | gpu | gpu-dense | hybrid-cpu | hybrid-gpu) ;;
         torch-cpu | torch-gpu)
-            [[ -z $precision && -z $isa ]] || die "configuration '$c': the PyTorch baseline is fp32 only"
+            [[ -z $isa ]] || die "configuration '$c': the PyTorch baseline takes a precision, not an ISA"
             ((has_torch)) || die "configuration '$c': $python cannot import torch and numpy (scripts/setup.sh installs python3-torch)" ;;
         *) die "unknown configuration '$c' (backends: cpu cpu-nolsh cpu-dense hybrid-cpu gpu gpu-dense hybrid-gpu torch-cpu torch-gpu)" ;;
     esac
@@ -293,7 +294,8 @@ for c in "${config_list[@]}"; do
             [[ $backend == torch-gpu ]] && device=cuda
             cmd=("$python" scripts/baselines/torch_dense.py "${torch_data_args[@]}" --device "$device"
                  --hidden "$hidden" --epochs "$n_epochs" --batch-size "$batch" --lr "$lr"
-                 --threads "$threads" --eval-max "$eval_max" --metrics-out "$metrics") ;;
+                 --threads "$threads" --eval-max "$eval_max" --precision "${precision:-fp32}"
+                 --metrics-out "$metrics") ;;
         *)
             cmd=("$hslide" train "${data_args[@]}" "${model_args[@]}" --epochs "$n_epochs" "${common[@]}"
                  --threads "$threads" --precision "${precision:-fp32}" --isa "${isa:-auto}")

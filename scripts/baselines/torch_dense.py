@@ -207,6 +207,11 @@ def main():
     p.add_argument("--eval-batch", type=int, default=256)
     p.add_argument("--eval-max", type=int, default=0, help="test points used (0 = all)")
     p.add_argument("--normalize", default="l2", choices=["l2", "none"])
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                   help="bf16: forward and backward under torch.autocast (bf16 GEMMs, fp32 "
+                        "master weights, Adam and softmax), PyTorch's mixed precision")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model (PyTorch 2.0 or later)")
     a = p.parse_args()
 
     if not a.test and not a.test_split:
@@ -215,6 +220,10 @@ def main():
     if a.device == "cuda" and not torch.cuda.is_available():
         print("torch_dense.py: --device cuda but this PyTorch sees no CUDA GPU", file=sys.stderr)
         return 1
+    if a.compile and not hasattr(torch, "compile"):
+        print(f"torch_dense.py: --compile needs PyTorch 2.0 or later (this is {torch.__version__})",
+              file=sys.stderr)
+        return 2
     if a.threads > 0:
         torch.set_num_threads(a.threads)
     device = torch.device(a.device)
@@ -247,6 +256,12 @@ def main():
     gen = torch.Generator().manual_seed(a.seed)
     model = Net(n_features, hidden, n_labels, gen).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=a.lr, betas=(a.beta1, a.beta2), eps=a.adam_eps)
+    run = torch.compile(model) if a.compile else model
+
+    def mixed():
+        """The forward pass's precision: autocast to bf16, or nothing for fp32."""
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16,
+                              enabled=a.precision == "bf16")
     shuffle = np.random.default_rng(a.seed)
     seconds = 0.0
     for epoch in range(1, a.epochs + 1):
@@ -264,8 +279,9 @@ def main():
             sync(device)
             stages["transfer"] += time.perf_counter() - t
             t = time.perf_counter()
-            logits = model(ids, off, vals)
-            log_p = torch.log_softmax(logits, dim=1)
+            with mixed():
+                logits = run(ids, off, vals)
+            log_p = torch.log_softmax(logits.float(), dim=1)
             loss_total = -(log_p[t_rows, t_labels] * t_weights).sum()
             loss = loss_total / len(rows)
             sync(device)
@@ -290,18 +306,19 @@ def main():
         t_eval = time.perf_counter()
         model.eval()
         hits = np.zeros(5)
-        with torch.no_grad():
+        with torch.no_grad(), mixed():
             for begin in range(0, n_test, a.eval_batch):
                 rows = np.arange(begin, min(n_test, begin + a.eval_batch))
                 ids, off, vals = batch_tensors(rows, te_ids, te_vals, te_off, device)
-                top = torch.topk(model(ids, off, vals), min(5, n_labels), dim=1).indices.cpu()
+                top = torch.topk(run(ids, off, vals).float(), min(5, n_labels), dim=1).indices.cpu()
                 for i, row in enumerate(rows):
                     y = set(te_labels[row])
                     rel = np.array([int(l) in y for l in top[i].tolist()] + [False] * 5)[:5]
                     hits += np.cumsum(rel)
         eval_seconds = time.perf_counter() - t_eval
         seconds += eval_seconds
-        record = {"backend": f"torch-{a.device}", "epoch": epoch, "seconds": seconds,
+        record = {"backend": f"torch-{a.device}", "precision": a.precision,
+                  "compiled": a.compile, "epoch": epoch, "seconds": seconds,
                   "epoch_seconds": epoch_seconds, "samples_per_s": n_train / epoch_seconds,
                   "loss": loss_sum / n_train, "mean_active_output": float(n_labels),
                   "peak_rss_bytes": peak_rss_bytes(), "stage_seconds": stages}
