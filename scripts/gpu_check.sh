@@ -16,6 +16,8 @@
 #                                           # (default 0.1), EPOCHS each (default 2), with the
 #                                           # preset's network (scripts/presets.sh): gpu fp32,
 #                                           # gpu bf16, gpu-dense bf16 and cpu (all cores),
+#                                           # PyTorch on the GPU in fp32 and bf16 autocast on
+#                                           # amazon670k (where python3 has torch with CUDA),
 #                                           # the preset's batch; on amazon670k also gpu bf16
 #                                           # at batch 1024 and with --gpu-async-rebuild, and
 #                                           # hybrid cpu+gpu (adaptive; hogbatch); gpu and
@@ -208,6 +210,13 @@ bench | topk)
         configs=("gpu fp32" "gpu bf16" "gpu bf16 $p_batch topk" "gpu-dense bf16" "cpu fp32")
         [[ $preset == amazon670k ]] &&
             configs+=("gpu bf16 1024" "gpu bf16 $p_batch async" "hybrid fp32" "hybrid fp32 $p_batch hog")
+        # The PyTorch baseline in fp32 and in bf16 autocast (the fastest dense baseline the
+        # sparse paths are measured against, issue 22), where this machine's python3 has torch
+        # with CUDA.
+        if [[ $preset == amazon670k ]] &&
+            python3 -c 'import torch, numpy, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
+            configs+=("torch fp32" "torch bf16")
+        fi
         # 2.8M labels: exact scores of every test point would dominate the run.
         [[ $preset == amazon3m ]] && configs=("gpu bf16" "gpu bf16 $p_batch topk" "gpu-dense bf16")
         [[ $mode == topk ]] && configs=("gpu bf16 $p_batch topk" "gpu-dense bf16" "gpu bf16")
@@ -233,10 +242,18 @@ bench | topk)
             fi
             [[ $preset == amazon3m ]] && extra+=(--eval-max 2000)
             [[ $mode == topk ]] && extra+=(--eval-every 1)  # P@1 after each epoch
-            "$root/bin/hslide" train --train "$data/train.txt" --test "$data/test.txt" \
-                --backend "$backend" --precision "$precision" --epochs "$epochs" "${network[@]}" \
-                --batch-size "$batch" --no-progress --metrics-out "$work/$name.jsonl" "${extra[@]}" \
-                >"$work/$name.log" 2>&1 || echo "| $preset@$preset_scale | $label | $precision | failed: see $name.log in $mode-logs.tar.gz |" >>"$summary"
+            if [[ $backend == torch ]]; then
+                rm -f "$work/$name.jsonl"  # torch_dense.py appends
+                python3 scripts/baselines/torch_dense.py --train "$data/train.txt" \
+                    --test "$data/test.txt" --device cuda --hidden "$p_hidden" --epochs "$epochs" \
+                    --batch-size "$batch" --precision "$precision" --metrics-out "$work/$name.jsonl" \
+                    >"$work/$name.log" 2>&1 || echo "| $preset@$preset_scale | $label | $precision | failed: see $name.log in $mode-logs.tar.gz |" >>"$summary"
+            else
+                "$root/bin/hslide" train --train "$data/train.txt" --test "$data/test.txt" \
+                    --backend "$backend" --precision "$precision" --epochs "$epochs" "${network[@]}" \
+                    --batch-size "$batch" --no-progress --metrics-out "$work/$name.jsonl" "${extra[@]}" \
+                    >"$work/$name.log" 2>&1 || echo "| $preset@$preset_scale | $label | $precision | failed: see $name.log in $mode-logs.tar.gz |" >>"$summary"
+            fi
             if [[ -s $work/$name.jsonl ]]; then
                 python3 - "$work/$name.jsonl" "$preset@$preset_scale" "$label" "$precision" >>"$summary" <<'EOF'
 import json, statistics, sys

@@ -8,7 +8,9 @@ packages=(build-essential cmake pkg-config libcli11-dev libfmt-dev libspdlog-dev
           # --backend cpu-dense (and PyTorch's matrix products: no reference-BLAS fallback)
           libopenblas-dev libopenblas0-pthread
           # scripts/reproduce.sh: the PyTorch baseline, the report's plots (for /usr/bin/python3)
-          python3-torch python3-numpy python3-matplotlib)
+          python3-torch python3-numpy python3-matplotlib
+          # the Python module (build/python/hslide) and its tests (ctest's python_tests)
+          pybind11-dev python3-pybind11 python3-dev python3-scipy python3-pytest)
 
 missing=()
 for p in "${packages[@]}"; do

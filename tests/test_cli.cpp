@@ -329,6 +329,43 @@ TEST(Cli, BibtexWithDefaultsReachesP1OfAtLeast060) {
     EXPECT_GE(hslide::testing::last_p_at_1(out.file("m.jsonl")), 0.60) << r.output;
 }
 
+TEST(Cli, KeepBestWithPatienceSavesTheBestEpochsModel) {
+    temp_dir dir;
+    const std::string model = dir.file("best.ckpt"), metrics = dir.file("m.jsonl");
+    // A high learning rate on a small hidden layer: the validation P@1 peaks and falls.
+    auto r = run_hslide("train" + tiny_args() +
+                        "--hidden 16 --min-active 64 --epochs 8 --lr 0.03 --valid-fraction 0.25 "
+                        "--keep-best p@1 --patience 2 --save " +
+                        model + " --metrics-out " + metrics);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto lines = hslide::testing::read_lines(metrics);
+    ASSERT_FALSE(lines.empty());
+    const auto last = nlohmann::json::parse(lines.back());
+    const uint32_t best = last.at("best_epoch");
+    double best_p1 = -1;
+    uint32_t argmax = 0;
+    for (const std::string& line : lines) {
+        const auto j = nlohmann::json::parse(line);
+        const double p1 = j.at("valid").at("p@1");
+        if (p1 > best_p1) best_p1 = p1, argmax = j.at("epoch");
+    }
+    EXPECT_EQ(best, argmax);
+    // (On this data: best epoch 4, stopped after epoch 6.)
+    if (lines.size() < 8) EXPECT_EQ(lines.size(), size_t(best) + 2) << "patience 2";
+    // The final line and the saved checkpoint are the best epoch's model.
+    const auto best_record = nlohmann::json::parse(lines[best - 1]);
+    EXPECT_NE(r.output.find(fmt::format("[best epoch {}]", best)), std::string::npos) << r.output;
+    r = run_hslide("eval --model " + model + " --test " + tiny_data_dir() +
+                   "/test.txt --no-cache -q --metrics-out " + dir.file("eval.jsonl"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto eval = nlohmann::json::parse(hslide::testing::read_lines(dir.file("eval.jsonl"))[0]);
+    EXPECT_DOUBLE_EQ(double(eval.at("p@1")), double(best_record.at("p@1")));
+
+    r = run_hslide("train" + tiny_args() + "--epochs 1 --keep-best p@1");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("need a validation set"), std::string::npos) << r.output;
+}
+
 TEST(Cli, BibtexTopKReachesTheDenseP1) {
     // Issue #19's check: top-64 of Bibtex's 159 labels, forced (without the random fill, which
     // would make every set the whole layer), against the dense layer (P@1 0.6195).

@@ -287,3 +287,121 @@ TEST(Trainer, LargeBatchRulesScaleTheRateAndTheWarmUpRampsItUp) {
     o.train.lr_base_batch = 0;
     EXPECT_THROW(validate(o.train), hslide::error);
 }
+
+namespace {
+
+/// A backend whose predictions get better or worse with the epochs as `quality` says: after
+/// epoch e, the first quality[e-1] tenths of every ten points are predicted right (P@1 =
+/// quality / 10). Its "model" is the epoch it has reached, which export/import carry.
+class scripted_backend final : public backend {
+  public:
+    explicit scripted_backend(std::vector<int> quality, uint32_t points)
+        : quality_(std::move(quality)), points_(points) {}
+    std::vector<uint64_t> imported;  // the epochs import_state brought back
+
+    step_report train_batch(const batch_view& batch, float) override {
+        samples_ += batch.size;
+        step_report r;
+        r.samples = batch.size;
+        r.loss_sum = batch.size;
+        r.active_per_layer = {1, 1};
+        return r;
+    }
+    void rebuild_tables(bool) override {}
+    void predict(const batch_view& batch, uint32_t k, scoring_mode, uint32_t* labels,
+                 float* scores) override {
+        const int q = quality_.at(size_t(epoch() - 1));
+        for (uint32_t s = 0; s < batch.size; ++s) {
+            const uint32_t row = batch.rows[s];
+            const uint32_t truth = batch.data->labels(row).ids[0];
+            for (uint32_t i = 0; i < k; ++i) {
+                labels[size_t(s) * k + i] = UINT32_MAX;
+                scores[size_t(s) * k + i] = -1;
+            }
+            labels[size_t(s) * k] = int(row % 10) < q ? truth : (truth + 1) % 3;
+        }
+    }
+    void export_state(model_state& out, bool) const override { out.adam_step = epoch(); }
+    void import_state(const model_state& in, bool) override {
+        imported.push_back(in.adam_step);
+        samples_ = in.adam_step * points_;
+    }
+    backend_info info() const override { return {}; }
+    uint64_t epoch() const { return samples_ / points_; }
+
+  private:
+    std::vector<int> quality_;
+    uint64_t samples_ = 0;
+    uint32_t points_;
+};
+
+}  // namespace
+
+TEST(Trainer, KeepBestEndsWithTheBestEpochsModelAndPatienceStopsEarly) {
+    const dataset train = points(40), valid = points(20);
+    // Validation P@1 0.3, 0.7 (best), 0.5, 0.6, 0.9: patience 2 stops after epoch 4.
+    scripted_backend be({3, 7, 5, 6, 9}, 40);
+    trainer_options o = options(5);
+    o.validation.valid = &valid;
+    o.validation.keep_best = true;
+    o.validation.metric = parse_selection_metric("p@1");
+    o.validation.patience = 2;
+    trainer run(be, train, nullptr, o);
+    const auto records = run.run();
+    ASSERT_EQ(records.size(), 4u);
+    EXPECT_EQ(run.best_epoch(), 2u);
+    const uint32_t best[] = {1, 2, 2, 2};
+    for (size_t i = 0; i < records.size(); ++i) {
+        EXPECT_TRUE(records[i].validated);
+        EXPECT_EQ(records[i].best_epoch, best[i]);
+    }
+    EXPECT_DOUBLE_EQ(records[1].valid_metrics.p_at(1), 0.7);
+    // The backend holds epoch 2's model again, and the trainer's state is epoch 2's.
+    ASSERT_EQ(be.imported.size(), 1u);
+    EXPECT_EQ(be.imported[0], 2u);
+    EXPECT_EQ(run.state().epochs_done, 2u);
+    const std::string json = run.record_json(records.back());
+    EXPECT_NE(json.find("\"best_epoch\":2"), std::string::npos) << json;
+    EXPECT_NE(json.find("\"valid_metric\":\"p@1\""), std::string::npos) << json;
+}
+
+TEST(Trainer, WithoutKeepBestTheLastModelStaysAndPatienceNeedsAValidationSet) {
+    const dataset train = points(40), valid = points(20);
+    scripted_backend be({3, 7, 5, 6, 9}, 40);
+    trainer_options o = options(5);
+    o.validation.valid = &valid;
+    trainer run(be, train, nullptr, o);
+    EXPECT_EQ(run.run().size(), 5u);
+    EXPECT_EQ(run.best_epoch(), 5u);
+    EXPECT_TRUE(be.imported.empty());
+
+    trainer_options no_valid = options(2);
+    no_valid.validation.patience = 1;
+    EXPECT_THROW(trainer(be, train, nullptr, no_valid), error);
+}
+
+TEST(Trainer, ACallbackCanStopTraining) {
+    const dataset data = points(30);
+    recording_backend be;
+    trainer run(be, data, nullptr, options(5));
+    const auto records = run.run([&](const epoch_record& r) {
+        if (r.epoch == 2) run.request_stop();
+    });
+    EXPECT_EQ(records.size(), 2u);
+}
+
+TEST(Validation, MetricsParseAndHoldOutIsSeededAndDisjoint) {
+    EXPECT_EQ(to_string(parse_selection_metric("ndcg@3")), "ndcg@3");
+    EXPECT_EQ(to_string(parse_selection_metric("psp@5")), "psp@5");
+    EXPECT_THROW(parse_selection_metric("p@6"), error);
+    EXPECT_THROW(parse_selection_metric("recall@1"), error);
+    const dataset data = points(100);
+    const auto a = hold_out(data, 0.2, 9), b = hold_out(data, 0.2, 9), c = hold_out(data, 0.2, 10);
+    EXPECT_EQ(a.second.size(), 20u);
+    EXPECT_EQ(a.first.size(), 80u);
+    EXPECT_EQ(a.second.feature_offsets, b.second.feature_offsets);
+    EXPECT_EQ(a.second.label_ids, b.second.label_ids);
+    EXPECT_NE(a.second.label_ids, c.second.label_ids);
+    EXPECT_THROW(hold_out(data, 0.001, 1), error);
+    EXPECT_THROW(hold_out(data, 1.0, 1), error);
+}

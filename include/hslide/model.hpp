@@ -134,4 +134,11 @@ struct model_state {
     size_t memory_bytes() const;
 };
 
+/// Bytes of host memory a model of `layout`'s shapes holds: weights and biases, and with
+/// `with_optimizer` their Adam moments (what create() allocates). For checks before allocating.
+uint64_t model_allocation_bytes(const model_state& layout, bool with_optimizer);
+/// "the model 1836 -> 256 -> 159 (517,375 parameters, with Adam state)": how out-of-memory
+/// errors name a model.
+std::string describe_model_allocation(const model_state& layout, bool with_optimizer);
+
 }  // namespace hslide

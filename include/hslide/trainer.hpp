@@ -7,6 +7,8 @@
 #include "hslide/config.hpp"
 #include "hslide/dataset.hpp"
 #include "hslide/metrics.hpp"
+#include "hslide/model.hpp"
+#include "hslide/validation.hpp"
 
 #include <cstdint>
 #include <functional>
@@ -67,6 +69,12 @@ struct epoch_record {
     bool evaluated = false;
     metrics_result metrics;
     double eval_seconds = 0;
+    /// With a validation set (validation_options): its metrics after this epoch, and the best
+    /// epoch so far by the chosen metric (this one or an earlier one).
+    bool validated = false;
+    metrics_result valid_metrics;
+    double valid_seconds = 0;
+    uint32_t best_epoch = 0;
 };
 
 /// Options of a training run.
@@ -85,6 +93,7 @@ struct trainer_options {
     uint32_t selection_probe_points = 256;
     uint32_t selection_probe_top = 32;
     bool show_progress = true;
+    validation_options validation;  ///< validation set, best epoch, early stopping
 };
 
 /// Runs training on `engine` (a backend holding the initial replica of the model).
@@ -97,6 +106,13 @@ class trainer {
     std::vector<epoch_record> run(const std::function<void(const epoch_record&)>& on_epoch = {});
 
     const trainer_state& state() const { return state_; }
+    /// The best epoch by the validation metric (0 without a validation set or before one).
+    /// With keep_best, after run() the backend holds its model.
+    uint32_t best_epoch() const { return best_epoch_; }
+    /// Asks run() to stop after the epoch under way (from on_epoch, e.g. a Python callback).
+    void request_stop() { stop_requested_ = true; }
+    /// An epoch's record as one JSON object: the line --metrics-out writes.
+    std::string record_json(const epoch_record& record) const;
 
   private:
     /// One epoch; with `synchronize_at_end`, waits until an asynchronous backend applied it.
@@ -105,6 +121,8 @@ class trainer {
     /// a resumed run continues the same schedule).
     float learning_rate_now() const;
     void write_metrics_record(const epoch_record& record);
+    /// Evaluates the validation set into `record`, and keeps the model when it is the best.
+    void validate_epoch(epoch_record& record);
     void save_checkpoint_now();
 
     backend& backend_;  // holds the model being trained
@@ -115,6 +133,11 @@ class trainer {
     std::vector<uint32_t> label_counts_;  // of the training set: for PSP@k and checkpoints
     std::vector<double> inverse_propensities_;
     std::vector<uint32_t> probe_rows_;  // training points the selection is measured on
+    uint32_t best_epoch_ = 0;
+    double best_value_ = 0;
+    std::optional<model_state> best_model_;  // keep_best: the best epoch's model
+    trainer_state best_state_;
+    bool stop_requested_ = false;
 };
 
 }  // namespace hslide

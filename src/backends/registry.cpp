@@ -5,6 +5,7 @@
 #include "cpu/cpu_backend.hpp"
 #include "cpu/dense_backend.hpp"
 #include "hslide/error.hpp"
+#include "hslide/memory.hpp"
 #if HSLIDE_HAVE_CUDA
 #include "gpu/gpu_backend.hpp"
 #endif
@@ -257,7 +258,13 @@ std::unique_ptr<backend> create_backend(const backend_options& options, model_st
     const backend_entry& e = backend_entry_of(options.kind);
     HSLIDE_CHECK(e.create != nullptr,
                  "a {} backend is made of workers: create it with create_hybrid_backend", e.name);
-    return e.create(options, std::move(initial), train);
+    const std::string what = fmt::format("creating the {} backend (its buffers and tables for {})",
+                                         e.name, describe_model_allocation(initial, true));
+    try {
+        return e.create(options, std::move(initial), train);
+    } catch (const std::bad_alloc&) {
+        throw_host_out_of_memory(what, 0);
+    }
 }
 
 }  // namespace hslide

@@ -187,15 +187,6 @@ std::vector<CLI::Option*> add_model_options(CLI::App& app, model_options& o) {
     return {all.begin() + ptrdiff_t(before), all.end()};
 }
 
-void set_probes(model_config& config, const std::vector<uint32_t>& probes) {
-    const size_t n = config.layers.size() - 1;
-    HSLIDE_CHECK(probes.size() == 1 || probes.size() == n,
-                 "--probes takes one value or one per layer after the first ({} here), got {}", n,
-                 probes.size());
-    for (size_t l = 1; l < config.layers.size(); ++l)
-        config.layers[l].active.probes = probes.size() == 1 ? probes[0] : probes[l - 1];
-}
-
 void add_probes_option(CLI::App& app, std::vector<uint32_t>& probes) {
     app.add_option("--probes", probes,
                    "LSH queries at prediction: each table also looks in this many nearby buckets "
@@ -203,52 +194,6 @@ void add_probes_option(CLI::App& app, std::vector<uint32_t>& probes) {
         ->check(CLI::Range(0, 64))
         ->delimiter(',')
         ->default_str(list_text(probes));
-}
-
-model_config make_model_config(const model_options& o, uint32_t input_dim, uint32_t output_dim) {
-    HSLIDE_CHECK(!o.hidden.empty(), "--hidden needs at least one layer size");
-    model_config config;
-    config.input_dim = input_dim;
-    config.auto_sparse_min = o.auto_sparse_min;
-    config.input_norm = parse_input_normalization(o.normalize);
-    // Layer l >= 1 takes entry l - 1 of a per-layer list; a single value serves every layer.
-    const size_t n_lists = o.hidden.size();
-    auto pick = [&](const auto& values, const char* flag, size_t l) {
-        HSLIDE_CHECK(values.size() == 1 || values.size() == n_lists,
-                     "{} takes one value or one per layer after the first ({} here: the hidden "
-                     "layers after the first, then the output layer), got {}",
-                     flag, n_lists, values.size());
-        return values.size() == 1 ? values[0] : values[l - 1];
-    };
-    const size_t n_layers = o.hidden.size() + 1;
-    for (size_t l = 0; l < n_layers; ++l) {
-        const bool output = l + 1 == n_layers;
-        layer_config layer;
-        layer.size = output ? output_dim : o.hidden[l];
-        layer.sparsity = l == 0   ? sparsity_mode::dense
-                         : output ? parse_sparsity(o.output_sparsity)
-                                  : parse_sparsity(o.hidden_sparsity);
-        if (l > 0) {
-            layer.lsh.kind = parse_hash_kind(pick(o.hash, "--hash", l));
-            layer.lsh.K = pick(o.K, "--K", l);
-            layer.lsh.L = pick(o.L, "--L", l);
-            layer.lsh.bits_per_hash = pick(o.bits, "--bits", l);
-            layer.lsh.bucket_capacity = pick(o.bucket_capacity, "--bucket-capacity", l);
-            layer.lsh.policy = parse_insertion_policy(pick(o.insertion, "--insertion", l));
-            layer.active.min_active = pick(o.min_active, "--min-active", l);
-            layer.active.max_active = pick(o.max_active, "--max-active", l);
-            layer.active.hit_threshold = pick(o.hit_threshold, "--hit-threshold", l);
-            layer.active.probes = pick(o.probes, "--probes", l);
-        }
-        if (output) layer.top_k = o.top_k;
-        config.layers.push_back(layer);
-    }
-    validate(config);
-    return config;
-}
-
-void normalize_inputs(dataset& data, const model_config& config) {
-    if (config.input_norm == input_normalization::l2) normalize_rows_l2(data);
 }
 
 void add_compute_options(CLI::App& app, compute_options& o) {

@@ -6,6 +6,7 @@
 #include "hslide/config.hpp"
 #include "hslide/dataset.hpp"
 #include "hslide/hybrid.hpp"
+#include "hslide/model_options.hpp"
 
 #include <CLI/CLI.hpp>
 
@@ -38,34 +39,10 @@ loaded_data load_data(const data_options& options);
 /// Loads one file with the options' format and cache settings.
 dataset load_file(const data_options& options, const std::string& path);
 
-/// Network settings as flags. The LSH and active-set settings take one value for every layer
-/// that can be sparse (all but the first), or a comma-separated list with one value per such
-/// layer: the hidden layers after the first, then the output layer (`--K 4,6`).
-struct model_options {
-    std::vector<uint32_t> hidden{256};
-    std::string normalize = "l2";
-    std::string output_sparsity = "auto";
-    std::string hidden_sparsity = "dense";
-    uint32_t top_k = layer_config{}.top_k;
-    uint32_t auto_sparse_min = 4096;
-    std::vector<std::string> hash{"dwta"};
-    // The library's defaults (hslide/lsh.hpp), so the CLI and the API cannot drift apart.
-    std::vector<int> K{lsh_config{}.K}, L{lsh_config{}.L}, bits{lsh_config{}.bits_per_hash},
-        bucket_capacity{lsh_config{}.bucket_capacity};
-    std::vector<std::string> insertion{"fifo"};
-    std::vector<uint32_t> min_active{1024}, max_active{0}, hit_threshold{1}, probes{0};
-};
-
 /// Adds the model flags to `app` and returns them (a resumed run checks which were given).
 std::vector<CLI::Option*> add_model_options(CLI::App& app, model_options& options);
 /// --probes: multi-probe LSH scoring, one value or one per layer after the first.
 void add_probes_option(CLI::App& app, std::vector<uint32_t>& probes);
-/// Sets the LSH layers' probes from --probes values (one, or one per layer after the first).
-void set_probes(model_config& config, const std::vector<uint32_t>& probes);
-model_config make_model_config(const model_options& options, uint32_t input_dim,
-                               uint32_t output_dim);
-/// Scales `data`'s feature values as the model's input normalization says.
-void normalize_inputs(dataset& data, const model_config& config);
 
 /// --isa / --precision: how the CPU computes.
 struct compute_options {

@@ -3,6 +3,8 @@
 // keys.
 #include "cli_common.hpp"
 #include "hslide/error.hpp"
+#include "hslide/memory.hpp"
+#include "hslide/progress.hpp"
 #include "hslide/system_info.hpp"
 
 #include <spdlog/spdlog.h>
@@ -56,7 +58,10 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "hslide %s: error: %s\n", command.c_str(), e.what());
         return e.exit_code();
     } catch (const std::bad_alloc&) {
-        std::fprintf(stderr, "hslide %s: error: out of memory\n", command.c_str());
+        // Sized allocations say what they were (hslide/memory.hpp); this is any other one.
+        std::fprintf(
+            stderr, "hslide %s: error: out of memory (an allocation failed; %s available)\n",
+            command.c_str(), hslide::human_bytes(double(hslide::available_host_bytes())).c_str());
         return 1;
     } catch (const std::exception& e) {
         std::fprintf(stderr, "hslide %s: error: %s\n", command.c_str(), e.what());

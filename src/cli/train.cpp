@@ -148,7 +148,26 @@ int run_train(int argc, char** argv) {
     app.add_option("--metrics-out", to.metrics_out,
                    "append one JSON record per epoch to this JSONL file");
     app.add_option("--save", to.save_path,
-                   "write a checkpoint here after every epoch (atomically)");
+                   "write a checkpoint here after every epoch (atomically); with --keep-best it "
+                   "holds the best epoch's at the end");
+    std::string valid_path, valid_split, keep_best;
+    double valid_fraction = 0;
+    app.add_option("--valid", valid_path,
+                   "validation data file, evaluated after every epoch (for --keep-best and "
+                   "--patience)");
+    app.add_option("--valid-split", valid_split,
+                   "XC split file selecting the validation rows of --train");
+    app.add_option("--valid-fraction", valid_fraction,
+                   "hold out this fraction of the training points (drawn with --seed) for "
+                   "validation")
+        ->check(CLI::Range(0.0, 1.0));
+    app.add_option("--keep-best", keep_best,
+                   "end with the model of the epoch best on the validation set by this metric: "
+                   "p@1, p@3, p@5, ndcg@k or psp@k (k = 1..5)");
+    app.add_option("--patience", to.validation.patience,
+                   "stop after this many epochs without improvement on the validation set (by "
+                   "--keep-best's metric, else p@1; 0 = never)")
+        ->capture_default_str();
     std::string resume_path;
     app.add_option("--resume", resume_path,
                    "resume from this checkpoint (its model replaces the model flags)");
@@ -178,7 +197,38 @@ int run_train(int argc, char** argv) {
 
     if (tc.threads > 0) omp_set_num_threads(tc.threads);
 
+    HSLIDE_CHECK(
+        int(!valid_path.empty()) + int(!valid_split.empty()) + int(valid_fraction > 0) <= 1,
+        "give one of --valid, --valid-split and --valid-fraction");
+    HSLIDE_CHECK(valid_split.empty() || !data.train.empty(), "--valid-split needs --train");
+    if (!keep_best.empty()) {
+        to.validation.metric = parse_selection_metric(keep_best);
+        to.validation.keep_best = true;
+    }
     loaded_data d = load_data(data);
+    dataset valid;
+    if (!valid_path.empty()) {
+        valid = load_file(data, valid_path);
+    } else if (!valid_split.empty()) {
+        const dataset file = load_file(data, data.train);
+        valid = subset(file, read_split(valid_split, data.split_column, file.size()));
+    } else if (valid_fraction > 0) {
+        auto parts = hold_out(d.train, valid_fraction, tc.seed);
+        d.train = std::move(parts.first);
+        valid = std::move(parts.second);
+        spdlog::info("holding out {} of {} training points for validation", valid.size(),
+                     valid.size() + d.train.size());
+    }
+    HSLIDE_CHECK(valid.size() > 0 || (keep_best.empty() && to.validation.patience == 0),
+                 "--keep-best and --patience need a validation set: --valid, --valid-split or "
+                 "--valid-fraction");
+    if (valid.size() > 0) {
+        // One size for every set (files without a header know only the largest id they saw).
+        const uint64_t n_features = std::max(d.train.n_features, valid.n_features);
+        const uint64_t n_labels = std::max(d.train.n_labels, valid.n_labels);
+        d.train.n_features = d.test.n_features = valid.n_features = n_features;
+        d.train.n_labels = d.test.n_labels = valid.n_labels = n_labels;
+    }
     HSLIDE_CHECK(d.train.n_labels > 0 && d.train.n_features > 0,
                  "the training data has no labels or features");
     HSLIDE_CHECK(d.train.n_labels <= UINT32_MAX && d.train.n_features <= UINT32_MAX,
@@ -215,6 +265,7 @@ int run_train(int argc, char** argv) {
     const model_config& mc = initial.config;
     normalize_inputs(d.train, mc);
     normalize_inputs(d.test, mc);
+    normalize_inputs(valid, mc);
     std::string shape = std::to_string(mc.input_dim);
     for (size_t l = 0; l < mc.layers.size(); ++l)
         shape += fmt::format(" -> {}{}", mc.layers[l].size,
@@ -275,6 +326,7 @@ int run_train(int argc, char** argv) {
     spdlog::info("backend: {} on {}, {}", bi.kind, bi.device, bi.precision);
 
     to.train = tc;
+    if (valid.size() > 0) to.validation.valid = &valid;
     trainer run(*engine, d.train, d.test.size() ? &d.test : nullptr, to);
     const auto records = run.run([&](const epoch_record& r) {
         std::string line = fmt::format(
@@ -289,6 +341,10 @@ int run_train(int argc, char** argv) {
         if (r.evaluated)
             line += fmt::format("  P@1 {:.4f} P@3 {:.4f} P@5 {:.4f}", r.metrics.p_at(1),
                                 r.metrics.p_at(3), r.metrics.p_at(5));
+        if (r.validated)
+            line +=
+                fmt::format("  valid {} {:.4f} (best: epoch {})", to_string(to.validation.metric),
+                            metric_value(r.valid_metrics, to.validation.metric), r.best_epoch);
         std::printf("%s\n", line.c_str());
         if (sparse_output && !dense_active_warned && r.mean_active_output > 0.05 * out_dim) {
             dense_active_warned = true;
@@ -304,9 +360,12 @@ int run_train(int argc, char** argv) {
         std::fflush(stdout);
     });
     for (auto it = records.rbegin(); it != records.rend(); ++it) {
-        if (!it->evaluated) continue;
-        std::printf("final: %s  (%.1f s, peak memory %s)\n", format_metrics(it->metrics).c_str(),
-                    it->seconds, human_bytes(double(peak_rss_bytes())).c_str());
+        // With --keep-best, the kept epoch's metrics.
+        if (!it->evaluated || (to.validation.keep_best && it->epoch != run.best_epoch())) continue;
+        std::printf(
+            "final: %s  (%.1f s, peak memory %s)%s\n", format_metrics(it->metrics).c_str(),
+            it->seconds, human_bytes(double(peak_rss_bytes())).c_str(),
+            to.validation.keep_best ? fmt::format("  [best epoch {}]", it->epoch).c_str() : "");
         break;
     }
     // Hybrid: each worker over the whole run (the epochs' windows, which leave out evaluations).

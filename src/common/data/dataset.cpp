@@ -4,6 +4,7 @@
 
 #include "common/data/dataset_io.hpp"
 #include "hslide/error.hpp"
+#include "hslide/memory.hpp"
 #include "hslide/progress.hpp"
 
 #include <fcntl.h>
@@ -465,11 +466,18 @@ void reserve_for(std::string_view text, dataset& out) {
         commas += c;
         i += block;
     }
-    detail::reserve_huge(out.feature_offsets, lines + 1);
-    detail::reserve_huge(out.label_offsets, lines + 1);
-    detail::reserve_huge(out.feature_ids, colons);
-    detail::reserve_huge(out.feature_values, colons);
-    detail::reserve_huge(out.label_ids, commas + lines);
+    const uint64_t bytes = (lines + 1) * 2 * sizeof(uint64_t) +
+                           colons * (sizeof(uint32_t) + sizeof(float)) +
+                           (commas + lines) * sizeof(uint32_t);
+    allocate_checked(fmt::format("the dataset {} ({} lines, {} features, {} labels at most)",
+                                 out.source, lines, colons, commas + lines),
+                     bytes, [&] {
+                         detail::reserve_huge(out.feature_offsets, lines + 1);
+                         detail::reserve_huge(out.label_offsets, lines + 1);
+                         detail::reserve_huge(out.feature_ids, colons);
+                         detail::reserve_huge(out.feature_values, colons);
+                         detail::reserve_huge(out.label_ids, commas + lines);
+                     });
 }
 
 // Parses a header value; `limit` is the largest accepted.

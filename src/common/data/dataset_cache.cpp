@@ -8,6 +8,7 @@
 
 #include "common/data/dataset_io.hpp"
 #include "hslide/error.hpp"
+#include "hslide/memory.hpp"
 #include "hslide/progress.hpp"
 
 #include <fcntl.h>
@@ -329,7 +330,12 @@ bool try_load_cache(const std::string& cache_path, const cache_header& expect, i
             out_of_memory = true;
         }
     }
-    if (out_of_memory) throw std::bad_alloc();
+    if (out_of_memory)
+        throw_host_out_of_memory(
+            fmt::format("the dataset cache {} ({} points, {} feature and {} label "
+                        "entries)",
+                        cache_path, n, h.feature_nnz, h.label_nnz),
+            (n + 1) * 16 + h.feature_nnz * 8 + h.label_nnz * 4);
     if (XXH3_64bits(hashes, sizeof hashes) != h.payload_xxh3) {
         why = "corrupt payload (checksum mismatch)";
         return false;

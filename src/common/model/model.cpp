@@ -2,6 +2,7 @@
 #include "hslide/model.hpp"
 
 #include "hslide/error.hpp"
+#include "hslide/memory.hpp"
 #include "hslide/rng.hpp"
 
 #include <sys/mman.h>
@@ -67,19 +68,43 @@ model_state model_state::layout(const model_config& config) {
     return m;
 }
 
+std::string describe_model_allocation(const model_state& m, bool with_optimizer) {
+    std::string shape = std::to_string(m.config.input_dim);
+    uint64_t parameters = 0;
+    for (size_t l = 0; l < m.layers.size(); ++l) {
+        shape += fmt::format(" -> {}", m.config.layers[l].size);
+        parameters += uint64_t(m.layers[l].rows) * m.layers[l].width + m.config.layers[l].size;
+    }
+    return fmt::format("the model {} ({} parameters{})", shape, parameters,
+                       with_optimizer ? ", with Adam state" : "");
+}
+
+uint64_t model_allocation_bytes(const model_state& m, bool with_optimizer) {
+    uint64_t floats = 0;
+    for (size_t l = 0; l < m.layers.size(); ++l)
+        floats += uint64_t(m.layers[l].rows) * m.layers[l].stride + m.config.layers[l].size;
+    return floats * sizeof(float) * (with_optimizer ? 3 : 1);
+}
+
 model_state model_state::create(const model_config& config, uint64_t seed) {
     model_state m = layout(config);
+    const std::string what = describe_model_allocation(m, true);
+    check_host_allocation(what, model_allocation_bytes(m, true));
     for (size_t l = 0; l < config.layers.size(); ++l) {
         layer_state& layer = m.layers[l];
         const uint32_t fan_in = l == 0 ? config.input_dim : config.layers[l - 1].size;
         const uint32_t neurons = config.layers[l].size;
         const size_t total = static_cast<size_t>(layer.rows) * layer.stride;
-        layer.weights.resize(total);
-        layer.adam_m.resize(total);
-        layer.adam_v.resize(total);
-        layer.bias.assign(neurons, 0.0f);
-        layer.bias_m.assign(neurons, 0.0f);
-        layer.bias_v.assign(neurons, 0.0f);
+        allocate_checked(fmt::format("{}: layer {}'s {} x {} weights and Adam state", what, l,
+                                     layer.rows, layer.stride),
+                         uint64_t(total) * 3 * sizeof(float), [&] {
+                             layer.weights.resize(total);
+                             layer.adam_m.resize(total);
+                             layer.adam_v.resize(total);
+                             layer.bias.assign(neurons, 0.0f);
+                             layer.bias_m.assign(neurons, 0.0f);
+                             layer.bias_v.assign(neurons, 0.0f);
+                         });
 
         const bool output = l + 1 == config.layers.size();
         // Layer 0 sums a handful of feature rows, so its scale follows the typical number of

@@ -3,6 +3,7 @@
 
 #include "hslide/checkpoint_file.hpp"
 #include "hslide/error.hpp"
+#include "hslide/memory.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -97,6 +98,8 @@ checkpoint_contents load_checkpoint(const std::string& path) {
     }
     if (c.model.hash_seeds.size() != c.model.layers.size())
         throw input_error(path, 0, "hash seeds do not match the number of layers");
+    check_host_allocation(fmt::format("{}: {}", path, describe_model_allocation(c.model, true)),
+                          model_allocation_bytes(c.model, true));
     for (size_t l = 0; l < c.model.layers.size(); ++l) {
         layer_state& layer = c.model.layers[l];
         const size_t n = size_t(layer.rows) * layer.stride;

@@ -9,11 +9,15 @@
 
 #include "hslide/dataset.hpp"
 #include "hslide/error.hpp"
+#include "hslide/memory.hpp"
 
 namespace hslide {
 
 std::vector<uint32_t> label_counts(const dataset& train) {
-    std::vector<uint32_t> counts(train.n_labels, 0);
+    std::vector<uint32_t> counts = allocate_checked(
+        fmt::format("the label counts of {} ({} labels)", train.source, train.n_labels),
+        train.n_labels * sizeof(uint32_t),
+        [&] { return std::vector<uint32_t>(train.n_labels, 0); });
     for (uint32_t l : train.label_ids) {
         HSLIDE_CHECK(l < train.n_labels, "label {} out of range (L = {})", l, train.n_labels);
         ++counts[l];

@@ -65,7 +65,11 @@ trainer::trainer(backend& engine, const dataset& train, const dataset* test,
     state_.next_rebuild = options_.train.rebuild_every;
     state_.next_rehash = options_.train.rehash_every;
     label_counts_ = label_counts(train_);
-    if (test_ && test_->size() > 0)
+    const validation_options& v = options_.validation;
+    const bool validating = v.valid && v.valid->size() > 0;
+    HSLIDE_CHECK(validating || (!v.keep_best && v.patience == 0),
+                 "keeping the best epoch and early stopping (patience) need a validation set");
+    if ((test_ && test_->size() > 0) || validating)
         inverse_propensities_ =
             inverse_propensities(label_counts_, train_.size(), options_.eval.metrics.propensity_a,
                                  options_.eval.metrics.propensity_b);
@@ -180,8 +184,7 @@ epoch_record trainer::run_epoch(bool synchronize_at_end) {
     return record;
 }
 
-void trainer::write_metrics_record(const epoch_record& r) {
-    if (options_.metrics_out.empty()) return;
+std::string trainer::record_json(const epoch_record& r) const {
     nlohmann::json j;
     j["epoch"] = r.epoch;
     j["seconds"] = r.seconds;
@@ -236,8 +239,27 @@ void trainer::write_metrics_record(const epoch_record& r) {
         j["eval_seconds"] = r.eval_seconds;
         j["eval_points"] = r.metrics.n;
     }
+    if (r.validated) {
+        nlohmann::json valid;
+        for (int k = 1; k <= int(r.valid_metrics.precision.size()); ++k) {
+            valid[fmt::format("p@{}", k)] = r.valid_metrics.p_at(k);
+            valid[fmt::format("ndcg@{}", k)] = r.valid_metrics.ndcg_at(k);
+            if (!r.valid_metrics.psp.empty())
+                valid[fmt::format("psp@{}", k)] = r.valid_metrics.psp_at(k);
+        }
+        valid["points"] = r.valid_metrics.n;
+        valid["seconds"] = r.valid_seconds;
+        j["valid"] = valid;
+        j["valid_metric"] = to_string(options_.validation.metric);
+        j["best_epoch"] = r.best_epoch;
+    }
+    return j.dump();
+}
+
+void trainer::write_metrics_record(const epoch_record& r) {
+    if (options_.metrics_out.empty()) return;
     std::ofstream out(options_.metrics_out, std::ios::app);
-    out << j.dump() << '\n';
+    out << record_json(r) << '\n';
     HSLIDE_CHECK_KIND(bool(out), error_kind::io, "cannot write metrics to {}",
                       options_.metrics_out);
 }
@@ -252,17 +274,41 @@ void trainer::save_checkpoint_now() {
     save_checkpoint(options_.save_path, snapshot, state_, label_counts_, train_.size());
 }
 
+void trainer::validate_epoch(epoch_record& record) {
+    const validation_options& v = options_.validation;
+    const auto t0 = clock_type::now();
+    record.valid_metrics = evaluate(backend_, *v.valid, options_.eval, inverse_propensities_);
+    record.valid_seconds = seconds_since(t0);
+    record.validated = true;
+    state_.seconds += record.valid_seconds;
+    record.seconds = state_.seconds;
+    const double value = metric_value(record.valid_metrics, v.metric);
+    if (best_epoch_ == 0 || value > best_value_) {
+        best_epoch_ = record.epoch;
+        best_value_ = value;
+        if (v.keep_best) {
+            if (!best_model_) best_model_.emplace();
+            backend_.export_state(*best_model_, /*with_optimizer=*/true);
+            best_state_ = state_;
+        }
+    }
+    record.best_epoch = best_epoch_;
+}
+
 std::vector<epoch_record> trainer::run(const std::function<void(const epoch_record&)>& on_epoch) {
     std::vector<epoch_record> records;
     const uint32_t total = options_.train.epochs;
-    while (state_.epochs_done < total) {
+    const validation_options& v = options_.validation;
+    const bool validating = v.valid && v.valid->size() > 0;
+    stop_requested_ = false;
+    while (state_.epochs_done < total && !stop_requested_) {
         // Evaluations, checkpoints and the run's end need the whole epoch applied; other
         // epochs flow into the next without a barrier.
         const uint32_t epoch = state_.epochs_done + 1;
         const bool last = epoch == total;
         const bool due = options_.eval_every > 0 && epoch % options_.eval_every == 0;
         const bool evaluate_now = test_ && test_->size() > 0 && (due || last);
-        const bool synchronized = evaluate_now || last || !options_.save_path.empty();
+        const bool synchronized = evaluate_now || last || validating || !options_.save_path.empty();
         epoch_record record = run_epoch(synchronized);
         if (synchronized && !probe_rows_.empty()) {
             const auto t0 = clock_type::now();
@@ -278,6 +324,7 @@ std::vector<epoch_record> trainer::run(const std::function<void(const epoch_reco
                 probe_rows_.clear();  // the backend does not measure: stop asking
             }
         }
+        if (validating) validate_epoch(record);
         if (evaluate_now) {
             const auto t0 = clock_type::now();
             record.metrics = evaluate(backend_, *test_, options_.eval, inverse_propensities_);
@@ -290,7 +337,33 @@ std::vector<epoch_record> trainer::run(const std::function<void(const epoch_reco
         write_metrics_record(record);
         if (on_epoch) on_epoch(record);
         records.push_back(std::move(record));
+        if (v.patience > 0 && epoch < total && epoch - best_epoch_ >= v.patience) {
+            spdlog::info(
+                "stopping early: {} has not improved for {} epochs (best: epoch {}, {:.4f})",
+                to_string(v.metric), v.patience, best_epoch_, best_value_);
+            break;
+        }
     }
+    if (v.keep_best && best_model_ && best_epoch_ != state_.epochs_done) {
+        // The best epoch's model and trainer state replace the last epoch's: what the backend
+        // holds, what state() says and what --save holds from here on.
+        spdlog::info("keeping epoch {}'s model ({} {:.4f} on the validation set)", best_epoch_,
+                     to_string(v.metric), best_value_);
+        backend_.import_state(*best_model_, /*with_optimizer=*/true);
+        const double seconds = state_.seconds;
+        state_ = best_state_;
+        state_.seconds = seconds;
+        if (!options_.save_path.empty()) save_checkpoint_now();
+        for (epoch_record& r : records)
+            if (r.epoch == best_epoch_ && !r.evaluated && test_ && test_->size() > 0) {
+                // The run's final metrics are the kept model's.
+                const auto t0 = clock_type::now();
+                r.metrics = evaluate(backend_, *test_, options_.eval, inverse_propensities_);
+                r.eval_seconds = seconds_since(t0);
+                r.evaluated = true;
+            }
+    }
+    best_model_.reset();
     return records;
 }
 

@@ -1,0 +1,43 @@
+// A network described as the `hslide train` flags describe it (and as the Python API's
+// keyword arguments do): layer sizes, sparsity, LSH and active-set settings, with the
+// library's defaults, turned into a checked model_config.
+#pragma once
+
+#include "hslide/config.hpp"
+#include "hslide/dataset.hpp"
+#include "hslide/lsh.hpp"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hslide {
+
+/// Network settings. The LSH and active-set settings take one value for every layer that can
+/// be sparse (all but the first), or one value per such layer: the hidden layers after the
+/// first, then the output layer (`--K 4,6`).
+struct model_options {
+    std::vector<uint32_t> hidden{256};
+    std::string normalize = "l2";
+    std::string output_sparsity = "auto";
+    std::string hidden_sparsity = "dense";
+    uint32_t top_k = layer_config{}.top_k;
+    uint32_t auto_sparse_min = 4096;
+    std::vector<std::string> hash{"dwta"};
+    // The library's defaults (hslide/lsh.hpp), so the CLI and the API cannot drift apart.
+    std::vector<int> K{lsh_config{}.K}, L{lsh_config{}.L}, bits{lsh_config{}.bits_per_hash},
+        bucket_capacity{lsh_config{}.bucket_capacity};
+    std::vector<std::string> insertion{"fifo"};
+    std::vector<uint32_t> min_active{1024}, max_active{0}, hit_threshold{1}, probes{0};
+};
+
+/// The checked configuration of a network with `input_dim` features and `output_dim` labels;
+/// throws hslide::error (invalid_argument) naming the setting that is wrong.
+model_config make_model_config(const model_options& options, uint32_t input_dim,
+                               uint32_t output_dim);
+/// Sets the LSH layers' probes from --probes values (one, or one per layer after the first).
+void set_probes(model_config& config, const std::vector<uint32_t>& probes);
+/// Scales `data`'s feature values as the model's input normalization says.
+void normalize_inputs(dataset& data, const model_config& config);
+
+}  // namespace hslide

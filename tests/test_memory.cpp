@@ -1,0 +1,63 @@
+// Out-of-memory errors say what was being allocated, how many bytes and what is free
+// (hslide/memory.hpp): a model too large for the machine, a failed allocation, and the CLI
+// on a file whose header declares 4,000,000,000 labels (the example).
+#include "hslide/memory.hpp"
+#include "hslide/model.hpp"
+#include "hslide/model_options.hpp"
+
+#include "test_util.hpp"
+
+#include <gtest/gtest.h>
+
+#include <new>
+#include <string>
+
+using namespace hslide;
+using hslide::testing::run_hslide;
+using hslide::testing::temp_dir;
+
+namespace {
+bool contains(const std::string& text, const std::string& part) {
+    return text.find(part) != std::string::npos;
+}
+}  // namespace
+
+TEST(Memory, AvailableHostMemoryIsRead) {
+    EXPECT_GT(available_host_bytes(), uint64_t(1) << 20);
+}
+
+TEST(Memory, AModelTooLargeSaysWhatAndHowManyBytes) {
+    model_options mo;
+    const model_config config = make_model_config(mo, 10, 4000000000u);
+    try {
+        model_state::create(config, 1);
+        FAIL() << "an 11 TiB model must not be allocated";
+    } catch (const out_of_memory_error& e) {
+        const std::string m = e.what();
+        EXPECT_TRUE(contains(m, "the model 10 -> 256 -> 4000000000")) << m;
+        EXPECT_TRUE(contains(m, "needs 12336000033792 bytes")) << m;
+        EXPECT_TRUE(contains(m, "available (host memory")) << m;
+        EXPECT_EQ(e.bytes(), 12336000033792u);
+        EXPECT_EQ(e.exit_code(), 1);
+    }
+}
+
+TEST(Memory, AFailedAllocationBecomesTheSameError) {
+    try {
+        allocate_checked("a test buffer", 123, []() -> int { throw std::bad_alloc(); });
+        FAIL();
+    } catch (const out_of_memory_error& e) {
+        EXPECT_TRUE(contains(e.what(), "a test buffer needs 123 bytes")) << e.what();
+    }
+    EXPECT_EQ(allocate_checked("a small buffer", 8, [] { return 42; }), 42);
+}
+
+TEST(Memory, TheCliNamesTheAllocationForFourBillionLabels) {
+    temp_dir dir;
+    hslide::testing::write_text(dir.file("big.txt"),
+                                "2 10 4000000000\n1,3999999999 0:1 2:0.5\n5 1:1\n");
+    const auto r = run_hslide("train --train " + dir.file("big.txt") + " --no-cache -q");
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_TRUE(contains(r.output, "out of memory: the model 10 -> 256 -> 4000000000")) << r.output;
+    EXPECT_TRUE(contains(r.output, "needs 12336000033792 bytes (11.2 TiB)")) << r.output;
+}
