@@ -714,6 +714,47 @@ TEST(GpuBackend, Bf16TopKTrainingMatchesTheCpuBf16) {
     expect_same_top_k_training(precision_mode::bf16, 1e-2, 5e-3, 2e-2, 40, 4);
 }
 
+TEST(GpuBackend, TopKAboveTheLayerSizeTakesEveryNeuronAsOnTheCpu) {
+    // --top-k above the layer's size (and above the merge kernel's limit) is clamped to the
+    // layer, as on the CPU: k = rows, every labelled sample's set is the whole layer, labels
+    // first, then the other neurons in increasing id order.
+    HSLIDE_REQUIRE_GPU();
+    model_config config = hslide::testing::two_layer_model(50, 33, 70, sparsity_mode::topk);
+    config.layers[1].top_k = 5000;
+    config.layers[1].active.min_active = 1;
+    const model_state initial = model_state::create(config, 3);
+    train_config tc;
+    tc.seed = 4;
+    std::unique_ptr<backend> gpu;
+    try {
+        gpu = make_gpu(initial, tc, "gpu");
+    } catch (const error& e) {
+        if (e.kind() == error_kind::unsupported &&
+            std::string(e.what()).find("cuBLAS") != std::string::npos)
+            HSLIDE_GPU_SKIP(e.what());
+        throw;
+    }
+    cpu::cpu_backend cpu(initial, tc, 1, cpu::scalar_kernels(), precision_mode::fp32);
+    const dataset data = random_dataset(16, 50, 70, 5, /*unlabelled_every=*/7);
+    std::vector<uint32_t> rows(data.size());
+    std::iota(rows.begin(), rows.end(), 0u);
+    const batch_view batch{&data, rows.data(), 16};
+    const step_report c = cpu.train_batch(batch, 0.01f);
+    step_report g = gpu->train_batch(batch, 0.01f);
+    g += gpu->synchronize();
+    const auto sets = gpu::last_output_active_sets(*gpu);
+    ASSERT_EQ(sets.size(), batch.size);
+    for (uint32_t s = 0; s < batch.size; ++s) {
+        if (data.labels(batch.rows[s]).count == 0) continue;
+        EXPECT_EQ(sets[s].size(), 70u) << "sample " << s;
+        EXPECT_EQ(sets[s], cpu.last_active(s, 1)) << "sample " << s;
+    }
+    // The whole layer in the set: nothing dropped, and the loss is the set softmax's.
+    EXPECT_NEAR(g.loss_sum, c.loss_sum, 1e-4 * std::abs(c.loss_sum));
+    EXPECT_NEAR(g.dropped_mass_sum, 0.0, 1e-4 * double(g.full_softmax_samples));
+    EXPECT_EQ(g.full_softmax_samples, c.full_softmax_samples);
+}
+
 TEST(GpuBackend, EachStepsReportComesWithTheNextStepOrFromSynchronize) {
     // Steps are not waited for at their end: train_batch returns the report of the step
     // before, synchronize() the last one. Against the CPU, step by step, with batch sizes
