@@ -200,7 +200,7 @@ if [[ -z $configs ]]; then
         configs+=" gpu gpu:bf16 gpu-topk:bf16 hybrid-gpu"
         has_backend gpu-dense && configs+=" gpu-dense"
         "$python" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null &&
-            configs+=" torch-gpu"
+            configs+=" torch-gpu torch-gpu:bf16"
     fi
 fi
 configs="${configs//,/ }"
