@@ -538,6 +538,10 @@ uint32_t build_active_sets(const tables_view& tables, const uint32_t* codes, uin
         tables, codes, label_offsets, label_ids, p, slots, in_shared, out.set_ids.data(),
         out.set_hits.data(), out.max_per_sample, out.padded.data(), out.counts.data());
     HSLIDE_CUDA_LAUNCH();
+    return compact_active_sets(batch, out, stream);
+}
+
+uint32_t compact_active_sets(uint32_t batch, active_sets& out, cudaStream_t stream) {
     with_scratch(out.temp, [&](void* t, size_t& bytes) {
         return cub::DeviceScan::ExclusiveSum(t, bytes, out.counts.data(), out.offsets.data(),
                                              batch + 1, stream);

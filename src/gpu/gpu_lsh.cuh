@@ -139,6 +139,12 @@ struct active_sets {
     uint32_t max_per_sample = 0;
 };
 
+/// Once every sample's set is in out.padded and its size in out.counts[s] (out.counts[batch]
+/// = 0): scans the counts into out.offsets, reads the total (one device-to-host read: the
+/// only synchronisation of the step) and compacts the sets into out.ids / out.entry_sample.
+/// Returns the total. Every selection (LSH, top-k) ends with it.
+uint32_t compact_active_sets(uint32_t batch, active_sets& out, cudaStream_t stream);
+
 /// Builds the active sets of `batch` samples from their codes (batch * L) and, when
 /// params.force_labels, their labels (CSR: label_offsets[batch + 1], label_ids). Returns the
 /// total number of entries (one device-to-host read: the only synchronisation of the step).

@@ -4,7 +4,6 @@
 #include "launch.cuh"
 
 #include <cub/block/block_scan.cuh>
-#include <cub/device/device_scan.cuh>
 
 #include <algorithm>
 #include <cfloat>
@@ -326,16 +325,6 @@ __global__ void top_k_sets_kernel(const uint32_t* best_id, uint32_t k,
     if (threadIdx.x == 0) counts[s] = n;
 }
 
-__global__ void compact_kernel(const uint32_t* padded, uint32_t max_per_sample,
-                               const uint32_t* offsets, uint32_t* ids, uint32_t* entry_sample) {
-    const uint32_t s = blockIdx.x;
-    const uint32_t begin = offsets[s], n = offsets[s + 1] - begin;
-    for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
-        ids[begin + i] = padded[size_t(s) * max_per_sample + i];
-        entry_sample[begin + i] = s;
-    }
-}
-
 __global__ void full_softmax_loss_kernel(const float* logits, const uint32_t* offsets,
                                          batch_csr batch, const float* log_partition, float* loss,
                                          float* dropped) {
@@ -478,21 +467,7 @@ uint32_t build_top_k_sets(uint32_t batch, uint32_t k, const uint32_t* label_offs
         ws.set_ids.data(), ws.set_hits.data(), out.max_per_sample, sort_size, out.padded.data(),
         out.counts.data());
     HSLIDE_CUDA_LAUNCH();
-    with_scratch(out.temp, [&](void* t, size_t& bytes) {
-        return cub::DeviceScan::ExclusiveSum(t, bytes, out.counts.data(), out.offsets.data(),
-                                             batch + 1, stream);
-    });
-    uint32_t total = 0;
-    HSLIDE_CUDA_CHECK(
-        cudaMemcpyAsync(&total, out.offsets.data() + batch, 4, cudaMemcpyDeviceToHost, stream));
-    HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream));
-    out.ids.reserve(std::max(total, 1u), "active-set entries");
-    out.entry_sample.reserve(std::max(total, 1u), "active-set entries");
-    compact_kernel<<<batch, select_threads, 0, stream>>>(out.padded.data(), out.max_per_sample,
-                                                         out.offsets.data(), out.ids.data(),
-                                                         out.entry_sample.data());
-    HSLIDE_CUDA_LAUNCH();
-    return total;
+    return compact_active_sets(batch, out, stream);
 }
 
 void full_softmax_loss(const float* logits, const uint32_t* offsets, const batch_csr& batch,
