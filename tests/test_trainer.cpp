@@ -43,7 +43,7 @@ class recording_backend final : public backend {
         r.samples = batch.size;
         r.loss_sum = loss_per_sample * batch.size;
         r.active_per_layer = {1, 1};
-        r.output_rows_touched = 2;  // of the 3 labels
+        r.output_touched_share_sum = 2.0 / 3.0;  // 2 of the 3 labels
         r.steps_counted = 1;
         return r;
     }

@@ -32,9 +32,9 @@ struct step_report {
     /// their active sets left out (whose gradient was dropped), summed over them.
     uint64_t full_softmax_samples = 0;
     double dropped_mass_sum = 0;
-    /// Output-layer rows the reported steps' updates touched, summed over the steps, and the
-    /// steps counted (0 when the backend does not count them).
-    uint64_t output_rows_touched = 0;
+    /// The share of the output layer's rows each reported step's update touched, summed over
+    /// the steps, and the steps counted (0 when the backend does not count them).
+    double output_touched_share_sum = 0;
     uint64_t steps_counted = 0;
     stage_times times;
     double seconds = 0;  ///< wall time of the step

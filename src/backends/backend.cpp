@@ -27,7 +27,7 @@ step_report& step_report::operator+=(const step_report& o) {
     loss_sum += o.loss_sum;
     full_softmax_samples += o.full_softmax_samples;
     dropped_mass_sum += o.dropped_mass_sum;
-    output_rows_touched += o.output_rows_touched;
+    output_touched_share_sum += o.output_touched_share_sum;
     steps_counted += o.steps_counted;
     if (active_per_layer.size() < o.active_per_layer.size())
         active_per_layer.resize(o.active_per_layer.size(), 0);

@@ -473,7 +473,8 @@ step_report cpu_backend::train_batch(const batch_view& batch, float learning_rat
                 if (g.slot[r] < 0) adam_row(uint32_t(r), zero.data(), 0.0f);
         }
         if (l + 1 == model_.layers.size()) {
-            report.output_rows_touched = all_rows || dense_adam ? layer.rows : g.touched.size();
+            const size_t touched = all_rows || dense_adam ? layer.rows : g.touched.size();
+            report.output_touched_share_sum = double(touched) / double(layer.rows);
             report.steps_counted = 1;
         }
         for (uint32_t row : g.touched) g.slot[row] = -1;

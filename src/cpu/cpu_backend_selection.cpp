@@ -209,7 +209,6 @@ selection_quality cpu_backend::measure_selection(const batch_view& batch, uint32
             }
         }
     }
-    if (catches_up()) mark_caught_up_rows();  // none: every row was up to date
     uint32_t labelled = 0;
     for (uint32_t p = 0; p < batch.size; ++p) {
         q.top_recall += top_hits[p];

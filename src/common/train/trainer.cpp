@@ -23,6 +23,15 @@ using clock_type = std::chrono::steady_clock;
 double seconds_since(clock_type::time_point t0) {
     return std::chrono::duration<double>(clock_type::now() - t0).count();
 }
+
+/// p@k, ndcg@k and (when computed) psp@k for k = 1..k_max, as keys of `j`.
+void add_metrics(nlohmann::json& j, const metrics_result& m) {
+    for (int k = 1; k <= int(m.precision.size()); ++k) {
+        j[fmt::format("p@{}", k)] = m.p_at(k);
+        j[fmt::format("ndcg@{}", k)] = m.ndcg_at(k);
+        if (!m.psp.empty()) j[fmt::format("psp@{}", k)] = m.psp_at(k);
+    }
+}
 }  // namespace
 
 metrics_result evaluate(backend& engine, const dataset& test, const evaluation_options& options,
@@ -131,7 +140,8 @@ epoch_record trainer::run_epoch(bool synchronize_at_end) {
     // as they finish, possibly after the epoch that queued them.
     double loss_sum = 0, dropped_mass_sum = 0;
     uint64_t active_output = 0, reported = 0, full_softmax_samples = 0;
-    uint64_t rows_touched = 0, steps_counted = 0;
+    double touched_share_sum = 0;
+    uint64_t steps_counted = 0;
     auto add_report = [&](const step_report& report, size_t at_sample) {
         HSLIDE_CHECK_KIND(
             std::isfinite(report.loss_sum), error_kind::runtime,
@@ -141,7 +151,7 @@ epoch_record trainer::run_epoch(bool synchronize_at_end) {
             record.epoch, at_sample, report.loss_sum);
         loss_sum += report.loss_sum;
         dropped_mass_sum += report.dropped_mass_sum;
-        rows_touched += report.output_rows_touched;
+        touched_share_sum += report.output_touched_share_sum;
         steps_counted += report.steps_counted;
         full_softmax_samples += report.full_softmax_samples;
         if (!report.active_per_layer.empty()) active_output += report.active_per_layer.back();
@@ -177,9 +187,7 @@ epoch_record trainer::run_epoch(bool synchronize_at_end) {
     record.mean_active_output = reported ? double(active_output) / double(reported) : 0.0;
     if (full_softmax_samples > 0)
         record.dropped_mass = dropped_mass_sum / double(full_softmax_samples);
-    if (steps_counted > 0 && train_.n_labels > 0)
-        record.touched_share =
-            double(rows_touched) / double(steps_counted) / double(train_.n_labels);
+    if (steps_counted > 0) record.touched_share = touched_share_sum / double(steps_counted);
     record.workers = backend_.take_worker_stats();
     return record;
 }
@@ -231,22 +239,13 @@ std::string trainer::record_json(const epoch_record& r) const {
                                 {"rows_merged", w.rows_merged},
                                 {"rows_pulled", w.rows_pulled}});
     if (r.evaluated) {
-        for (int k = 1; k <= int(r.metrics.precision.size()); ++k) {
-            j[fmt::format("p@{}", k)] = r.metrics.p_at(k);
-            j[fmt::format("ndcg@{}", k)] = r.metrics.ndcg_at(k);
-            if (!r.metrics.psp.empty()) j[fmt::format("psp@{}", k)] = r.metrics.psp_at(k);
-        }
+        add_metrics(j, r.metrics);
         j["eval_seconds"] = r.eval_seconds;
         j["eval_points"] = r.metrics.n;
     }
     if (r.validated) {
         nlohmann::json valid;
-        for (int k = 1; k <= int(r.valid_metrics.precision.size()); ++k) {
-            valid[fmt::format("p@{}", k)] = r.valid_metrics.p_at(k);
-            valid[fmt::format("ndcg@{}", k)] = r.valid_metrics.ndcg_at(k);
-            if (!r.valid_metrics.psp.empty())
-                valid[fmt::format("psp@{}", k)] = r.valid_metrics.psp_at(k);
-        }
+        add_metrics(valid, r.valid_metrics);
         valid["points"] = r.valid_metrics.n;
         valid["seconds"] = r.valid_seconds;
         j["valid"] = valid;
