@@ -318,9 +318,9 @@ __device__ void store4(const layer_view& layer, size_t offset, float4 w, float4 
 // Blocks of the row update an SM should hold: at hidden 128 (C = 1) 4 of 256 threads, 32
 // warps, at most 64 registers a thread (the row's w, m, v take 12, its gradient 4, the
 // vectors in flight 16, their addresses and the row's pointers most of the rest: 5 blocks'
-// 51 registers spill); wider rows take what their registers allow.
+// 51 registers spill). Wider rows take the registers they need (no spills).
 constexpr int rows_adam_min_blocks(int C) {
-    return C == 1 ? 4 : C == 2 ? 3 : 1;
+    return C == 1 ? 4 : 1;
 }
 
 // One warp per distinct row (warps loop over the rows, u += every warp of the grid): the
@@ -344,87 +344,103 @@ constexpr int rows_adam_min_blocks(int C) {
 // KB the copy rate needs at 1-1.5 us of latency: ~3-3.5 TB/s (the copy's 4.3 less the index and
 // gradient reads, and the writes' turnaround), ~0.65 ms for both layers' launches (was 1.42).
 template <bool first_layer, int C = max_chunks_per_lane>
-__global__ void __launch_bounds__(block_threads, rows_adam_min_blocks(C)) rows_adam_kernel(layer_view layer, const uint32_t* unique_rows,
-                                 const uint32_t* segment_begin, const uint32_t* n_unique,
-                                 const uint32_t* order, const uint32_t* entry_sample,
-                                 const float* scale, const float* vectors, float inv_batch,
-                                 adam_params adam) {
+__global__ void __launch_bounds__(block_threads, rows_adam_min_blocks(C))
+    rows_adam_kernel(layer_view layer, const uint32_t* unique_rows, const uint32_t* segment_begin,
+                     const uint32_t* n_unique, const uint32_t* order, const uint32_t* entry_sample,
+                     const float* scale, const float* vectors, float inv_batch, adam_params adam) {
     constexpr int L = entries_in_flight<C, 4>();
     const uint32_t lane = threadIdx.x % 32, chunks = layer.stride / 4;
     const uint32_t n_rows = *n_unique, warps = gridDim.x * (blockDim.x / 32);
-    for (uint32_t u = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; u < n_rows; u += warps) {
-        // Independent loads, issued together.
-        const uint32_t row = unique_rows[u], seg_begin = segment_begin[u],
-                       seg_end = segment_begin[u + 1];
-        if (row == 0xffffffffu) continue;  // nonzeros of points without labels
-        const size_t base = size_t(row) * layer.stride;
-        float4 w[C], m[C], v[C];
-#pragma unroll
-        for (int i = 0; i < C; ++i) {
-            const uint32_t q = lane + 32 * i;
-            const bool mine = q < chunks;
-            w[i] = mine ? load4(layer.weights + base, q) : make_float4(0, 0, 0, 0);
-            m[i] = mine ? load4(layer.adam_m + base, q) : make_float4(0, 0, 0, 0);
-            v[i] = mine ? load4(layer.adam_v + base, q) : make_float4(0, 0, 0, 0);
+    // A warp's rows are u, u + warps, ...: the next one's index and segment are loaded while
+    // this one is updated, one dependent load fewer on each row's path.
+    uint32_t u = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    uint32_t row = 0xffffffffu, seg_begin = 0, seg_end = 0;
+    if (u < n_rows) {
+        row = unique_rows[u];
+        seg_begin = segment_begin[u];
+        seg_end = segment_begin[u + 1];
+    }
+    for (; u < n_rows; u += warps) {
+        const uint32_t next = u + warps;
+        uint32_t next_row = 0xffffffffu, next_begin = 0, next_end = 0;
+        if (next < n_rows) {
+            next_row = unique_rows[next];
+            next_begin = segment_begin[next];
+            next_end = segment_begin[next + 1];
         }
-        float bias = 0.0f, bias_m = 0.0f, bias_v = 0.0f;
-        if (!first_layer && lane == 0) {
-            bias = layer.bias[row];
-            bias_m = layer.bias_m[row];
-            bias_v = layer.bias_v[row];
-        }
-        float4 acc[C];
+        if (row != 0xffffffffu) {  // UINT32_MAX: nonzeros of points without labels
+            const size_t base = size_t(row) * layer.stride;
+            float4 w[C], m[C], v[C];
 #pragma unroll
-        for (int i = 0; i < C; ++i) acc[i] = make_float4(0, 0, 0, 0);
-        float bias_grad = 0.0f;
-        for (uint32_t first = seg_begin; first < seg_end; first += 32) {
-            const uint32_t n = min(32u, seg_end - first);
-            float my_scale = 0.0f;
-            uint32_t my_sample = 0;
-            if (lane < n) {
-                const uint32_t e = order[first + lane];
-                my_scale = scale[e];
-                my_sample = entry_sample[e];
+            for (int i = 0; i < C; ++i) {
+                const uint32_t q = lane + 32 * i;
+                const bool mine = q < chunks;
+                w[i] = mine ? load4(layer.weights + base, q) : make_float4(0, 0, 0, 0);
+                m[i] = mine ? load4(layer.adam_m + base, q) : make_float4(0, 0, 0, 0);
+                v[i] = mine ? load4(layer.adam_v + base, q) : make_float4(0, 0, 0, 0);
             }
-            // j is a multiple of L (which divides 32) below n <= 32: lanes j + t stay below 32.
-            for (uint32_t j = 0; j < n; j += L) {
-                float d[L];
-                float4 x[L][C];
+            float bias = 0.0f, bias_m = 0.0f, bias_v = 0.0f;
+            if (!first_layer && lane == 0) {
+                bias = layer.bias[row];
+                bias_m = layer.bias_m[row];
+                bias_v = layer.bias_v[row];
+            }
+            float4 acc[C];
 #pragma unroll
-                for (int t = 0; t < L; ++t) {
-                    d[t] = __shfl_sync(0xffffffffu, my_scale, j + t);
-                    const uint32_t sample = __shfl_sync(0xffffffffu, my_sample, j + t);
-                    const float* vec = vectors + size_t(sample) * layer.stride;
+            for (int i = 0; i < C; ++i) acc[i] = make_float4(0, 0, 0, 0);
+            float bias_grad = 0.0f;
+            for (uint32_t first = seg_begin; first < seg_end; first += 32) {
+                const uint32_t n = min(32u, seg_end - first);
+                float my_scale = 0.0f;
+                uint32_t my_sample = 0;
+                if (lane < n) {
+                    const uint32_t e = order[first + lane];
+                    my_scale = scale[e];
+                    my_sample = entry_sample[e];
+                }
+                // j is a multiple of L (which divides 32) below n <= 32: lanes j + t stay below 32.
+                for (uint32_t j = 0; j < n; j += L) {
+                    float d[L];
+                    float4 x[L][C];
 #pragma unroll
-                    for (int i = 0; i < C; ++i) {
-                        const uint32_t q = lane + 32 * i;
-                        x[t][i] =
-                            j + t < n && q < chunks ? load4_ro(vec, q) : make_float4(0, 0, 0, 0);
+                    for (int t = 0; t < L; ++t) {
+                        d[t] = __shfl_sync(0xffffffffu, my_scale, j + t);
+                        const uint32_t sample = __shfl_sync(0xffffffffu, my_sample, j + t);
+                        const float* vec = vectors + size_t(sample) * layer.stride;
+#pragma unroll
+                        for (int i = 0; i < C; ++i) {
+                            const uint32_t q = lane + 32 * i;
+                            x[t][i] = j + t < n && q < chunks ? load4_ro(vec, q)
+                                                              : make_float4(0, 0, 0, 0);
+                        }
+                    }
+#pragma unroll
+                    for (int t = 0; t < L; ++t) {
+                        if (j + t >= n) break;
+                        bias_grad += d[t];
+#pragma unroll
+                        for (int i = 0; i < C; ++i)
+                            if (lane + 32 * i < chunks) acc[i] = fma4(d[t], x[t][i], acc[i]);
                     }
                 }
+            }
 #pragma unroll
-                for (int t = 0; t < L; ++t) {
-                    if (j + t >= n) break;
-                    bias_grad += d[t];
-#pragma unroll
-                    for (int i = 0; i < C; ++i)
-                        if (lane + 32 * i < chunks) acc[i] = fma4(d[t], x[t][i], acc[i]);
-                }
+            for (int i = 0; i < C; ++i) {
+                const uint32_t q = lane + 32 * i;
+                if (q >= chunks) continue;
+                adam4_in_registers(w[i], m[i], v[i], scale4(acc[i], inv_batch), adam);
+                store4(layer, base + 4 * size_t(q), w[i], m[i], v[i]);
+            }
+            if (!first_layer && lane == 0) {
+                adam_element(bias, bias_m, bias_v, bias_grad * inv_batch, adam);
+                layer.bias[row] = bias;
+                layer.bias_m[row] = bias_m;
+                layer.bias_v[row] = bias_v;
             }
         }
-#pragma unroll
-        for (int i = 0; i < C; ++i) {
-            const uint32_t q = lane + 32 * i;
-            if (q >= chunks) continue;
-            adam4_in_registers(w[i], m[i], v[i], scale4(acc[i], inv_batch), adam);
-            store4(layer, base + 4 * size_t(q), w[i], m[i], v[i]);
-        }
-        if (!first_layer && lane == 0) {
-            adam_element(bias, bias_m, bias_v, bias_grad * inv_batch, adam);
-            layer.bias[row] = bias;
-            layer.bias_m[row] = bias_m;
-            layer.bias_v[row] = bias_v;
-        }
+        row = next_row;
+        seg_begin = next_begin;
+        seg_end = next_end;
     }
 }
 
