@@ -1,6 +1,7 @@
-// Entry points into the GPU's LSH pieces for the tests, in plain C++ (no CUDA types), so
-// tests/test_gpu_backend.cpp can compare them with the CPU's hash families, tables and
-// active sets on the same inputs. They run on the current GPU and synchronise.
+// Entry points into the GPU's LSH, top-k and row-update pieces for the tests, in plain C++ (no
+// CUDA types), so tests/test_gpu_backend.cpp can compare them with the CPU's hash families,
+// tables and active sets, or with references, on the same inputs. They run on the current GPU
+// and synchronise.
 #pragma once
 
 #include "hslide/lsh.hpp"
