@@ -726,6 +726,94 @@ TEST(GpuLayers, SparseBackwardMatchesAReferenceOnAwkwardWidthsAndSetSizes) {
         }
 }
 
+TEST(GpuDenseSoftmax, MatchesASoftmaxInDoublePrecisionOnAwkwardSizes) {
+    // The dense output layer's fused softmax (gpu_dense.cuh): per sample the loss, per entry
+    // delta = softmax(logit + bias) - (1/|y|) on labels, per column the batch-mean bias
+    // gradient; samples without labels have loss and delta 0; the padding columns are never
+    // read (NaN here) and written as 0. Sizes cross the kernels' chunks (8,192 columns a
+    // partial, 1,024 a gradient block, samples in groups of 4); a sample with 300 labels
+    // takes more than one pass of its block's threads, one lists a label twice (it counts
+    // twice, as in the shared softmax_loss).
+    HSLIDE_REQUIRE_GPU();
+    rng gen(33);
+    for (const uint32_t rows : {1u, 15u, 17u, 33u, 1001u, 8193u, 20011u}) {
+        for (const uint32_t batch : {1u, 6u, 9u}) {
+            for (const bool bf16 : {false, true}) {
+                SCOPED_TRACE("rows " + std::to_string(rows) + ", batch " + std::to_string(batch) +
+                             (bf16 ? ", bf16" : ", fp32"));
+                const uint32_t ld = gpu::testing::dense_ld(rows);
+                ASSERT_GE(ld, rows);
+                std::vector<float> logits(size_t(batch) * ld, std::nanf("")), bias(rows);
+                for (float& b : bias) b = float(gen.normal());
+                std::vector<uint32_t> offsets{0}, labels;
+                for (uint32_t s = 0; s < batch; ++s) {
+                    for (uint32_t j = 0; j < rows; ++j)
+                        logits[size_t(s) * ld + j] = float(3.0 * gen.normal());
+                    // Sample 0: many labels; every third: none; the others a few, one repeated.
+                    const uint32_t count = s == 0 ? std::min(rows, 300u)
+                                           : s % 3 == 2
+                                               ? 0u
+                                               : uint32_t(1 + gen.below(std::min(rows, 40u)));
+                    std::vector<uint32_t> ids(rows);
+                    std::iota(ids.begin(), ids.end(), 0u);
+                    for (uint32_t i = 0; i < count; ++i)
+                        std::swap(ids[i], ids[i + gen.below(rows - i)]);
+                    labels.insert(labels.end(), ids.begin(), ids.begin() + count);
+                    if (s == 1) labels.push_back(labels.back());  // listed twice
+                    offsets.push_back(uint32_t(labels.size()));
+                }
+                std::vector<float> delta, bias_gradient, loss;
+                gpu::testing::dense_softmax_loss(logits, bias, rows, batch, offsets, labels, bf16,
+                                                 delta, bias_gradient, loss);
+                ASSERT_EQ(delta.size(), size_t(batch) * ld);
+                ASSERT_EQ(bias_gradient.size(), size_t(rows));
+                ASSERT_EQ(loss.size(), size_t(batch));
+                std::vector<double> want_bias(rows, 0.0), bias_tolerance(rows, 0.0);
+                for (uint32_t s = 0; s < batch; ++s) {
+                    const float* l = &logits[size_t(s) * ld];
+                    const uint32_t n_labels = offsets[s + 1] - offsets[s];
+                    for (uint32_t j = rows; j < ld; ++j)
+                        ASSERT_EQ(delta[size_t(s) * ld + j], 0.0f) << "padding of sample " << s;
+                    if (n_labels == 0) {
+                        EXPECT_EQ(loss[s], 0.0f) << "sample " << s;
+                        for (uint32_t j = 0; j < rows; ++j)
+                            ASSERT_EQ(delta[size_t(s) * ld + j], 0.0f) << "sample " << s;
+                        continue;
+                    }
+                    double m = -INFINITY, z = 0;
+                    for (uint32_t j = 0; j < rows; ++j) m = std::max(m, double(l[j]) + bias[j]);
+                    for (uint32_t j = 0; j < rows; ++j) z += std::exp(double(l[j]) + bias[j] - m);
+                    const double log_z = m + std::log(z), target = 1.0 / n_labels;
+                    std::vector<double> want(rows);
+                    double want_loss = 0;
+                    for (uint32_t j = 0; j < rows; ++j)
+                        want[j] = std::exp(double(l[j]) + bias[j] - log_z);
+                    for (uint32_t i = offsets[s]; i < offsets[s + 1]; ++i) {
+                        want[labels[i]] -= target;
+                        want_loss -= target * (double(l[labels[i]]) + bias[labels[i]] - log_z);
+                    }
+                    EXPECT_NEAR(loss[s], want_loss, 1e-4 * std::max(1.0, std::abs(want_loss)))
+                        << "sample " << s;
+                    for (uint32_t j = 0; j < rows; ++j) {
+                        // __expf and float sums: about 1e-5 relative of the probability.
+                        const double p = std::exp(double(l[j]) + bias[j] - log_z);
+                        const double tolerance = 1e-6 + 1e-4 * (p + std::abs(want[j])) +
+                                                 (bf16 ? std::ldexp(std::abs(want[j]), -8) : 0.0);
+                        ASSERT_NEAR(delta[size_t(s) * ld + j], want[j], tolerance)
+                            << "sample " << s << ", column " << j;
+                        want_bias[j] += want[j] / batch;
+                        bias_tolerance[j] += (1e-6 + 1e-4 * (p + std::abs(want[j]))) / batch;
+                    }
+                }
+                // The bias gradient comes from the fp32 deltas, before any rounding to bf16.
+                for (uint32_t j = 0; j < rows; ++j)
+                    ASSERT_NEAR(bias_gradient[j], want_bias[j], bias_tolerance[j] + 1e-7)
+                        << "column " << j;
+            }
+        }
+    }
+}
+
 #endif  // HSLIDE_HAVE_CUDA
 
 /// input 50 -> hidden (ReLU) -> 70 outputs; LSH output whose fill makes every neuron active,

@@ -1,5 +1,6 @@
 // The test entry points of gpu_testing.hpp: copy in, run the GPU pieces, copy out.
 #include "cublas_loader.hpp"
+#include "gpu_dense.cuh"
 #include "gpu_layers.cuh"
 #include "gpu_lsh.cuh"
 #include "gpu_testing.hpp"
@@ -295,6 +296,48 @@ std::vector<float> sparse_output_backward(const host_layer& layer, bool bf16,
                                 d_hidden.data(), batch, d_grad.data(), nullptr);
     HSLIDE_CUDA_CHECK(cudaDeviceSynchronize());
     return to_host(d_grad.data(), size_t(batch) * layer.stride);
+}
+
+uint32_t dense_ld(uint32_t rows) {
+    return dense_leading_dimension(rows);
+}
+
+void dense_softmax_loss(const std::vector<float>& logits, const std::vector<float>& bias,
+                        uint32_t rows, uint32_t batch, const std::vector<uint32_t>& label_offsets,
+                        const std::vector<uint32_t>& label_ids, bool bf16,
+                        std::vector<float>& delta, std::vector<float>& bias_gradient,
+                        std::vector<float>& loss) {
+    const uint32_t ld = dense_leading_dimension(rows);
+    HSLIDE_CHECK(logits.size() == size_t(batch) * ld && bias.size() == rows &&
+                     label_offsets.size() == size_t(batch) + 1,
+                 "dense_softmax_loss: inconsistent test inputs");
+    const auto d_logits = to_device(logits, "test logits");
+    const auto d_bias = to_device(bias, "test bias");
+    const auto d_offsets = to_device(label_offsets, "test labels");
+    const auto d_labels = to_device(label_ids, "test labels");
+    const size_t n = size_t(batch) * ld;
+    device_array<float> d_delta(bf16 ? 1 : n, "test deltas");
+    device_array<__nv_bfloat16> d_delta16(bf16 ? n : 1, "test deltas");
+    device_array<float> d_bias_gradient(rows, "test bias gradient");
+    device_array<float> d_loss(batch, "test losses");
+    device_array<float> work(dense_softmax_work_floats(batch, rows), "test work");
+    batch_csr csr{};
+    csr.label_offsets = d_offsets.data();
+    csr.label_ids = d_labels.data();
+    csr.size = batch;
+    dense_softmax_loss(d_logits.data(), d_bias.data(), rows, ld, csr, 1.0f / float(batch),
+                       bf16 ? nullptr : d_delta.data(), bf16 ? d_delta16.data() : nullptr,
+                       d_bias_gradient.data(), d_loss.data(), work.data(), nullptr);
+    HSLIDE_CUDA_CHECK(cudaDeviceSynchronize());
+    if (bf16) {
+        const auto d16 = to_host(d_delta16.data(), n);
+        delta.resize(n);
+        for (size_t i = 0; i < n; ++i) delta[i] = __bfloat162float(d16[i]);
+    } else {
+        delta = to_host(d_delta.data(), n);
+    }
+    bias_gradient = to_host(d_bias_gradient.data(), rows);
+    loss = to_host(d_loss.data(), batch);
 }
 
 }  // namespace hslide::gpu::testing

@@ -93,4 +93,16 @@ std::vector<float> sparse_output_backward(const host_layer& layer, bool bf16,
                                           const std::vector<float>& delta,
                                           const std::vector<float>& hidden, uint32_t batch);
 
+/// The dense output layer's fused softmax (gpu_dense.cuh) on host inputs: logits are batch
+/// rows of dense_ld(rows) floats (the padding columns are never read: fill them with NaN),
+/// bias rows floats; the labels in CSR form (batch + 1 offsets). Returns delta as written
+/// (batch x dense_ld(rows), bf16 values widened when `bf16`), the bias gradient (rows, the
+/// batch mean of delta) and the per-sample losses.
+uint32_t dense_ld(uint32_t rows);
+void dense_softmax_loss(const std::vector<float>& logits, const std::vector<float>& bias,
+                        uint32_t rows, uint32_t batch, const std::vector<uint32_t>& label_offsets,
+                        const std::vector<uint32_t>& label_ids, bool bf16,
+                        std::vector<float>& delta, std::vector<float>& bias_gradient,
+                        std::vector<float>& loss);
+
 }  // namespace hslide::gpu::testing
