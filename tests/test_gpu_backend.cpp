@@ -587,6 +587,196 @@ TEST(GpuTopK, SetsAreLabelsThenTheTopKThenARandomFillSortedByIdAndDependOnlyOnTh
     }
 }
 
+// bf16 bits of x, rounded to nearest even (the device's __float2bfloat16_rn; no NaNs here).
+uint16_t bf16_bits(float x) {
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+float from_bf16_bits(uint16_t b) {
+    const uint32_t u = uint32_t(b) << 16;
+    float x;
+    std::memcpy(&x, &u, 4);
+    return x;
+}
+
+gpu::testing::host_layer random_host_layer(uint32_t rows, uint32_t width, uint32_t stride,
+                                           bool bf16, rng& gen) {
+    gpu::testing::host_layer l;
+    l.rows = rows;
+    l.stride = stride;
+    l.weights = random_rows(rows, width, stride, gen);
+    l.adam_m = random_rows(rows, width, stride, gen);
+    // Second moments as Adam keeps them (v >= m^2), some fresh (m = v = 0).
+    l.adam_v.assign(size_t(rows) * stride, 0.0f);
+    for (uint32_t r = 0; r < rows; ++r)
+        for (uint32_t i = 0; i < width; ++i) {
+            const size_t at = size_t(r) * stride + i;
+            const float m = l.adam_m[at];
+            l.adam_v[at] = m == 0.0f && gen.uniform() < 0.5f ? 0.0f : m * m + gen.uniform();
+        }
+    for (uint32_t r = 0; r < rows; ++r) {
+        l.bias.push_back(float(gen.normal()));
+        l.bias_m.push_back(float(gen.normal()) * 0.1f);
+        l.bias_v.push_back(l.bias_m.back() * l.bias_m.back() + gen.uniform());
+    }
+    if (bf16)
+        for (float w : l.weights) l.weights16.push_back(bf16_bits(w));
+    return l;
+}
+
+// Row-sparse Adam against a double-precision reference, on awkward widths (1 float4 chunk
+// per lane and more, partial chunks, padding), rows touched by one entry and by more than a
+// warp's 32 (the kernel loads a segment's indices 32 at a time), in an order the grouping
+// must keep; untouched rows must not move, the bf16 copy must be the new weights' rounding,
+// and a second run on the same inputs must give the same bits.
+TEST(GpuLayers, RowSparseAdamMatchesAReferenceOnAwkwardWidthsAndSegments) {
+    HSLIDE_REQUIRE_GPU();
+    rng gen(2211);
+    const gpu::testing::host_adam adam{
+        0.01f, 0.9f, 0.999f, 1e-8f, 1.0f / (1.0f - 0.9f * 0.9f), 1.0f / (1.0f - 0.999f * 0.999f)};
+    for (const uint32_t width : {1u, 15u, 16u, 17u, 33u, 128u, 130u, 300u, 600u, 1000u})
+        for (const bool first_layer : {false, true})
+            for (const bool bf16 : {false, true}) {
+                const uint32_t stride = (width + 15) / 16 * 16, rows = 97, batch = 37;
+                const gpu::testing::host_layer before =
+                    random_host_layer(rows, width, stride, bf16, gen);
+                const std::vector<float> vectors = random_rows(batch, width, stride, gen);
+                // Row 3 by 1 entry, row 5 by 32, row 7 by 33, row 11 by 100, the rest by
+                // 0 to 4; the first layer also has entries of no row (UINT32_MAX).
+                std::vector<uint32_t> entry_row;
+                auto touch = [&](uint32_t row, uint32_t times) {
+                    for (uint32_t i = 0; i < times; ++i) entry_row.push_back(row);
+                };
+                touch(3, 1), touch(5, 32), touch(7, 33), touch(11, 100);
+                for (uint32_t r = 12; r < rows; ++r) touch(r, uint32_t(gen.below(5)));
+                if (first_layer) touch(UINT32_MAX, 40);
+                // Entries in random order: a row's entries are spread, and summed in entry order.
+                for (size_t i = entry_row.size(); i > 1; --i)
+                    std::swap(entry_row[i - 1], entry_row[gen.below(i)]);
+                std::vector<uint32_t> entry_sample;
+                std::vector<float> scale;
+                for (size_t e = 0; e < entry_row.size(); ++e) {
+                    entry_sample.push_back(uint32_t(gen.below(batch)));
+                    scale.push_back(float(gen.normal()));
+                }
+                const float inv_batch = 1.0f / float(batch);
+                gpu::testing::host_layer got = before;
+                gpu::testing::rows_adam(got, first_layer, entry_row, entry_sample, scale, vectors,
+                                        inv_batch, adam);
+                gpu::testing::host_layer again = before;
+                gpu::testing::rows_adam(again, first_layer, entry_row, entry_sample, scale, vectors,
+                                        inv_batch, adam);
+                const std::string where = "width " + std::to_string(width) +
+                                          (first_layer ? " first" : " output") +
+                                          (bf16 ? " bf16" : " fp32");
+                EXPECT_EQ(got.weights, again.weights) << where << ": not deterministic";
+                EXPECT_EQ(got.adam_v, again.adam_v) << where << ": not deterministic";
+                // The reference: the gradient in double, then Adam in double.
+                std::vector<double> grad(size_t(rows) * stride, 0.0), bias_grad(rows, 0.0);
+                std::vector<bool> touched(rows, false);
+                for (size_t e = 0; e < entry_row.size(); ++e) {
+                    const uint32_t r = entry_row[e];
+                    if (r == UINT32_MAX) continue;
+                    touched[r] = true;
+                    bias_grad[r] += double(scale[e]) * inv_batch;
+                    for (uint32_t i = 0; i < stride; ++i)
+                        grad[size_t(r) * stride + i] +=
+                            double(scale[e]) * inv_batch *
+                            vectors[size_t(entry_sample[e]) * stride + i];
+                }
+                auto step = [&](double w, double m, double v, double g, double& w2, double& m2,
+                                double& v2) {
+                    m2 = adam.beta1 * m + (1 - double(adam.beta1)) * g;
+                    v2 = adam.beta2 * v + (1 - double(adam.beta2)) * g * g;
+                    w2 = w - adam.lr * (m2 * adam.c1) / (std::sqrt(v2 * adam.c2) + adam.eps);
+                };
+                size_t bad = 0;
+                for (uint32_t r = 0; r < rows; ++r) {
+                    for (uint32_t i = 0; i < stride; ++i) {
+                        const size_t at = size_t(r) * stride + i;
+                        if (!touched[r]) {
+                            bad += got.weights[at] != before.weights[at] ||
+                                   got.adam_m[at] != before.adam_m[at] ||
+                                   got.adam_v[at] != before.adam_v[at];
+                            continue;
+                        }
+                        double w, m, v;
+                        step(before.weights[at], before.adam_m[at], before.adam_v[at], grad[at], w,
+                             m, v);
+                        // A gradient within rounding of zero with a fresh moment steps by up to
+                        // lr whichever its sign: compare the moments tightly and the weight
+                        // within the step that sign could flip.
+                        const double tiny = 1e-5 * (1 + std::abs(grad[at]));
+                        bad += std::abs(got.adam_m[at] - m) > 1e-5 * (1 + std::abs(m));
+                        bad += std::abs(got.adam_v[at] - v) > 1e-5 * (1 + std::abs(v));
+                        const bool near_zero = std::abs(grad[at]) < tiny && before.adam_v[at] == 0;
+                        bad += std::abs(got.weights[at] - w) >
+                               (near_zero ? 2.1 * adam.lr : 1e-5 * (1 + std::abs(w)));
+                        if (bf16) bad += got.weights16[at] != bf16_bits(got.weights[at]);
+                    }
+                    if (first_layer || !touched[r]) {
+                        bad += got.bias[r] != before.bias[r] || got.bias_m[r] != before.bias_m[r];
+                        continue;
+                    }
+                    double b, m, v;
+                    step(before.bias[r], before.bias_m[r], before.bias_v[r], bias_grad[r], b, m, v);
+                    bad += std::abs(got.bias[r] - b) > 1e-5 || std::abs(got.bias_m[r] - m) > 1e-5 ||
+                           std::abs(got.bias_v[r] - v) > 1e-5 * (1 + v);
+                }
+                EXPECT_EQ(bad, 0u) << where;
+            }
+}
+
+// The sparse backward against a double-precision reference: samples with no entries, one,
+// fewer than a warp's 32, and thousands (every warp of the block busy, many rounds), on
+// awkward widths, reading the fp32 weights or their bf16 copy; the ReLU mask applied; the
+// same bits on a second run.
+TEST(GpuLayers, SparseBackwardMatchesAReferenceOnAwkwardWidthsAndSetSizes) {
+    HSLIDE_REQUIRE_GPU();
+    rng gen(2212);
+    for (const uint32_t width : {1u, 15u, 16u, 17u, 33u, 128u, 130u, 300u, 600u, 1000u})
+        for (const bool bf16 : {false, true}) {
+            const uint32_t stride = (width + 15) / 16 * 16, rows = 3001;
+            const std::vector<uint32_t> sizes{0, 1, 5, 31, 32, 33, 100, 511, 513, 3000, 7};
+            const uint32_t batch = uint32_t(sizes.size());
+            const gpu::testing::host_layer layer =
+                random_host_layer(rows, width, stride, bf16, gen);
+            const std::vector<float> hidden = random_rows(batch, width, stride, gen);
+            std::vector<uint32_t> offsets{0}, ids;
+            std::vector<float> delta;
+            for (const uint32_t n : sizes) {
+                for (uint32_t i = 0; i < n; ++i) {
+                    ids.push_back(uint32_t(gen.below(rows)));
+                    delta.push_back(float(gen.normal()) * 0.01f);
+                }
+                offsets.push_back(uint32_t(ids.size()));
+            }
+            const auto got = gpu::testing::sparse_output_backward(layer, bf16, offsets, ids, delta,
+                                                                  hidden, batch);
+            const auto again = gpu::testing::sparse_output_backward(layer, bf16, offsets, ids,
+                                                                    delta, hidden, batch);
+            const std::string where = "width " + std::to_string(width) + (bf16 ? " bf16" : " fp32");
+            EXPECT_EQ(got, again) << where << ": not deterministic";
+            size_t bad = 0;
+            for (uint32_t s = 0; s < batch; ++s)
+                for (uint32_t i = 0; i < stride; ++i) {
+                    double sum = 0, magnitude = 0;
+                    for (uint32_t e = offsets[s]; e < offsets[s + 1]; ++e) {
+                        const size_t at = size_t(ids[e]) * stride + i;
+                        const double w =
+                            bf16 ? from_bf16_bits(layer.weights16[at]) : layer.weights[at];
+                        sum += double(delta[e]) * w;
+                        magnitude += std::abs(double(delta[e]) * w);
+                    }
+                    const size_t at = size_t(s) * stride + i;
+                    const double want = hidden[at] > 0 ? sum : 0.0;
+                    bad += std::abs(got[at] - want) > 1e-5 * (1 + magnitude);
+                }
+            EXPECT_EQ(bad, 0u) << where;
+        }
+}
+
 #endif  // HSLIDE_HAVE_CUDA
 
 /// input 50 -> hidden (ReLU) -> 70 outputs; LSH output whose fill makes every neuron active,

@@ -205,4 +205,96 @@ std::vector<std::vector<uint32_t>> top_k_sets(const std::vector<uint32_t>& best,
     return out;
 }
 
+namespace {
+
+// The host layer's arrays on the device, and its view.
+struct device_host_layer {
+    device_array<float> weights, adam_m, adam_v, bias, bias_m, bias_v;
+    device_array<uint16_t> weights16;
+    layer_view view;
+
+    explicit device_host_layer(const host_layer& h)
+        : weights(to_device(h.weights, "test weights")),
+          adam_m(to_device(h.adam_m, "test weights")),
+          adam_v(to_device(h.adam_v, "test weights")),
+          bias(to_device(h.bias, "test bias")),
+          bias_m(to_device(h.bias_m, "test bias")),
+          bias_v(to_device(h.bias_v, "test bias")),
+          weights16(to_device(h.weights16, "test bf16 weights")) {
+        view = layer_view{
+            weights.data(),
+            adam_m.data(),
+            adam_v.data(),
+            bias.data(),
+            bias_m.data(),
+            bias_v.data(),
+            h.weights16.empty() ? nullptr : reinterpret_cast<__nv_bfloat16*>(weights16.data()),
+            h.rows,
+            h.stride,
+            h.stride};
+    }
+};
+
+}  // namespace
+
+void rows_adam(host_layer& layer, bool first_layer, const std::vector<uint32_t>& entry_row,
+               const std::vector<uint32_t>& entry_sample, const std::vector<float>& scale,
+               const std::vector<float>& vectors, float inv_batch, const host_adam& adam) {
+    const uint32_t n = uint32_t(entry_row.size());
+    std::vector<uint32_t> order(n);
+    for (uint32_t e = 0; e < n; ++e) order[e] = e;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](uint32_t a, uint32_t b) { return entry_row[a] < entry_row[b]; });
+    std::vector<uint32_t> unique, begin;
+    for (uint32_t k = 0; k < n; ++k)
+        if (k == 0 || entry_row[order[k]] != entry_row[order[k - 1]]) {
+            unique.push_back(entry_row[order[k]]);
+            begin.push_back(k);
+        }
+    begin.push_back(n);
+    const std::vector<uint32_t> n_unique{uint32_t(unique.size())};
+    device_host_layer d(layer);
+    const auto d_unique = to_device(unique, "test rows");
+    const auto d_begin = to_device(begin, "test rows");
+    const auto d_n_unique = to_device(n_unique, "test rows");
+    const auto d_order = to_device(order, "test rows");
+    const auto d_sample = to_device(entry_sample, "test rows");
+    const auto d_scale = to_device(scale, "test rows");
+    const auto d_vectors = to_device(vectors, "test rows");
+    const adam_params a{adam.lr, adam.beta1, adam.beta2, adam.eps, adam.c1, adam.c2};
+    if (first_layer)
+        first_layer_rows_adam(d.view, d_unique.data(), d_begin.data(), d_n_unique.data(), n,
+                              d_order.data(), d_sample.data(), d_scale.data(), d_vectors.data(),
+                              inv_batch, a, nullptr);
+    else
+        output_rows_adam(d.view, d_unique.data(), d_begin.data(), d_n_unique.data(), n,
+                         d_order.data(), d_sample.data(), d_scale.data(), d_vectors.data(),
+                         inv_batch, a, nullptr);
+    HSLIDE_CUDA_CHECK(cudaDeviceSynchronize());
+    layer.weights = to_host(d.weights.data(), layer.weights.size());
+    layer.adam_m = to_host(d.adam_m.data(), layer.adam_m.size());
+    layer.adam_v = to_host(d.adam_v.data(), layer.adam_v.size());
+    layer.bias = to_host(d.bias.data(), layer.bias.size());
+    layer.bias_m = to_host(d.bias_m.data(), layer.bias_m.size());
+    layer.bias_v = to_host(d.bias_v.data(), layer.bias_v.size());
+    layer.weights16 = to_host(d.weights16.data(), layer.weights16.size());
+}
+
+std::vector<float> sparse_output_backward(const host_layer& layer, bool bf16,
+                                          const std::vector<uint32_t>& offsets,
+                                          const std::vector<uint32_t>& ids,
+                                          const std::vector<float>& delta,
+                                          const std::vector<float>& hidden, uint32_t batch) {
+    device_host_layer d(layer);
+    const auto d_offsets = to_device(offsets, "test offsets");
+    const auto d_ids = to_device(ids, "test ids");
+    const auto d_delta = to_device(delta, "test deltas");
+    const auto d_hidden = to_device(hidden, "test hidden");
+    device_array<float> d_grad(std::max<size_t>(size_t(batch) * layer.stride, 1), "test grad");
+    gpu::sparse_output_backward(d.view, bf16, d_offsets.data(), d_ids.data(), d_delta.data(),
+                                d_hidden.data(), batch, d_grad.data(), nullptr);
+    HSLIDE_CUDA_CHECK(cudaDeviceSynchronize());
+    return to_host(d_grad.data(), size_t(batch) * layer.stride);
+}
+
 }  // namespace hslide::gpu::testing

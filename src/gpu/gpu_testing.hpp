@@ -1,6 +1,7 @@
-// Entry points into the GPU's LSH pieces for the tests, in plain C++ (no CUDA types), so
-// tests/test_gpu_backend.cpp can compare them with the CPU's hash families, tables and
-// active sets on the same inputs. They run on the current GPU and synchronise.
+// Entry points into the GPU's LSH, top-k and row-update pieces for the tests, in plain C++ (no
+// CUDA types), so tests/test_gpu_backend.cpp can compare them with the CPU's hash families,
+// tables and active sets, or with references, on the same inputs. They run on the current GPU
+// and synchronise.
 #pragma once
 
 #include "hslide/lsh.hpp"
@@ -62,5 +63,34 @@ std::vector<std::vector<uint32_t>> top_k_sets(const std::vector<uint32_t>& best,
                                               const std::vector<uint32_t>& label_offsets,
                                               const std::vector<uint32_t>& label_ids, uint32_t fill,
                                               uint32_t n_items, uint64_t seed);
+
+/// One layer's parameters on the host for the row-kernel tests: `rows` rows of `stride` floats.
+struct host_layer {
+    uint32_t rows = 0, stride = 0;
+    std::vector<float> weights, adam_m, adam_v, bias, bias_m, bias_v;
+    std::vector<uint16_t> weights16;  ///< the bf16 copy's bits, when not empty
+};
+
+/// Adam's hyperparameters for one step (gpu_layers.cuh's adam_params).
+struct host_adam {
+    float lr, beta1, beta2, eps, c1, c2;
+};
+
+/// The GPU's row-sparse Adam on `layer`, in place (output_rows_adam, or first_layer_rows_adam
+/// when first_layer: no bias): entry e touches row entry_row[e] (UINT32_MAX: none) with
+/// scale[e] times row entry_sample[e] of `vectors` (rows of layer.stride floats). The
+/// entries are grouped by row on the host (a stable sort, as the step's radix sort).
+void rows_adam(host_layer& layer, bool first_layer, const std::vector<uint32_t>& entry_row,
+               const std::vector<uint32_t>& entry_sample, const std::vector<float>& scale,
+               const std::vector<float>& vectors, float inv_batch, const host_adam& adam);
+
+/// The GPU's sparse_output_backward: d_hidden (batch rows of layer.stride floats) of the
+/// entries [offsets[s], offsets[s + 1]) of each sample (ids, delta), masked by hidden's ReLU;
+/// reads the bf16 copy when bf16.
+std::vector<float> sparse_output_backward(const host_layer& layer, bool bf16,
+                                          const std::vector<uint32_t>& offsets,
+                                          const std::vector<uint32_t>& ids,
+                                          const std::vector<float>& delta,
+                                          const std::vector<float>& hidden, uint32_t batch);
 
 }  // namespace hslide::gpu::testing
