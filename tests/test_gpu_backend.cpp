@@ -396,6 +396,57 @@ TEST(GpuTopK, ChunkedSelectionMatchesASortOnAwkwardSizesTiesAndNaNs) {
     }
 }
 
+TEST(GpuTopK, ChunkedSelectionIsExactWhenEveryScoreBeatsTheKept) {
+    // Rising scores: every entry beats the k-th kept, so the merge kernel's candidate buffer
+    // (4,096 entries behind the k kept) overflows again and again within a round and the
+    // entries that did not fit are filtered against the new k-th; chunks of more than one
+    // round (8,192 scores), aligned (float4 loads) and not, k up to top_k_max (2,048: the
+    // least room for candidates); -inf in sample 0, NaNs and ties in sample 1.
+    HSLIDE_REQUIRE_GPU();
+    rng gen(37);
+    const uint32_t n = 20011, batch = 2;
+    for (const uint32_t k : {1u, 64u, 777u, 2048u}) {
+        for (const uint32_t chunk : {4096u, 4099u, 12288u, 20011u}) {
+            SCOPED_TRACE("k " + std::to_string(k) + ", chunk " + std::to_string(chunk));
+            std::vector<float> scores(size_t(batch) * n), bias(n);
+            for (float& b : bias) b = float(gen.below(2)) * 0.25f;
+            for (uint32_t s = 0; s < batch; ++s)
+                for (uint32_t j = 0; j < n; ++j) {
+                    const double u = gen.uniform();
+                    float v = float(j / 3) * 0.01f;  // rising, in tied triples
+                    if (s == 0 && u < 0.02) v = -INFINITY;
+                    if (s == 1 && u < 0.01) v = std::nanf("");
+                    if (s == 1 && u >= 0.01 && u < 0.5) v = float(int(gen.below(4)));  // ties
+                    scores[size_t(s) * n + j] = v;
+                }
+            std::vector<uint32_t> labels;
+            std::vector<float> top, log_z;
+            gpu::testing::top_k_chunked(scores, n, batch, k, chunk, bias, labels, top, log_z);
+            for (uint32_t s = 0; s < batch; ++s) {
+                std::vector<std::pair<float, uint32_t>> all;
+                for (uint32_t j = 0; j < n; ++j)
+                    all.push_back({scores[size_t(s) * n + j] + bias[j], j});
+                const auto w = sorted_best(all, k);
+                ASSERT_EQ(w.size(), k);
+                for (uint32_t i = 0; i < k; ++i) {
+                    const size_t at = size_t(s) * k + i;
+                    ASSERT_EQ(labels[at], w[i].second) << "sample " << s << ", rank " << i;
+                    ASSERT_EQ(top[at], w[i].first) << "sample " << s << ", rank " << i;
+                }
+                if (s == 1) {
+                    EXPECT_TRUE(std::isnan(log_z[s])) << "sample 1 has NaN scores";
+                    continue;
+                }
+                double max = -INFINITY, sum = 0;
+                for (const auto& e : all) max = std::max(max, double(e.first));
+                for (const auto& e : all) sum += std::exp(double(e.first) - max);
+                const double want = max + std::log(sum);
+                EXPECT_NEAR(log_z[s], want, 1e-4 * std::max(1.0, std::abs(want)));
+            }
+        }
+    }
+}
+
 // The whole scoring pass (cuBLAS GEMMs in chunks, then the merge) against exact scores in
 // double precision: the same ids, scores and log-partitions within fp32 (or bf16-product)
 // rounding. Random weights: no ties, and near-ties within rounding are improbable.
