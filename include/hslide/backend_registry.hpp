@@ -61,6 +61,8 @@ struct backend_capabilities {
     /// Selects a layer's active neurons by exact top-k (neuron_selection::top_k; LSH and
     /// `all` every sparse backend takes). Moot where it computes every neuron.
     bool top_k_selection = false;
+    /// Finds top-k sets with the IVF index (--top-k-search ivf) besides exact scoring.
+    bool ivf_top_k_search = false;
     /// Per adam_mode (indexed by its value): the mode it runs as (the same model), or nullopt
     /// when it refuses the mode.
     std::array<std::optional<adam_mode>, 5> adam_runs_as{};

@@ -49,6 +49,20 @@ enum class neuron_selection {
 };
 const char* to_string(neuron_selection selection);
 
+/// How top-k selection finds a sample's `top_k` highest logits.
+enum class top_k_search {
+    /// every output row scored (a GEMM over the batch): the true top-k, and the full softmax's
+    /// log-partition, so the loss reported is the full cross-entropy and dropped_mass is measured
+    exact,
+    /// an inverted-file index (FAISS's IndexIVFFlat): the rows clustered by inner product, a
+    /// sample scores the centroids, then the rows of its `ivf_probes` best clusters only. The
+    /// result is approximate (the selection probe measures its recall); the loss reported is
+    /// the set's, as LSH's, and dropped_mass is not measured
+    ivf,
+};
+top_k_search parse_top_k_search(const std::string& name);
+const char* to_string(top_k_search search);
+
 /// One fully connected layer: `size` neurons over the previous layer's output.
 struct layer_config {
     uint32_t size = 0;
@@ -56,6 +70,15 @@ struct layer_config {
     lsh_config lsh;            ///< used when the layer selects with LSH
     active_set_config active;  ///< used when the layer selects with LSH
     uint32_t top_k = 64;       ///< neurons a sample keeps besides its labels (top-k selection)
+    top_k_search search = top_k_search::exact;  ///< how top-k selection finds them
+    /// --top-k-search ivf: the index's clusters (0 = about 4 sqrt(rows)) and the clusters a
+    /// sample's search scores the rows of
+    uint32_t ivf_clusters = 0;
+    uint32_t ivf_probes = 16;
+    /// --top-k-search ivf: training steps between refreshes of the index (its rows
+    /// reassigned, its centroids recomputed; 0: none), besides its rebuilds with the LSH
+    /// tables' schedule
+    uint32_t ivf_refresh = 4;
 };
 
 /// The network: sparse input of `input_dim` features, ReLU hidden layers, a softmax output

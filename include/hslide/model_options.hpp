@@ -22,6 +22,9 @@ struct model_options {
     std::string output_sparsity = "auto";
     std::string hidden_sparsity = "dense";
     uint32_t top_k = layer_config{}.top_k;
+    std::string top_k_search = "exact";
+    uint32_t ivf_clusters = layer_config{}.ivf_clusters, ivf_probes = layer_config{}.ivf_probes,
+             ivf_refresh = layer_config{}.ivf_refresh;
     uint32_t auto_sparse_min = 4096;
     std::vector<std::string> hash{"dwta"};
     // The library's defaults (hslide/lsh.hpp), so the CLI and the API cannot drift apart.

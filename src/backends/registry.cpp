@@ -58,6 +58,7 @@ backend_capabilities cpu_caps() {
     c.bf16 = true;
     c.multi_probe = true;
     c.top_k_selection = true;
+    c.ivf_top_k_search = true;
     c.adam_runs_as = every_adam_mode;
     c.hybrid_worker = true;
     return c;
@@ -93,6 +94,7 @@ backend_capabilities hybrid_caps() {
     c.bf16 = true;
     c.multi_probe = true;
     c.top_k_selection = true;
+    c.ivf_top_k_search = true;
     c.adam_runs_as = every_adam_mode;
     return c;
 }
@@ -183,7 +185,8 @@ std::string describe_backends() {
                       (c.max_hidden_width ? fmt::format(" (at most {} neurons)", c.max_hidden_width)
                                           : std::string()),
             c.computes_every_neuron ? "every neuron"
-            : c.top_k_selection     ? "LSH, top-k"
+            : c.ivf_top_k_search    ? "LSH, top-k (exact or IVF)"
+            : c.top_k_selection     ? "LSH, top-k (exact)"
                                     : "LSH",
             c.computes_every_neuron ? "exact"
             : c.multi_probe         ? "exact, LSH (with --probes)"
@@ -241,6 +244,16 @@ void check_supported(backend_kind kind, const model_config& model, const train_c
                           e.name, l, names_where([](const backend_entry& x) {
                               return x.caps.top_k_selection && x.kind != backend_kind::hybrid;
                           }));
+    for (size_t l = 0; l < model.layers.size(); ++l)
+        HSLIDE_CHECK_KIND(c.computes_every_neuron || c.ivf_top_k_search ||
+                              model.selection(l) != neuron_selection::top_k ||
+                              model.layers[l].search != top_k_search::ivf,
+                          error_kind::unsupported,
+                          "--backend {} does not find top-k sets with --top-k-search ivf (layer "
+                          "{}); use --top-k-search exact with it, or --backend {}",
+                          e.name, l, names_where([](const backend_entry& x) {
+                              return x.caps.ivf_top_k_search && x.kind != backend_kind::hybrid;
+                          }));
     adam_mode_run_by(kind, train.adam);
     const bool probes = std::any_of(model.layers.begin(), model.layers.end(),
                                     [](const layer_config& l) { return l.active.probes > 0; });
@@ -258,6 +271,17 @@ std::unique_ptr<backend> create_backend(const backend_options& options, model_st
     const backend_entry& e = backend_entry_of(options.kind);
     HSLIDE_CHECK(e.create != nullptr,
                  "a {} backend is made of workers: create it with create_hybrid_backend", e.name);
+    // A backend without the IVF search would run it as exact, silently: refused here too, for
+    // callers that create a backend without check_supported (the hybrid's workers, tests).
+    const model_config& mc = initial.config;
+    const size_t out = mc.layers.size() - 1;
+    HSLIDE_CHECK_KIND(e.caps.computes_every_neuron || e.caps.ivf_top_k_search ||
+                          mc.layers.empty() || mc.selection(out) != neuron_selection::top_k ||
+                          mc.layers[out].search != top_k_search::ivf,
+                      error_kind::unsupported,
+                      "--backend {} does not find top-k sets with --top-k-search ivf; use "
+                      "--top-k-search exact with it",
+                      e.name);
     const std::string what = fmt::format("creating the {} backend (its buffers and tables for {})",
                                          e.name, describe_model_allocation(initial, true));
     try {

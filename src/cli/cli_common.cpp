@@ -137,6 +137,25 @@ std::vector<CLI::Option*> add_model_options(CLI::App& app, model_options& o) {
                    "labels")
         ->check(CLI::PositiveNumber)
         ->capture_default_str();
+    app.add_option("--top-k-search", o.top_k_search,
+                   "--output-sparsity topk: how the top-k is found: exact (every output row "
+                   "scored; the full-softmax loss) or ivf (an inverted-file index: the rows "
+                   "clustered, a sample scores the rows of its --ivf-probes best clusters; CPU "
+                   "only, the loss over the set as LSH's)")
+        ->check(CLI::IsMember({"exact", "ivf"}))
+        ->capture_default_str();
+    app.add_option("--ivf-clusters", o.ivf_clusters,
+                   "--top-k-search ivf: clusters of output rows (0: about 4 sqrt(rows))")
+        ->capture_default_str();
+    app.add_option("--ivf-probes", o.ivf_probes,
+                   "--top-k-search ivf: clusters whose rows a sample's search scores")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    app.add_option("--ivf-refresh", o.ivf_refresh,
+                   "--top-k-search ivf: training steps between refreshes of the index (rows "
+                   "reassigned, centroids recomputed; 0: only its rebuilds, on --rebuild's "
+                   "schedule)")
+        ->capture_default_str();
     app.add_option("--hidden-sparsity", o.hidden_sparsity,
                    "hidden layers after the first: auto, lsh or dense")
         ->check(CLI::IsMember({"auto", "lsh", "dense"}))

@@ -66,6 +66,7 @@ cpu_backend::cpu_backend(model_state initial, const train_config& train, int thr
     }
     for (size_t l = 0; l < n_layers; ++l)
         if (model_.config.uses_lsh(l)) build_layer_tables(l);
+    if (searches_ivf()) build_output_index();
     if (catches_up()) {
         catch_up_ = adam_catch_up(train_.adam_beta1, train_.adam_beta2, train_.adam_epsilon,
                                   model_.adam_step);
@@ -164,7 +165,8 @@ void cpu_backend::output_loss(const label_row& y, uint32_t s, thread_scratch& sc
     if (sb.trained) {
         double log_sum;
         log_sum = k_.softmax(out.act.data(), out.delta.data(), uint32_t(out.act.size()));
-        if (model_.config.selection(model_.layers.size() - 1) == neuron_selection::top_k) {
+        if (model_.config.selection(model_.layers.size() - 1) == neuron_selection::top_k &&
+            !searches_ivf()) {
             // The gradient is the softmax over the set (its hardest negatives), as for LSH:
             // with the full softmax's probabilities instead, a set holding little of the mass
             // (any set of a fresh 670k-label layer) gives the hidden layers almost no push
@@ -262,7 +264,10 @@ void cpu_backend::run_forward_backward(const batch_view& batch, step_report& rep
     if (catches_up()) mark_caught_up_rows();
     report.samples = batch.size;
     report.active_per_layer.assign(n_layers, 0);
-    const bool full_partition = model_.config.selection(n_layers - 1) == neuron_selection::top_k;
+    // Only the exact top-k search computes the full softmax's partition (IVF's loss is the
+    // set's, as LSH's): dropped mass is reported where it is measured.
+    const bool full_partition =
+        model_.config.selection(n_layers - 1) == neuron_selection::top_k && !searches_ivf();
     for (uint32_t s = 0; s < batch.size; ++s) {
         report.loss_sum += samples_[s].loss;
         if (full_partition && samples_[s].trained) {
@@ -433,6 +438,13 @@ step_report cpu_backend::train_batch(const batch_view& batch, float learning_rat
     HSLIDE_CHECK(batch.size > 0 && batch.data, "empty batch");
     const auto t_start = clock_type::now();
     step_report report;
+    const uint32_t refresh = model_.config.layers.back().ivf_refresh;
+    if (searches_ivf() && refresh > 0 && model_.adam_step > 0 && model_.adam_step % refresh == 0) {
+        // The rows moved since the index last saw them (refresh_ivf_index says why it matters).
+        const auto t0 = clock_type::now();
+        refresh_ivf_index(ivf_, output_rows(), k_, threads_);
+        report.times.rebuild += seconds_since(t0);
+    }
     run_forward_backward(batch, report);
 
     auto t0 = clock_type::now();
@@ -507,6 +519,13 @@ void cpu_backend::add_layer0_bias_gradient(const batch_view& batch, float* out) 
 double cpu_backend::compute_gradient(const batch_view& batch, model_state& gradient) {
     complete_deferred_updates();
     step_report report;
+    const uint32_t refresh = model_.config.layers.back().ivf_refresh;
+    if (searches_ivf() && refresh > 0 && model_.adam_step > 0 && model_.adam_step % refresh == 0) {
+        // The rows moved since the index last saw them (refresh_ivf_index says why it matters).
+        const auto t0 = clock_type::now();
+        refresh_ivf_index(ivf_, output_rows(), k_, threads_);
+        report.times.rebuild += seconds_since(t0);
+    }
     run_forward_backward(batch, report);
     gradient = model_state::layout(model_.config);
     for (size_t l = 0; l < model_.layers.size(); ++l) {

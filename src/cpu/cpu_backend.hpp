@@ -50,6 +50,7 @@
 #include "hslide/rng.hpp"
 #include "hslide/row_transfer.hpp"
 #include "hslide/selection_quality.hpp"
+#include "ivf_index.hpp"
 #include "kernels.hpp"
 #include "top_k.hpp"
 
@@ -120,8 +121,8 @@ class cpu_backend final : public backend, public row_transfer {
         double loss = 0;
         bool trained = false;      // false for points without labels
         rng gen;                   // the sample's random fills, layer after layer
-        double log_partition = 0;  // top-k: log sum_j exp(logit j) over every output neuron
-        double dropped_mass = 0;   // top-k: softmax mass of the output rows left out
+        double log_partition = 0;  // exact top-k: log sum_j exp(logit j) over every output neuron
+        double dropped_mass = 0;   // exact top-k: softmax mass of the output rows left out
     };
     struct thread_scratch {
         active_set_builder builder;
@@ -200,9 +201,9 @@ class cpu_backend final : public backend, public row_transfer {
     void select_lsh(size_t l, const label_row& labels, uint32_t s, bool training,
                     thread_scratch& scratch);
     /// Top-k (output layer): every sample's ids are its labels, then the other neurons among
-    /// its top_k exact logits, then uniformly random other neurons up to the layer's
-    /// min_active (drawn from the sample's generator), past the labels in increasing id
-    /// order; log_partition is set.
+    /// its top_k logits (exact, or the IVF index's), then uniformly random other neurons up to
+    /// the layer's min_active (drawn from the sample's generator), past the labels in
+    /// increasing id order; log_partition is set by the exact search.
     void select_top_k_sets(const batch_view& batch);
     /// A top-k set: `labels` first, then the other ids among best[0..k) (ranked, padded with
     /// UINT32_MAX), then random fill up to `fill`, past the labels in increasing id order.
@@ -223,6 +224,20 @@ class cpu_backend final : public backend, public row_transfer {
     void score_output_exactly(uint32_t first, uint32_t n, uint32_t k, bool with_log_partition);
     /// Samples per exact-scoring chunk for a top k: 256, fewer when k is large.
     uint32_t exact_chunk(uint32_t k) const;
+    /// Whether the output layer finds its top-k with the IVF index (--top-k-search ivf).
+    bool searches_ivf() const {
+        const size_t out = model_.layers.size() - 1;
+        return model_.config.selection(out) == neuron_selection::top_k &&
+               model_.config.layers[out].search == top_k_search::ivf;
+    }
+    /// The output layer's rows as the IVF index reads them (bf16 copies in bf16 precision).
+    ivf_rows output_rows() const;
+    /// Rebuilds the IVF index from the output layer's current rows (the LSH rebuild schedule),
+    /// seeded by the step, so a resumed run rebuilds identically.
+    void build_output_index();
+    /// The IVF index's top k of samples [first, first + n) (dense last hidden layers) into
+    /// ivf_labels_/ivf_scores_[j * k..], ranked as score_output_exactly ranks them.
+    void search_output_ivf(uint32_t first, uint32_t n, uint32_t k);
     /// Layer l's products for sample s over its ids (empty: every neuron); ReLU below the
     /// output layer.
     void layer_products(size_t l, uint32_t s, thread_scratch& scratch);
@@ -302,6 +317,11 @@ class cpu_backend final : public backend, public row_transfer {
     std::vector<uint32_t> exact_labels_;
     std::vector<float> exact_scores_;
     std::vector<double> exact_log_partition_, block_log_partition_;
+    // --top-k-search ivf: the output layer's index (rebuilt with the LSH tables) and a chunk's
+    // search results.
+    ivf_index ivf_;
+    std::vector<uint32_t> ivf_labels_;
+    std::vector<float> ivf_scores_;
     // Catch-up Adam: per layer that catches up, the step each row is up to date at (a busy
     // mark while a thread catches it up); null for other layers, empty without catch-up.
     std::vector<std::unique_ptr<std::atomic<uint64_t>[]>> row_step_;

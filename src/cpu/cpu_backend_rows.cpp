@@ -62,6 +62,7 @@ void cpu_backend::import_state(const model_state& in, bool with_optimizer) {
             build_layer_tables(l);
         }
     }
+    if (searches_ivf()) build_output_index();  // new rows: new clusters
     // New Adam state: every row is up to date at its step. Parameters alone keep the
     // replica's moments and step, and with them its rows' deferred steps.
     if (catches_up() && with_optimizer) {

@@ -48,6 +48,41 @@ void cpu_backend::rebuild_tables(bool new_functions) {
             model_.hash_seeds[l] = derive_seed(model_.hash_seeds[l], model_.adam_step + 1);
         build_layer_tables(l);
     }
+    if (searches_ivf()) build_output_index();
+}
+
+ivf_rows cpu_backend::output_rows() const {
+    const size_t out_layer = model_.layers.size() - 1;
+    const layer_state& layer = model_.layers[out_layer];
+    ivf_rows rows;
+    rows.weights = layer.weights.data();
+    rows.stride = layer.stride;
+    rows.bias = layer.bias.data();
+    rows.rows = layer.rows;
+    rows.width = layer.width;
+    if (use_bf16()) {
+        rows.weights16 = weights16_[out_layer].values.data();
+        rows.stride16 = weights16_[out_layer].stride;
+    }
+    return rows;
+}
+
+void cpu_backend::build_output_index() {
+    const layer_config& cfg = model_.config.layers.back();
+    build_ivf_index(ivf_, output_rows(), cfg.ivf_clusters,
+                    derive_seed(train_.seed ^ 0x1f1dc0deULL, model_.adam_step), k_, threads_);
+}
+
+void cpu_backend::search_output_ivf(uint32_t first, uint32_t n, uint32_t k) {
+    const size_t out_layer = model_.layers.size() - 1;
+    std::vector<const float*> queries(n);
+    for (uint32_t j = 0; j < n; ++j)
+        queries[j] = samples_[first + j].layers[out_layer - 1].act.data();
+    ivf_labels_.resize(size_t(n) * k);
+    ivf_scores_.resize(size_t(n) * k);
+    ivf_search(ivf_, output_rows(), k_, queries.data(), n,
+               model_.config.layers[out_layer].ivf_probes, k, ivf_labels_.data(),
+               ivf_scores_.data(), threads_);
 }
 
 void cpu_backend::select_active_sets(const batch_view& batch, size_t l, bool training,
@@ -116,9 +151,14 @@ void cpu_backend::select_top_k_sets(const batch_view& batch) {
     const uint32_t fill =
         std::min(model_.config.layers[out_layer].active.min_active, model_.layers[out_layer].rows);
     const uint32_t chunk = exact_chunk(k);
+    const bool ivf = searches_ivf();
     for (uint32_t begin = 0; begin < batch.size; begin += chunk) {
         const uint32_t n = std::min(chunk, batch.size - begin);
-        score_output_exactly(begin, n, k, /*with_log_partition=*/true);
+        if (ivf)
+            search_output_ivf(begin, n, k);
+        else
+            score_output_exactly(begin, n, k, /*with_log_partition=*/true);
+        const uint32_t* best = ivf ? ivf_labels_.data() : exact_labels_.data();
 #pragma omp parallel num_threads(threads_)
         {
             thread_scratch& scratch = scratch_[omp_get_thread_num()];
@@ -126,9 +166,9 @@ void cpu_backend::select_top_k_sets(const batch_view& batch) {
             for (int64_t j = 0; j < int64_t(n); ++j) {
                 sample_buffers& sb = samples_[begin + uint32_t(j)];
                 const label_row y = batch.data->labels(batch.rows[begin + uint32_t(j)]);
-                build_top_k_set(exact_labels_.data() + size_t(j) * k, k, y, fill, sb.gen, scratch,
+                build_top_k_set(best + size_t(j) * k, k, y, fill, sb.gen, scratch,
                                 sb.layers[out_layer].ids);
-                sb.log_partition = exact_log_partition_[size_t(j)];
+                sb.log_partition = ivf ? 0.0 : exact_log_partition_[size_t(j)];
             }
         }
     }
@@ -170,6 +210,9 @@ selection_quality cpu_backend::measure_selection(const batch_view& batch, uint32
         const uint32_t n = std::min(chunk, batch.size - begin);
         forward_hidden_chunk(batch, begin, n, seed);
         score_output_exactly(0, n, k, /*with_log_partition=*/false);
+        // IVF: the sets from the index's top-k, measured against the exact top.
+        const bool ivf = selection == neuron_selection::top_k && searches_ivf();
+        if (ivf) search_output_ivf(0, n, top_k);
 #pragma omp parallel num_threads(threads_)
         {
             thread_scratch& scratch = scratch_[omp_get_thread_num()];
@@ -189,7 +232,8 @@ selection_quality cpu_backend::measure_selection(const batch_view& batch, uint32
                         set = sb.layers[out_layer].ids;
                         break;
                     case neuron_selection::top_k:
-                        build_top_k_set(best, top_k, no_labels, fill, sb.gen, scratch, set);
+                        build_top_k_set(ivf ? ivf_labels_.data() + size_t(s) * top_k : best, top_k,
+                                        no_labels, fill, sb.gen, scratch, set);
                         break;
                 }
                 std::sort(set.begin(), set.end());

@@ -20,6 +20,8 @@ const std::pair<const char*, neuron_selection> selection_names[] = {
     {"all", neuron_selection::all},
     {"lsh", neuron_selection::lsh},
     {"topk", neuron_selection::top_k}};
+const std::pair<const char*, top_k_search> search_names[] = {{"exact", top_k_search::exact},
+                                                             {"ivf", top_k_search::ivf}};
 const std::pair<const char*, adam_mode> adam_names[] = {
     {"sparse", adam_mode::sparse},
     {"dense", adam_mode::dense},
@@ -90,6 +92,12 @@ const char* to_string(sparsity_mode mode) {
 const char* to_string(neuron_selection selection) {
     return name_of(selection, selection_names);
 }
+top_k_search parse_top_k_search(const std::string& name) {
+    return parse_named(name, "top-k search", search_names);
+}
+const char* to_string(top_k_search search) {
+    return name_of(search, search_names);
+}
 adam_mode parse_adam_mode(const std::string& name) {
     return parse_named(name, "adam mode", adam_names);
 }
@@ -135,8 +143,11 @@ void validate(const model_config& model) {
                      "layer {}: top-k selection is for the output layer only (hidden layers: "
                      "lsh or dense)",
                      l);
-        if (model.selection(l) == neuron_selection::top_k)
+        if (model.selection(l) == neuron_selection::top_k) {
             HSLIDE_CHECK(layer.top_k >= 1, "layer {}: --top-k must be at least 1", l);
+            if (layer.search == top_k_search::ivf)
+                HSLIDE_CHECK(layer.ivf_probes >= 1, "layer {}: --ivf-probes must be at least 1", l);
+        }
         if (model.uses_lsh(l)) {
             validate(layer.lsh);
             HSLIDE_CHECK(
@@ -192,7 +203,11 @@ std::string model_config_to_json(const model_config& config) {
                                {"max_active", layer.active.max_active},
                                {"hit_threshold", layer.active.hit_threshold},
                                {"probes", layer.active.probes},
-                               {"top_k", layer.top_k}});
+                               {"top_k", layer.top_k},
+                               {"top_k_search", to_string(layer.search)},
+                               {"ivf_clusters", layer.ivf_clusters},
+                               {"ivf_probes", layer.ivf_probes},
+                               {"ivf_refresh", layer.ivf_refresh}});
     }
     return j.dump();
 }
@@ -219,6 +234,11 @@ model_config model_config_from_json(const std::string& json_text) {
             layer.active.hit_threshold = jl.at("hit_threshold").get<uint32_t>();
             layer.active.probes = jl.value("probes", 0u);  // absent in older checkpoints
             layer.top_k = jl.value("top_k", layer_config{}.top_k);
+            // Absent before --top-k-search: exact.
+            layer.search = parse_top_k_search(jl.value("top_k_search", std::string("exact")));
+            layer.ivf_clusters = jl.value("ivf_clusters", layer_config{}.ivf_clusters);
+            layer.ivf_probes = jl.value("ivf_probes", layer_config{}.ivf_probes);
+            layer.ivf_refresh = jl.value("ivf_refresh", layer_config{}.ivf_refresh);
             config.layers.push_back(layer);
         }
         return config;

@@ -49,7 +49,13 @@ model_config make_model_config(const model_options& o, uint32_t input_dim, uint3
             layer.active.hit_threshold = pick(o.hit_threshold, "--hit-threshold", l);
             layer.active.probes = pick(o.probes, "--probes", l);
         }
-        if (output) layer.top_k = o.top_k;
+        if (output) {
+            layer.top_k = o.top_k;
+            layer.search = parse_top_k_search(o.top_k_search);
+            layer.ivf_clusters = o.ivf_clusters;
+            layer.ivf_probes = o.ivf_probes;
+            layer.ivf_refresh = o.ivf_refresh;
+        }
         config.layers.push_back(layer);
     }
     validate(config);

@@ -1,0 +1,84 @@
+// An inverted-file index over a layer's rows for approximate top-k by inner product: the CPU
+// top-k selection's `--top-k-search ivf` (FAISS's IndexIVFFlat is the model).
+//
+// A logit is <row, h> + bias = <[row, bias], [h, 1]>, so the index works on the rows augmented
+// with their bias. Building partitions the rows into clusters by spherical k-means (a row goes
+// to the unit centroid with the highest inner product; a centroid is its members' normalised
+// sum). Above 256 clusters it is two-level, as FAISS's two_level_clustering: about sqrt(C)
+// coarse clusters, then each coarse cluster split in proportion to its size, so a build costs
+// about 2 sqrt(C) products a row instead of C (Amazon-670K's 3,274 clusters: 0.3 s on 2 cores,
+// where one flat assignment pass takes 5 s). Centroids are trained on at most 64 sampled rows
+// each, then every row is assigned once. The members are kept in CSR, ascending row ids.
+//
+// A search scores the centroids against each query, takes its `probes` best clusters, and
+// scores their rows exactly (live weights: between builds the centroids go stale, the row ids
+// stay valid). A chunk of queries is inverted to (cluster -> queries probing it), so a
+// cluster's rows are gathered once into an L1/L2-sized block and scored against its queries
+// with the same blocked kernels (dots16, dots16_bf16) the exact scoring uses: a row's score is
+// bit-identical to exact scoring's, and with probes >= clusters the result is the exact top-k.
+//
+// Both are deterministic functions of the rows, the seed and the kernel table, whatever the
+// thread count (per-point results; sums in member order; ties to the smaller id).
+#pragma once
+
+#include "kernels.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace hslide::cpu {
+
+/// The rows an index covers (a layer's, not owned). Clustering reads the fp32 rows; a search
+/// scores the bf16 copies when `weights16` is set (as exact scoring does in bf16 precision).
+struct ivf_rows {
+    const float* weights = nullptr;  ///< rows * stride floats, the first width of each used
+    size_t stride = 0;
+    const float* bias = nullptr;  ///< one per row
+    uint32_t rows = 0, width = 0;
+    const bf16* weights16 = nullptr;  ///< bf16 copies (rows * stride16), or null: fp32
+    size_t stride16 = 0;
+};
+
+/// The clusters of an index: centroids and members.
+struct ivf_index {
+    uint32_t rows = 0;              ///< rows indexed (0: not built)
+    uint32_t width = 0;             ///< row width; centroids have width + 2 values (bias, norm's)
+    uint32_t stride = 0;            ///< floats between centroid starts
+    std::vector<float> centroids;   ///< clusters() unit vectors of width + 2 values
+    std::vector<uint32_t> offsets;  ///< cluster c's members: members[offsets[c]..offsets[c+1])
+    std::vector<uint32_t> members;  ///< every row once, ascending within a cluster
+    /// The coarse groups' clusters: group g's are [group_first[g], group_first[g + 1]) (one
+    /// group when the index is flat).
+    std::vector<uint32_t> group_first;
+
+    uint32_t clusters() const { return offsets.empty() ? 0 : uint32_t(offsets.size() - 1); }
+    const float* centroid(uint32_t c) const { return centroids.data() + size_t(c) * stride; }
+};
+
+/// The automatic cluster count: about 4 sqrt(rows), at least 1, at most rows.
+uint32_t automatic_ivf_clusters(uint32_t rows);
+
+/// Clusters `layer`'s rows into about `clusters` clusters (0: automatic; at most the rows;
+/// two-level above 256, where the coarse clusters' shares are rounded), drawing samples and
+/// seeds from `seed`.
+void build_ivf_index(ivf_index& index, const ivf_rows& layer, uint32_t clusters, uint64_t seed,
+                     const kernel_table& k, int threads);
+
+/// Brings a built index up to the rows as they are now, cheaply: each group's rows are
+/// reassigned among the group's clusters with the centroids as they are, and the centroids
+/// recomputed from their new members (one Lloyd step; no sampling, no coarse pass). Training
+/// moves the rows fast enough that an index a few steps old misses most of a sample's best
+/// rows (bench/topk.md), and a build costs 3-5 refreshes.
+void refresh_ivf_index(ivf_index& index, const ivf_rows& layer, const kernel_table& k, int threads);
+
+/// For each of the n queries (width floats each): the `top` best rows among the members of its
+/// `probes` best clusters (all clusters when probes >= clusters()), best first, ties to the
+/// smaller id, NaN scores skipped, padded with UINT32_MAX / -inf (select_top_k's contract),
+/// into labels/scores[q * top..]. Scores are exact scoring's, bit for bit. At most 256
+/// queries a call keeps the working set small.
+void ivf_search(const ivf_index& index, const ivf_rows& layer, const kernel_table& k,
+                const float* const* queries, uint32_t n, uint32_t probes, uint32_t top,
+                uint32_t* labels, float* scores, int threads);
+
+}  // namespace hslide::cpu

@@ -1,0 +1,349 @@
+// Tests of the IVF index (src/cpu/ivf_index.hpp) and of the CPU top-k selection's
+// --top-k-search ivf: the clusters partition the rows; probing every cluster gives exact
+// scoring's top-k (ids, order and scores) on awkward sizes, in fp32 and bf16; fewer probes
+// keep most of it on a layer with structure; training with it matches exact top-k when it
+// probes everything, does not depend on the thread count, and its settings round-trip; the
+// GPU refuses it.
+#include "cpu/cpu_backend.hpp"
+#include "cpu/ivf_index.hpp"
+#include "cpu/top_k.hpp"
+#include "hslide/backend_registry.hpp"
+#include "hslide/error.hpp"
+#include "hslide/isa.hpp"
+#include "hslide/model.hpp"
+#include "hslide/rng.hpp"
+#include "test_util.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+using namespace hslide;
+using namespace hslide::cpu;
+
+namespace {
+
+/// A random layer: rows of `width` normal values (around `centers` random directions when
+/// centers > 0), biases in [-0.5, 0.5), its bf16 copy, and the view the index reads.
+struct test_layer {
+    uint32_t rows, width, stride, stride16;
+    std::vector<float> weights, bias;
+    std::vector<bf16> weights16;
+
+    test_layer(uint32_t rows_, uint32_t width_, uint64_t seed, uint32_t centers = 0)
+        : rows(rows_),
+          width(width_),
+          stride(padded_stride(width_)),
+          stride16((width_ + 31) & ~31u) {
+        rng gen(seed);
+        std::vector<float> center(size_t(std::max(centers, 1u)) * width);
+        for (float& v : center) v = float(gen.normal()) * 2.0f;
+        weights.assign(size_t(rows) * stride, 0.0f);
+        bias.resize(rows);
+        weights16.assign(size_t(rows) * stride16, 0);
+        for (uint32_t r = 0; r < rows; ++r) {
+            const float* c = center.data() + size_t(centers ? gen.below(centers) : 0) * width;
+            for (uint32_t i = 0; i < width; ++i)
+                weights[size_t(r) * stride + i] =
+                    (centers ? c[i] : 0.0f) + float(gen.normal()) * (centers ? 0.3f : 1.0f);
+            bias[r] = gen.uniform() - 0.5f;
+            for (uint32_t i = 0; i < width; ++i)
+                weights16[size_t(r) * stride16 + i] =
+                    float_to_bf16(weights[size_t(r) * stride + i]);
+        }
+    }
+    ivf_rows view(bool in_bf16) const {
+        ivf_rows v;
+        v.weights = weights.data();
+        v.stride = stride;
+        v.bias = bias.data();
+        v.rows = rows;
+        v.width = width;
+        if (in_bf16) {
+            v.weights16 = weights16.data();
+            v.stride16 = stride16;
+        }
+        return v;
+    }
+};
+
+std::vector<std::vector<float>> random_queries(uint32_t n, uint32_t width, uint64_t seed) {
+    rng gen(seed);
+    std::vector<std::vector<float>> q(n, std::vector<float>(width));
+    for (auto& v : q)
+        for (float& x : v) x = float(gen.normal());
+    return q;
+}
+
+/// Exact scoring's top k of one query, computed as score_output_exactly does: every row in
+/// one block by dots16 (the query in lane 0), dots16_bf16 (in pairs) or active_dots_bf16.
+void exact_top_k(const test_layer& layer, const kernel_table& k, bool in_bf16, const float* query,
+                 uint32_t top, uint32_t* labels, float* scores) {
+    const uint32_t w = layer.width, pairs = (w + 1) / 2;
+    std::vector<float> out(size_t(layer.rows) * 16), z(layer.rows);
+    std::vector<bf16> q16(w);
+    if (in_bf16) k.to_bf16(query, q16.data(), w);
+    if (in_bf16 && k.dots16_bf16) {
+        std::vector<bf16> xp(size_t(pairs) * 32, 0);
+        for (uint32_t e = 0; e < w; ++e) xp[size_t(e / 2) * 32 + e % 2] = q16[e];
+        k.dots16_bf16(layer.weights16.data(), layer.stride16, w, layer.rows, xp.data(),
+                      layer.bias.data(), out.data());
+        for (uint32_t r = 0; r < layer.rows; ++r) z[r] = out[size_t(r) * 16];
+    } else if (in_bf16) {
+        k.active_dots_bf16(layer.weights16.data(), layer.stride16, w, nullptr, layer.rows,
+                           q16.data(), layer.bias.data(), z.data());
+    } else {
+        std::vector<float> xt(size_t(w) * 16, 0.0f);
+        for (uint32_t e = 0; e < w; ++e) xt[size_t(e) * 16] = query[e];
+        k.dots16(layer.weights.data(), layer.stride, w, layer.rows, xt.data(), layer.bias.data(),
+                 out.data());
+        for (uint32_t r = 0; r < layer.rows; ++r) z[r] = out[size_t(r) * 16];
+    }
+    std::vector<scored_label> heap;
+    select_top_k(z.data(), nullptr, layer.rows, top, labels, scores, heap);
+}
+
+std::vector<const kernel_table*> tables() {
+    std::vector<const kernel_table*> t{&scalar_kernels()};
+    if (&best_kernels() != &scalar_kernels()) t.push_back(&best_kernels());
+    return t;
+}
+
+TEST(IvfIndex, EveryRowIsInExactlyOneClusterAscending) {
+    for (uint32_t rows : {1u, 15u, 16u, 17u, 33u, 1001u, 5003u}) {
+        const test_layer layer(rows, 19, rows);
+        for (uint32_t clusters : {0u, 1u, 4u, 300u, rows + 3}) {
+            ivf_index index;
+            build_ivf_index(index, layer.view(false), clusters, 7, best_kernels(), 2);
+            ASSERT_EQ(index.rows, rows);
+            ASSERT_GE(index.clusters(), 1u);
+            ASSERT_LE(index.clusters(), rows);
+            if (clusters == 0 && rows == 5003) {
+                EXPECT_NEAR(double(index.clusters()), double(automatic_ivf_clusters(rows)), 20.0);
+            }
+            ASSERT_EQ(index.offsets.front(), 0u);
+            ASSERT_EQ(index.offsets.back(), rows);
+            std::vector<int> seen(rows, 0);
+            for (uint32_t c = 0; c < index.clusters(); ++c) {
+                ASSERT_LE(index.offsets[c], index.offsets[c + 1]);
+                for (uint32_t i = index.offsets[c]; i < index.offsets[c + 1]; ++i) {
+                    ASSERT_LT(index.members[i], rows);
+                    ++seen[index.members[i]];
+                    if (i > index.offsets[c]) EXPECT_LT(index.members[i - 1], index.members[i]);
+                }
+            }
+            for (uint32_t r = 0; r < rows; ++r) ASSERT_EQ(seen[r], 1) << "row " << r;
+        }
+    }
+    EXPECT_EQ(automatic_ivf_clusters(670091), 3274u);
+    EXPECT_EQ(automatic_ivf_clusters(1), 1u);
+}
+
+TEST(IvfIndex, BuildDoesNotDependOnTheThreadCount) {
+    const test_layer layer(5003, 21, 3);
+    ivf_index one, many;
+    build_ivf_index(one, layer.view(false), 0, 11, best_kernels(), 1);
+    build_ivf_index(many, layer.view(false), 0, 11, best_kernels(), 3);
+    EXPECT_EQ(one.offsets, many.offsets);
+    EXPECT_EQ(one.members, many.members);
+    EXPECT_EQ(one.centroids, many.centroids);
+}
+
+TEST(IvfIndex, ProbingEveryClusterGivesTheExactTopK) {
+    for (const kernel_table* k : tables())
+        for (bool in_bf16 : {false, true})
+            for (uint32_t rows : {1u, 15u, 16u, 17u, 33u, 1001u, 5003u}) {
+                const test_layer layer(rows, 17, rows + 1);
+                // Clusters smaller than k (rows / 4 of them) and the automatic count.
+                for (uint32_t clusters : {0u, std::max(1u, rows / 4)}) {
+                    ivf_index index;
+                    build_ivf_index(index, layer.view(false), clusters, 5, *k, 2);
+                    const uint32_t n = 37;  // more than two groups of 16
+                    const auto q = random_queries(n, layer.width, rows);
+                    std::vector<const float*> qp(n);
+                    for (uint32_t j = 0; j < n; ++j) qp[j] = q[j].data();
+                    for (uint32_t top : {1u, 7u, 64u, rows + 5}) {
+                        std::vector<uint32_t> got(size_t(n) * top), want(top);
+                        std::vector<float> got_s(size_t(n) * top), want_s(top);
+                        ivf_search(index, layer.view(in_bf16), *k, qp.data(), n, index.clusters(),
+                                   top, got.data(), got_s.data(), 2);
+                        for (uint32_t j = 0; j < n; ++j) {
+                            exact_top_k(layer, *k, in_bf16, qp[j], top, want.data(), want_s.data());
+                            ASSERT_EQ(std::vector<uint32_t>(got.begin() + size_t(j) * top,
+                                                            got.begin() + size_t(j + 1) * top),
+                                      want)
+                                << k->name << " bf16 " << in_bf16 << " rows " << rows << " top "
+                                << top << " query " << j;
+                            ASSERT_EQ(std::vector<float>(got_s.begin() + size_t(j) * top,
+                                                         got_s.begin() + size_t(j + 1) * top),
+                                      want_s);
+                        }
+                    }
+                }
+            }
+}
+
+TEST(IvfIndex, FewProbesKeepMostOfTheTopKOfALayerWithStructure) {
+    // 20,000 rows around 64 directions, queries at random: the automatic 566 clusters, 32
+    // of them probed (6% of the rows scored). Seeded: the measured recall is ~0.99.
+    const test_layer layer(20000, 32, 41, 64);
+    ivf_index index;
+    build_ivf_index(index, layer.view(false), 0, 3, best_kernels(), 2);
+    const uint32_t n = 200, top = 32;
+    const auto q = random_queries(n, layer.width, 42);
+    std::vector<const float*> qp(n);
+    for (uint32_t j = 0; j < n; ++j) qp[j] = q[j].data();
+    std::vector<uint32_t> got(size_t(n) * top), want(top);
+    std::vector<float> got_s(size_t(n) * top), want_s(top);
+    ivf_search(index, layer.view(false), best_kernels(), qp.data(), n, 32, top, got.data(),
+               got_s.data(), 2);
+    double hits = 0;
+    for (uint32_t j = 0; j < n; ++j) {
+        exact_top_k(layer, best_kernels(), false, qp[j], top, want.data(), want_s.data());
+        std::sort(want.begin(), want.end());
+        for (uint32_t i = 0; i < top; ++i)
+            hits += std::binary_search(want.begin(), want.end(), got[size_t(j) * top + i]);
+    }
+    const double recall = hits / (double(n) * top);
+    EXPECT_GT(recall, 0.9);
+    // One probe keeps less: the index is not scoring everything.
+    ivf_search(index, layer.view(false), best_kernels(), qp.data(), n, 1, top, got.data(),
+               got_s.data(), 2);
+    double one_hits = 0;
+    for (uint32_t j = 0; j < n; ++j) {
+        exact_top_k(layer, best_kernels(), false, qp[j], top, want.data(), want_s.data());
+        std::sort(want.begin(), want.end());
+        for (uint32_t i = 0; i < top; ++i)
+            one_hits += std::binary_search(want.begin(), want.end(), got[size_t(j) * top + i]);
+    }
+    EXPECT_LT(one_hits / (double(n) * top), recall);
+}
+
+/// input 20 -> 12 (dense) -> 10 (dense) -> 30 (top-k, its search given).
+model_config top_k_config(top_k_search search, uint32_t clusters, uint32_t probes) {
+    model_config c;
+    c.input_dim = 20;
+    layer_config l;
+    l.active.min_active = 5;
+    l.size = 12;
+    c.layers.push_back(l);
+    l.size = 10;
+    c.layers.push_back(l);
+    l.size = 30;
+    l.sparsity = sparsity_mode::topk;
+    l.active.min_active = 8;
+    l.top_k = 6;
+    l.search = search;
+    l.ivf_clusters = clusters;
+    l.ivf_probes = probes;
+    c.layers.push_back(l);
+    return c;
+}
+
+TEST(IvfTopK, ProbingEveryClusterTrainsAsExactTopK) {
+    // The same sets (the same top-k, the same fills), so the same model; only the loss
+    // reported differs (the set's, not the full softmax's) and no dropped mass is measured.
+    for (precision_mode precision : {precision_mode::fp32, precision_mode::bf16}) {
+        const dataset data = hslide::testing::random_dataset(96, 20, 30, 5);
+        const model_state initial =
+            model_state::create(top_k_config(top_k_search::exact, 0, 16), 5);
+        model_state ivf_initial = initial;
+        ivf_initial.config = top_k_config(top_k_search::ivf, 7, 7);
+        cpu_backend exact(initial, train_config{}, 2, best_kernels(), precision);
+        cpu_backend ivf(ivf_initial, train_config{}, 2, best_kernels(), precision);
+        std::vector<uint32_t> rows(96);
+        std::iota(rows.begin(), rows.end(), 0u);
+        for (uint32_t b = 0; b < 96; b += 16) {
+            exact.train_batch({&data, rows.data() + b, 16}, 0.02f);
+            const step_report r = ivf.train_batch({&data, rows.data() + b, 16}, 0.02f);
+            EXPECT_EQ(r.full_softmax_samples, 0u);
+            EXPECT_EQ(r.dropped_mass_sum, 0.0);
+            for (uint32_t s = 0; s < 16; ++s)
+                ASSERT_EQ(exact.last_active(s, 2), ivf.last_active(s, 2)) << "sample " << s;
+            if (b == 48) {
+                exact.rebuild_tables(true);
+                ivf.rebuild_tables(true);
+            }
+        }
+        EXPECT_EQ(hslide::testing::max_parameter_difference(exact.model(), ivf.model()), 0.0);
+        // The selection probe sees the exact top-k's recall.
+        const selection_quality q = ivf.measure_selection({&data, rows.data(), 40}, 6);
+        EXPECT_EQ(q.top_recall, 1.0);
+    }
+}
+
+TEST(IvfTopK, TrainingDoesNotDependOnTheThreadCount) {
+    const model_config config = top_k_config(top_k_search::ivf, 6, 2);
+    const dataset data = hslide::testing::random_dataset(200, 20, 30, 23);
+    const model_state initial = model_state::create(config, 21);
+    cpu_backend one(initial, train_config{}, 1), many(initial, train_config{}, 3);
+    std::vector<uint32_t> rows(200);
+    std::iota(rows.begin(), rows.end(), 0u);
+    for (uint32_t b = 0; b + 16 <= 200; b += 16) {
+        const auto r1 = one.train_batch({&data, rows.data() + b, 16}, 0.01f);
+        const auto rn = many.train_batch({&data, rows.data() + b, 16}, 0.01f);
+        EXPECT_EQ(r1.loss_sum, rn.loss_sum);
+        if (b / 16 + 1 == 7) {
+            one.rebuild_tables(false);
+            many.rebuild_tables(false);
+        }
+    }
+    EXPECT_EQ(hslide::testing::max_parameter_difference(one.model(), many.model()), 0.0);
+    const selection_quality a = one.measure_selection({&data, rows.data(), 50}, 6);
+    const selection_quality b = many.measure_selection({&data, rows.data(), 50}, 6);
+    EXPECT_EQ(a.top_recall, b.top_recall);
+    EXPECT_GT(a.top_recall, 0.0);
+    EXPECT_LE(a.top_recall, 1.0);
+}
+
+TEST(IvfTopK, SettingsRoundTripAndOldConfigsSearchExactly) {
+    const model_config config = top_k_config(top_k_search::ivf, 77, 5);
+    const model_config back = model_config_from_json(model_config_to_json(config));
+    EXPECT_EQ(back.layers.back().search, top_k_search::ivf);
+    EXPECT_EQ(back.layers.back().ivf_clusters, 77u);
+    EXPECT_EQ(back.layers.back().ivf_probes, 5u);
+    // A configuration written before the option: exact.
+    std::string old = model_config_to_json(top_k_config(top_k_search::exact, 0, 16));
+    for (const char* key :
+         {",\"top_k_search\":\"exact\"", ",\"ivf_clusters\":0", ",\"ivf_probes\":16"}) {
+        const size_t at = old.find(key);
+        ASSERT_NE(at, std::string::npos) << key << " in " << old;
+        old.erase(at, std::string(key).size());
+    }
+    const model_config older = model_config_from_json(old);
+    EXPECT_EQ(older.layers.back().search, top_k_search::exact);
+    EXPECT_EQ(older.layers.back().ivf_probes, layer_config{}.ivf_probes);
+    EXPECT_THROW(parse_top_k_search("approximate"), hslide::error);
+    EXPECT_THROW(validate(top_k_config(top_k_search::ivf, 0, 0)), hslide::error);
+}
+
+/// top_k_config with one hidden layer (the GPU's shape).
+model_config one_hidden(top_k_search search) {
+    model_config c = top_k_config(search, 0, 16);
+    c.layers.erase(c.layers.begin() + 1);
+    return c;
+}
+
+TEST(IvfTopK, TheGpuRefusesIt) {
+    const model_config ivf = one_hidden(top_k_search::ivf);
+    train_config tc;
+    tc.adam = adam_mode::sparse;
+    try {
+        check_supported(backend_kind::gpu, ivf, tc, precision_mode::fp32, false);
+        FAIL() << "the GPU took --top-k-search ivf";
+    } catch (const hslide::error& e) {
+        EXPECT_EQ(e.kind(), error_kind::unsupported);
+        EXPECT_NE(std::string(e.what()).find("--top-k-search ivf"), std::string::npos) << e.what();
+    }
+    backend_options gpu;
+    gpu.kind = backend_kind::gpu;
+    EXPECT_THROW(create_backend(gpu, model_state::create(ivf, 1), tc), hslide::error);
+    EXPECT_NO_THROW(check_supported(backend_kind::cpu, ivf, tc, precision_mode::fp32, false));
+    EXPECT_NO_THROW(check_supported(backend_kind::gpu, one_hidden(top_k_search::exact), tc,
+                                    precision_mode::fp32, false));
+}
+
+}  // namespace
