@@ -513,6 +513,36 @@ TEST(GpuTopK, Bf16ScoringPassMatchesExactScoresOfTheRoundedValues) {
     expect_scoring_pass(/*bf16=*/true);
 }
 
+TEST(GpuTopK, FillCorrectionRaisesOnlyTheFillByTheLogOfWhatItStandsFor) {
+    HSLIDE_REQUIRE_GPU();
+    rng gen(41);
+    const uint32_t rows = 1000;
+    // Sets of 0, 1, 17, 33 and 300 entries; fills beginning at 0, at the end (no fill) and
+    // between.
+    const std::vector<uint32_t> sizes{0, 1, 17, 33, 300, 5};
+    const std::vector<uint32_t> firsts{0, 1, 3, 0, 128, 5};
+    std::vector<uint32_t> offsets{0};
+    for (uint32_t n : sizes) offsets.push_back(offsets.back() + n);
+    std::vector<float> logits(offsets.back());
+    for (float& z : logits) z = float(gen.uniform() * 8.0 - 4.0);
+    for (const float weight : {1.0f, 0.5f}) {
+        const std::vector<float> got =
+            gpu::testing::fill_corrected(logits, offsets, firsts, rows, weight);
+        ASSERT_EQ(got.size(), logits.size());
+        for (size_t s = 0; s < sizes.size(); ++s) {
+            const uint32_t n = sizes[s], first = firsts[s];
+            const double shift =
+                first < n ? weight * std::log(double(rows - first) / double(n - first)) : 0.0;
+            for (uint32_t i = 0; i < n; ++i) {
+                const size_t e = offsets[s] + i;
+                EXPECT_NEAR(got[e], logits[e] + (i >= first ? shift : 0.0),
+                            1e-5 * (1.0 + std::abs(shift)))
+                    << "sample " << s << " entry " << i;
+            }
+        }
+    }
+}
+
 TEST(GpuTopK, SetsAreLabelsThenTheTopKThenARandomFillSortedByIdAndDependOnlyOnTheSeed) {
     HSLIDE_REQUIRE_GPU();
     rng gen(37);
@@ -538,8 +568,10 @@ TEST(GpuTopK, SetsAreLabelsThenTheTopKThenARandomFillSortedByIdAndDependOnlyOnTh
     }
     for (const uint32_t fill : {0u, 10u, 100u, 290u, 300u, 1000u}) {
         SCOPED_TRACE("fill " + std::to_string(fill));
-        const auto sets =
-            gpu::testing::top_k_sets(best, k, batch, offsets, label_ids, fill, n_items, 5);
+        std::vector<uint32_t> drawn_from;
+        const auto sets = gpu::testing::top_k_sets(best, k, batch, offsets, label_ids, fill,
+                                                   n_items, 5, &drawn_from);
+        ASSERT_EQ(drawn_from.size(), batch);
         EXPECT_EQ(sets,
                   gpu::testing::top_k_sets(best, k, batch, offsets, label_ids, fill, n_items, 5))
             << "the same seed drew another set";
@@ -557,13 +589,18 @@ TEST(GpuTopK, SetsAreLabelsThenTheTopKThenARandomFillSortedByIdAndDependOnlyOnTh
                     deterministic.push_back(id);
             std::sort(deterministic.begin(), deterministic.end());
             const std::vector<uint32_t> tail(set.begin() + y.size(), set.end());
-            EXPECT_TRUE(std::is_sorted(tail.begin(), tail.end())) << "sample " << s;
-            EXPECT_EQ(std::adjacent_find(tail.begin(), tail.end()), tail.end()) << "sample " << s;
+            // The top-k ids in increasing order, then the fill in increasing order.
+            EXPECT_EQ(drawn_from[s], y.size() + deterministic.size()) << "sample " << s;
+            EXPECT_TRUE(std::equal(deterministic.begin(), deterministic.end(), tail.begin()))
+                << "sample " << s;
+            EXPECT_TRUE(std::is_sorted(tail.begin() + deterministic.size(), tail.end()))
+                << "sample " << s;
+            std::vector<uint32_t> distinct = tail;
+            std::sort(distinct.begin(), distinct.end());
+            EXPECT_EQ(std::adjacent_find(distinct.begin(), distinct.end()), distinct.end())
+                << "sample " << s;
             EXPECT_EQ(set.size(),
                       std::max<size_t>(y.size() + deterministic.size(), std::min(fill, n_items)))
-                << "sample " << s;
-            EXPECT_TRUE(
-                std::includes(tail.begin(), tail.end(), deterministic.begin(), deterministic.end()))
                 << "sample " << s;
             for (uint32_t id : tail) {
                 EXPECT_LT(id, n_items);

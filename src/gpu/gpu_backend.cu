@@ -299,6 +299,7 @@ class gpu_backend final : public backend, public row_transfer {
     active_sets active_;
     top_k_workspace topk_;
     device_array<float> logits_, delta_;
+    device_array<float> corrected_logits_;  // top-k: the logits with the fill's correction
     device_array<float> dense_gradient_, bias_gradient_, dense_softmax_work_;
     row_groups output_groups_, input_groups_;
     device_array<uint32_t> nonzero_sample_;
@@ -804,9 +805,18 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
         sparse_output_forward(out.view(), hidden_.data(), hidden16_.data(), use_bf16(),
                               active_.ids.data(), active_.entry_sample.data(), total,
                               logits_.data(), stream_);
-        // The gradient is the softmax over the set (as LSH's; bench/topk.md says why).
-        softmax_loss(logits_.data(), nullptr, active_.offsets.data(), 0, /*labels_first=*/true, csr,
-                     delta_.data(), loss_.data(), stream_);
+        // The gradient is the softmax over the set (as LSH's; bench/topk.md says why), with
+        // top-k's fill raised by its log-Q correction where the layer asks for one.
+        const float fill_correction = shape_.config.layers[1].fill_correction;
+        float* set_logits = logits_.data();
+        if (topk_output_ && fill_correction > 0.0f) {
+            corrected_logits_.reserve(std::max(total, 1u), "corrected logits");
+            apply_fill_correction(logits_.data(), active_.offsets.data(), b, out.rows,
+                                  fill_correction, topk_, corrected_logits_.data(), stream_);
+            set_logits = corrected_logits_.data();
+        }
+        softmax_loss(set_logits, nullptr, active_.offsets.data(), 0,
+                     /*labels_first=*/true, csr, delta_.data(), loss_.data(), stream_);
         // Top-k: the loss reported is the full softmax's, through the exact log-partition.
         if (topk_output_)
             full_softmax_loss(logits_.data(), active_.offsets.data(), csr, topk_, loss_.data(),
