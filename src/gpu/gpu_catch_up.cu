@@ -1,0 +1,223 @@
+// Catch-up Adam for the first layer on the GPU (see gpu_catch_up.cuh).
+#include "gpu_catch_up.cuh"
+#include "launch.cuh"
+
+#include <algorithm>
+
+namespace hslide::gpu {
+
+namespace {
+
+constexpr int block_threads = 256;
+constexpr int warps_per_block = block_threads / 32;
+
+// The coefficients for a row up to date at `from`: (S, m decay, v decay, eps'), as
+// cpu::adam_catch_up::from computes them.
+__device__ float4 coefficients(const catch_up_view& s, uint32_t from) {
+    const uint32_t d = s.now - from;
+    if (d <= s.horizon) return s.gaps[d];
+    const float2 t = s.tail[from];
+    return make_float4(t.x, float(pow(s.beta1, double(d))), float(pow(s.beta2, double(d))), t.y);
+}
+
+// cpu::apply_catch_up on one element, the same float operations in the same order.
+__device__ void catch_up_element(float& w, float& m, float& v, const float4& c) {
+    w -= c.x * m / (sqrtf(v) + c.w);
+    m *= c.y;
+    v *= c.z;
+}
+
+// One warp brings a row up to date (the lanes over its float4 chunks; padding stays zero:
+// its m is zero), and its bf16 copy with it.
+__device__ void catch_up_row(const layer_view& layer, uint32_t row, const float4& c,
+                             uint32_t lane) {
+    const size_t base = size_t(row) * layer.stride;
+    for (uint32_t q = lane; q < layer.stride / 4; q += 32) {
+        const size_t o = base + 4 * size_t(q);
+        float4 w = *reinterpret_cast<float4*>(layer.weights + o);
+        float4 m = *reinterpret_cast<float4*>(layer.adam_m + o);
+        float4 v = *reinterpret_cast<float4*>(layer.adam_v + o);
+        catch_up_element(w.x, m.x, v.x, c);
+        catch_up_element(w.y, m.y, v.y, c);
+        catch_up_element(w.z, m.z, v.z, c);
+        catch_up_element(w.w, m.w, v.w, c);
+        *reinterpret_cast<float4*>(layer.weights + o) = w;
+        *reinterpret_cast<float4*>(layer.adam_m + o) = m;
+        *reinterpret_cast<float4*>(layer.adam_v + o) = v;
+        if (layer.weights16) {
+            __nv_bfloat162 lo = __floats2bfloat162_rn(w.x, w.y);
+            __nv_bfloat162 hi = __floats2bfloat162_rn(w.z, w.w);
+            uint2 packed;
+            packed.x = *reinterpret_cast<uint32_t*>(&lo);
+            packed.y = *reinterpret_cast<uint32_t*>(&hi);
+            *reinterpret_cast<uint2*>(layer.weights16 + o) = packed;
+        }
+    }
+}
+
+// One warp per id. A row may appear many times (a feature of several samples): the warp
+// whose compare-and-swap moves the row's step to `now` owns its catch-up, the others see
+// `now` (or lose the swap) and leave it. The swap reads the step where the atomics do, so a
+// stale cached read only makes a warp lose.
+__global__ void catch_up_batch_kernel(layer_view layer, const uint32_t* ids, uint32_t n,
+                                      catch_up_view s, uint8_t* changed) {
+    const uint32_t i = blockIdx.x * warps_per_block + threadIdx.x / 32;
+    if (i >= n) return;  // uniform across the warp
+    const uint32_t lane = threadIdx.x % 32, row = ids[i];
+    uint32_t from = 0;
+    int owned = 0;
+    if (lane == 0) {
+        from = __ldcg(s.row_step + row);
+        owned = from != s.now && atomicCAS(s.row_step + row, from, s.now) == from;
+    }
+    owned = __shfl_sync(0xffffffffu, owned, 0);
+    if (!owned) return;
+    from = __shfl_sync(0xffffffffu, from, 0);
+    catch_up_row(layer, row, coefficients(s, from), lane);
+    if (lane == 0 && changed) changed[row] = 1;
+}
+
+// One warp per row of the layer.
+__global__ void catch_up_all_kernel(layer_view layer, catch_up_view s, uint8_t* changed,
+                                    uint32_t* moved) {
+    const uint32_t row = blockIdx.x * warps_per_block + threadIdx.x / 32;
+    if (row >= layer.rows) return;
+    const uint32_t lane = threadIdx.x % 32, from = s.row_step[row];
+    if (from == s.now) return;
+    catch_up_row(layer, row, coefficients(s, from), lane);
+    if (lane == 0) {
+        s.row_step[row] = s.now;
+        if (changed) changed[row] = 1;
+        *moved = 1;
+    }
+}
+
+__global__ void stamp_kernel(uint32_t* row_step, const uint32_t* rows, const uint32_t* n_rows,
+                             uint32_t step) {
+    const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= *n_rows) return;
+    const uint32_t row = rows[i];
+    if (row != UINT32_MAX) row_step[row] = step;
+}
+
+}  // namespace
+
+input_catch_up::~input_catch_up() {
+    // Errors are ignored: a destructor must not throw. The owner has waited for its stream.
+    for (cudaEvent_t e : staged_)
+        if (e) cudaEventDestroy(e);
+}
+
+void input_catch_up::start(double beta1, double beta2, double eps, uint32_t rows, uint64_t step,
+                           cudaStream_t stream) {
+    schedule_ = cpu::adam_catch_up(beta1, beta2, eps, step);
+    beta1_ = beta1;
+    beta2_ = beta2;
+    for (cudaEvent_t& e : staged_)
+        if (!e) HSLIDE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    row_step_.resize(rows, "catch-up row steps");
+    gaps_.resize(size_t(schedule_.horizon()) + 1, "catch-up schedule");
+    moved_.resize(1, "catch-up flag");
+    moved_host_.reserve(1, "catch-up flag");
+    restart(step, stream);
+}
+
+void input_catch_up::restart(uint64_t step, cudaStream_t stream) {
+    schedule_.restart(step);
+    base_ = step;
+    row_step_.zero(stream);
+    tail_uploaded_ = 0;
+    uploaded_for_ = ~uint64_t{0};
+}
+
+catch_up_view input_catch_up::upload(cudaStream_t stream) {
+    const uint64_t now = schedule_.current();
+    HSLIDE_ASSERT(now - base_ < (uint64_t{1} << 32));
+    const uint32_t now_rel = uint32_t(now - base_), horizon = schedule_.horizon();
+    if (uploaded_for_ != now) {
+        // Gaps up to the horizon: their coefficients change with every step. Past it, a gap's
+        // coefficients depend on its start only: one new entry a step, kept.
+        const uint32_t n_gaps = std::min(horizon, now_rel);
+        const uint32_t tail_needed = now_rel > horizon ? now_rel - horizon : 0;
+        HSLIDE_ASSERT(tail_needed >= tail_uploaded_);
+        const uint32_t new_tail = tail_needed - tail_uploaded_;
+        if (tail_needed > tail_.size()) {
+            device_array<float2> grown(
+                std::max<size_t>({tail_needed, 2 * tail_.size(), size_t{4096}}),
+                "catch-up schedule");
+            if (tail_uploaded_ > 0)
+                HSLIDE_CUDA_CHECK(cudaMemcpyAsync(grown.data(), tail_.data(),
+                                                  size_t(tail_uploaded_) * sizeof(float2),
+                                                  cudaMemcpyDeviceToDevice, stream));
+            // The old block is freed below: nothing queued may still read it (rare: the
+            // table doubles).
+            HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream));
+            tail_.swap(grown);
+        }
+        const int slot = next_staging_;
+        next_staging_ ^= 1;
+        HSLIDE_CUDA_CHECK(cudaEventSynchronize(staged_[slot]));  // its last copy is done
+        pinned_array<float>& block = staging_[slot];
+        block.reserve(4 * (size_t(n_gaps) + 1) + 2 * size_t(new_tail), "catch-up schedule");
+        float* g = block.data();
+        for (uint32_t d = 0; d <= n_gaps; ++d) {
+            const cpu::catch_up_step c = schedule_.from(now - d);
+            g[4 * d] = c.displacement;
+            g[4 * d + 1] = c.m_decay;
+            g[4 * d + 2] = c.v_decay;
+            g[4 * d + 3] = c.eps;
+        }
+        float* t = g + 4 * (size_t(n_gaps) + 1);
+        for (uint32_t i = 0; i < new_tail; ++i) {
+            // A gap from base_ + (tail_uploaded_ + i) longer than the horizon: its (S, eps').
+            const cpu::catch_up_step c = schedule_.from(base_ + tail_uploaded_ + i);
+            t[2 * i] = c.displacement;
+            t[2 * i + 1] = c.eps;
+        }
+        HSLIDE_CUDA_CHECK(cudaMemcpyAsync(gaps_.data(), g, (size_t(n_gaps) + 1) * sizeof(float4),
+                                          cudaMemcpyHostToDevice, stream));
+        if (new_tail > 0)
+            HSLIDE_CUDA_CHECK(cudaMemcpyAsync(tail_.data() + tail_uploaded_, t,
+                                              size_t(new_tail) * sizeof(float2),
+                                              cudaMemcpyHostToDevice, stream));
+        HSLIDE_CUDA_CHECK(cudaEventRecord(staged_[slot], stream));
+        tail_uploaded_ = tail_needed;
+        uploaded_for_ = now;
+    }
+    return catch_up_view{gaps_.data(), tail_.data(), row_step_.data(), now_rel, horizon,
+                         beta1_,       beta2_};
+}
+
+void input_catch_up::catch_up_batch(const layer_view& layer, const uint32_t* ids, uint32_t n,
+                                    uint8_t* changed, cudaStream_t stream) {
+    const catch_up_view view = upload(stream);
+    if (n == 0 || view.now == 0) return;  // nothing to catch up on before the first step
+    catch_up_batch_kernel<<<blocks_for(n, warps_per_block), block_threads, 0, stream>>>(
+        layer, ids, n, view, changed);
+    HSLIDE_CUDA_LAUNCH();
+}
+
+bool input_catch_up::catch_up_all(const layer_view& layer, uint8_t* changed, cudaStream_t stream) {
+    const catch_up_view view = upload(stream);
+    if (layer.rows == 0 || view.now == 0) return false;
+    moved_.zero(stream);
+    catch_up_all_kernel<<<blocks_for(layer.rows, warps_per_block), block_threads, 0, stream>>>(
+        layer, view, changed, moved_.data());
+    HSLIDE_CUDA_LAUNCH();
+    HSLIDE_CUDA_CHECK(cudaMemcpyAsync(moved_host_.data(), moved_.data(), sizeof(uint32_t),
+                                      cudaMemcpyDeviceToHost, stream));
+    HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    return moved_host_.data()[0] != 0;
+}
+
+void input_catch_up::stamp(const uint32_t* rows, const uint32_t* n_rows, uint32_t max_rows,
+                           cudaStream_t stream) {
+    if (max_rows == 0) return;
+    const uint64_t step = schedule_.current() + 1 - base_;
+    HSLIDE_ASSERT(step < (uint64_t{1} << 32));
+    stamp_kernel<<<blocks_for(max_rows, block_threads), block_threads, 0, stream>>>(
+        row_step_.data(), rows, n_rows, uint32_t(step));
+    HSLIDE_CUDA_LAUNCH();
+}
+
+}  // namespace hslide::gpu
