@@ -901,11 +901,12 @@ TEST(GpuBackend, InputCatchUpMatchesTheCpuOverGapsPastTheHorizon) {
     cpu.export_state(from_cpu, /*with_optimizer=*/true);
     EXPECT_EQ(from_gpu.adam_step, from_cpu.adam_step);
     // 72 steps: a gradient within rounding of zero may flip an Adam step's sign (a few
-    // weights a learning rate apart); a catch-up that differs moves whole rows.
+    // weights a learning rate apart); a catch-up that differs moves whole rows (33 values
+    // each: the rows of the long gaps alone are over 150).
     for (size_t l = 0; l < 2; ++l) {
         EXPECT_LT(max_parameter_difference(from_gpu.layers[l], from_cpu.layers[l]), 0.1)
             << "layer " << l;
-        EXPECT_LE(parameters_differing_by_more(from_gpu.layers[l], from_cpu.layers[l], 5e-4), 4u)
+        EXPECT_LE(parameters_differing_by_more(from_gpu.layers[l], from_cpu.layers[l], 5e-4), 20u)
             << "layer " << l;
     }
     // Feature 49's row was trained at step 9 only, then caught up on 62 steps at once.
@@ -917,7 +918,7 @@ TEST(GpuBackend, InputCatchUpMatchesTheCpuOverGapsPastTheHorizon) {
     for (size_t i = 0; i < w0.adam_m.size(); ++i)
         moments_off += std::abs(w0.adam_m[i] - from_cpu.layers[0].adam_m[i]) > 1e-4 ||
                        std::abs(w0.adam_v[i] - from_cpu.layers[0].adam_v[i]) > 1e-5;
-    EXPECT_LE(moments_off, 4u);
+    EXPECT_LE(moments_off, 20u);
 
     predictions_see_caught_up_rows(steps);
     if (::testing::Test::HasFatalFailure() || ::testing::Test::IsSkipped()) return;
@@ -935,7 +936,7 @@ TEST(GpuBackend, InputCatchUpMatchesTheCpuOverGapsPastTheHorizon) {
     EXPECT_GT(taken[0].size(), 20u) << "the input rows caught up count as changed";
     gpu->export_state(from_gpu, true);
     cpu.export_state(from_cpu, true);
-    EXPECT_LE(parameters_differing_by_more(from_gpu.layers[0], from_cpu.layers[0], 5e-4), 4u);
+    EXPECT_LE(parameters_differing_by_more(from_gpu.layers[0], from_cpu.layers[0], 5e-4), 20u);
 }
 
 TEST(GpuBackend, Bf16LshTrainingMatchesTheCpuBf16) {
