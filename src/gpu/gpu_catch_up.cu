@@ -3,6 +3,7 @@
 #include "launch.cuh"
 
 #include <algorithm>
+#include <cmath>
 
 namespace hslide::gpu {
 
@@ -11,25 +12,9 @@ namespace {
 constexpr int block_threads = 256;
 constexpr int warps_per_block = block_threads / 32;
 
-// The coefficients for a row up to date at `from`: (S, m decay, v decay, eps'), as
-// cpu::adam_catch_up::from computes them.
-__device__ float4 coefficients(const catch_up_view& s, uint32_t from) {
-    const uint32_t d = s.now - from;
-    if (d <= s.horizon) return s.gaps[d];
-    const float2 t = s.tail[from];
-    return make_float4(t.x, float(pow(s.beta1, double(d))), float(pow(s.beta2, double(d))), t.y);
-}
-
-// cpu::apply_catch_up on one element, the same float operations in the same order.
-__device__ void catch_up_element(float& w, float& m, float& v, const float4& c) {
-    w -= c.x * m / (sqrtf(v) + c.w);
-    m *= c.y;
-    v *= c.z;
-}
-
 // One warp brings a row up to date (the lanes over its float4 chunks; padding stays zero:
 // its m is zero), and its bf16 copy with it.
-__device__ void catch_up_row(const layer_view& layer, uint32_t row, const float4& c,
+__device__ void catch_up_row(const layer_view& layer, uint32_t row, const gap_coefficients& c,
                              uint32_t lane) {
     const size_t base = size_t(row) * layer.stride;
     for (uint32_t q = lane; q < layer.stride / 4; q += 32) {
@@ -68,12 +53,12 @@ __global__ void catch_up_batch_kernel(layer_view layer, const uint32_t* ids, uin
     int owned = 0;
     if (lane == 0) {
         from = __ldcg(s.row_step + row);
-        owned = from != s.now && atomicCAS(s.row_step + row, from, s.now) == from;
+        owned = from != s.table.now && atomicCAS(s.row_step + row, from, s.table.now) == from;
     }
     owned = __shfl_sync(0xffffffffu, owned, 0);
     if (!owned) return;
     from = __shfl_sync(0xffffffffu, from, 0);
-    catch_up_row(layer, row, coefficients(s, from), lane);
+    catch_up_row(layer, row, catch_up_lookup(s.table, from), lane);
     if (lane == 0 && changed) changed[row] = 1;
 }
 
@@ -83,10 +68,10 @@ __global__ void catch_up_all_kernel(layer_view layer, catch_up_view s, uint8_t* 
     const uint32_t row = blockIdx.x * warps_per_block + threadIdx.x / 32;
     if (row >= layer.rows) return;
     const uint32_t lane = threadIdx.x % 32, from = s.row_step[row];
-    if (from == s.now) return;
-    catch_up_row(layer, row, coefficients(s, from), lane);
+    if (from == s.table.now) return;
+    catch_up_row(layer, row, catch_up_lookup(s.table, from), lane);
     if (lane == 0) {
-        s.row_step[row] = s.now;
+        s.row_step[row] = s.table.now;
         if (changed) changed[row] = 1;
         *moved = 1;
     }
@@ -110,6 +95,13 @@ input_catch_up::~input_catch_up() {
 
 void input_catch_up::start(double beta1, double beta2, double eps, uint32_t rows, uint64_t step,
                            cudaStream_t stream) {
+    // The schedule's own check names --adam dense, which the GPU does not take.
+    const double rho = beta1 / std::sqrt(beta2);
+    HSLIDE_CHECK(rho < 1.0 && (rho == 0.0 || std::log(1e-12) / std::log(rho) <= 65536),
+                 "--adam input-catch-up needs beta1 < sqrt(beta2), by enough for a skipped "
+                 "row's momentum to die out within 65,536 steps: beta1 {} and beta2 {} do not; "
+                 "use --adam input-dense",
+                 beta1, beta2);
     schedule_ = cpu::adam_catch_up(beta1, beta2, eps, step);
     beta1_ = beta1;
     beta2_ = beta2;
@@ -137,18 +129,17 @@ catch_up_view input_catch_up::upload(cudaStream_t stream) {
     if (uploaded_for_ != now) {
         // Gaps up to the horizon: their coefficients change with every step. Past it, a gap's
         // coefficients depend on its start only: one new entry a step, kept.
-        const uint32_t n_gaps = std::min(horizon, now_rel);
-        const uint32_t tail_needed = now_rel > horizon ? now_rel - horizon : 0;
+        const uint32_t tail_needed = tail_entries_needed(now_rel, horizon);
         HSLIDE_ASSERT(tail_needed >= tail_uploaded_);
         const uint32_t new_tail = tail_needed - tail_uploaded_;
         if (tail_needed > tail_.size()) {
-            device_array<float2> grown(
+            device_array<tail_coefficients> grown(
                 std::max<size_t>({tail_needed, 2 * tail_.size(), size_t{4096}}),
                 "catch-up schedule");
             if (tail_uploaded_ > 0)
-                HSLIDE_CUDA_CHECK(cudaMemcpyAsync(grown.data(), tail_.data(),
-                                                  size_t(tail_uploaded_) * sizeof(float2),
-                                                  cudaMemcpyDeviceToDevice, stream));
+                HSLIDE_CUDA_CHECK(cudaMemcpyAsync(
+                    grown.data(), tail_.data(), size_t(tail_uploaded_) * sizeof(tail_coefficients),
+                    cudaMemcpyDeviceToDevice, stream));
             // The old block is freed below: nothing queued may still read it (rare: the
             // table doubles).
             HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -157,41 +148,33 @@ catch_up_view input_catch_up::upload(cudaStream_t stream) {
         const int slot = next_staging_;
         next_staging_ ^= 1;
         HSLIDE_CUDA_CHECK(cudaEventSynchronize(staged_[slot]));  // its last copy is done
-        pinned_array<float>& block = staging_[slot];
-        block.reserve(4 * (size_t(n_gaps) + 1) + 2 * size_t(new_tail), "catch-up schedule");
-        float* g = block.data();
-        for (uint32_t d = 0; d <= n_gaps; ++d) {
-            const cpu::catch_up_step c = schedule_.from(now - d);
-            g[4 * d] = c.displacement;
-            g[4 * d + 1] = c.m_decay;
-            g[4 * d + 2] = c.v_decay;
-            g[4 * d + 3] = c.eps;
-        }
-        float* t = g + 4 * (size_t(n_gaps) + 1);
-        for (uint32_t i = 0; i < new_tail; ++i) {
-            // A gap from base_ + (tail_uploaded_ + i) longer than the horizon: its (S, eps').
-            const cpu::catch_up_step c = schedule_.from(base_ + tail_uploaded_ + i);
-            t[2 * i] = c.displacement;
-            t[2 * i + 1] = c.eps;
-        }
-        HSLIDE_CUDA_CHECK(cudaMemcpyAsync(gaps_.data(), g, (size_t(n_gaps) + 1) * sizeof(float4),
+        // The gaps, then the new tail entries (two to a gap entry's 16 bytes).
+        pinned_array<gap_coefficients>& block = staging_[slot];
+        block.reserve(size_t(horizon) + 1 + (size_t(new_tail) + 1) / 2, "catch-up schedule");
+        const uint32_t n_gaps = fill_gap_coefficients(schedule_, base_, block.data());
+        auto* tail = reinterpret_cast<tail_coefficients*>(block.data() + n_gaps + 1);
+        for (uint32_t i = 0; i < new_tail; ++i)
+            tail[i] = tail_coefficient(schedule_, base_, tail_uploaded_ + i);
+        HSLIDE_CUDA_CHECK(cudaMemcpyAsync(gaps_.data(), block.data(),
+                                          (size_t(n_gaps) + 1) * sizeof(gap_coefficients),
                                           cudaMemcpyHostToDevice, stream));
         if (new_tail > 0)
-            HSLIDE_CUDA_CHECK(cudaMemcpyAsync(tail_.data() + tail_uploaded_, t,
-                                              size_t(new_tail) * sizeof(float2),
+            HSLIDE_CUDA_CHECK(cudaMemcpyAsync(tail_.data() + tail_uploaded_, tail,
+                                              size_t(new_tail) * sizeof(tail_coefficients),
                                               cudaMemcpyHostToDevice, stream));
         HSLIDE_CUDA_CHECK(cudaEventRecord(staged_[slot], stream));
         tail_uploaded_ = tail_needed;
         uploaded_for_ = now;
     }
-    return catch_up_view{gaps_.data(), tail_.data(), row_step_.data(), now_rel, horizon,
-                         beta1_,       beta2_};
+    return catch_up_view{
+        catch_up_table{gaps_.data(), tail_.data(), now_rel, horizon, beta1_, beta2_},
+        row_step_.data()};
 }
 
 void input_catch_up::catch_up_batch(const layer_view& layer, const uint32_t* ids, uint32_t n,
                                     uint8_t* changed, cudaStream_t stream) {
     const catch_up_view view = upload(stream);
-    if (n == 0 || view.now == 0) return;  // nothing to catch up on before the first step
+    if (n == 0 || view.table.now == 0) return;  // nothing to catch up on before the first step
     catch_up_batch_kernel<<<blocks_for(n, warps_per_block), block_threads, 0, stream>>>(
         layer, ids, n, view, changed);
     HSLIDE_CUDA_LAUNCH();
@@ -199,7 +182,7 @@ void input_catch_up::catch_up_batch(const layer_view& layer, const uint32_t* ids
 
 bool input_catch_up::catch_up_all(const layer_view& layer, uint8_t* changed, cudaStream_t stream) {
     const catch_up_view view = upload(stream);
-    if (layer.rows == 0 || view.now == 0) return false;
+    if (layer.rows == 0 || view.table.now == 0) return false;
     moved_.zero(stream);
     catch_up_all_kernel<<<blocks_for(layer.rows, warps_per_block), block_threads, 0, stream>>>(
         layer, view, changed, moved_.data());

@@ -6,7 +6,7 @@
 // the output layer does; catch-up moves the batch's rows (a few MB) and, before predictions,
 // exports and merges, every row once. The schedule (S and E per gap) is the CPU's own class,
 // kept on the host: each step uploads the gaps' coefficients for the current step (one
-// float4 per gap length up to the horizon, ~4 KB) and the one new coefficient pair of gaps
+// 16-byte entry per gap length up to the horizon, ~4 KB) and the one new coefficient pair of gaps
 // past the horizon (those depend on the step a row was left at, not on the gap), so the
 // device applies exactly the CPU's numbers.
 //
@@ -16,6 +16,7 @@
 // moves the touched rows one step and stamp marks them up to date at the new step.
 #pragma once
 
+#include "catch_up_coefficients.hpp"
 #include "cpu/adam_catch_up.hpp"
 #include "device_memory.hpp"
 #include "gpu_layers.cuh"
@@ -24,13 +25,11 @@
 
 namespace hslide::gpu {
 
-/// What the catch-up kernels read: the coefficients for catching up to step `now`.
+/// What the catch-up kernels read: the coefficients for catching up to step `table.now`, and
+/// the step each row is up to date at.
 struct catch_up_view {
-    const float4* gaps;  ///< gaps[d], 0 < d <= min(horizon, now): (S, beta1^d, beta2^d, eps')
-    const float2* tail;  ///< tail[from], from + horizon < now: (S, eps') of a gap from `from`
-    uint32_t* row_step;  ///< per row: the step it is up to date at
-    uint32_t now, horizon;
-    double beta1, beta2;  ///< for the decays of gaps past the horizon
+    catch_up_table table;
+    uint32_t* row_step;
 };
 
 /// The first layer's catch-up state: the host schedule, its device copy, the rows' steps.
@@ -73,11 +72,11 @@ class input_catch_up {
     double beta1_ = 0, beta2_ = 0;
     uint64_t base_ = 0;  // the step of the last restart: device steps count from it
     device_array<uint32_t> row_step_;
-    device_array<float4> gaps_;
-    device_array<float2> tail_;
-    uint32_t tail_uploaded_ = 0;            // tail entries on the device
-    uint64_t uploaded_for_ = ~uint64_t{0};  // the step gaps_ holds the coefficients for
-    pinned_array<float> staging_[2];        // used in turn, each reused once its copy is done
+    device_array<gap_coefficients> gaps_;
+    device_array<tail_coefficients> tail_;
+    uint32_t tail_uploaded_ = 0;                 // tail entries on the device
+    uint64_t uploaded_for_ = ~uint64_t{0};       // the step gaps_ holds the coefficients for
+    pinned_array<gap_coefficients> staging_[2];  // used in turn, reused once its copy is done
     cudaEvent_t staged_[2] = {};
     int next_staging_ = 0;
     device_array<uint32_t> moved_;
