@@ -396,6 +396,57 @@ TEST(GpuTopK, ChunkedSelectionMatchesASortOnAwkwardSizesTiesAndNaNs) {
     }
 }
 
+TEST(GpuTopK, ChunkedSelectionIsExactWhenEveryScoreBeatsTheKept) {
+    // Rising scores: every entry beats the k-th kept, so the merge kernel's candidate buffer
+    // (4,096 entries behind the k kept) overflows again and again within a round and the
+    // entries that did not fit are filtered against the new k-th; chunks of more than one
+    // round (8,192 scores), aligned (float4 loads) and not, k up to top_k_max (2,048: the
+    // least room for candidates); -inf in sample 0, NaNs and ties in sample 1.
+    HSLIDE_REQUIRE_GPU();
+    rng gen(37);
+    const uint32_t n = 20011, batch = 2;
+    for (const uint32_t k : {1u, 64u, 777u, 2048u}) {
+        for (const uint32_t chunk : {4096u, 4099u, 12288u, 20011u}) {
+            SCOPED_TRACE("k " + std::to_string(k) + ", chunk " + std::to_string(chunk));
+            std::vector<float> scores(size_t(batch) * n), bias(n);
+            for (float& b : bias) b = float(gen.below(2)) * 0.25f;
+            for (uint32_t s = 0; s < batch; ++s)
+                for (uint32_t j = 0; j < n; ++j) {
+                    const double u = gen.uniform();
+                    float v = float(j / 3) * 0.01f;  // rising, in tied triples
+                    if (s == 0 && u < 0.02) v = -INFINITY;
+                    if (s == 1 && u < 0.01) v = std::nanf("");
+                    if (s == 1 && u >= 0.01 && u < 0.5) v = float(int(gen.below(4)));  // ties
+                    scores[size_t(s) * n + j] = v;
+                }
+            std::vector<uint32_t> labels;
+            std::vector<float> top, log_z;
+            gpu::testing::top_k_chunked(scores, n, batch, k, chunk, bias, labels, top, log_z);
+            for (uint32_t s = 0; s < batch; ++s) {
+                std::vector<std::pair<float, uint32_t>> all;
+                for (uint32_t j = 0; j < n; ++j)
+                    all.push_back({scores[size_t(s) * n + j] + bias[j], j});
+                const auto w = sorted_best(all, k);
+                ASSERT_EQ(w.size(), k);
+                for (uint32_t i = 0; i < k; ++i) {
+                    const size_t at = size_t(s) * k + i;
+                    ASSERT_EQ(labels[at], w[i].second) << "sample " << s << ", rank " << i;
+                    ASSERT_EQ(top[at], w[i].first) << "sample " << s << ", rank " << i;
+                }
+                if (s == 1) {
+                    EXPECT_TRUE(std::isnan(log_z[s])) << "sample 1 has NaN scores";
+                    continue;
+                }
+                double max = -INFINITY, sum = 0;
+                for (const auto& e : all) max = std::max(max, double(e.first));
+                for (const auto& e : all) sum += std::exp(double(e.first) - max);
+                const double want = max + std::log(sum);
+                EXPECT_NEAR(log_z[s], want, 1e-4 * std::max(1.0, std::abs(want)));
+            }
+        }
+    }
+}
+
 // The whole scoring pass (cuBLAS GEMMs in chunks, then the merge) against exact scores in
 // double precision: the same ids, scores and log-partitions within fp32 (or bf16-product)
 // rounding. Random weights: no ties, and near-ties within rounding are improbable.
@@ -462,6 +513,36 @@ TEST(GpuTopK, Bf16ScoringPassMatchesExactScoresOfTheRoundedValues) {
     expect_scoring_pass(/*bf16=*/true);
 }
 
+TEST(GpuTopK, FillCorrectionRaisesOnlyTheFillByTheLogOfWhatItStandsFor) {
+    HSLIDE_REQUIRE_GPU();
+    rng gen(41);
+    const uint32_t rows = 1000;
+    // Sets of 0, 1, 17, 33 and 300 entries; fills beginning at 0, at the end (no fill) and
+    // between.
+    const std::vector<uint32_t> sizes{0, 1, 17, 33, 300, 5};
+    const std::vector<uint32_t> firsts{0, 1, 3, 0, 128, 5};
+    std::vector<uint32_t> offsets{0};
+    for (uint32_t n : sizes) offsets.push_back(offsets.back() + n);
+    std::vector<float> logits(offsets.back());
+    for (float& z : logits) z = float(gen.uniform() * 8.0 - 4.0);
+    for (const float weight : {1.0f, 0.5f}) {
+        const std::vector<float> got =
+            gpu::testing::fill_corrected(logits, offsets, firsts, rows, weight);
+        ASSERT_EQ(got.size(), logits.size());
+        for (size_t s = 0; s < sizes.size(); ++s) {
+            const uint32_t n = sizes[s], first = firsts[s];
+            const double shift =
+                first < n ? weight * std::log(double(rows - first) / double(n - first)) : 0.0;
+            for (uint32_t i = 0; i < n; ++i) {
+                const size_t e = offsets[s] + i;
+                EXPECT_NEAR(got[e], logits[e] + (i >= first ? shift : 0.0),
+                            1e-5 * (1.0 + std::abs(shift)))
+                    << "sample " << s << " entry " << i;
+            }
+        }
+    }
+}
+
 TEST(GpuTopK, SetsAreLabelsThenTheTopKThenARandomFillSortedByIdAndDependOnlyOnTheSeed) {
     HSLIDE_REQUIRE_GPU();
     rng gen(37);
@@ -487,8 +568,10 @@ TEST(GpuTopK, SetsAreLabelsThenTheTopKThenARandomFillSortedByIdAndDependOnlyOnTh
     }
     for (const uint32_t fill : {0u, 10u, 100u, 290u, 300u, 1000u}) {
         SCOPED_TRACE("fill " + std::to_string(fill));
-        const auto sets =
-            gpu::testing::top_k_sets(best, k, batch, offsets, label_ids, fill, n_items, 5);
+        std::vector<uint32_t> drawn_from;
+        const auto sets = gpu::testing::top_k_sets(best, k, batch, offsets, label_ids, fill,
+                                                   n_items, 5, &drawn_from);
+        ASSERT_EQ(drawn_from.size(), batch);
         EXPECT_EQ(sets,
                   gpu::testing::top_k_sets(best, k, batch, offsets, label_ids, fill, n_items, 5))
             << "the same seed drew another set";
@@ -506,13 +589,18 @@ TEST(GpuTopK, SetsAreLabelsThenTheTopKThenARandomFillSortedByIdAndDependOnlyOnTh
                     deterministic.push_back(id);
             std::sort(deterministic.begin(), deterministic.end());
             const std::vector<uint32_t> tail(set.begin() + y.size(), set.end());
-            EXPECT_TRUE(std::is_sorted(tail.begin(), tail.end())) << "sample " << s;
-            EXPECT_EQ(std::adjacent_find(tail.begin(), tail.end()), tail.end()) << "sample " << s;
+            // The top-k ids in increasing order, then the fill in increasing order.
+            EXPECT_EQ(drawn_from[s], y.size() + deterministic.size()) << "sample " << s;
+            EXPECT_TRUE(std::equal(deterministic.begin(), deterministic.end(), tail.begin()))
+                << "sample " << s;
+            EXPECT_TRUE(std::is_sorted(tail.begin() + deterministic.size(), tail.end()))
+                << "sample " << s;
+            std::vector<uint32_t> distinct = tail;
+            std::sort(distinct.begin(), distinct.end());
+            EXPECT_EQ(std::adjacent_find(distinct.begin(), distinct.end()), distinct.end())
+                << "sample " << s;
             EXPECT_EQ(set.size(),
                       std::max<size_t>(y.size() + deterministic.size(), std::min(fill, n_items)))
-                << "sample " << s;
-            EXPECT_TRUE(
-                std::includes(tail.begin(), tail.end(), deterministic.begin(), deterministic.end()))
                 << "sample " << s;
             for (uint32_t id : tail) {
                 EXPECT_LT(id, n_items);
@@ -533,6 +621,284 @@ TEST(GpuTopK, SetsAreLabelsThenTheTopKThenARandomFillSortedByIdAndDependOnlyOnTh
             if (id != UINT32_MAX) want.push_back(id);
         std::sort(want.begin(), want.end());
         EXPECT_EQ(unlabelled[s], want) << "sample " << s;
+    }
+}
+
+// bf16 bits of x, rounded to nearest even (the device's __float2bfloat16_rn; no NaNs here).
+uint16_t bf16_bits(float x) {
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+float from_bf16_bits(uint16_t b) {
+    const uint32_t u = uint32_t(b) << 16;
+    float x;
+    std::memcpy(&x, &u, 4);
+    return x;
+}
+
+gpu::testing::host_layer random_host_layer(uint32_t rows, uint32_t width, uint32_t stride,
+                                           bool bf16, rng& gen) {
+    gpu::testing::host_layer l;
+    l.rows = rows;
+    l.stride = stride;
+    l.weights = random_rows(rows, width, stride, gen);
+    l.adam_m = random_rows(rows, width, stride, gen);
+    // Second moments as Adam keeps them (v >= m^2), some fresh (m = v = 0).
+    l.adam_v.assign(size_t(rows) * stride, 0.0f);
+    for (uint32_t r = 0; r < rows; ++r)
+        for (uint32_t i = 0; i < width; ++i) {
+            const size_t at = size_t(r) * stride + i;
+            const float m = l.adam_m[at];
+            l.adam_v[at] = m == 0.0f && gen.uniform() < 0.5f ? 0.0f : m * m + gen.uniform();
+        }
+    for (uint32_t r = 0; r < rows; ++r) {
+        l.bias.push_back(float(gen.normal()));
+        l.bias_m.push_back(float(gen.normal()) * 0.1f);
+        l.bias_v.push_back(l.bias_m.back() * l.bias_m.back() + gen.uniform());
+    }
+    if (bf16)
+        for (float w : l.weights) l.weights16.push_back(bf16_bits(w));
+    return l;
+}
+
+// Row-sparse Adam against a double-precision reference, on awkward widths (1 float4 chunk
+// per lane and more, partial chunks, padding), rows touched by one entry and by more than a
+// warp's 32 (the kernel loads a segment's indices 32 at a time), in an order the grouping
+// must keep; untouched rows must not move, the bf16 copy must be the new weights' rounding,
+// and a second run on the same inputs must give the same bits.
+TEST(GpuLayers, RowSparseAdamMatchesAReferenceOnAwkwardWidthsAndSegments) {
+    HSLIDE_REQUIRE_GPU();
+    rng gen(2211);
+    const gpu::testing::host_adam adam{
+        0.01f, 0.9f, 0.999f, 1e-8f, 1.0f / (1.0f - 0.9f * 0.9f), 1.0f / (1.0f - 0.999f * 0.999f)};
+    for (const uint32_t width : {1u, 15u, 16u, 17u, 33u, 128u, 130u, 300u, 600u, 1000u})
+        for (const bool first_layer : {false, true})
+            for (const bool bf16 : {false, true}) {
+                const uint32_t stride = (width + 15) / 16 * 16, rows = 97, batch = 37;
+                const gpu::testing::host_layer before =
+                    random_host_layer(rows, width, stride, bf16, gen);
+                const std::vector<float> vectors = random_rows(batch, width, stride, gen);
+                // Row 3 by 1 entry, row 5 by 32, row 7 by 33, row 11 by 100, the rest by
+                // 0 to 4; the first layer also has entries of no row (UINT32_MAX).
+                std::vector<uint32_t> entry_row;
+                auto touch = [&](uint32_t row, uint32_t times) {
+                    for (uint32_t i = 0; i < times; ++i) entry_row.push_back(row);
+                };
+                touch(3, 1), touch(5, 32), touch(7, 33), touch(11, 100);
+                for (uint32_t r = 12; r < rows; ++r) touch(r, uint32_t(gen.below(5)));
+                if (first_layer) touch(UINT32_MAX, 40);
+                // Entries in random order: a row's entries are spread, and summed in entry order.
+                for (size_t i = entry_row.size(); i > 1; --i)
+                    std::swap(entry_row[i - 1], entry_row[gen.below(i)]);
+                std::vector<uint32_t> entry_sample;
+                std::vector<float> scale;
+                for (size_t e = 0; e < entry_row.size(); ++e) {
+                    entry_sample.push_back(uint32_t(gen.below(batch)));
+                    scale.push_back(float(gen.normal()));
+                }
+                const float inv_batch = 1.0f / float(batch);
+                gpu::testing::host_layer got = before;
+                gpu::testing::rows_adam(got, first_layer, entry_row, entry_sample, scale, vectors,
+                                        inv_batch, adam);
+                gpu::testing::host_layer again = before;
+                gpu::testing::rows_adam(again, first_layer, entry_row, entry_sample, scale, vectors,
+                                        inv_batch, adam);
+                const std::string where = "width " + std::to_string(width) +
+                                          (first_layer ? " first" : " output") +
+                                          (bf16 ? " bf16" : " fp32");
+                EXPECT_EQ(got.weights, again.weights) << where << ": not deterministic";
+                EXPECT_EQ(got.adam_v, again.adam_v) << where << ": not deterministic";
+                // The reference: the gradient in double, then Adam in double.
+                std::vector<double> grad(size_t(rows) * stride, 0.0), bias_grad(rows, 0.0);
+                std::vector<bool> touched(rows, false);
+                for (size_t e = 0; e < entry_row.size(); ++e) {
+                    const uint32_t r = entry_row[e];
+                    if (r == UINT32_MAX) continue;
+                    touched[r] = true;
+                    bias_grad[r] += double(scale[e]) * inv_batch;
+                    for (uint32_t i = 0; i < stride; ++i)
+                        grad[size_t(r) * stride + i] +=
+                            double(scale[e]) * inv_batch *
+                            vectors[size_t(entry_sample[e]) * stride + i];
+                }
+                auto step = [&](double w, double m, double v, double g, double& w2, double& m2,
+                                double& v2) {
+                    m2 = adam.beta1 * m + (1 - double(adam.beta1)) * g;
+                    v2 = adam.beta2 * v + (1 - double(adam.beta2)) * g * g;
+                    w2 = w - adam.lr * (m2 * adam.c1) / (std::sqrt(v2 * adam.c2) + adam.eps);
+                };
+                size_t bad = 0;
+                for (uint32_t r = 0; r < rows; ++r) {
+                    for (uint32_t i = 0; i < stride; ++i) {
+                        const size_t at = size_t(r) * stride + i;
+                        if (!touched[r]) {
+                            bad += got.weights[at] != before.weights[at] ||
+                                   got.adam_m[at] != before.adam_m[at] ||
+                                   got.adam_v[at] != before.adam_v[at];
+                            continue;
+                        }
+                        double w, m, v;
+                        step(before.weights[at], before.adam_m[at], before.adam_v[at], grad[at], w,
+                             m, v);
+                        // A gradient within rounding of zero with a fresh moment steps by up to
+                        // lr whichever its sign: compare the moments tightly and the weight
+                        // within the step that sign could flip.
+                        const double tiny = 1e-5 * (1 + std::abs(grad[at]));
+                        bad += std::abs(got.adam_m[at] - m) > 1e-5 * (1 + std::abs(m));
+                        bad += std::abs(got.adam_v[at] - v) > 1e-5 * (1 + std::abs(v));
+                        const bool near_zero = std::abs(grad[at]) < tiny && before.adam_v[at] == 0;
+                        bad += std::abs(got.weights[at] - w) >
+                               (near_zero ? 2.1 * adam.lr : 1e-5 * (1 + std::abs(w)));
+                        if (bf16) bad += got.weights16[at] != bf16_bits(got.weights[at]);
+                    }
+                    if (first_layer || !touched[r]) {
+                        bad += got.bias[r] != before.bias[r] || got.bias_m[r] != before.bias_m[r];
+                        continue;
+                    }
+                    double b, m, v;
+                    step(before.bias[r], before.bias_m[r], before.bias_v[r], bias_grad[r], b, m, v);
+                    bad += std::abs(got.bias[r] - b) > 1e-5 || std::abs(got.bias_m[r] - m) > 1e-5 ||
+                           std::abs(got.bias_v[r] - v) > 1e-5 * (1 + v);
+                }
+                EXPECT_EQ(bad, 0u) << where;
+            }
+}
+
+// The sparse backward against a double-precision reference: samples with no entries, one,
+// fewer than a warp's 32, and thousands (every warp of the block busy, many rounds), on
+// awkward widths, reading the fp32 weights or their bf16 copy; the ReLU mask applied; the
+// same bits on a second run.
+TEST(GpuLayers, SparseBackwardMatchesAReferenceOnAwkwardWidthsAndSetSizes) {
+    HSLIDE_REQUIRE_GPU();
+    rng gen(2212);
+    for (const uint32_t width : {1u, 15u, 16u, 17u, 33u, 128u, 130u, 300u, 600u, 1000u})
+        for (const bool bf16 : {false, true}) {
+            const uint32_t stride = (width + 15) / 16 * 16, rows = 3001;
+            const std::vector<uint32_t> sizes{0, 1, 5, 31, 32, 33, 100, 511, 513, 3000, 7};
+            const uint32_t batch = uint32_t(sizes.size());
+            const gpu::testing::host_layer layer =
+                random_host_layer(rows, width, stride, bf16, gen);
+            const std::vector<float> hidden = random_rows(batch, width, stride, gen);
+            std::vector<uint32_t> offsets{0}, ids;
+            std::vector<float> delta;
+            for (const uint32_t n : sizes) {
+                for (uint32_t i = 0; i < n; ++i) {
+                    ids.push_back(uint32_t(gen.below(rows)));
+                    delta.push_back(float(gen.normal()) * 0.01f);
+                }
+                offsets.push_back(uint32_t(ids.size()));
+            }
+            const auto got = gpu::testing::sparse_output_backward(layer, bf16, offsets, ids, delta,
+                                                                  hidden, batch);
+            const auto again = gpu::testing::sparse_output_backward(layer, bf16, offsets, ids,
+                                                                    delta, hidden, batch);
+            const std::string where = "width " + std::to_string(width) + (bf16 ? " bf16" : " fp32");
+            EXPECT_EQ(got, again) << where << ": not deterministic";
+            size_t bad = 0;
+            for (uint32_t s = 0; s < batch; ++s)
+                for (uint32_t i = 0; i < stride; ++i) {
+                    double sum = 0, magnitude = 0;
+                    for (uint32_t e = offsets[s]; e < offsets[s + 1]; ++e) {
+                        const size_t at = size_t(ids[e]) * stride + i;
+                        const double w =
+                            bf16 ? from_bf16_bits(layer.weights16[at]) : layer.weights[at];
+                        sum += double(delta[e]) * w;
+                        magnitude += std::abs(double(delta[e]) * w);
+                    }
+                    const size_t at = size_t(s) * stride + i;
+                    const double want = hidden[at] > 0 ? sum : 0.0;
+                    bad += std::abs(got[at] - want) > 1e-5 * (1 + magnitude);
+                }
+            EXPECT_EQ(bad, 0u) << where;
+        }
+}
+
+TEST(GpuDenseSoftmax, MatchesASoftmaxInDoublePrecisionOnAwkwardSizes) {
+    // The dense output layer's fused softmax (gpu_dense.cuh): per sample the loss, per entry
+    // delta = softmax(logit + bias) - (1/|y|) on labels, per column the batch-mean bias
+    // gradient; samples without labels have loss and delta 0; the padding columns are never
+    // read (NaN here) and written as 0. Sizes cross the kernels' chunks (8,192 columns a
+    // partial, 1,024 a gradient block, samples in groups of 4); a sample with 300 labels
+    // takes more than one pass of its block's threads, one lists a label twice (it counts
+    // twice, as in the shared softmax_loss).
+    HSLIDE_REQUIRE_GPU();
+    rng gen(33);
+    for (const uint32_t rows : {1u, 15u, 17u, 33u, 1001u, 8193u, 20011u}) {
+        for (const uint32_t batch : {1u, 6u, 9u}) {
+            for (const bool bf16 : {false, true}) {
+                SCOPED_TRACE("rows " + std::to_string(rows) + ", batch " + std::to_string(batch) +
+                             (bf16 ? ", bf16" : ", fp32"));
+                const uint32_t ld = gpu::testing::dense_ld(rows);
+                ASSERT_GE(ld, rows);
+                std::vector<float> logits(size_t(batch) * ld, std::nanf("")), bias(rows);
+                for (float& b : bias) b = float(gen.normal());
+                std::vector<uint32_t> offsets{0}, labels;
+                for (uint32_t s = 0; s < batch; ++s) {
+                    for (uint32_t j = 0; j < rows; ++j)
+                        logits[size_t(s) * ld + j] = float(3.0 * gen.normal());
+                    // Sample 0: many labels; every third: none; the others a few, one repeated.
+                    const uint32_t count = s == 0 ? std::min(rows, 300u)
+                                           : s % 3 == 2
+                                               ? 0u
+                                               : uint32_t(1 + gen.below(std::min(rows, 40u)));
+                    std::vector<uint32_t> ids(rows);
+                    std::iota(ids.begin(), ids.end(), 0u);
+                    for (uint32_t i = 0; i < count; ++i)
+                        std::swap(ids[i], ids[i + gen.below(rows - i)]);
+                    labels.insert(labels.end(), ids.begin(), ids.begin() + count);
+                    if (s == 1) labels.push_back(labels.back());  // listed twice
+                    offsets.push_back(uint32_t(labels.size()));
+                }
+                std::vector<float> delta, bias_gradient, loss;
+                gpu::testing::dense_softmax_loss(logits, bias, rows, batch, offsets, labels, bf16,
+                                                 delta, bias_gradient, loss);
+                ASSERT_EQ(delta.size(), size_t(batch) * ld);
+                ASSERT_EQ(bias_gradient.size(), size_t(rows));
+                ASSERT_EQ(loss.size(), size_t(batch));
+                std::vector<double> want_bias(rows, 0.0), bias_tolerance(rows, 0.0);
+                for (uint32_t s = 0; s < batch; ++s) {
+                    const float* l = &logits[size_t(s) * ld];
+                    const uint32_t n_labels = offsets[s + 1] - offsets[s];
+                    for (uint32_t j = rows; j < ld; ++j)
+                        ASSERT_EQ(delta[size_t(s) * ld + j], 0.0f) << "padding of sample " << s;
+                    if (n_labels == 0) {
+                        EXPECT_EQ(loss[s], 0.0f) << "sample " << s;
+                        for (uint32_t j = 0; j < rows; ++j)
+                            ASSERT_EQ(delta[size_t(s) * ld + j], 0.0f) << "sample " << s;
+                        continue;
+                    }
+                    double m = -INFINITY, z = 0;
+                    for (uint32_t j = 0; j < rows; ++j) m = std::max(m, double(l[j]) + bias[j]);
+                    for (uint32_t j = 0; j < rows; ++j) z += std::exp(double(l[j]) + bias[j] - m);
+                    const double log_z = m + std::log(z), target = 1.0 / n_labels;
+                    std::vector<double> want(rows);
+                    double want_loss = 0;
+                    for (uint32_t j = 0; j < rows; ++j)
+                        want[j] = std::exp(double(l[j]) + bias[j] - log_z);
+                    for (uint32_t i = offsets[s]; i < offsets[s + 1]; ++i) {
+                        want[labels[i]] -= target;
+                        want_loss -= target * (double(l[labels[i]]) + bias[labels[i]] - log_z);
+                    }
+                    EXPECT_NEAR(loss[s], want_loss, 1e-4 * std::max(1.0, std::abs(want_loss)))
+                        << "sample " << s;
+                    for (uint32_t j = 0; j < rows; ++j) {
+                        // __expf and float sums: about 1e-5 relative of the probability.
+                        const double p = std::exp(double(l[j]) + bias[j] - log_z);
+                        const double tolerance = 1e-6 + 1e-4 * (p + std::abs(want[j])) +
+                                                 (bf16 ? std::ldexp(std::abs(want[j]), -8) : 0.0);
+                        ASSERT_NEAR(delta[size_t(s) * ld + j], want[j], tolerance)
+                            << "sample " << s << ", column " << j;
+                        want_bias[j] += want[j] / batch;
+                        bias_tolerance[j] += (1e-6 + 1e-4 * (p + std::abs(want[j]))) / batch;
+                    }
+                }
+                // The bias gradient comes from the fp32 deltas, before any rounding to bf16.
+                for (uint32_t j = 0; j < rows; ++j)
+                    ASSERT_NEAR(bias_gradient[j], want_bias[j], bias_tolerance[j] + 1e-7)
+                        << "column " << j;
+            }
+        }
     }
 }
 

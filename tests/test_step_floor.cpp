@@ -73,9 +73,16 @@ TEST(StepFloor, QuotesTheIssuesGemmFiguresAndTheMeasuredAdamTraffic) {
         sum += k.seconds;
     }
     EXPECT_DOUBLE_EQ(floor_seconds(lsh), sum);
-    // The dense step is bound by its update and logits, not its GEMMs: its floor per epoch
-    // is still well below the 10.9 s measured (issue #22's target: 3.0 s).
-    EXPECT_LT(floor_seconds(dense) * 490449 / 256, 3.0);
+    // The dense step is bound by its update and logits, not its GEMMs. As built (fp32 logits
+    // written once and read twice, gpu_dense.cuh) its floor is 3.02 s an epoch, against the
+    // 10.9 s measured before it: issue #22's target of 3.0 s is at that floor, below it only
+    // where the logits are not materialised in fp32 (bf16 logits: 2.5 s; a fused linear
+    // cross-entropy would not write them at all).
+    const double epoch = 490449.0 / 256;
+    EXPECT_NEAR(floor_seconds(dense) * epoch, 3.02, 0.02);
+    step_shape bf16_logits = amazon670k(floor_selection::dense, 0);
+    bf16_logits.dense_fp32_logits = false;
+    EXPECT_LT(floor_seconds(step_floor(bf16_logits, h200)) * epoch, 3.0);
 }
 
 TEST(StepFloor, InputCatchUpRemovesWikiLshtcsInputLayerFloor) {

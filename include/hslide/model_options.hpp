@@ -22,6 +22,7 @@ struct model_options {
     std::string output_sparsity = "auto";
     std::string hidden_sparsity = "dense";
     uint32_t top_k = layer_config{}.top_k;
+    float fill_correction = layer_config{}.fill_correction;
     uint32_t auto_sparse_min = 4096;
     std::vector<std::string> hash{"dwta"};
     // The library's defaults (hslide/lsh.hpp), so the CLI and the API cannot drift apart.

@@ -9,7 +9,8 @@
 //     (top-k): the same, with the active sets from exact scoring of every row in chunked
 //     GEMMs and a fused k-selection (gpu_topk.cuh), and the loss through the exact
 //     log-partition;
-//     (dense): cuBLAS for logits, W^T delta and the weight gradient;
+//     (dense): cuBLAS for logits, W^T delta and the weight gradient, the fused softmax,
+//     gradient and bias gradient between them (gpu_dense.cuh);
 //  4. update: the active entries sorted by neuron (CUB), one warp per touched row sums its
 //     gradient in sample order and applies Adam; the first layer's touched rows likewise
 //     from the batch's nonzeros sorted by feature.
@@ -26,6 +27,7 @@
 #include "cublas_loader.hpp"
 #include "gpu_backend.hpp"
 #include "gpu_catch_up.cuh"
+#include "gpu_dense.cuh"
 #include "gpu_layers.cuh"
 #include "gpu_lsh.cuh"
 #include "gpu_rows.cuh"
@@ -214,8 +216,11 @@ class gpu_backend final : public backend, public row_transfer {
     /// Top-k active sets of the batch (exact scoring, gpu_topk.cuh) into active_; the loss's
     /// log-partition in topk_.log_partition. Returns the number of entries.
     uint32_t select_top_k_sets(uint32_t batch, const batch_csr& csr, uint32_t max_labels);
-    /// logits (batch x n_out) = hidden . W^T, fp32 or bf16 tensor cores.
-    void dense_logits(uint32_t batch, float* logits);
+    /// logits (batch rows of ld >= n_out floats) = hidden . W^T, fp32 or bf16 tensor cores.
+    void dense_logits(uint32_t batch, float* logits, uint32_t ld);
+    /// The dense step's loss, output deltas (delta_, or delta16_ in bf16) and bias gradient
+    /// from logits_ (rows of dense_leading_dimension floats): gpu_dense.cuh.
+    void dense_softmax(uint32_t batch, const batch_csr& csr, float inv_batch);
     void dense_backward_and_update(uint32_t batch, float inv_batch, const adam_params& adam);
     /// Allocates what first_layer_update needs, before any update of the step is queued: an
     /// out-of-memory error then leaves the model as it was, never half a step.
@@ -301,7 +306,8 @@ class gpu_backend final : public backend, public row_transfer {
     active_sets active_;
     top_k_workspace topk_;
     device_array<float> logits_, delta_;
-    device_array<float> dense_gradient_, bias_gradient_;
+    device_array<float> corrected_logits_;  // top-k: the logits with the fill's correction
+    device_array<float> dense_gradient_, bias_gradient_, dense_softmax_work_;
     row_groups output_groups_, input_groups_;
     device_array<uint32_t> nonzero_sample_;
     device_array<uint8_t> input_touched_;  // --adam input-dense: the step's first-layer rows
@@ -648,21 +654,37 @@ void gpu_backend::ensure_work(uint32_t batch) {
     if (lsh_output()) codes_.reserve(size_t(batch) * shape_.config.layers[1].lsh.L, "LSH codes");
 }
 
-void gpu_backend::dense_logits(uint32_t batch, float* logits) {
+void gpu_backend::dense_logits(uint32_t batch, float* logits, uint32_t ld) {
     const device_layer& out = layers_[1];
     const float one = 1.0f, zero = 0.0f;
-    // Row-major logits (batch x rows) are column-major (rows x batch) = W . hidden^T.
+    // Row-major logits (batch rows of ld floats) are column-major (rows x batch, leading
+    // dimension ld) = W . hidden^T; columns rows..ld - 1 are not written.
     if (use_bf16())
         HSLIDE_CUBLAS_CHECK(cublas().gemm_ex(
             blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(out.rows), int(batch), int(out.width), &one,
             out.weights16.data(), CUDA_R_16BF, int(out.stride), hidden16_.data(), CUDA_R_16BF,
-            int(layers_[0].stride), &zero, logits, CUDA_R_32F, int(out.rows), CUBLAS_COMPUTE_32F,
+            int(layers_[0].stride), &zero, logits, CUDA_R_32F, int(ld), CUBLAS_COMPUTE_32F,
             CUBLAS_GEMM_DEFAULT));
     else
         HSLIDE_CUBLAS_CHECK(cublas().sgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(out.rows),
                                            int(batch), int(out.width), &one, out.weights.data(),
                                            int(out.stride), hidden_.data(), int(layers_[0].stride),
-                                           &zero, logits, int(out.rows)));
+                                           &zero, logits, int(ld)));
+}
+
+void gpu_backend::dense_softmax(uint32_t batch, const batch_csr& csr, float inv_batch) {
+    const device_layer& out = layers_[1];
+    const uint32_t ld = dense_leading_dimension(out.rows);
+    // The gradient in the precision the backward products consume, the bias gradient with it.
+    if (use_bf16())
+        delta16_.reserve(size_t(batch) * ld, "bf16 output gradients");
+    else
+        delta_.reserve(size_t(batch) * ld, "dense output gradients");
+    bias_gradient_.reserve(out.rows, "dense output gradient");
+    dense_softmax_work_.reserve(dense_softmax_work_floats(batch, out.rows), "dense softmax");
+    dense_softmax_loss(logits_.data(), out.bias.data(), out.rows, ld, csr, inv_batch,
+                       use_bf16() ? nullptr : delta_.data(), use_bf16() ? delta16_.data() : nullptr,
+                       bias_gradient_.data(), loss_.data(), dense_softmax_work_.data(), stream_);
 }
 
 void gpu_backend::dense_backward_and_update(uint32_t batch, float inv_batch,
@@ -671,39 +693,38 @@ void gpu_backend::dense_backward_and_update(uint32_t batch, float inv_batch,
     const float one = 1.0f, zero = 0.0f;
     const int rows = int(out.rows), width = int(out.width), stride = int(out.stride);
     const int hstride = int(layers_[0].stride), b = int(batch);
+    const int ld = int(dense_leading_dimension(out.rows));  // of the deltas (dense_softmax)
     // d_hidden (column-major stride x batch) = W^T . delta; the padding rows stay zero.
     d_hidden_.zero(stream_);
     dense_gradient_.reserve(size_t(out.rows) * out.stride, "dense output gradient");
-    bias_gradient_.reserve(out.rows, "dense output gradient");
     if (use_bf16()) {
         // Mixed precision as AMP training does it: all three products on the tensor cores,
-        // with the output deltas rounded to bf16 too. The CPU's bf16 path keeps deltas and
-        // the weight gradient in fp32, so here the two differ by about 2^-9 per term (the
-        // dense GPU path is the baseline the LSH path is timed against, not a reference).
-        delta16_.reserve(size_t(batch) * out.rows, "bf16 output gradients");
-        to_bf16(delta_.data(), delta16_.data(), size_t(batch) * out.rows, stream_);
+        // with the output deltas rounded to bf16 too (dense_softmax wrote them so). The CPU's
+        // bf16 path keeps deltas and the weight gradient in fp32, so here the two differ by
+        // about 2^-9 per term (the dense GPU path is the baseline the LSH path is timed
+        // against, not a reference).
         HSLIDE_CUBLAS_CHECK(cublas().gemm_ex(
             blas_, CUBLAS_OP_N, CUBLAS_OP_N, width, b, rows, &one, out.weights16.data(),
-            CUDA_R_16BF, stride, delta16_.data(), CUDA_R_16BF, rows, &zero, d_hidden_.data(),
+            CUDA_R_16BF, stride, delta16_.data(), CUDA_R_16BF, ld, &zero, d_hidden_.data(),
             CUDA_R_32F, hstride, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         // dW (column-major stride x rows) = hidden^T . delta, scaled to the batch mean.
         HSLIDE_CUBLAS_CHECK(cublas().gemm_ex(
             blas_, CUBLAS_OP_N, CUBLAS_OP_T, width, rows, b, &inv_batch, hidden16_.data(),
-            CUDA_R_16BF, hstride, delta16_.data(), CUDA_R_16BF, rows, &zero, dense_gradient_.data(),
+            CUDA_R_16BF, hstride, delta16_.data(), CUDA_R_16BF, ld, &zero, dense_gradient_.data(),
             CUDA_R_32F, stride, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     } else {
         HSLIDE_CUBLAS_CHECK(cublas().sgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, width, b, rows, &one,
-                                           out.weights.data(), stride, delta_.data(), rows, &zero,
+                                           out.weights.data(), stride, delta_.data(), ld, &zero,
                                            d_hidden_.data(), hstride));
         HSLIDE_CUBLAS_CHECK(cublas().sgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_T, width, rows, b,
-                                           &inv_batch, hidden_.data(), hstride, delta_.data(), rows,
+                                           &inv_batch, hidden_.data(), hstride, delta_.data(), ld,
                                            &zero, dense_gradient_.data(), stride));
     }
     relu_backward(hidden_.data(), batch, layers_[0].stride, d_hidden_.data(), stream_);
     if (width != stride)  // the gradient's padding columns were not written: keep them zero
         HSLIDE_CUDA_CHECK(cudaMemset2DAsync(dense_gradient_.data() + width, size_t(stride) * 4, 0,
                                             size_t(stride - width) * 4, size_t(rows), stream_));
-    column_sums(delta_.data(), batch, out.rows, inv_batch, bias_gradient_.data(), stream_);
+    // The bias gradient came with the deltas (dense_softmax).
     dense_adam(out.view(), dense_gradient_.data(), bias_gradient_.data(), adam, stream_);
 }
 
@@ -803,9 +824,18 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
         sparse_output_forward(out.view(), hidden_.data(), hidden16_.data(), use_bf16(),
                               active_.ids.data(), active_.entry_sample.data(), total,
                               logits_.data(), stream_);
-        // The gradient is the softmax over the set (as LSH's; bench/topk.md says why).
-        softmax_loss(logits_.data(), nullptr, active_.offsets.data(), 0, /*labels_first=*/true, csr,
-                     delta_.data(), loss_.data(), stream_);
+        // The gradient is the softmax over the set (as LSH's; bench/topk.md says why), with
+        // top-k's fill raised by its log-Q correction where the layer asks for one.
+        const float fill_correction = shape_.config.layers[1].fill_correction;
+        float* set_logits = logits_.data();
+        if (topk_output_ && fill_correction > 0.0f) {
+            corrected_logits_.reserve(std::max(total, 1u), "corrected logits");
+            apply_fill_correction(logits_.data(), active_.offsets.data(), b, out.rows,
+                                  fill_correction, topk_, corrected_logits_.data(), stream_);
+            set_logits = corrected_logits_.data();
+        }
+        softmax_loss(set_logits, nullptr, active_.offsets.data(), 0,
+                     /*labels_first=*/true, csr, delta_.data(), loss_.data(), stream_);
         // Top-k: the loss reported is the full softmax's, through the exact log-partition.
         if (topk_output_)
             full_softmax_loss(logits_.data(), active_.offsets.data(), csr, topk_, loss_.data(),
@@ -815,11 +845,9 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
                                delta_.data(), hidden_.data(), b, d_hidden_.data(), stream_);
     } else {
         for (int e = 2; e <= 4; ++e) HSLIDE_CUDA_CHECK(cudaEventRecord(events[e], stream_));
-        logits_.reserve(size_t(b) * out.rows, "dense logits");
-        delta_.reserve(size_t(b) * out.rows, "dense output gradients");
-        dense_logits(b, logits_.data());
-        softmax_loss(logits_.data(), out.bias.data(), nullptr, out.rows, /*labels_first=*/false,
-                     csr, delta_.data(), loss_.data(), stream_);
+        logits_.reserve(size_t(b) * dense_leading_dimension(out.rows), "dense logits");
+        dense_logits(b, logits_.data(), dense_leading_dimension(out.rows));
+        dense_softmax(b, csr, inv_batch);
         HSLIDE_CUDA_CHECK(cudaEventRecord(events[5], stream_));
     }
 
@@ -958,7 +986,7 @@ void gpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scor
                 HSLIDE_CUBLAS_CHECK(cublas().set_stream(blas_, stream_));
             }
             logits_.reserve(size_t(b) * out.rows, "exact scores");
-            dense_logits(b, logits_.data());
+            dense_logits(b, logits_.data(), out.rows);
             top_k(logits_.data(), nullptr, nullptr, out.rows, b, k, top_labels_.data(),
                   top_scores_.data(), stream_, out.bias.data());
         } else {

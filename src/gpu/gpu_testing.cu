@@ -1,5 +1,6 @@
 // The test entry points of gpu_testing.hpp: copy in, run the GPU pieces, copy out.
 #include "cublas_loader.hpp"
+#include "gpu_dense.cuh"
 #include "gpu_layers.cuh"
 #include "gpu_lsh.cuh"
 #include "gpu_testing.hpp"
@@ -181,7 +182,8 @@ std::vector<std::vector<uint32_t>> top_k_sets(const std::vector<uint32_t>& best,
                                               uint32_t batch,
                                               const std::vector<uint32_t>& label_offsets,
                                               const std::vector<uint32_t>& label_ids, uint32_t fill,
-                                              uint32_t n_items, uint64_t seed) {
+                                              uint32_t n_items, uint64_t seed,
+                                              std::vector<uint32_t>* drawn_from) {
     top_k_workspace ws;
     ws.best_id.reserve(std::max<size_t>(best.size(), 1), "test best ids");
     HSLIDE_CUDA_CHECK(
@@ -199,10 +201,164 @@ std::vector<std::vector<uint32_t>> top_k_sets(const std::vector<uint32_t>& best,
     HSLIDE_CUDA_CHECK(cudaDeviceSynchronize());
     const auto offsets = to_host(sets.offsets.data(), size_t(batch) + 1);
     const auto ids = to_host(sets.ids.data(), offsets.back());
+    if (drawn_from) *drawn_from = to_host(ws.drawn_from.data(), batch);
     std::vector<std::vector<uint32_t>> out(batch);
     for (uint32_t s = 0; s < batch; ++s)
         out[s].assign(ids.begin() + offsets[s], ids.begin() + offsets[s + 1]);
     return out;
+}
+
+namespace {
+
+// The host layer's arrays on the device, and its view.
+struct device_host_layer {
+    device_array<float> weights, adam_m, adam_v, bias, bias_m, bias_v;
+    device_array<uint16_t> weights16;
+    layer_view view;
+
+    explicit device_host_layer(const host_layer& h)
+        : weights(to_device(h.weights, "test weights")),
+          adam_m(to_device(h.adam_m, "test weights")),
+          adam_v(to_device(h.adam_v, "test weights")),
+          bias(to_device(h.bias, "test bias")),
+          bias_m(to_device(h.bias_m, "test bias")),
+          bias_v(to_device(h.bias_v, "test bias")),
+          weights16(to_device(h.weights16, "test bf16 weights")) {
+        view = layer_view{
+            weights.data(),
+            adam_m.data(),
+            adam_v.data(),
+            bias.data(),
+            bias_m.data(),
+            bias_v.data(),
+            h.weights16.empty() ? nullptr : reinterpret_cast<__nv_bfloat16*>(weights16.data()),
+            h.rows,
+            h.stride,
+            h.stride};
+    }
+};
+
+}  // namespace
+
+void rows_adam(host_layer& layer, bool first_layer, const std::vector<uint32_t>& entry_row,
+               const std::vector<uint32_t>& entry_sample, const std::vector<float>& scale,
+               const std::vector<float>& vectors, float inv_batch, const host_adam& adam) {
+    const uint32_t n = uint32_t(entry_row.size());
+    std::vector<uint32_t> order(n);
+    for (uint32_t e = 0; e < n; ++e) order[e] = e;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](uint32_t a, uint32_t b) { return entry_row[a] < entry_row[b]; });
+    std::vector<uint32_t> unique, begin;
+    for (uint32_t k = 0; k < n; ++k)
+        if (k == 0 || entry_row[order[k]] != entry_row[order[k - 1]]) {
+            unique.push_back(entry_row[order[k]]);
+            begin.push_back(k);
+        }
+    begin.push_back(n);
+    const std::vector<uint32_t> n_unique{uint32_t(unique.size())};
+    device_host_layer d(layer);
+    const auto d_unique = to_device(unique, "test rows");
+    const auto d_begin = to_device(begin, "test rows");
+    const auto d_n_unique = to_device(n_unique, "test rows");
+    const auto d_order = to_device(order, "test rows");
+    const auto d_sample = to_device(entry_sample, "test rows");
+    const auto d_scale = to_device(scale, "test rows");
+    const auto d_vectors = to_device(vectors, "test rows");
+    const adam_params a{adam.lr, adam.beta1, adam.beta2, adam.eps, adam.c1, adam.c2};
+    if (first_layer)
+        first_layer_rows_adam(d.view, d_unique.data(), d_begin.data(), d_n_unique.data(), n,
+                              d_order.data(), d_sample.data(), d_scale.data(), d_vectors.data(),
+                              inv_batch, a, nullptr);
+    else
+        output_rows_adam(d.view, d_unique.data(), d_begin.data(), d_n_unique.data(), n,
+                         d_order.data(), d_sample.data(), d_scale.data(), d_vectors.data(),
+                         inv_batch, a, nullptr);
+    HSLIDE_CUDA_CHECK(cudaDeviceSynchronize());
+    layer.weights = to_host(d.weights.data(), layer.weights.size());
+    layer.adam_m = to_host(d.adam_m.data(), layer.adam_m.size());
+    layer.adam_v = to_host(d.adam_v.data(), layer.adam_v.size());
+    layer.bias = to_host(d.bias.data(), layer.bias.size());
+    layer.bias_m = to_host(d.bias_m.data(), layer.bias_m.size());
+    layer.bias_v = to_host(d.bias_v.data(), layer.bias_v.size());
+    layer.weights16 = to_host(d.weights16.data(), layer.weights16.size());
+}
+
+std::vector<float> sparse_output_backward(const host_layer& layer, bool bf16,
+                                          const std::vector<uint32_t>& offsets,
+                                          const std::vector<uint32_t>& ids,
+                                          const std::vector<float>& delta,
+                                          const std::vector<float>& hidden, uint32_t batch) {
+    device_host_layer d(layer);
+    const auto d_offsets = to_device(offsets, "test offsets");
+    const auto d_ids = to_device(ids, "test ids");
+    const auto d_delta = to_device(delta, "test deltas");
+    const auto d_hidden = to_device(hidden, "test hidden");
+    device_array<float> d_grad(std::max<size_t>(size_t(batch) * layer.stride, 1), "test grad");
+    gpu::sparse_output_backward(d.view, bf16, d_offsets.data(), d_ids.data(), d_delta.data(),
+                                d_hidden.data(), batch, d_grad.data(), nullptr);
+    HSLIDE_CUDA_CHECK(cudaDeviceSynchronize());
+    return to_host(d_grad.data(), size_t(batch) * layer.stride);
+}
+
+uint32_t dense_ld(uint32_t rows) {
+    return dense_leading_dimension(rows);
+}
+
+void dense_softmax_loss(const std::vector<float>& logits, const std::vector<float>& bias,
+                        uint32_t rows, uint32_t batch, const std::vector<uint32_t>& label_offsets,
+                        const std::vector<uint32_t>& label_ids, bool bf16,
+                        std::vector<float>& delta, std::vector<float>& bias_gradient,
+                        std::vector<float>& loss) {
+    const uint32_t ld = dense_leading_dimension(rows);
+    HSLIDE_CHECK(logits.size() == size_t(batch) * ld && bias.size() == rows &&
+                     label_offsets.size() == size_t(batch) + 1,
+                 "dense_softmax_loss: inconsistent test inputs");
+    const auto d_logits = to_device(logits, "test logits");
+    const auto d_bias = to_device(bias, "test bias");
+    const auto d_offsets = to_device(label_offsets, "test labels");
+    const auto d_labels = to_device(label_ids, "test labels");
+    const size_t n = size_t(batch) * ld;
+    device_array<float> d_delta(bf16 ? 1 : n, "test deltas");
+    device_array<__nv_bfloat16> d_delta16(bf16 ? n : 1, "test deltas");
+    device_array<float> d_bias_gradient(rows, "test bias gradient");
+    device_array<float> d_loss(batch, "test losses");
+    device_array<float> work(dense_softmax_work_floats(batch, rows), "test work");
+    batch_csr csr{};
+    csr.label_offsets = d_offsets.data();
+    csr.label_ids = d_labels.data();
+    csr.size = batch;
+    dense_softmax_loss(d_logits.data(), d_bias.data(), rows, ld, csr, 1.0f / float(batch),
+                       bf16 ? nullptr : d_delta.data(), bf16 ? d_delta16.data() : nullptr,
+                       d_bias_gradient.data(), d_loss.data(), work.data(), nullptr);
+    HSLIDE_CUDA_CHECK(cudaDeviceSynchronize());
+    if (bf16) {
+        const auto d16 = to_host(d_delta16.data(), n);
+        delta.resize(n);
+        for (size_t i = 0; i < n; ++i) delta[i] = __bfloat162float(d16[i]);
+    } else {
+        delta = to_host(d_delta.data(), n);
+    }
+    bias_gradient = to_host(d_bias_gradient.data(), rows);
+    loss = to_host(d_loss.data(), batch);
+}
+
+std::vector<float> fill_corrected(const std::vector<float>& logits,
+                                  const std::vector<uint32_t>& offsets,
+                                  const std::vector<uint32_t>& drawn_from, uint32_t rows,
+                                  float weight) {
+    const uint32_t batch = uint32_t(offsets.size() - 1);
+    top_k_workspace ws;
+    ws.drawn_from.reserve(std::max<size_t>(batch, 1), "test fill starts");
+    HSLIDE_CUDA_CHECK(cudaMemcpy(ws.drawn_from.data(), drawn_from.data(), size_t(batch) * 4,
+                                 cudaMemcpyHostToDevice));
+    const auto d_logits = to_device(logits, "test logits");
+    const auto d_offsets = to_device(offsets, "test offsets");
+    device_array<float> corrected;
+    corrected.reserve(std::max<size_t>(logits.size(), 1), "test corrected logits");
+    apply_fill_correction(d_logits.data(), d_offsets.data(), batch, rows, weight, ws,
+                          corrected.data(), nullptr);
+    HSLIDE_CUDA_CHECK(cudaDeviceSynchronize());
+    return to_host(corrected.data(), logits.size());
 }
 
 }  // namespace hslide::gpu::testing

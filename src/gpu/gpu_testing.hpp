@@ -1,6 +1,7 @@
-// Entry points into the GPU's LSH pieces for the tests, in plain C++ (no CUDA types), so
-// tests/test_gpu_backend.cpp can compare them with the CPU's hash families, tables and
-// active sets on the same inputs. They run on the current GPU and synchronise.
+// Entry points into the GPU's LSH, top-k and row-update pieces for the tests, in plain C++ (no
+// CUDA types), so tests/test_gpu_backend.cpp can compare them with the CPU's hash families,
+// tables and active sets, or with references, on the same inputs. They run on the current GPU
+// and synchronise.
 #pragma once
 
 #include "hslide/lsh.hpp"
@@ -55,12 +56,61 @@ void score_top_k(const std::vector<float>& weights, const std::vector<float>& bi
                  std::vector<float>& top_scores, std::vector<float>& log_partition);
 
 /// The GPU's top-k sets (build_top_k_sets) from best ids (batch * k, UINT32_MAX: none) and,
-/// when label_offsets is not empty, labels: each set as built (labels first, the rest
-/// ascending).
+/// when label_offsets is not empty, labels: each set as built (labels first, then the top-k
+/// ascending, then the fill ascending; `drawn_from`, if given, gets where each fill begins).
 std::vector<std::vector<uint32_t>> top_k_sets(const std::vector<uint32_t>& best, uint32_t k,
                                               uint32_t batch,
                                               const std::vector<uint32_t>& label_offsets,
                                               const std::vector<uint32_t>& label_ids, uint32_t fill,
-                                              uint32_t n_items, uint64_t seed);
+                                              uint32_t n_items, uint64_t seed,
+                                              std::vector<uint32_t>* drawn_from = nullptr);
+
+/// The GPU's fill correction (apply_fill_correction) of set logits (CSR: offsets, batch + 1
+/// entries), each sample's fill beginning at drawn_from[s].
+std::vector<float> fill_corrected(const std::vector<float>& logits,
+                                  const std::vector<uint32_t>& offsets,
+                                  const std::vector<uint32_t>& drawn_from, uint32_t rows,
+                                  float weight);
+
+/// One layer's parameters on the host for the row-kernel tests: `rows` rows of `stride` floats.
+struct host_layer {
+    uint32_t rows = 0, stride = 0;
+    std::vector<float> weights, adam_m, adam_v, bias, bias_m, bias_v;
+    std::vector<uint16_t> weights16;  ///< the bf16 copy's bits, when not empty
+};
+
+/// Adam's hyperparameters for one step (gpu_layers.cuh's adam_params).
+struct host_adam {
+    float lr, beta1, beta2, eps, c1, c2;
+};
+
+/// The GPU's row-sparse Adam on `layer`, in place (output_rows_adam, or first_layer_rows_adam
+/// when first_layer: no bias): entry e touches row entry_row[e] (UINT32_MAX: none) with
+/// scale[e] times row entry_sample[e] of `vectors` (rows of layer.stride floats). The
+/// entries are grouped by row on the host (a stable sort, as the step's radix sort).
+void rows_adam(host_layer& layer, bool first_layer, const std::vector<uint32_t>& entry_row,
+               const std::vector<uint32_t>& entry_sample, const std::vector<float>& scale,
+               const std::vector<float>& vectors, float inv_batch, const host_adam& adam);
+
+/// The GPU's sparse_output_backward: d_hidden (batch rows of layer.stride floats) of the
+/// entries [offsets[s], offsets[s + 1]) of each sample (ids, delta), masked by hidden's ReLU;
+/// reads the bf16 copy when bf16.
+std::vector<float> sparse_output_backward(const host_layer& layer, bool bf16,
+                                          const std::vector<uint32_t>& offsets,
+                                          const std::vector<uint32_t>& ids,
+                                          const std::vector<float>& delta,
+                                          const std::vector<float>& hidden, uint32_t batch);
+
+/// The dense output layer's fused softmax (gpu_dense.cuh) on host inputs: logits are batch
+/// rows of dense_ld(rows) floats (the padding columns are never read: fill them with NaN),
+/// bias rows floats; the labels in CSR form (batch + 1 offsets). Returns delta as written
+/// (batch x dense_ld(rows), bf16 values widened when `bf16`), the bias gradient (rows, the
+/// batch mean of delta) and the per-sample losses.
+uint32_t dense_ld(uint32_t rows);
+void dense_softmax_loss(const std::vector<float>& logits, const std::vector<float>& bias,
+                        uint32_t rows, uint32_t batch, const std::vector<uint32_t>& label_offsets,
+                        const std::vector<uint32_t>& label_ids, bool bf16,
+                        std::vector<float>& delta, std::vector<float>& bias_gradient,
+                        std::vector<float>& loss);
 
 }  // namespace hslide::gpu::testing

@@ -15,7 +15,8 @@ namespace {
 constexpr uint32_t select_threads = 256;
 constexpr uint32_t none = 0xffffffffu;
 constexpr uint32_t empty_slot = 0xffffffffu;
-constexpr uint32_t taken = 0xffffffffu;  // a slot's claim once its id is in the set
+constexpr uint32_t taken = 0xffffffffu;     // a slot's claim once its id is in the set
+constexpr uint32_t fill_bit = 0x80000000u;  // marks a fill id in the sets' sort
 
 uint32_t next_pow2(uint64_t n) {
     HSLIDE_CHECK(n <= (uint64_t{1} << 31), "a top-k buffer of {} entries is too large", n);
@@ -24,12 +25,19 @@ uint32_t next_pow2(uint64_t n) {
     return p;
 }
 
-// Scores a thread of the merge kernel loads per round (in flight together).
-constexpr uint32_t per_thread = 8;
-// Entries of the merge kernel's shared buffer: the k kept (at most top_k_max), then room for
-// a whole round's candidates (per_thread x select_threads).
+// The merge kernel's block: 512 threads (two blocks a multiprocessor at B 256 on an H100 /
+// H200's 132: one wave), each loading `per_thread` scores (+ bias) per round, all in flight
+// together: 8,192 scores a round, four rounds a 32,768-row chunk.
+constexpr uint32_t merge_threads = 512;
+constexpr uint32_t per_thread = 16;
+static_assert(per_thread <= 32, "a thread's pending candidates are bits of one word");
+// Entries of the merge kernel's shared buffer: the k kept (at most top_k_max), then the
+// candidates (at least 2,048: a round that overflows them merges and goes on).
 constexpr uint32_t merge_buffer = 4096;
-static_assert(top_k_max + per_thread * select_threads <= merge_buffer, "merge buffer too small");
+static_assert(top_k_max + 2048 <= merge_buffer, "merge buffer too small");
+// At a chunk's end, at most this many candidates are merged into the k kept by rank (each
+// entry counts the entries above it: no barrier) rather than by a block-wide bitonic sort.
+constexpr uint32_t rank_merge_max = 128;
 
 // (score, id) ranks above (bs, bi): a higher score, or an equal one and a smaller id.
 __device__ bool better(float a, uint32_t ia, float b, uint32_t ib) {
@@ -116,77 +124,169 @@ __global__ void top_k_begin_kernel(uint32_t batch, uint32_t k, float* best_score
     if (i < batch) running[i] = max_sum{};
 }
 
-// One block per sample (select_threads threads). Dynamic shared memory: merge_buffer floats
-// then merge_buffer ids.
-__global__ void top_k_merge_kernel(const float* scores, uint32_t n_cols, uint32_t first_id,
-                                   const float* bias, uint32_t k, float* best_score,
-                                   uint32_t* best_id, max_sum* running) {
-    constexpr uint32_t buffer = merge_buffer;
+// One block per sample (merge_threads threads). Dynamic shared memory: merge_buffer floats then
+// merge_buffer ids: the k kept (best first), then the candidates.
+//
+// A round: each thread loads its per_thread scores (+ bias) at once (`vec`: as 4 float4s, where
+// the chunk's rows and the bias are 16-byte aligned), folds them into its log-sum-exp pair
+// (their maximum, then one exp each: no dependent chain), and marks those that beat the k-th
+// kept entry; a warp appends its marked entries to the candidates with one shared atomic. One
+// barrier a round, which also says whether any append overflowed the buffer: if so, the kept
+// and the full buffer are sorted (k kept), and the entries still marked (in registers) are
+// filtered against the new k-th and appended again, until none is left. The threshold only
+// rises, so after the first chunk's first round few entries pass (about k ln(R / k) over the
+// whole layer). At the chunk's end: no candidate, nothing to write (unless a sort changed the
+// kept); a few, each entry's rank among kept + candidates is counted and the first k written;
+// many, a bitonic sort.
+template <bool vec>
+__global__ void __launch_bounds__(merge_threads, 2)
+    top_k_merge_kernel(const float* __restrict__ scores, uint32_t n_cols, uint32_t first_id,
+                       const float* __restrict__ bias, uint32_t k, float* best_score,
+                       uint32_t* best_id, max_sum* running) {
+    constexpr uint32_t threads = merge_threads, round = per_thread * threads;
     extern __shared__ float shared_keys[];
     float* key = shared_keys;
-    uint32_t* id = reinterpret_cast<uint32_t*>(key + buffer);
+    uint32_t* id = reinterpret_cast<uint32_t*>(key + merge_buffer);
     __shared__ uint32_t n_cand;
-    __shared__ float threshold_score;
-    __shared__ uint32_t threshold_id;
     __shared__ float scratch[64];
-    const uint32_t s = blockIdx.x;
-    for (uint32_t i = threadIdx.x; i < k; i += blockDim.x) {
-        key[i] = best_score[size_t(s) * k + i];
-        id[i] = best_id[size_t(s) * k + i];
-    }
+    const uint32_t s = blockIdx.x, lane = threadIdx.x % 32;
+    float* out_score = best_score + size_t(s) * k;
+    uint32_t* out_id = best_id + size_t(s) * k;
+    for (uint32_t i = threadIdx.x; i < k; i += threads) key[i] = out_score[i], id[i] = out_id[i];
     if (threadIdx.x == 0) n_cand = 0;
     __syncthreads();
-    if (threadIdx.x == 0) threshold_score = key[k - 1], threshold_id = id[k - 1];
-    const uint32_t capacity = buffer - k;
-    // Sorts the kept and the `have` candidates, keeps the first k, and raises the threshold.
-    // Only the filled part is sorted, padded to a power of two (after the first chunk a
-    // merge holds few candidates).
-    auto merge = [&](uint32_t have) {
+    // The k-th kept entry, in every thread's registers (changed only by a block-wide sort).
+    float t_score = key[k - 1];
+    uint32_t t_id = id[k - 1];
+    bool sorted = false;  // the kept changed by a sort within the chunk
+    const uint32_t capacity = merge_buffer - k;
+    // Sorts the kept and the `have` candidates (have <= capacity), keeps the first k and
+    // reads the new k-th. Every thread calls it, after the appends (behind a barrier).
+    auto sort_merge = [&](uint32_t have) {
         const uint32_t used = k + have;
         const uint32_t n = used <= 1 ? 1u : 1u << (32 - __clz(used - 1));
-        for (uint32_t i = used + threadIdx.x; i < n; i += blockDim.x)
-            key[i] = -INFINITY, id[i] = none;
-        bitonic_best_first(key, id, n);
-        if (threadIdx.x == 0) {
-            n_cand = 0;
-            threshold_score = key[k - 1];
-            threshold_id = id[k - 1];
-        }
+        for (uint32_t i = used + threadIdx.x; i < n; i += threads) key[i] = -INFINITY, id[i] = none;
+        bitonic_best_first(key, id, n);  // begins and ends with a barrier
+        t_score = key[k - 1];
+        t_id = id[k - 1];
+        sorted = true;
+    };
+    // The column of a thread's entry u in the round at `base` (each column once a round).
+    auto column = [&](uint32_t base, uint32_t u) {
+        return vec ? base + ((u / 4) * threads + threadIdx.x) * 4 + u % 4
+                   : base + u * threads + threadIdx.x;
     };
     const float* row = scores + size_t(s) * n_cols;
     max_sum ms;
-    const uint32_t round = per_thread * blockDim.x;
     for (uint32_t base = 0; base < n_cols; base += round) {
-        // The round's loads first: in flight during the barriers (and a merge) below.
+        // Past the end: -inf, which adds nothing to the sum (the maximum starts at -FLT_MAX).
         float v[per_thread];
+        if (vec) {
+            // n_cols and first_id are multiples of 4 here: a float4 is all in or all out.
 #pragma unroll
-        for (uint32_t u = 0; u < per_thread; ++u) {
-            const uint32_t j = base + u * blockDim.x + threadIdx.x;
-            v[u] = j < n_cols ? (bias ? row[j] + bias[first_id + j] : row[j]) : 0.0f;
-        }
-        __syncthreads();
-        const uint32_t have = n_cand;  // the same in every thread: read between barriers
-        if (have + round > capacity) merge(have);
-        __syncthreads();
+            for (uint32_t q = 0; q < per_thread / 4; ++q) {
+                const uint32_t j = column(base, 4 * q);
+                float4 x = make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+                if (j < n_cols) {
+                    x = *reinterpret_cast<const float4*>(row + j);
+                    if (bias) {
+                        const float4 b = *reinterpret_cast<const float4*>(bias + first_id + j);
+                        x.x += b.x, x.y += b.y, x.z += b.z, x.w += b.w;
+                    }
+                }
+                v[4 * q] = x.x, v[4 * q + 1] = x.y, v[4 * q + 2] = x.z, v[4 * q + 3] = x.w;
+            }
+        } else {
 #pragma unroll
-        for (uint32_t u = 0; u < per_thread; ++u) {
-            const uint32_t j = base + u * blockDim.x + threadIdx.x;
-            if (j >= n_cols) continue;
-            const uint32_t label = first_id + j;
-            ms = max_sum_add(ms, v[u]);
-            if (!isnan(v[u]) && better(v[u], label, threshold_score, threshold_id)) {
-                const uint32_t at = k + atomicAdd(&n_cand, 1u);
-                key[at] = v[u];
-                id[at] = label;
+            for (uint32_t u = 0; u < per_thread; ++u) {
+                const uint32_t j = column(base, u);
+                v[u] = j < n_cols ? (bias ? row[j] + bias[first_id + j] : row[j]) : -INFINITY;
             }
         }
+        // The round's pair: one exp a score, a NaN makes the sum NaN (as max_sum_add does),
+        // a score equal to the maximum counts 1 (so +inf gives {inf, count}).
+        float m = -FLT_MAX;
+#pragma unroll
+        for (uint32_t u = 0; u < per_thread; ++u) m = fmaxf(m, v[u]);
+        float sum = 0.0f;
+#pragma unroll
+        for (uint32_t u = 0; u < per_thread; ++u) sum += v[u] == m ? 1.0f : fast_exp(v[u] - m);
+        ms = max_sum_combine(ms, max_sum{m, sum});
+        // Bit u: entry u beats the k-th kept and is not yet a candidate (NaN never beats it).
+        uint32_t pending = 0;
+#pragma unroll
+        for (uint32_t u = 0; u < per_thread; ++u) {
+            const uint32_t j = column(base, u);
+            if (j < n_cols && better(v[u], first_id + j, t_score, t_id)) pending |= 1u << u;
+        }
+        for (;;) {
+            bool overflowed = false;  // this thread's: an entry that found the buffer full
+#pragma unroll
+            for (uint32_t u = 0; u < per_thread; ++u) {
+                const bool pass = (pending >> u) & 1u;
+                const uint32_t mask = __ballot_sync(0xffffffffu, pass);
+                if (mask == 0) continue;  // the warp's common case after the first chunk
+                const uint32_t leader = __ffs(int(mask)) - 1;
+                uint32_t at = 0;
+                if (lane == leader) at = atomicAdd(&n_cand, uint32_t(__popc(int(mask))));
+                at = __shfl_sync(0xffffffffu, at, int(leader)) +
+                     uint32_t(__popc(int(mask & ((1u << lane) - 1u))));
+                if (!pass) continue;
+                if (at < capacity) {
+                    key[k + at] = v[u];
+                    id[k + at] = first_id + column(base, u);
+                    pending &= ~(1u << u);
+                } else {
+                    overflowed = true;  // kept in `pending` for the next pass
+                }
+            }
+            // The barrier ends the appends; its OR is the same in every thread (a shared flag
+            // could already be set again by a thread in the next round).
+            if (!__syncthreads_or(overflowed)) break;
+            // Every slot of the buffer holds a candidate (n_cand > capacity): sort them all.
+            // No thread reads n_cand before the sort's barriers.
+            if (threadIdx.x == 0) n_cand = 0;
+            sort_merge(capacity);
+#pragma unroll
+            for (uint32_t u = 0; u < per_thread; ++u)
+                if (((pending >> u) & 1u) &&
+                    !better(v[u], first_id + column(base, u), t_score, t_id))
+                    pending &= ~(1u << u);
+        }
     }
-    __syncthreads();
+    // The last round ended with a barrier after its appends, without an overflow.
     const uint32_t have = n_cand;
-    if (have > 0) merge(have);  // ends with a barrier
-    for (uint32_t i = threadIdx.x; i < k; i += blockDim.x) {
-        best_score[size_t(s) * k + i] = key[i];
-        best_id[size_t(s) * k + i] = id[i];
+    if (have > rank_merge_max) {
+        sort_merge(have);
+        for (uint32_t i = threadIdx.x; i < k; i += threads)
+            out_score[i] = key[i], out_id[i] = id[i];
+    } else if (have > 0) {
+        // Kept entry i ranks i + the candidates above it; a candidate, the kept above it (a
+        // binary search: the kept are sorted) + the candidates above it. The ids are distinct
+        // (only the kept's padding repeats, and no candidate ties it), so the ranks below k
+        // are each written once.
+        for (uint32_t i = threadIdx.x; i < k + have; i += threads) {
+            const float ks = key[i];
+            const uint32_t ki = id[i];
+            uint32_t rank = i;
+            if (i >= k) {
+                uint32_t lo = 0, hi = k;
+                while (lo < hi) {
+                    const uint32_t mid = (lo + hi) / 2;
+                    if (better(key[mid], id[mid], ks, ki))
+                        lo = mid + 1;
+                    else
+                        hi = mid;
+                }
+                rank = lo;
+            }
+            for (uint32_t c = k; c < k + have && rank < k; ++c)
+                rank += better(key[c], id[c], ks, ki) ? 1u : 0u;
+            if (rank < k) out_score[rank] = ks, out_id[rank] = ki;
+        }
+    } else if (sorted) {
+        for (uint32_t i = threadIdx.x; i < k; i += threads)
+            out_score[i] = key[i], out_id[i] = id[i];
     }
     ms = block_combine(ms, scratch);
     if (threadIdx.x == 0) running[s] = max_sum_combine(running[s], ms);
@@ -231,7 +331,7 @@ __global__ void top_k_sets_kernel(const uint32_t* best_id, uint32_t k,
                                   uint32_t fill, uint32_t n_items, uint64_t seed, uint32_t slots,
                                   uint32_t* global_ids, uint32_t* global_hits,
                                   uint32_t max_per_sample, uint32_t sort_size, uint32_t* padded,
-                                  uint32_t* counts) {
+                                  uint32_t* counts, uint32_t* drawn_from) {
     extern __shared__ uint32_t tail[];
     __shared__ uint32_t n_out;
     const uint32_t s = blockIdx.x;
@@ -239,7 +339,7 @@ __global__ void top_k_sets_kernel(const uint32_t* best_id, uint32_t k,
     const uint32_t label_begin = with_labels ? label_offsets[s] : 0;
     const uint32_t n_labels = with_labels ? label_offsets[s + 1] - label_begin : 0;
     if (with_labels && n_labels == 0) {  // nothing to train on: no set
-        if (threadIdx.x == 0) counts[s] = 0;
+        if (threadIdx.x == 0) counts[s] = 0, drawn_from[s] = 0;
         return;
     }
     set_view set{global_ids + size_t(s) * slots, global_hits + size_t(s) * slots, slots - 1,
@@ -316,13 +416,27 @@ __global__ void top_k_sets_kernel(const uint32_t* best_id, uint32_t k,
         }
     }
     __syncthreads();
-    // The part after the labels, sorted by id.
-    const uint32_t n = n_out, n_tail = n - n_labels;
+    // The part after the labels: the top-k ids, then the fill, each sorted by id (one sort: the
+    // fill's ids carry the top bit, ids are below 2^31), so that the fill's correction
+    // (apply_fill_correction) knows where it begins.
+    const uint32_t n = n_out, n_tail = n - n_labels, n_top = chosen - n_labels;
     for (uint32_t i = threadIdx.x; i < sort_size; i += blockDim.x)
-        tail[i] = i < n_tail ? out[n_labels + i] : none;
+        tail[i] = i < n_tail ? out[n_labels + i] | (i >= n_top ? fill_bit : 0u) : none;
     bitonic_ascending(tail, sort_size);
-    for (uint32_t i = threadIdx.x; i < n_tail; i += blockDim.x) out[n_labels + i] = tail[i];
-    if (threadIdx.x == 0) counts[s] = n;
+    for (uint32_t i = threadIdx.x; i < n_tail; i += blockDim.x)
+        out[n_labels + i] = tail[i] & ~fill_bit;
+    if (threadIdx.x == 0) counts[s] = n, drawn_from[s] = chosen;
+}
+
+__global__ void fill_correction_kernel(const float* logits, const uint32_t* offsets,
+                                       const uint32_t* drawn_from, uint32_t rows, float weight,
+                                       float* corrected) {
+    const uint32_t s = blockIdx.x;
+    const uint32_t begin = offsets[s], n = offsets[s + 1] - begin, first = drawn_from[s];
+    // r random neurons drawn from the rows - first outside the labels and the top-k.
+    const float shift = first < n ? weight * logf(float(rows - first) / float(n - first)) : 0.0f;
+    for (uint32_t i = threadIdx.x; i < n; i += blockDim.x)
+        corrected[begin + i] = logits[begin + i] + (i >= first ? shift : 0.0f);
 }
 
 __global__ void full_softmax_loss_kernel(const float* logits, const uint32_t* offsets,
@@ -355,7 +469,10 @@ __global__ void full_softmax_loss_kernel(const float* logits, const uint32_t* of
 }  // namespace
 
 uint32_t top_k_chunk_rows(uint32_t batch, uint32_t rows) {
-    const uint64_t floats = (uint64_t{16} << 20) / 4;  // 16 MiB
+    // 32 MiB: measured on an H200 at Amazon-670K (B 256, k 64; GEMMs + merges a step): 1.43 ms
+    // with 8 MiB chunks, 1.06 with 16, 0.89 with 32, 0.85 with 64 (each chunk's two launches
+    // cost more than keeping the chunk in L2 saves).
+    const uint64_t floats = (uint64_t{32} << 20) / 4;
     const uint64_t chunk = std::max<uint64_t>(256, floats / std::max(batch, 1u) / 256 * 256);
     return uint32_t(std::min<uint64_t>(chunk, std::max(rows, 1u)));
 }
@@ -378,9 +495,18 @@ void top_k_merge_chunk(const float* scores, uint32_t n_cols, uint32_t first_id, 
     HSLIDE_CHECK(k >= 1 && k <= top_k_max,
                  "top-k selection on the GPU takes k from 1 to {}, got {}", top_k_max, k);
     const size_t shared = size_t(merge_buffer) * 8;  // 32 KiB: no opt-in needed
-    top_k_merge_kernel<<<batch, select_threads, shared, stream>>>(
-        scores, n_cols, first_id, bias, k, ws.best_score.data(), ws.best_id.data(),
-        ws.running.data());
+    // float4 loads where every sample's row and the bias are 16-byte aligned (the backend's
+    // chunks of a multiple of 4 rows: all but the layer's last).
+    const bool vec = n_cols % 4 == 0 && reinterpret_cast<uintptr_t>(scores) % 16 == 0 &&
+                     (!bias || reinterpret_cast<uintptr_t>(bias + first_id) % 16 == 0);
+    if (vec)
+        top_k_merge_kernel<true><<<batch, merge_threads, shared, stream>>>(
+            scores, n_cols, first_id, bias, k, ws.best_score.data(), ws.best_id.data(),
+            ws.running.data());
+    else
+        top_k_merge_kernel<false><<<batch, merge_threads, shared, stream>>>(
+            scores, n_cols, first_id, bias, k, ws.best_score.data(), ws.best_id.data(),
+            ws.running.data());
     HSLIDE_CUDA_LAUNCH();
 }
 
@@ -428,6 +554,7 @@ uint32_t build_top_k_sets(uint32_t batch, uint32_t k, const uint32_t* label_offs
                           uint32_t n_items, uint64_t seed, top_k_workspace& ws, active_sets& out,
                           cudaStream_t stream) {
     if (batch == 0) return 0;
+    HSLIDE_CHECK(n_items < fill_bit, "top-k sets take at most 2^31 - 1 rows, not {}", n_items);
     fill = std::min(fill, n_items);
     const uint64_t labels = label_offsets ? max_labels : 0;
     out.max_per_sample = uint32_t(std::max<uint64_t>(labels + k, fill));
@@ -460,14 +587,24 @@ uint32_t build_top_k_sets(uint32_t batch, uint32_t k, const uint32_t* label_offs
     ws.set_hits.reserve(size_t(batch) * slots, "top-k set hash sets");
     out.padded.reserve(size_t(batch) * out.max_per_sample, "active sets");
     out.counts.reserve(batch + 1, "active-set sizes");
+    ws.drawn_from.reserve(batch, "top-k set fill starts");
     out.offsets.reserve(batch + 1, "active-set offsets");
     HSLIDE_CUDA_CHECK(cudaMemsetAsync(out.counts.data() + batch, 0, 4, stream));
     top_k_sets_kernel<<<batch, select_threads, shared, stream>>>(
         ws.best_id.data(), k, label_offsets, label_ids, fill, n_items, seed, slots,
         ws.set_ids.data(), ws.set_hits.data(), out.max_per_sample, sort_size, out.padded.data(),
-        out.counts.data());
+        out.counts.data(), ws.drawn_from.data());
     HSLIDE_CUDA_LAUNCH();
     return compact_active_sets(batch, out, stream);
+}
+
+void apply_fill_correction(const float* logits, const uint32_t* offsets, uint32_t batch,
+                           uint32_t rows, float weight, const top_k_workspace& ws, float* corrected,
+                           cudaStream_t stream) {
+    if (batch == 0) return;
+    fill_correction_kernel<<<batch, select_threads, 0, stream>>>(
+        logits, offsets, ws.drawn_from.data(), rows, weight, corrected);
+    HSLIDE_CUDA_LAUNCH();
 }
 
 void full_softmax_loss(const float* logits, const uint32_t* offsets, const batch_csr& batch,

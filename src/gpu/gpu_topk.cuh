@@ -4,16 +4,24 @@
 // Scoring. The batch's hidden activations are scored against every output row in chunks of
 // `chunk` rows: one cuBLAS GEMM per chunk (bf16 tensor cores with fp32 accumulation, or fp32
 // sgemm) writes batch x chunk floats, never batch x rows. After each GEMM one thread block
-// per sample (top_k_merge_kernel, 256 threads) reads its chunk of scores (+ bias) once:
-//  - an online log-sum-exp (online_softmax.hpp's max_sum) over every score, combined across
-//    the block and into the sample's running pair: after the last chunk the exact
-//    log-partition over all rows;
-//  - a filter against the k-th best entry kept so far: the entries that beat it go to a
-//    candidate buffer in shared memory behind the running k best; when the buffer is nearly
-//    full (and after the chunk) the k + candidates are sorted by a block-wide bitonic sort
-//    (higher score first, ties to the smaller id, NaN never kept: the CPU's select_top_k
-//    order) and the first k kept. The threshold only rises, so after the first chunk few
-//    entries pass it (FAISS's GPU k-selection filters against the k-th best the same way).
+// per sample (top_k_merge_kernel, 512 threads) reads its chunk of scores (+ bias) once, in
+// rounds of 16 scores a thread (4 float4 loads where the rows are 16-byte aligned), all in
+// flight together (8,192 scores a round):
+//  - an online log-sum-exp (online_softmax.hpp's max_sum) over every score: a round's
+//    maximum, then one exp a score, combined into the thread's pair, then across the block
+//    and into the sample's running pair: after the last chunk the exact log-partition;
+//  - a filter against the k-th best entry kept so far (in every thread's registers): the
+//    entries that beat it are appended (one shared atomic a warp) to a candidate buffer in
+//    shared memory behind the running k best. One barrier a round: if the buffer overflowed,
+//    the k kept and the full buffer are sorted by a block-wide bitonic sort (higher score
+//    first, ties to the smaller id, NaN never kept: the CPU's select_top_k order), the first
+//    k kept, and the round's entries that did not fit (still in registers) are filtered
+//    against the new k-th and appended again. At the chunk's end: no candidate, nothing to
+//    write; up to 128, each entry's rank among the kept and the candidates is counted (no
+//    barrier) and the first k written; more, a bitonic sort. The threshold only rises, so
+//    after the first chunk's first round few entries pass it (about k ln(R / k) over the
+//    layer; FAISS's GPU k-selection filters against the k-th best the same way): only the
+//    first chunk sorts a full buffer (once, 4,096 entries).
 // The running k best and the pair live in global memory between chunks: batch x (k + chunk)
 // floats of selection memory in all (plus the fill's hash sets below).
 //
@@ -31,16 +39,27 @@
 //  - W read (bf16): R H 2 = 171.5 MB -> 0.040 ms at ~4.3 TB/s (fp32: 343 MB, 0.080 ms; the
 //    hidden block, B H 2 = 64 KB, stays in cache);
 //  - chunk buffer: written by the GEMM and read by the selection, B R 4 bytes each way =
-//    686 MB + 686 MB -> 0.32 ms if it went to HBM. The chunk is sized to a 16 MiB buffer
-//    (16,384 rows at B 256) so that it can stay in the H100's / H200's 50 MB L2 between the
-//    GEMM and the selection: then the floor is the GEMM's W read and FLOPs, ~0.06-0.1 ms;
-//  - launches: 2 per chunk, 41 chunks at 670K: ~82 launches, ~0.2-0.4 ms of launch latency,
-//    likely the real floor at this size (a fused GEMM + selection kernel would remove it);
+//    686 MB + 686 MB -> 0.32 ms if it went to HBM. A chunk is a 32 MiB buffer (32,768 rows
+//    at B 256), 21 chunks at 670K: a 16 MiB one would stay in the H100's / H200's 50 MB L2
+//    between the GEMM and the selection, but twice the launches cost more (measured below);
+//  - merge kernel, per 16,384 rows: 16.8 MB of scores and bias (the bias chunk from L2) ->
+//    ~4 us at HBM rates, ~2 us from L2; 256 blocks of 512 threads are one wave of two blocks
+//    a multiprocessor with 128 KB of loads in flight each (Little's law asks ~30 KB at
+//    ~4 TB/s and ~1 us); plus the first chunk's one 4,096-entry sort (~5 us a step);
+//  - measured (H200, 2026-11-26, B 256, R 670,091, H 128, bf16, k 64; a CUDA-event timing
+//    of score_top_k, the merges also alone on an L2-warm chunk, no Nsight): the merge kernel
+//    12.3 us a 16,384-row chunk (1.4 TB/s: above the model's ~5 us, not yet understood; the
+//    kernel before, 256 threads, 8 loads a thread, two barriers per 2,048 scores, a sort at
+//    every chunk's end: 22.1 us, and 30 us under Nsight Compute with its cache flushes);
+//    GEMMs + merges 1.06 ms a step with 16 MiB chunks (before: 1.56), 0.89 ms with 32 MiB
+//    (merges 0.42, GEMMs ~0.47: cuBLAS writing the fp32 chunk, not W or the FLOPs, bounds
+//    them; under Nsight 9 us a 16,384-row GEMM); k 1024: 1.59 ms;
+//  - launches: 2 per chunk (42 a step); a fused GEMM + selection kernel would remove them and
+//    the chunk's round trip, the next step toward the ~0.1 ms floor;
 //  - selection arithmetic: one compare and one exp per score (B R = 172 M), negligible.
-// So the selection should cost about 0.3-0.6 ms a step at 670K labels (1,916 steps an epoch:
-// ~0.6-1.2 s), and the sparse forward/backward/Adam on ~1.1k ids a sample as LSH's do; what
-// gpu_check.sh should show for `gpu` topk bf16 at Amazon-670K: on the order of 1-2 s an epoch,
-// below LSH's 4.6 s and dense's 10.9 s (st.active_sets in the step report holds the selection).
+// So the selection should cost about 0.9 ms a step at 670K labels (1,916 steps an epoch:
+// ~1.8 s of st.active_sets, from 3.1 s), then the sparse forward/backward/Adam on ~1.1k ids
+// a sample as LSH's do: gpu_check.sh's `topk` row at Amazon-670K ~3.5 s an epoch (from 4.85).
 // step_floor.hpp models the whole step's floor (its top-k GEMM row is the one above, with the
 // chunk buffer kept on chip).
 #pragma once
@@ -57,10 +76,11 @@
 
 namespace hslide::gpu {
 
-/// The largest k the merge kernel takes (its shared buffer is max(2048, 2k) entries of 8 bytes).
+/// The largest k the merge kernel takes (its shared buffer is 4,096 entries of 8 bytes: the k
+/// kept and at least 2,048 candidates).
 constexpr uint32_t top_k_max = 2048;
 
-/// Rows scored per GEMM for a batch of `batch` samples: a buffer of at most 16 MiB
+/// Rows scored per GEMM for a batch of `batch` samples: a buffer of at most 32 MiB
 /// (at least 256 rows), never more than the layer.
 uint32_t top_k_chunk_rows(uint32_t batch, uint32_t rows);
 
@@ -73,10 +93,12 @@ struct top_k_workspace {
     device_array<float> log_partition;  ///< batch: log sum_r exp(z_r) over every row
     device_array<float> dropped;        ///< batch: softmax mass outside the set (training)
     device_array<uint32_t> set_ids, set_hits;  ///< the fill's per-sample hash sets
+    device_array<uint32_t> drawn_from;         ///< batch: where each set's random fill begins
 
     size_t memory_bytes() const {
         return chunk_scores.bytes() + best_score.bytes() + best_id.bytes() + running.bytes() +
-               log_partition.bytes() + dropped.bytes() + set_ids.bytes() + set_hits.bytes();
+               log_partition.bytes() + dropped.bytes() + set_ids.bytes() + set_hits.bytes() +
+               drawn_from.bytes();
     }
 };
 
@@ -101,12 +123,21 @@ void score_top_k(const layer_view& out, const float* hidden, const __nv_bfloat16
 
 /// Builds the CSR active sets from ws.best_id (k per sample): labels first (label_offsets /
 /// label_ids, batch + 1 offsets; null: no labels, and every sample gets a set), then the
-/// top-k ids that are not labels, then random ids up to `fill` in all (seed), the part after
-/// the labels sorted by id. Returns the total number of entries (one host wait).
+/// top-k ids that are not labels, sorted by id, then random ids up to `fill` in all (seed),
+/// sorted by id; ws.drawn_from[s] is where sample s's fill begins. Returns the total number of
+/// entries (one host wait).
 uint32_t build_top_k_sets(uint32_t batch, uint32_t k, const uint32_t* label_offsets,
                           const uint32_t* label_ids, uint32_t max_labels, uint32_t fill,
                           uint32_t n_items, uint64_t seed, top_k_workspace& ws, active_sets& out,
                           cudaStream_t stream);
+
+/// corrected[e] = logits[e], plus weight * log((rows - f) / (n - f)) on the fill's entries
+/// (position >= f = ws.drawn_from[s] in a set of n entries): the sampled softmax's log-Q
+/// correction (layer_config::fill_correction), each random neuron standing for the rows
+/// outside the labels and the top-k that it was drawn from. One block per sample.
+void apply_fill_correction(const float* logits, const uint32_t* offsets, uint32_t batch,
+                           uint32_t rows, float weight, const top_k_workspace& ws, float* corrected,
+                           cudaStream_t stream);
 
 /// The full-softmax cross-entropy of each labelled sample through ws.log_partition, over its
 /// set's logits (labels first): loss[s] = -1/|y| sum_labels (z - logZ); ws.dropped[s] =

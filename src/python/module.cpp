@@ -131,6 +131,8 @@ const std::map<std::string, setter>& option_table() {
         {"hidden_sparsity",
          [](options& o, py::handle v) { o.model.hidden_sparsity = v.cast<std::string>(); }},
         {"top_k", [](options& o, py::handle v) { o.model.top_k = v.cast<uint32_t>(); }},
+        {"fill_correction",
+         [](options& o, py::handle v) { o.model.fill_correction = v.cast<float>(); }},
         {"auto_sparse_min",
          [](options& o, py::handle v) { o.model.auto_sparse_min = v.cast<uint32_t>(); }},
         {"hash", [](options& o, py::handle v) { o.model.hash = list_of<std::string>(v); }},

@@ -137,6 +137,9 @@ void validate(const model_config& model) {
                      l);
         if (model.selection(l) == neuron_selection::top_k)
             HSLIDE_CHECK(layer.top_k >= 1, "layer {}: --top-k must be at least 1", l);
+        HSLIDE_CHECK(layer.fill_correction >= 0.0f && layer.fill_correction <= 1.0f,
+                     "layer {}: --fill-correction must be in [0, 1], got {}", l,
+                     layer.fill_correction);
         if (model.uses_lsh(l)) {
             validate(layer.lsh);
             HSLIDE_CHECK(
@@ -192,7 +195,8 @@ std::string model_config_to_json(const model_config& config) {
                                {"max_active", layer.active.max_active},
                                {"hit_threshold", layer.active.hit_threshold},
                                {"probes", layer.active.probes},
-                               {"top_k", layer.top_k}});
+                               {"top_k", layer.top_k},
+                               {"fill_correction", layer.fill_correction}});
     }
     return j.dump();
 }
@@ -219,6 +223,7 @@ model_config model_config_from_json(const std::string& json_text) {
             layer.active.hit_threshold = jl.at("hit_threshold").get<uint32_t>();
             layer.active.probes = jl.value("probes", 0u);  // absent in older checkpoints
             layer.top_k = jl.value("top_k", layer_config{}.top_k);
+            layer.fill_correction = jl.value("fill_correction", 0.0f);  // absent before
             config.layers.push_back(layer);
         }
         return config;

@@ -49,7 +49,7 @@ model_config make_model_config(const model_options& o, uint32_t input_dim, uint3
             layer.active.hit_threshold = pick(o.hit_threshold, "--hit-threshold", l);
             layer.active.probes = pick(o.probes, "--probes", l);
         }
-        if (output) layer.top_k = o.top_k;
+        if (output) layer.top_k = o.top_k, layer.fill_correction = o.fill_correction;
         config.layers.push_back(layer);
     }
     validate(config);
