@@ -270,7 +270,7 @@ run_sanitizers() {
     for tool in memcheck racecheck; do
         rc=0
         # racecheck is slow: the kernels' own tests only, the heavy top-k ones left to memcheck.
-        filter='GpuLsh.*:GpuTopK.*:GpuLayers.*:GpuDenseSoftmax.*'
+        filter='GpuLsh.*:GpuTopK.*:GpuLayers.*:GpuDenseSoftmax.*:GpuBackend.InputCatchUp*'
         [[ $tool == racecheck ]] &&
             filter='GpuLayers.*:GpuDenseSoftmax.*:GpuTopK.Fill*:GpuTopK.Sets*:GpuTopK.ChunkedSelectionIsExact*:GpuLsh.*'
         timeout "$1" "$sanitizer" --tool "$tool" --error-exitcode 3 \
