@@ -1,7 +1,7 @@
 // Benchmarks of the IVF index behind --top-k-search ivf (src/cpu/ivf_index.hpp) on an
 // Amazon-670K-sized output layer of --hidden 128 (random rows): building it (two-level
-// spherical k-means, automatic clusters) and searching a chunk of 256 ReLU queries for their
-// top 64 with a few probe counts. bench/topk.md has the numbers.
+// spherical k-means, automatic clusters), refreshing it, and searching a chunk of 256 ReLU queries
+// for their top 64 with a few probe counts. bench/topk.md has the numbers.
 //
 // Run: build/bench_ivf --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
 #include "cpu/ivf_index.hpp"
@@ -47,6 +47,13 @@ void build(benchmark::State& state) {
     state.counters["clusters"] = index.clusters();
 }
 
+void refresh(benchmark::State& state) {
+    ivf_index index;
+    build_ivf_index(index, the_layer().view, 0, 7, best_kernels(), omp_get_max_threads());
+    for (auto _ : state)
+        refresh_ivf_index(index, the_layer().view, best_kernels(), omp_get_max_threads());
+}
+
 void search(benchmark::State& state) {
     ivf_index index;
     build_ivf_index(index, the_layer().view, 0, 7, best_kernels(), omp_get_max_threads());
@@ -67,6 +74,7 @@ void search(benchmark::State& state) {
 }
 
 BENCHMARK(build)->Unit(benchmark::kMillisecond);
+BENCHMARK(refresh)->Unit(benchmark::kMillisecond);
 BENCHMARK(search)->Arg(8)->Arg(16)->Arg(32)->Unit(benchmark::kMillisecond);
 
 }  // namespace

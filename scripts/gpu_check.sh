@@ -6,6 +6,18 @@
 #                                           # the Bibtex data into gpu-pack/hslide-gpu.tar.gz
 #                                           # (git-ignored; about 18 MB, the device tool
 #                                           # carries at most 64 MiB)
+#   scripts/gpu_check.sh all [EPOCHS] [BUDGET]
+#                                           # on the GPU machine: THE check (issue 22), in
+#                                           # BUDGET seconds (450): the GPU tests; Amazon-670K-
+#                                           # shaped at full size, EPOCHS (3) each: gpu topk,
+#                                           # gpu-dense, gpu LSH, topk with --fill-correction 1,
+#                                           # the hybrid (gpu topk, cpu LSH), PyTorch bf16;
+#                                           # WikiLSHTC-325K at 0.25 and Amazon-3M at 0.02
+#                                           # (2 epochs: topk, dense, LSH, topk corrected);
+#                                           # memcheck and racecheck; an Nsight Compute table
+#                                           # of LSH, top-k and dense steps; PyTorch fp32 if
+#                                           # time is left. Each part runs only while its
+#                                           # estimate fits; one summary.md.
 #   scripts/gpu_check.sh tests              # on the GPU machine: the GPU tests, then
 #                                           # compute-sanitizer memcheck and racecheck on the
 #                                           # LSH and top-k kernels' tests (where it exists)
@@ -27,7 +39,8 @@
 #                                           # default --top-k, 64) on every preset.
 #                                           # A PRESETS entry NAME@S takes scale S instead.
 #   scripts/gpu_check.sh topk [EPOCHS]      # on the GPU machine: issue 19's checks, EPOCHS (3)
-#                                           # each: gpu topk bf16, gpu-dense bf16 and gpu (LSH)
+#                                           # each: gpu topk bf16 (without and with
+#                                           # --fill-correction 1), gpu-dense bf16 and gpu (LSH)
 #                                           # bf16 on amazon670k at full size, wikilshtc325k at
 #                                           # scale 0.25 and amazon3m at scale 0.02 (2,000 test
 #                                           # points scored there), and on amazon670k a hybrid
@@ -41,8 +54,9 @@
 #                                           # further options go to reproduce.sh (--configs,
 #                                           # --eval-max, --target-p1, ...)
 #
-# With the device tool: run `scripts/gpu_check.sh pack` here, then one call per step, each
-# well inside the tool's 10 minutes a call:
+# With the device tool: run `scripts/gpu_check.sh pack` here, then (one call, about 7 minutes)
+#   run(command="scripts/gpu_check.sh all", carry=["gpu-pack"], timeout_s=540)
+# or one call per step, each well inside the tool's 10 minutes a call:
 #   run(command="scripts/gpu_check.sh tests", carry=["gpu-pack"])
 #   run(command="scripts/gpu_check.sh topk 3", carry=["gpu-pack"])
 #   run(command="scripts/gpu_check.sh bench 0.1 2 amazon670k", carry=["gpu-pack"])
@@ -175,6 +189,8 @@ run_config() {
     [[ $batch == "$p_batch" ]] || label="$backend (batch $batch)"
     extra=(--output-sparsity "$p_sparsity")
     [[ $variant == topk ]] && { extra=(--output-sparsity topk); label="$label topk"; }
+    [[ $variant == topk-fc ]] &&
+        { extra=(--output-sparsity topk --fill-correction 1); label="$label topk (fill correction 1)"; }
     [[ $variant == async ]] && { extra=(--gpu-async-rebuild); label="$label (async rebuild)"; }
     if [[ $backend == hybrid && $variant == topk-gpu ]]; then
         extra+=(--workers gpu,cpu --schedule adaptive --worker-output-sparsity topk,lsh)
@@ -242,8 +258,8 @@ run_tests() {
 }
 
 # run_sanitizers SECONDS: compute-sanitizer memcheck and racecheck, each at most SECONDS, on the
-# kernels with shared-memory hash sets, warp shuffles and block-wide picks, where the machine's
-# CUDA has it. Returns non-zero on a finding.
+# kernels with shared-memory hash sets, warp shuffles, block-wide picks and the row updates,
+# where the machine's CUDA has it. Returns non-zero on a finding.
 run_sanitizers() {
     local sanitizer tool rc status=0
     sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1 || true)
@@ -253,8 +269,12 @@ run_sanitizers() {
     fi
     for tool in memcheck racecheck; do
         rc=0
+        # racecheck is slow: the kernels' own tests only, the heavy top-k ones left to memcheck.
+        filter='GpuLsh.*:GpuTopK.*:GpuLayers.*:GpuDenseSoftmax.*:GpuBackend.InputCatchUp*'
+        [[ $tool == racecheck ]] &&
+            filter='GpuLayers.*:GpuDenseSoftmax.*:GpuTopK.Fill*:GpuTopK.Sets*:GpuTopK.ChunkedSelectionIsExact*:GpuLsh.*'
         timeout "$1" "$sanitizer" --tool "$tool" --error-exitcode 3 \
-            "$root/bin/test_gpu_backend" --gtest_filter='GpuLsh.*:GpuTopK.*' \
+            "$root/bin/test_gpu_backend" --gtest_filter="$filter" \
             >"$work/sanitizer-$tool.log" 2>&1 || rc=$?
         if ((rc == 124)); then
             echo "compute-sanitizer $tool: out of time after $1 s (not a finding; see sanitizer-$tool.log)"
@@ -355,7 +375,8 @@ bench | topk)
         [[ $preset == amazon670k ]] && have_torch_cuda && configs+=("torch fp32" "torch bf16")
         # 2.8M labels: exact scores of every test point would dominate the run.
         [[ $preset == amazon3m ]] && configs=("gpu bf16" "gpu bf16 $p_batch topk" "gpu-dense bf16")
-        [[ $mode == topk ]] && configs=("gpu bf16 $p_batch topk" "gpu-dense bf16" "gpu bf16")
+        [[ $mode == topk ]] &&
+            configs=("gpu bf16 $p_batch topk" "gpu bf16 $p_batch topk-fc" "gpu-dense bf16" "gpu bf16")
         # Issue 19's hybrid: top-k on the GPU worker beside LSH on a CPU worker.
         [[ $mode == topk && $preset == amazon670k ]] && configs+=("hybrid bf16 $p_batch topk-gpu")
         for config in "${configs[@]}"; do run_config "$config"; done
@@ -394,13 +415,15 @@ all)
     } >>"$summary"
     # "CONFIG:ESTIMATED SECONDS", run while the estimate fits.
     prepare_preset amazon670k@1
-    parts=("gpu bf16 $p_batch topk:40" "gpu-dense bf16:50" "gpu bf16:30" "hybrid bf16 $p_batch topk-gpu:45")
+    parts=("gpu bf16 $p_batch topk:40" "gpu-dense bf16:50" "gpu bf16:30" "gpu bf16 $p_batch topk-fc:40"
+        "hybrid bf16 $p_batch topk-gpu:45")
     have_torch_cuda && parts+=("torch bf16:70")
     for part in "${parts[@]}"; do fits "${part##*:}" && run_config "${part%:*}"; done
     epochs=2
     for spec in wikilshtc325k@0.25 amazon3m@0.02; do
         prepare_preset "$spec"
-        for part in "gpu bf16 $p_batch topk:30" "gpu-dense bf16:30" "gpu bf16:30"; do
+        for part in "gpu bf16 $p_batch topk:30" "gpu-dense bf16:30" "gpu bf16:30" \
+            "gpu bf16 $p_batch topk-fc:30"; do
             fits "${part##*:}" && run_config "${part%:*}"
         done
     done

@@ -63,9 +63,13 @@ TEST(BackendRegistry, CapabilitiesSayWhatEachBackendTakes) {
     EXPECT_TRUE(gpu.needs_gpu);
     EXPECT_TRUE(gpu.hybrid_worker);
     EXPECT_FALSE(gpu.multi_probe);
-    // input-catch-up runs as input-dense; dense and catch-up are refused.
+    // input-catch-up runs as itself (src/gpu/gpu_catch_up.cuh); dense and catch-up are
+    // refused.
     EXPECT_EQ(adam_mode_run_by(backend_kind::gpu, adam_mode::input_catch_up),
-              adam_mode::input_dense);
+              adam_mode::input_catch_up);
+    EXPECT_EQ(adam_mode_run_by(backend_kind::gpu_dense, adam_mode::input_catch_up),
+              adam_mode::input_catch_up);
+    EXPECT_EQ(adam_mode_run_by(backend_kind::gpu, adam_mode::input_dense), adam_mode::input_dense);
     EXPECT_THROW(adam_mode_run_by(backend_kind::gpu, adam_mode::dense), hslide::error);
     EXPECT_THROW(adam_mode_run_by(backend_kind::gpu, adam_mode::catch_up), hslide::error);
     EXPECT_EQ(adam_mode_run_by(backend_kind::cpu, adam_mode::catch_up), adam_mode::catch_up);

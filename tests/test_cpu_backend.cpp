@@ -72,10 +72,12 @@ ref_params to_ref(const model_state& m) {
 }
 
 /// The mean loss of the batch with the given active sets (empty = all), written from the
-/// definition: ReLU hidden layers, softmax over the output active set, target 1/|y|.
+/// definition: ReLU hidden layers, softmax over the output active set, target 1/|y|;
+/// `output_shift` (per sample, per output set position) is added to the softmax's logits.
 double reference_loss(const ref_params& p, const model_config& c, const dataset& d,
                       const std::vector<uint32_t>& rows,
-                      const std::vector<std::vector<std::vector<uint32_t>>>& active) {
+                      const std::vector<std::vector<std::vector<uint32_t>>>& active,
+                      const std::vector<std::vector<double>>* output_shift = nullptr) {
     double total = 0;
     for (size_t s = 0; s < rows.size(); ++s) {
         const feature_row x = d.features(rows[s]);
@@ -105,6 +107,8 @@ double reference_loss(const ref_params& p, const model_config& c, const dataset&
                 for (size_t t = 0; t < ids.size(); ++t) next[ids[t]] = std::max(0.0, z[t]);
                 a = next;
             } else {
+                if (output_shift)
+                    for (size_t t = 0; t < z.size(); ++t) z[t] += (*output_shift)[s][t];
                 const double m = *std::max_element(z.begin(), z.end());
                 double sum = 0;
                 for (double v : z) sum += std::exp(v - m);
@@ -120,10 +124,39 @@ double reference_loss(const ref_params& p, const model_config& c, const dataset&
     return total / rows.size();
 }
 
+/// The logits of every output neuron of `point`, from the definition (one dense hidden layer
+/// after the first, or none).
+std::vector<double> reference_logits(const ref_params& p, const model_config& c, const dataset& d,
+                                     uint32_t point) {
+    const feature_row x = d.features(point);
+    std::vector<double> a(c.layers[0].size);
+    for (uint32_t j = 0; j < a.size(); ++j) {
+        double z = p.b[0][j];
+        for (uint32_t k = 0; k < x.count; ++k)
+            z += x.values[k] * p.w[0][size_t(x.ids[k]) * p.width[0] + j];
+        a[j] = std::max(0.0, z);
+    }
+    for (size_t l = 1; l < c.layers.size(); ++l) {
+        std::vector<double> z(c.layers[l].size);
+        for (uint32_t r = 0; r < z.size(); ++r) {
+            z[r] = p.b[l][r];
+            for (uint32_t i = 0; i < p.width[l]; ++i)
+                z[r] += p.w[l][size_t(r) * p.width[l] + i] * a[i];
+        }
+        if (l + 1 == c.layers.size()) return z;
+        for (double& v : z) v = std::max(0.0, v);
+        a = z;
+    }
+    return {};
+}
+
 void check_gradient(sparsity_mode hidden, sparsity_mode output, uint64_t seed,
-                    const cpu::kernel_table& kernels = cpu::best_kernels()) {
+                    const cpu::kernel_table& kernels = cpu::best_kernels(),
+                    float fill_correction = 0.0f) {
     SCOPED_TRACE(kernels.name);
-    const model_config config = small_config(hidden, output);
+    model_config config = small_config(hidden, output);
+    config.layers.back().fill_correction = fill_correction;
+    if (fill_correction != 0.0f) config.layers.back().active.min_active = 16;  // a real fill
     const dataset data = random_dataset(40, 20, 30, seed);
     const model_state initial = model_state::create(config, seed);
     train_config tc;
@@ -149,6 +182,27 @@ void check_gradient(sparsity_mode hidden, sparsity_mode output, uint64_t seed,
         for (auto& sets : loss_sets) sets.back().clear();
     EXPECT_NEAR(reference_loss(p, config, data, rows, loss_sets), loss,
                 1e-5 * std::max(1.0, std::abs(loss)));
+    // Top-k with a fill correction: past the labels and the 6 best logits, the set's random
+    // neurons, drawn from the other rows, enter the softmax raised by w log(others / drawn).
+    std::vector<std::vector<double>> shift(rows.size());
+    for (size_t s = 0; s < rows.size(); ++s) {
+        const std::vector<uint32_t>& set = active[s].back();
+        shift[s].assign(set.size(), 0.0);
+        if (fill_correction == 0.0f) continue;
+        const label_row y = data.labels(rows[s]);
+        const std::vector<double> z = reference_logits(p, config, data, rows[s]);
+        std::vector<uint32_t> order(z.size());
+        std::iota(order.begin(), order.end(), 0u);
+        std::stable_sort(order.begin(), order.end(),
+                         [&](uint32_t a, uint32_t b) { return z[a] > z[b]; });
+        size_t fixed = y.count;
+        for (uint32_t i = 0; i < 6; ++i)
+            fixed += std::find(y.ids, y.ids + y.count, order[i]) == y.ids + y.count;
+        ASSERT_LT(fixed, set.size()) << "sample " << s << ": no random fill to correct";
+        const double others = double(config.layers.back().size - fixed);
+        for (size_t t = fixed; t < set.size(); ++t)
+            shift[s][t] = fill_correction * std::log(others / double(set.size() - fixed));
+    }
 
     // Central differences on every weight and bias of every layer.
     const double eps = 1e-5;
@@ -162,9 +216,11 @@ void check_gradient(sparsity_mode hidden, sparsity_mode output, uint64_t seed,
                 double& param = is_bias ? p.b[l][r] : p.w[l][size_t(r) * g.width + i];
                 const double saved = param;
                 param = saved + eps;
-                const double up = reference_loss(p, config, data, rows, active);
+                const double up = reference_loss(p, config, data, rows, active,
+                                                 fill_correction != 0.0f ? &shift : nullptr);
                 param = saved - eps;
-                const double down = reference_loss(p, config, data, rows, active);
+                const double down = reference_loss(p, config, data, rows, active,
+                                                   fill_correction != 0.0f ? &shift : nullptr);
                 param = saved;
                 const double numeric = (up - down) / (2 * eps);
                 const double analytic = is_bias ? g.bias[r] : g.row(r)[i];
@@ -178,9 +234,11 @@ void check_gradient(sparsity_mode hidden, sparsity_mode output, uint64_t seed,
             for (uint32_t j = 0; j < g.width; ++j) {
                 const double saved = p.b[0][j];
                 p.b[0][j] = saved + eps;
-                const double up = reference_loss(p, config, data, rows, active);
+                const double up = reference_loss(p, config, data, rows, active,
+                                                 fill_correction != 0.0f ? &shift : nullptr);
                 p.b[0][j] = saved - eps;
-                const double down = reference_loss(p, config, data, rows, active);
+                const double down = reference_loss(p, config, data, rows, active,
+                                                   fill_correction != 0.0f ? &shift : nullptr);
                 p.b[0][j] = saved;
                 ASSERT_NEAR(g.bias[j], (up - down) / (2 * eps),
                             2e-4 + 2e-3 * std::abs((up - down) / (2 * eps)))
@@ -221,6 +279,12 @@ TEST(CpuBackendGradient, SparseHiddenAndOutputMatchFiniteDifferences) {
 TEST(CpuBackendGradient, TopKOutputMatchesFiniteDifferences) {
     // The gradient of the softmax over each sample's set (labels and its 6 best logits).
     check_gradient(sparsity_mode::dense, sparsity_mode::topk, 16);
+}
+
+TEST(CpuBackendGradient, TopKOutputWithAFillCorrectionMatchesFiniteDifferences) {
+    // The same sets; the random fill's logits raised by log(rows outside / drawn) in the
+    // gradient's softmax.
+    check_gradient(sparsity_mode::dense, sparsity_mode::topk, 16, cpu::best_kernels(), 1.0f);
 }
 
 TEST(CpuBackendGradient, EveryIsaLevelMatchesFiniteDifferences) {
@@ -278,32 +342,6 @@ TEST(CpuBackend, SparseOutputActiveSetHoldsLabelsFirstAndIsSparse) {
     }
 }
 
-/// The logits of every output neuron of `point`, from the definition (one dense hidden layer
-/// after the first, or none).
-static std::vector<double> reference_logits(const ref_params& p, const model_config& c,
-                                            const dataset& d, uint32_t point) {
-    const feature_row x = d.features(point);
-    std::vector<double> a(c.layers[0].size);
-    for (uint32_t j = 0; j < a.size(); ++j) {
-        double z = p.b[0][j];
-        for (uint32_t k = 0; k < x.count; ++k)
-            z += x.values[k] * p.w[0][size_t(x.ids[k]) * p.width[0] + j];
-        a[j] = std::max(0.0, z);
-    }
-    for (size_t l = 1; l < c.layers.size(); ++l) {
-        std::vector<double> z(c.layers[l].size);
-        for (uint32_t r = 0; r < z.size(); ++r) {
-            z[r] = p.b[l][r];
-            for (uint32_t i = 0; i < p.width[l]; ++i)
-                z[r] += p.w[l][size_t(r) * p.width[l] + i] * a[i];
-        }
-        if (l + 1 == c.layers.size()) return z;
-        for (double& v : z) v = std::max(0.0, v);
-        a = z;
-    }
-    return {};
-}
-
 /// Neuron ids by decreasing logit (ties: the smaller id first, as the backend ranks them).
 static std::vector<uint32_t> ranking(const std::vector<double>& z) {
     std::vector<uint32_t> order(z.size());
@@ -336,16 +374,15 @@ TEST(CpuBackend, TopKSetsAreTheLabelsThenTheExactTopKAndReportTheDroppedMass) {
             if (std::find(y.ids, y.ids + y.count, order[i]) == y.ids + y.count)
                 best.push_back(order[i]);
         std::sort(best.begin(), best.end());
-        // The labels, then the rest in increasing id order: the best 6 and random ones up to
-        // min_active (8), each once.
+        // The labels, then the best 6 in increasing id order, then random ones up to
+        // min_active (8) in increasing id order, each once.
         const std::vector<uint32_t>& set = be.last_active(s, 2);
         ASSERT_EQ(set.size(), std::max<size_t>(8, y.count + best.size())) << "point " << point;
         EXPECT_TRUE(std::equal(y.ids, y.ids + y.count, set.begin())) << "point " << point;
-        EXPECT_TRUE(std::is_sorted(set.begin() + y.count, set.end()));
+        EXPECT_TRUE(std::equal(best.begin(), best.end(), set.begin() + y.count))
+            << "point " << point << ": the top-k after the labels";
+        EXPECT_TRUE(std::is_sorted(set.begin() + y.count + best.size(), set.end()));
         EXPECT_EQ(std::set<uint32_t>(set.begin(), set.end()).size(), set.size());
-        for (uint32_t id : best)
-            EXPECT_TRUE(std::binary_search(set.begin() + y.count, set.end(), id))
-                << "point " << point << " misses " << id;
         if (y.count == 0) continue;
         const double m = *std::max_element(z.begin(), z.end());
         double all = 0, kept = 0;

@@ -152,6 +152,67 @@ TEST(IvfIndex, BuildDoesNotDependOnTheThreadCount) {
     EXPECT_EQ(one.centroids, many.centroids);
 }
 
+/// Every row once, ascending within each cluster.
+void expect_partition(const ivf_index& index, uint32_t rows) {
+    ASSERT_EQ(index.offsets.back(), rows);
+    std::vector<int> seen(rows, 0);
+    for (uint32_t c = 0; c < index.clusters(); ++c)
+        for (uint32_t i = index.offsets[c]; i < index.offsets[c + 1]; ++i) {
+            ASSERT_LT(index.members[i], rows);
+            ++seen[index.members[i]];
+            if (i > index.offsets[c]) ASSERT_LT(index.members[i - 1], index.members[i]);
+        }
+    for (uint32_t r = 0; r < rows; ++r) ASSERT_EQ(seen[r], 1) << "row " << r;
+}
+
+TEST(IvfIndex, ARefreshFollowsTheRowsOnAnyThreadCount) {
+    // Built on one layer, refreshed on another of the same shape (the rows moved): still a
+    // partition, the same on 1 and 3 threads, exact when every cluster is probed, and the
+    // refreshed index finds more of the moved rows' top-k with few probes than the stale one.
+    for (uint32_t rows : {17u, 5003u}) {
+        const test_layer before(rows, 24, 60, 16), after(rows, 24, 61, 16);
+        ivf_index stale, one, many;
+        build_ivf_index(stale, before.view(false), 0, 9, best_kernels(), 2);
+        one = stale;
+        many = stale;
+        refresh_ivf_index(one, after.view(false), best_kernels(), 1);
+        refresh_ivf_index(many, after.view(false), best_kernels(), 3);
+        expect_partition(one, rows);
+        EXPECT_EQ(one.offsets, many.offsets);
+        EXPECT_EQ(one.members, many.members);
+        EXPECT_EQ(one.centroids, many.centroids);
+        EXPECT_EQ(one.clusters(), stale.clusters());
+        const uint32_t n = 50, top = 16;
+        const auto q = random_queries(n, 24, 62);
+        std::vector<const float*> qp(n);
+        for (uint32_t j = 0; j < n; ++j) qp[j] = q[j].data();
+        std::vector<uint32_t> got(size_t(n) * top), want(top);
+        std::vector<float> got_s(size_t(n) * top), want_s(top);
+        ivf_search(one, after.view(false), best_kernels(), qp.data(), n, one.clusters(), top,
+                   got.data(), got_s.data(), 2);
+        for (uint32_t j = 0; j < n; ++j) {
+            exact_top_k(after, best_kernels(), false, qp[j], top, want.data(), want_s.data());
+            ASSERT_EQ(std::vector<uint32_t>(got.begin() + size_t(j) * top,
+                                            got.begin() + size_t(j + 1) * top),
+                      want);
+        }
+        if (rows < 1000) continue;
+        auto recall = [&](const ivf_index& index) {
+            ivf_search(index, after.view(false), best_kernels(), qp.data(), n, 8, top, got.data(),
+                       got_s.data(), 2);
+            double hits = 0;
+            for (uint32_t j = 0; j < n; ++j) {
+                exact_top_k(after, best_kernels(), false, qp[j], top, want.data(), want_s.data());
+                std::sort(want.begin(), want.end());
+                for (uint32_t i = 0; i < top; ++i)
+                    hits += std::binary_search(want.begin(), want.end(), got[size_t(j) * top + i]);
+            }
+            return hits / (double(n) * top);
+        };
+        EXPECT_GT(recall(one), recall(stale));
+    }
+}
+
 TEST(IvfIndex, ProbingEveryClusterGivesTheExactTopK) {
     for (const kernel_table* k : tables())
         for (bool in_bf16 : {false, true})

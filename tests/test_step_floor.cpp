@@ -84,3 +84,24 @@ TEST(StepFloor, QuotesTheIssuesGemmFiguresAndTheMeasuredAdamTraffic) {
     bf16_logits.dense_fp32_logits = false;
     EXPECT_LT(floor_seconds(step_floor(bf16_logits, h200)) * epoch, 3.0);
 }
+
+TEST(StepFloor, InputCatchUpRemovesWikiLshtcsInputLayerFloor) {
+    // WikiLSHTC-325K: 1.6M input rows of 128. Input-dense moves all of them a step (5 GB);
+    // input-catch-up the batch's rows twice (caught up, then Adam): under 0.1 GB.
+    const device_rates h200;
+    step_shape s;
+    s.input_rows = 1617899;
+    s.output_rows = 325056;
+    s.features_per_sample = 42;
+    s.selection = floor_selection::top_k;
+    s.active_per_sample = 1024;
+    const auto dense_inputs = step_floor(s, h200);
+    EXPECT_NEAR(find(dense_inputs, "input Adam").bytes, 1617899.0 * 128 * 24, 256 * 42 * 128 * 4);
+    s.input_catch_up = true;
+    const auto catch_up = step_floor(s, h200);
+    const double moved =
+        find(catch_up, "input catch-up").bytes + find(catch_up, "input Adam").bytes;
+    EXPECT_LT(moved, 0.1e9);
+    EXPECT_GT(moved, 2 * 256 * 42 * 128 * 24.0);
+    EXPECT_LT(floor_seconds(catch_up), floor_seconds(dense_inputs) - 1e-3);
+}

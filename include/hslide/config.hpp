@@ -41,7 +41,8 @@ enum class neuron_selection {
     /// is normalised over the set
     lsh,
     /// the `top_k` neurons with the highest logits, found exactly by scoring every row (a GEMM
-    /// over the batch), plus the labels (no random fill); the gradient is the softmax over the set
+    /// over the batch), plus the labels, then random fill up to min_active (layer_config::
+    /// fill_correction weighs it); the gradient is the softmax over the set
     /// (its hardest negatives), the loss reported is the full-softmax cross-entropy (through the
     /// exact log-partition over every neuron), and the probability mass of the rows left out is
     /// reported (`dropped_mass`)
@@ -79,6 +80,13 @@ struct layer_config {
     /// reassigned, its centroids recomputed; 0: none), besides its rebuilds with the LSH
     /// tables' schedule
     uint32_t ivf_refresh = 4;
+    /// Top-k: the weight (0..1) of the sampled softmax's log-Q correction on the random fill.
+    /// The fill's r neurons are drawn from the M rows outside the labels and the top-k, so each
+    /// stands for M / r of them; the gradient's softmax adds fill_correction * log(M / r) to
+    /// their logits. 0: the plain set softmax (the top-k's hard negatives weigh as much as the
+    /// small set lets them, which suppresses frequent labels); 1: the set's partition function
+    /// estimates the full one (bench/topk.md).
+    float fill_correction = 0.0f;
 };
 
 /// The network: sparse input of `input_dim` features, ReLU hidden layers, a softmax output

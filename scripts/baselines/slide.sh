@@ -18,6 +18,7 @@
 #              optimisation flags only for icpc (-O2 -DNDEBUG -xHost -qopt-zmm-usage=high);
 #              here its SLIDE/*.cpp are compiled directly with the GCC equivalents
 #              -std=c++14 -O2 -DNDEBUG -march=native -mprefer-vector-width=512 -fopenmp
+#              -DOPT_IA=1 -DOPT_AVX512=1 (its AVX-512 paths; without them it builds scalar code)
 #              (+ -DOPT_CPX_BF16=1 -flax-vector-conversions where the CPU has avx512_bf16:
 #              its OPT_CPX_BF16 option; GCC types _mm512_cvtneps_pbh as __m256bh).
 #              Two GCC-only adaptations, none for ICC: (1) a force-included header that
@@ -194,7 +195,10 @@ static inline __m512 _mm512_mask_exp_ps(__m512 src, __mmask16 k, __m512 a) {
   return _mm512_loadu_ps(out);
 }
 EOF
-        flags=(-std=c++14 -O2 -DNDEBUG -march=native -mprefer-vector-width=512 -fopenmp)
+        # OPT_IA / OPT_AVX512: without them the current prv_opt_ia HEAD builds its scalar
+        # paths only (issue 20 found the earlier runs measured that).
+        flags=(-std=c++14 -O2 -DNDEBUG -march=native -mprefer-vector-width=512 -fopenmp
+               -DOPT_IA=1 -DOPT_AVX512=1)
         # OPT_CPX_BF16: native fp32->bf16 conversion; GCC's _mm512_cvtneps_pbh returns
         # __m256bh where their code expects __m256i, hence -flax-vector-conversions.
         grep -qw avx512_bf16 /proc/cpuinfo && flags+=(-DOPT_CPX_BF16=1 -flax-vector-conversions)
@@ -249,7 +253,10 @@ savedweight=$work_dir/savedWeight.npz
 
 logFile=$work_dir/log.txt
 EOF
-[[ $bf16 == 1 ]] && echo "Bfloat16Opt=true" >>"$cfg"
+# The optimized SLIDE's HEAD trains in bf16 unless told otherwise: fp32 unless --bf16.
+if [[ $variant == optimized ]]; then
+    if [[ $bf16 == 1 ]]; then echo "Bfloat16Opt=true" >>"$cfg"; else echo "Bfloat16Opt=0" >>"$cfg"; fi
+fi
 rm -f "$work_dir/log.txt"
 
 echo "slide.sh: $label: $n_train train / $n_test test points, $in_dim -> $hidden -> $n_labels, K=$K L=$L RangePow=$range_pow batch=$batch lr=$lr epochs=$epochs threads=$threads eval=$eval_mode" >&2

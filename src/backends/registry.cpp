@@ -80,10 +80,11 @@ backend_capabilities gpu_caps(bool dense) {
     c.max_hidden_width = 1024;  // a hidden activation row per thread block
     c.computes_every_neuron = dense;
     c.top_k_selection = !dense;  // exact scoring in chunked GEMMs, fused k-selection
-    // Dense Adam over every row is CPU-only so far; input-catch-up runs as input-dense (a
-    // pass over the input layer costs the GPU a fraction of a millisecond: the same model).
+    // Dense Adam over every row is CPU-only so far; input-catch-up catches the input rows up
+    // as the CPU does (src/gpu/gpu_catch_up.cuh: input-dense's pass over every input row is
+    // most of a step at WikiLSHTC-325K's 1.6M features).
     c.adam_runs_as = {adam_mode::sparse, refused, adam_mode::input_dense, refused,
-                      adam_mode::input_dense};
+                      adam_mode::input_catch_up};
     c.needs_gpu = true;
     c.hybrid_worker = !dense;
     return c;

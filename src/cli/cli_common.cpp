@@ -156,6 +156,13 @@ std::vector<CLI::Option*> add_model_options(CLI::App& app, model_options& o) {
                    "reassigned, centroids recomputed; 0: only its rebuilds, on --rebuild's "
                    "schedule)")
         ->capture_default_str();
+    app.add_option("--fill-correction", o.fill_correction,
+                   "--output-sparsity topk: weight (0..1) of the log-Q correction on the random "
+                   "fill: 1 lets each random neuron stand for the rows outside the set it was "
+                   "drawn from (needed where labels are rare, e.g. Amazon-3M), 0 is the plain "
+                   "set softmax")
+        ->check(CLI::Range(0.0, 1.0))
+        ->capture_default_str();
     app.add_option("--hidden-sparsity", o.hidden_sparsity,
                    "hidden layers after the first: auto, lsh or dense")
         ->check(CLI::IsMember({"auto", "lsh", "dense"}))

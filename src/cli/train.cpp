@@ -269,9 +269,12 @@ int run_train(int argc, char** argv) {
     std::string shape = std::to_string(mc.input_dim);
     for (size_t l = 0; l < mc.layers.size(); ++l)
         shape += fmt::format(" -> {}{}", mc.layers[l].size,
-                             mc.uses_lsh(l)                               ? " (LSH)"
-                             : mc.selection(l) == neuron_selection::top_k ? " (top-k)"
-                                                                          : "");
+                             mc.uses_lsh(l)                               ? std::string(" (LSH)")
+                             : mc.selection(l) != neuron_selection::top_k ? ""
+                             : mc.layers[l].search == top_k_search::ivf
+                                 ? fmt::format(" (top-k, IVF: {} probes, refresh every {} steps)",
+                                               mc.layers[l].ivf_probes, mc.layers[l].ivf_refresh)
+                                 : std::string(" (top-k)"));
     spdlog::info("model: {} ({:.1f} M parameters, {} with optimizer state)", shape,
                  initial.parameter_count() / 1e6, human_bytes(double(initial.memory_bytes())));
     for (size_t l = 0; l < mc.layers.size(); ++l)

@@ -153,6 +153,16 @@ void cpu_backend::layer_products(size_t l, uint32_t s, thread_scratch& scratch) 
     scratch.times.forward += seconds_since(t0);
 }
 
+float cpu_backend::fill_correction_shift(const sample_buffers& sb) const {
+    const size_t out_layer = model_.layers.size() - 1;
+    const float weight = model_.config.layers[out_layer].fill_correction;
+    const size_t n = sb.layers[out_layer].ids.size();
+    if (weight == 0.0f || sb.set_drawn_from >= n) return 0.0f;
+    // r random neurons drawn from the M rows outside the labels and the top-k.
+    const double drawn_from = double(model_.layers[out_layer].rows) - double(sb.set_drawn_from);
+    return float(double(weight) * std::log(drawn_from / double(n - sb.set_drawn_from)));
+}
+
 void cpu_backend::output_loss(const label_row& y, uint32_t s, thread_scratch& scratch) {
     // Softmax over the output active set, against the label distribution 1/|y| per label.
     const auto t0 = clock_type::now();
@@ -163,10 +173,21 @@ void cpu_backend::output_loss(const label_row& y, uint32_t s, thread_scratch& sc
     sb.dropped_mass = 0;
     out.delta.assign(out.act.size(), 0.0f);
     if (sb.trained) {
+        const size_t out_layer = model_.layers.size() - 1;
+        const bool top_k = model_.config.selection(out_layer) == neuron_selection::top_k;
+        const float correction = top_k ? fill_correction_shift(sb) : 0.0f;
         double log_sum;
-        log_sum = k_.softmax(out.act.data(), out.delta.data(), uint32_t(out.act.size()));
-        if (model_.config.selection(model_.layers.size() - 1) == neuron_selection::top_k &&
-            !searches_ivf()) {
+        if (correction != 0.0f) {
+            // The gradient's softmax sees the fill's logits raised by the log-Q correction
+            // (scratch.grad is free until the backward pass); the loss keeps the true logits.
+            scratch.grad.assign(out.act.begin(), out.act.end());
+            for (size_t i = sb.set_drawn_from; i < scratch.grad.size(); ++i)
+                scratch.grad[i] += correction;
+            log_sum = k_.softmax(scratch.grad.data(), out.delta.data(), uint32_t(out.act.size()));
+        } else {
+            log_sum = k_.softmax(out.act.data(), out.delta.data(), uint32_t(out.act.size()));
+        }
+        if (top_k && !searches_ivf()) {
             // The gradient is the softmax over the set (its hardest negatives), as for LSH:
             // with the full softmax's probabilities instead, a set holding little of the mass
             // (any set of a fresh 670k-label layer) gives the hidden layers almost no push

@@ -119,10 +119,11 @@ class cpu_backend final : public backend, public row_transfer {
     struct sample_buffers {
         std::vector<layer_buffers> layers;
         double loss = 0;
-        bool trained = false;      // false for points without labels
-        rng gen;                   // the sample's random fills, layer after layer
-        double log_partition = 0;  // exact top-k: log sum_j exp(logit j) over every output neuron
-        double dropped_mass = 0;   // exact top-k: softmax mass of the output rows left out
+        bool trained = false;         // false for points without labels
+        rng gen;                      // the sample's random fills, layer after layer
+        double log_partition = 0;     // exact top-k: log sum_j exp(logit j) over every output neuron
+        double dropped_mass = 0;      // exact top-k: softmax mass of the output rows left out
+        uint32_t set_drawn_from = 0;  // top-k: the set's first random neuron (labels, top-k before)
     };
     struct thread_scratch {
         active_set_builder builder;
@@ -206,9 +207,14 @@ class cpu_backend final : public backend, public row_transfer {
     /// increasing id order; log_partition is set by the exact search.
     void select_top_k_sets(const batch_view& batch);
     /// A top-k set: `labels` first, then the other ids among best[0..k) (ranked, padded with
-    /// UINT32_MAX), then random fill up to `fill`, past the labels in increasing id order.
-    void build_top_k_set(const uint32_t* best, uint32_t k, const label_row& labels, uint32_t fill,
-                         rng& gen, thread_scratch& scratch, std::vector<uint32_t>& ids) const;
+    /// UINT32_MAX) in increasing id order, then random fill up to `fill` in increasing id
+    /// order. Returns where the fill begins.
+    /// Top-k: what fill_correction adds to the logits of sample `sb`'s random fill in the
+    /// gradient's softmax (0 without a fill or a correction).
+    float fill_correction_shift(const sample_buffers& sb) const;
+    uint32_t build_top_k_set(const uint32_t* best, uint32_t k, const label_row& labels,
+                             uint32_t fill, rng& gen, thread_scratch& scratch,
+                             std::vector<uint32_t>& ids) const;
     /// Adds uniformly random output neurons not in `ids` until it holds `target` (at most
     /// the layer's rows).
     void add_random_fill(std::vector<uint32_t>& ids, uint32_t target, rng& gen,

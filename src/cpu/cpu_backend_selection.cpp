@@ -166,25 +166,30 @@ void cpu_backend::select_top_k_sets(const batch_view& batch) {
             for (int64_t j = 0; j < int64_t(n); ++j) {
                 sample_buffers& sb = samples_[begin + uint32_t(j)];
                 const label_row y = batch.data->labels(batch.rows[begin + uint32_t(j)]);
-                build_top_k_set(best + size_t(j) * k, k, y, fill, sb.gen, scratch,
-                                sb.layers[out_layer].ids);
+                sb.set_drawn_from =
+                    build_top_k_set(best + size_t(j) * k, k, y, fill, sb.gen,
+                                    scratch, sb.layers[out_layer].ids);
                 sb.log_partition = ivf ? 0.0 : exact_log_partition_[size_t(j)];
             }
         }
     }
 }
 
-void cpu_backend::build_top_k_set(const uint32_t* best, uint32_t k, const label_row& labels,
-                                  uint32_t fill, rng& gen, thread_scratch& scratch,
-                                  std::vector<uint32_t>& ids) const {
-    // Labels first (the loss reads them there), then the other neurons in increasing id order,
-    // which the products read nearly in memory order.
+uint32_t cpu_backend::build_top_k_set(const uint32_t* best, uint32_t k, const label_row& labels,
+                                      uint32_t fill, rng& gen, thread_scratch& scratch,
+                                      std::vector<uint32_t>& ids) const {
+    // Labels first (the loss reads them there), then the top-k and the fill, each in
+    // increasing id order (the products read them nearly in memory order): the fill apart,
+    // so that its correction (fill_correction) knows where it begins.
     const label_row& y = labels;
     ids.assign(y.ids, y.ids + y.count);
     for (uint32_t i = 0; i < k && best[i] != std::numeric_limits<uint32_t>::max(); ++i)
         if (std::find(y.ids, y.ids + y.count, best[i]) == y.ids + y.count) ids.push_back(best[i]);
-    if (ids.size() < fill) add_random_fill(ids, fill, gen, scratch);
     std::sort(ids.begin() + y.count, ids.end());
+    const uint32_t drawn_from = uint32_t(ids.size());
+    if (ids.size() < fill) add_random_fill(ids, fill, gen, scratch);
+    std::sort(ids.begin() + drawn_from, ids.end());
+    return drawn_from;
 }
 
 selection_quality cpu_backend::measure_selection(const batch_view& batch, uint32_t top) {

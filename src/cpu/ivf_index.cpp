@@ -104,22 +104,24 @@ void normalize(float* v, uint32_t n) {
 
 /// Spherical k-means centroids: each the normalised sum of its points (in point order). An
 /// empty cluster takes the largest one's centroid, the two nudged apart (as FAISS splits).
-void update_centroids(const ivf_rows& layer, const float* extra, const uint32_t* ids, uint32_t n,
-                      const uint32_t* assign, uint32_t K, float* centroids, size_t cstride) {
+void update_centroids(const ivf_rows& layer, const float* extra, const kernel_table& k,
+                      const uint32_t* ids, uint32_t n, const uint32_t* assign, uint32_t K,
+                      float* centroids, size_t cstride) {
     const uint32_t d = point_dims(layer);
-    std::vector<double> sums(size_t(K) * d, 0.0);
+    std::vector<float> sums(size_t(K) * d, 0.0f);
     std::vector<uint32_t> count(K, 0);
-    std::vector<float> x(d);
     for (uint32_t p = 0; p < n; ++p) {
-        double* s = sums.data() + size_t(assign[p]) * d;
-        point_of(layer, ids[p], extra, x.data());
-        for (uint32_t i = 0; i < d; ++i) s[i] += x[i];
+        float* s = sums.data() + size_t(assign[p]) * d;
+        const uint32_t r = ids[p];
+        k.axpy(1.0f, layer.weights + size_t(r) * layer.stride, s, layer.width);
+        s[layer.width] += layer.bias[r];
+        s[layer.width + 1] += extra[r];
         ++count[assign[p]];
     }
     for (uint32_t c = 0; c < K; ++c) {
         if (count[c] == 0) continue;
         float* out = centroids + size_t(c) * cstride;
-        for (uint32_t i = 0; i < d; ++i) out[i] = float(sums[size_t(c) * d + i]);
+        std::copy_n(sums.data() + size_t(c) * d, d, out);
         normalize(out, d);
     }
     for (uint32_t c = 0; c < K; ++c) {
@@ -166,7 +168,7 @@ void kmeans(const ivf_rows& layer, const float* extra, const kernel_table& k, co
     for (uint32_t it = 0; it < lloyd_iterations; ++it) {
         assign_points(layer, extra, k, sample.data(), m, centroids, cstride, K,
                       sample_assign.data(), parallel, threads);
-        update_centroids(layer, extra, sample.data(), m, sample_assign.data(), K, centroids,
+        update_centroids(layer, extra, k, sample.data(), m, sample_assign.data(), K, centroids,
                          cstride);
     }
     assign_points(layer, extra, k, ids, n, centroids, cstride, K, assign, parallel, threads);
@@ -183,7 +185,8 @@ namespace {
 
 /// Each row's norm-equalising value (point_of): sqrt(M^2 - |row|^2 - bias^2), M the largest
 /// norm (a max: the same on any thread count).
-std::vector<float> norm_coordinates(const ivf_rows& layer, const kernel_table& k, int threads) {
+std::vector<float> norm_coordinates(const ivf_rows& layer, const kernel_table& k, int threads,
+                                    float& largest) {
     std::vector<float> extra(layer.rows);
     float max_norm2 = 0;
 #pragma omp parallel for schedule(static) num_threads(threads) reduction(max : max_norm2)
@@ -194,6 +197,7 @@ std::vector<float> norm_coordinates(const ivf_rows& layer, const kernel_table& k
         max_norm2 = std::max(max_norm2, extra[size_t(r)]);
     }
     for (float& e : extra) e = std::sqrt(std::max(0.0f, max_norm2 - e));
+    largest = max_norm2;
     return extra;
 }
 
@@ -232,7 +236,7 @@ void build_ivf_index(ivf_index& index, const ivf_rows& layer, uint32_t clusters,
     index.rows = rows;
     index.width = layer.width;
     index.stride = padded16(d);
-    const std::vector<float> extra = norm_coordinates(layer, k, threads);
+    const std::vector<float> extra = norm_coordinates(layer, k, threads, index.max_norm2);
     std::vector<uint32_t> all(rows), cluster_of(rows);
     std::iota(all.begin(), all.end(), 0u);
     // The coarse groups (one above flat_clusters_max clusters: every row).
@@ -284,24 +288,68 @@ void refresh_ivf_index(ivf_index& index, const ivf_rows& layer, const kernel_tab
                        int threads) {
     HSLIDE_ASSERT(index.rows == layer.rows && index.width == layer.width &&
                   !index.group_first.empty());
-    const std::vector<float> extra = norm_coordinates(layer, k, threads);
+    // One pass over the rows: each is packed (its norm-equalising value from the largest norm
+    // the index last saw, a row grown past it getting 0), scored against its group's
+    // centroids, and added to its new cluster's sum while it is in cache.
+    const uint32_t d = point_dims(layer), width = layer.width;
+    const float max_norm2 = index.max_norm2;
+    const uint32_t groups = uint32_t(index.group_first.size() - 1);
     std::vector<uint32_t> cluster_of(layer.rows);
-    for_each_group(index.group_first, threads, [&](uint32_t g, bool only) {
-        // The group's rows, ascending (the centroid sums' order), reassigned among its clusters
-        // with the centroids as they are, then the centroids recomputed: one Lloyd step.
+    std::vector<float> group_max(groups, 0.0f);
+    for_each_group(index.group_first, threads, [&](uint32_t g, bool) {
+        // The group's rows, ascending (the sums' order), reassigned among its clusters with
+        // the centroids as they are; then the centroids are their new members' sums,
+        // normalised (one Lloyd step), an emptied cluster keeping its centroid.
         const uint32_t first = index.group_first[g], K = index.group_first[g + 1] - first;
         std::vector<uint32_t> ids(index.members.begin() + index.offsets[first],
                                   index.members.begin() + index.offsets[first + K]);
         if (ids.empty()) return;
         std::sort(ids.begin(), ids.end());
-        std::vector<uint32_t> local(ids.size());
         float* centroids = index.centroids.data() + size_t(first) * index.stride;
-        assign_points(layer, extra.data(), k, ids.data(), uint32_t(ids.size()), centroids,
-                      index.stride, K, local.data(), only, threads);
-        update_centroids(layer, extra.data(), ids.data(), uint32_t(ids.size()), local.data(), K,
-                         centroids, index.stride);
-        for (size_t p = 0; p < ids.size(); ++p) cluster_of[ids[p]] = first + local[p];
+        std::vector<float> xt(size_t(d) * lanes), out(size_t(K) * lanes), extra(lanes);
+        std::vector<float> sums(size_t(K) * d, 0.0f);
+        std::vector<uint32_t> count(K, 0);
+        float seen_max = 0;
+        for (size_t p0 = 0; p0 < ids.size(); p0 += lanes) {
+            const uint32_t m = uint32_t(std::min<size_t>(lanes, ids.size() - p0));
+            std::fill(xt.begin(), xt.end(), 0.0f);
+            for (uint32_t j = 0; j < m; ++j) {
+                const uint32_t r = ids[p0 + j];
+                const float* w = layer.weights + size_t(r) * layer.stride;
+                const float b = layer.bias[r], n2 = k.dot(w, w, width) + b * b;
+                seen_max = std::max(seen_max, n2);
+                extra[j] = std::sqrt(std::max(0.0f, max_norm2 - n2));
+                for (uint32_t i = 0; i < width; ++i) xt[size_t(i) * lanes + j] = w[i];
+                xt[size_t(width) * lanes + j] = b;
+                xt[size_t(width + 1) * lanes + j] = extra[j];
+            }
+            k.dots16(centroids, index.stride, d, K, xt.data(), nullptr, out.data());
+            for (uint32_t j = 0; j < m; ++j) {
+                uint32_t best = 0;
+                float best_score = -std::numeric_limits<float>::infinity();
+                for (uint32_t a = 0; a < K; ++a)
+                    if (out[size_t(a) * lanes + j] > best_score) {
+                        best_score = out[size_t(a) * lanes + j];
+                        best = a;
+                    }
+                const uint32_t r = ids[p0 + j];
+                float* sum = sums.data() + size_t(best) * d;
+                k.axpy(1.0f, layer.weights + size_t(r) * layer.stride, sum, width);
+                sum[width] += layer.bias[r];
+                sum[width + 1] += extra[j];
+                ++count[best];
+                cluster_of[r] = first + best;
+            }
+        }
+        for (uint32_t c = 0; c < K; ++c) {
+            if (count[c] == 0) continue;
+            std::copy_n(sums.data() + size_t(c) * d, d, centroids + size_t(c) * index.stride);
+            normalize(centroids + size_t(c) * index.stride, d);
+        }
+        group_max[g] = seen_max;
     });
+    // The largest norm seen, for the next refresh (a max: the same on any thread count).
+    for (float m : group_max) index.max_norm2 = std::max(index.max_norm2, m);
     set_members(index, cluster_of, index.clusters());
 }
 

@@ -51,6 +51,8 @@ struct ivf_index {
     /// The coarse groups' clusters: group g's are [group_first[g], group_first[g + 1]) (one
     /// group when the index is flat).
     std::vector<uint32_t> group_first;
+    /// The largest squared norm of a row with its bias when the index last read the rows.
+    float max_norm2 = 0;
 
     uint32_t clusters() const { return offsets.empty() ? 0 : uint32_t(offsets.size() - 1); }
     const float* centroid(uint32_t c) const { return centroids.data() + size_t(c) * stride; }
@@ -65,10 +67,11 @@ uint32_t automatic_ivf_clusters(uint32_t rows);
 void build_ivf_index(ivf_index& index, const ivf_rows& layer, uint32_t clusters, uint64_t seed,
                      const kernel_table& k, int threads);
 
-/// Brings a built index up to the rows as they are now, cheaply: each group's rows are
-/// reassigned among the group's clusters with the centroids as they are, and the centroids
-/// recomputed from their new members (one Lloyd step; no sampling, no coarse pass). Training
-/// moves the rows fast enough that an index a few steps old misses most of a sample's best
+/// Brings a built index up to the rows as they are now, cheaply, in one pass over the rows:
+/// each group's rows are reassigned among the group's clusters with the centroids as they
+/// are, and the centroids recomputed from their new members (one Lloyd step; no sampling, no
+/// coarse pass; a row keeps its coarse group). A flat index's one group runs on one thread.
+/// Training moves the rows fast enough that an index a few steps old misses most of a sample's best
 /// rows (bench/topk.md), and a build costs 3-5 refreshes.
 void refresh_ivf_index(ivf_index& index, const ivf_rows& layer, const kernel_table& k, int threads);
 

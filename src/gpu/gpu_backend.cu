@@ -14,6 +14,9 @@
 //  4. update: the active entries sorted by neuron (CUB), one warp per touched row sums its
 //     gradient in sample order and applies Adam; the first layer's touched rows likewise
 //     from the batch's nonzeros sorted by feature.
+// Under --adam input-catch-up the first layer's rows the batch reads are first brought up to
+// date on the steps they skipped (gpu_catch_up.cuh), before step 2 reads them; every row is
+// brought up to date before predictions and exports.
 // The host waits once per step, for the size of the active sets (kernel grids and sorts are
 // sized by it). A step is not waited for at its end: train_batch returns the report of the
 // step before (done by then: the wait came after it), and the caller stages the next batch
@@ -23,6 +26,7 @@
 // (take_changed_rows, export_rows, import_rows: gpu_rows.cuh).
 #include "cublas_loader.hpp"
 #include "gpu_backend.hpp"
+#include "gpu_catch_up.cuh"
 #include "gpu_dense.cuh"
 #include "gpu_layers.cuh"
 #include "gpu_lsh.cuh"
@@ -146,6 +150,7 @@ class gpu_backend final : public backend, public row_transfer {
     bool take_changed_rows(row_sets& rows) override;
     void export_rows(const row_sets& rows, model_state& out) const override;
     void import_rows(const model_state& in, const row_sets& rows) override;
+    bool complete_deferred_updates() override;
     backend_info info() const override;
 
     /// Waits for the table rebuilds asked for so far and puts the last one in use.
@@ -202,6 +207,8 @@ class gpu_backend final : public backend, public row_transfer {
     /// A rebuild asked for meanwhile (rebuild_wanted_) is the caller's to start.
     void adopt_rebuilt_tables(bool wait);
     bool use_bf16() const { return precision_ == precision_mode::bf16; }
+    /// --adam input-catch-up: the first layer's untouched rows catch up when next read.
+    bool catches_up_inputs() const { return adam_catches_up_rows(train_.adam, 0); }
     /// The output layer's active sets come from LSH tables (rebuilt as training goes).
     bool lsh_output() const { return !dense_output_ && !topk_output_; }
     /// The output layer trains on active sets (LSH or top-k), not on every neuron.
@@ -299,12 +306,15 @@ class gpu_backend final : public backend, public row_transfer {
     active_sets active_;
     top_k_workspace topk_;
     device_array<float> logits_, delta_;
+    device_array<float> corrected_logits_;  // top-k: the logits with the fill's correction
     device_array<float> dense_gradient_, bias_gradient_, dense_softmax_work_;
     row_groups output_groups_, input_groups_;
     device_array<uint32_t> nonzero_sample_;
     device_array<uint8_t> input_touched_;  // --adam input-dense: the step's first-layer rows
     device_array<uint32_t> top_labels_;
     device_array<float> top_scores_;
+    input_catch_up input_catch_up_;        // --adam input-catch-up's schedule and row steps
+    bool rows_behind_ = false;             // input-catch-up: rows may lag the step count
     pinned_array<float> loss_host_[2];     // per-sample losses, by step parity
     pinned_array<float> dropped_host_[2];  // top-k: per-sample dropped mass, by step parity
 
@@ -334,9 +344,6 @@ gpu_backend::gpu_backend(model_state initial, const train_config& train, int dev
                          precision_mode precision, bool dense_output, bool async_rebuild)
     : train_(train), device_(device), precision_(precision), async_rebuild_(async_rebuild) {
     offer_rows(this);
-    // input-dense's result, which input-catch-up reaches lazily on the CPU: a pass over the
-    // input layer costs a GPU a fraction of a millisecond a step, and it is the same model.
-    if (train_.adam == adam_mode::input_catch_up) train_.adam = adam_mode::input_dense;
     validate(initial.config);
     const model_config& config = initial.config;
     HSLIDE_CHECK_KIND(config.layers.size() == 2, error_kind::unsupported,
@@ -404,6 +411,9 @@ gpu_backend::gpu_backend(model_state initial, const train_config& train, int dev
     for (size_t l = 0; l < 2; ++l) upload_layer(l, initial.layers[l], /*with_optimizer=*/true);
     initial = model_state{};  // the host copy is no longer needed: free it before tables
     reset_changed_rows();
+    if (catches_up_inputs())
+        input_catch_up_.start(train_.adam_beta1, train_.adam_beta2, train_.adam_epsilon,
+                              layers_[0].rows, shape_.adam_step, stream_);
     if (lsh_output()) {
         rebuild_output_tables();
         // The spare set is allocated (and filled) now: an out-of-memory error comes at
@@ -729,6 +739,9 @@ void gpu_backend::first_layer_update(uint32_t batch, uint32_t nnz, float inv_bat
                               nnz, g.order.data(), nonzero_sample_.data(), csr.feature_values,
                               d_hidden_.data(), inv_batch, adam, stream_);
         mark_rows(changed_[0].data(), g.unique.data(), g.n_unique.data(), nnz, stream_);
+        // The forward pass brought them up to date at the step before; now at this one.
+        if (catches_up_inputs())
+            input_catch_up_.stamp(g.unique.data(), g.n_unique.data(), nnz, stream_);
     }
     if (adam_moves_untouched_rows(train_.adam, 0)) {
         // The other rows move with their momentum, as the CPU's input-dense Adam does.
@@ -774,6 +787,13 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
     const batch_csr csr = device_batch(b);
     HSLIDE_CUDA_CHECK(cudaEventRecord(events[1], stream_));
 
+    if (catches_up_inputs()) {
+        // Every row the forward pass reads (unlabelled points' too), as the CPU's forward pass
+        // does; counted in the forward time, as there.
+        HSLIDE_ASSERT(input_catch_up_.current() == shape_.adam_step);
+        input_catch_up_.catch_up_batch(layers_[0].view(), csr.feature_ids, batch_nnz_,
+                                       changed_[0].data(), stream_);
+    }
     device_layer& out = layers_[1];
     first_layer_forward(layers_[0].view(), csr, hidden_.data(),
                         use_bf16() ? hidden16_.data() : nullptr, stream_);
@@ -804,9 +824,18 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
         sparse_output_forward(out.view(), hidden_.data(), hidden16_.data(), use_bf16(),
                               active_.ids.data(), active_.entry_sample.data(), total,
                               logits_.data(), stream_);
-        // The gradient is the softmax over the set (as LSH's; bench/topk.md says why).
-        softmax_loss(logits_.data(), nullptr, active_.offsets.data(), 0, /*labels_first=*/true, csr,
-                     delta_.data(), loss_.data(), stream_);
+        // The gradient is the softmax over the set (as LSH's; bench/topk.md says why), with
+        // top-k's fill raised by its log-Q correction where the layer asks for one.
+        const float fill_correction = shape_.config.layers[1].fill_correction;
+        float* set_logits = logits_.data();
+        if (topk_output_ && fill_correction > 0.0f) {
+            corrected_logits_.reserve(std::max(total, 1u), "corrected logits");
+            apply_fill_correction(logits_.data(), active_.offsets.data(), b, out.rows,
+                                  fill_correction, topk_, corrected_logits_.data(), stream_);
+            set_logits = corrected_logits_.data();
+        }
+        softmax_loss(set_logits, nullptr, active_.offsets.data(), 0,
+                     /*labels_first=*/true, csr, delta_.data(), loss_.data(), stream_);
         // Top-k: the loss reported is the full softmax's, through the exact log-partition.
         if (topk_output_)
             full_softmax_loss(logits_.data(), active_.offsets.data(), csr, topk_, loss_.data(),
@@ -851,6 +880,10 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
     }
     first_layer_update(b, batch_nnz_, inv_batch, adam);
     shape_.adam_step = step;
+    if (catches_up_inputs()) {
+        input_catch_up_.record_step(learning_rate);
+        rows_behind_ = true;
+    }
     // This parity's loss block was last read two steps ago (its report is taken).
     HSLIDE_CUDA_CHECK(cudaMemcpyAsync(loss_host_[parity].data(), loss_.data(), size_t(b) * 4,
                                       cudaMemcpyDeviceToHost, stream_));
@@ -922,6 +955,7 @@ void gpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scor
                           uint32_t* labels, float* scores) {
     HSLIDE_CHECK(k > 0, "top-k must be positive");
     activate();
+    complete_deferred_updates();  // the rows as dense Adam would have them
     const drain_on_throw drain(stream_);
     // A top-k layer has no tables: its prediction is exact scoring.
     const bool exact = !lsh_output() || scoring == scoring_mode::exact;
@@ -983,6 +1017,9 @@ void gpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scor
 
 void gpu_backend::export_state(model_state& out, bool with_optimizer) const {
     activate();
+    // Logically const: bringing the rows up to date changes when the deferred steps are
+    // applied, not what the model is (the CPU backend's host_state does the same).
+    const_cast<gpu_backend*>(this)->complete_deferred_updates();
     out = model_state::layout(shape_.config);
     out.adam_step = shape_.adam_step;
     out.hash_seeds = shape_.hash_seeds;
@@ -1012,6 +1049,12 @@ void gpu_backend::import_state(const model_state& in, bool with_optimizer) {
     activate();
     for (size_t l = 0; l < 2; ++l) upload_layer(l, in.layers[l], with_optimizer);
     if (with_optimizer) shape_.adam_step = in.adam_step;
+    // New Adam state: every row is up to date at its step. Parameters alone keep the
+    // replica's moments and step, and with them its rows' deferred steps (as on the CPU).
+    if (catches_up_inputs() && with_optimizer) {
+        input_catch_up_.restart(shape_.adam_step, stream_);
+        rows_behind_ = false;
+    }
     shape_.hash_seeds = in.hash_seeds;
     if (lsh_output()) rebuild_output_tables();
     reset_changed_rows();
@@ -1143,6 +1186,16 @@ void gpu_backend::import_rows(const model_state& in, const row_sets& rows) {
     }
 }
 
+bool gpu_backend::complete_deferred_updates() {
+    if (!rows_behind_) return false;
+    activate();
+    const drain_on_throw drain(stream_);
+    // The rows it moves are changes of this replica's own (flagged for take_changed_rows).
+    const bool moved = input_catch_up_.catch_up_all(layers_[0].view(), changed_[0].data(), stream_);
+    rows_behind_ = false;
+    return moved;
+}
+
 backend_info gpu_backend::info() const {
     backend_info bi;
     bi.kind = to_string(backend_kind::gpu);
@@ -1153,7 +1206,7 @@ backend_info gpu_backend::info() const {
     for (const device_layer& l : layers_)
         bi.memory_bytes += l.weights.bytes() + l.adam_m.bytes() + l.adam_v.bytes() +
                            l.bias.bytes() * 3 + l.weights16.bytes();
-    bi.memory_bytes += topk_.memory_bytes();
+    bi.memory_bytes += topk_.memory_bytes() + input_catch_up_.memory_bytes();
     bi.memory_bytes += tables_[0].memory_bytes() + tables_[1].memory_bytes() +
                        table_scratch_.memory_bytes() + table_codes_.bytes();
     activate();

@@ -182,7 +182,8 @@ std::vector<std::vector<uint32_t>> top_k_sets(const std::vector<uint32_t>& best,
                                               uint32_t batch,
                                               const std::vector<uint32_t>& label_offsets,
                                               const std::vector<uint32_t>& label_ids, uint32_t fill,
-                                              uint32_t n_items, uint64_t seed) {
+                                              uint32_t n_items, uint64_t seed,
+                                              std::vector<uint32_t>* drawn_from) {
     top_k_workspace ws;
     ws.best_id.reserve(std::max<size_t>(best.size(), 1), "test best ids");
     HSLIDE_CUDA_CHECK(
@@ -200,6 +201,7 @@ std::vector<std::vector<uint32_t>> top_k_sets(const std::vector<uint32_t>& best,
     HSLIDE_CUDA_CHECK(cudaDeviceSynchronize());
     const auto offsets = to_host(sets.offsets.data(), size_t(batch) + 1);
     const auto ids = to_host(sets.ids.data(), offsets.back());
+    if (drawn_from) *drawn_from = to_host(ws.drawn_from.data(), batch);
     std::vector<std::vector<uint32_t>> out(batch);
     for (uint32_t s = 0; s < batch; ++s)
         out[s].assign(ids.begin() + offsets[s], ids.begin() + offsets[s + 1]);
@@ -338,6 +340,25 @@ void dense_softmax_loss(const std::vector<float>& logits, const std::vector<floa
     }
     bias_gradient = to_host(d_bias_gradient.data(), rows);
     loss = to_host(d_loss.data(), batch);
+}
+
+std::vector<float> fill_corrected(const std::vector<float>& logits,
+                                  const std::vector<uint32_t>& offsets,
+                                  const std::vector<uint32_t>& drawn_from, uint32_t rows,
+                                  float weight) {
+    const uint32_t batch = uint32_t(offsets.size() - 1);
+    top_k_workspace ws;
+    ws.drawn_from.reserve(std::max<size_t>(batch, 1), "test fill starts");
+    HSLIDE_CUDA_CHECK(cudaMemcpy(ws.drawn_from.data(), drawn_from.data(), size_t(batch) * 4,
+                                 cudaMemcpyHostToDevice));
+    const auto d_logits = to_device(logits, "test logits");
+    const auto d_offsets = to_device(offsets, "test offsets");
+    device_array<float> corrected;
+    corrected.reserve(std::max<size_t>(logits.size(), 1), "test corrected logits");
+    apply_fill_correction(d_logits.data(), d_offsets.data(), batch, rows, weight, ws,
+                          corrected.data(), nullptr);
+    HSLIDE_CUDA_CHECK(cudaDeviceSynchronize());
+    return to_host(corrected.data(), logits.size());
 }
 
 }  // namespace hslide::gpu::testing

@@ -56,13 +56,21 @@ void score_top_k(const std::vector<float>& weights, const std::vector<float>& bi
                  std::vector<float>& top_scores, std::vector<float>& log_partition);
 
 /// The GPU's top-k sets (build_top_k_sets) from best ids (batch * k, UINT32_MAX: none) and,
-/// when label_offsets is not empty, labels: each set as built (labels first, the rest
-/// ascending).
+/// when label_offsets is not empty, labels: each set as built (labels first, then the top-k
+/// ascending, then the fill ascending; `drawn_from`, if given, gets where each fill begins).
 std::vector<std::vector<uint32_t>> top_k_sets(const std::vector<uint32_t>& best, uint32_t k,
                                               uint32_t batch,
                                               const std::vector<uint32_t>& label_offsets,
                                               const std::vector<uint32_t>& label_ids, uint32_t fill,
-                                              uint32_t n_items, uint64_t seed);
+                                              uint32_t n_items, uint64_t seed,
+                                              std::vector<uint32_t>* drawn_from = nullptr);
+
+/// The GPU's fill correction (apply_fill_correction) of set logits (CSR: offsets, batch + 1
+/// entries), each sample's fill beginning at drawn_from[s].
+std::vector<float> fill_corrected(const std::vector<float>& logits,
+                                  const std::vector<uint32_t>& offsets,
+                                  const std::vector<uint32_t>& drawn_from, uint32_t rows,
+                                  float weight);
 
 /// One layer's parameters on the host for the row-kernel tests: `rows` rows of `stride` floats.
 struct host_layer {

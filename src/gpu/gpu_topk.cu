@@ -15,7 +15,8 @@ namespace {
 constexpr uint32_t select_threads = 256;
 constexpr uint32_t none = 0xffffffffu;
 constexpr uint32_t empty_slot = 0xffffffffu;
-constexpr uint32_t taken = 0xffffffffu;  // a slot's claim once its id is in the set
+constexpr uint32_t taken = 0xffffffffu;     // a slot's claim once its id is in the set
+constexpr uint32_t fill_bit = 0x80000000u;  // marks a fill id in the sets' sort
 
 uint32_t next_pow2(uint64_t n) {
     HSLIDE_CHECK(n <= (uint64_t{1} << 31), "a top-k buffer of {} entries is too large", n);
@@ -330,7 +331,7 @@ __global__ void top_k_sets_kernel(const uint32_t* best_id, uint32_t k,
                                   uint32_t fill, uint32_t n_items, uint64_t seed, uint32_t slots,
                                   uint32_t* global_ids, uint32_t* global_hits,
                                   uint32_t max_per_sample, uint32_t sort_size, uint32_t* padded,
-                                  uint32_t* counts) {
+                                  uint32_t* counts, uint32_t* drawn_from) {
     extern __shared__ uint32_t tail[];
     __shared__ uint32_t n_out;
     const uint32_t s = blockIdx.x;
@@ -338,7 +339,7 @@ __global__ void top_k_sets_kernel(const uint32_t* best_id, uint32_t k,
     const uint32_t label_begin = with_labels ? label_offsets[s] : 0;
     const uint32_t n_labels = with_labels ? label_offsets[s + 1] - label_begin : 0;
     if (with_labels && n_labels == 0) {  // nothing to train on: no set
-        if (threadIdx.x == 0) counts[s] = 0;
+        if (threadIdx.x == 0) counts[s] = 0, drawn_from[s] = 0;
         return;
     }
     set_view set{global_ids + size_t(s) * slots, global_hits + size_t(s) * slots, slots - 1,
@@ -415,13 +416,27 @@ __global__ void top_k_sets_kernel(const uint32_t* best_id, uint32_t k,
         }
     }
     __syncthreads();
-    // The part after the labels, sorted by id.
-    const uint32_t n = n_out, n_tail = n - n_labels;
+    // The part after the labels: the top-k ids, then the fill, each sorted by id (one sort: the
+    // fill's ids carry the top bit, ids are below 2^31), so that the fill's correction
+    // (apply_fill_correction) knows where it begins.
+    const uint32_t n = n_out, n_tail = n - n_labels, n_top = chosen - n_labels;
     for (uint32_t i = threadIdx.x; i < sort_size; i += blockDim.x)
-        tail[i] = i < n_tail ? out[n_labels + i] : none;
+        tail[i] = i < n_tail ? out[n_labels + i] | (i >= n_top ? fill_bit : 0u) : none;
     bitonic_ascending(tail, sort_size);
-    for (uint32_t i = threadIdx.x; i < n_tail; i += blockDim.x) out[n_labels + i] = tail[i];
-    if (threadIdx.x == 0) counts[s] = n;
+    for (uint32_t i = threadIdx.x; i < n_tail; i += blockDim.x)
+        out[n_labels + i] = tail[i] & ~fill_bit;
+    if (threadIdx.x == 0) counts[s] = n, drawn_from[s] = chosen;
+}
+
+__global__ void fill_correction_kernel(const float* logits, const uint32_t* offsets,
+                                       const uint32_t* drawn_from, uint32_t rows, float weight,
+                                       float* corrected) {
+    const uint32_t s = blockIdx.x;
+    const uint32_t begin = offsets[s], n = offsets[s + 1] - begin, first = drawn_from[s];
+    // r random neurons drawn from the rows - first outside the labels and the top-k.
+    const float shift = first < n ? weight * logf(float(rows - first) / float(n - first)) : 0.0f;
+    for (uint32_t i = threadIdx.x; i < n; i += blockDim.x)
+        corrected[begin + i] = logits[begin + i] + (i >= first ? shift : 0.0f);
 }
 
 __global__ void full_softmax_loss_kernel(const float* logits, const uint32_t* offsets,
@@ -539,6 +554,7 @@ uint32_t build_top_k_sets(uint32_t batch, uint32_t k, const uint32_t* label_offs
                           uint32_t n_items, uint64_t seed, top_k_workspace& ws, active_sets& out,
                           cudaStream_t stream) {
     if (batch == 0) return 0;
+    HSLIDE_CHECK(n_items < fill_bit, "top-k sets take at most 2^31 - 1 rows, not {}", n_items);
     fill = std::min(fill, n_items);
     const uint64_t labels = label_offsets ? max_labels : 0;
     out.max_per_sample = uint32_t(std::max<uint64_t>(labels + k, fill));
@@ -571,14 +587,24 @@ uint32_t build_top_k_sets(uint32_t batch, uint32_t k, const uint32_t* label_offs
     ws.set_hits.reserve(size_t(batch) * slots, "top-k set hash sets");
     out.padded.reserve(size_t(batch) * out.max_per_sample, "active sets");
     out.counts.reserve(batch + 1, "active-set sizes");
+    ws.drawn_from.reserve(batch, "top-k set fill starts");
     out.offsets.reserve(batch + 1, "active-set offsets");
     HSLIDE_CUDA_CHECK(cudaMemsetAsync(out.counts.data() + batch, 0, 4, stream));
     top_k_sets_kernel<<<batch, select_threads, shared, stream>>>(
         ws.best_id.data(), k, label_offsets, label_ids, fill, n_items, seed, slots,
         ws.set_ids.data(), ws.set_hits.data(), out.max_per_sample, sort_size, out.padded.data(),
-        out.counts.data());
+        out.counts.data(), ws.drawn_from.data());
     HSLIDE_CUDA_LAUNCH();
     return compact_active_sets(batch, out, stream);
+}
+
+void apply_fill_correction(const float* logits, const uint32_t* offsets, uint32_t batch,
+                           uint32_t rows, float weight, const top_k_workspace& ws, float* corrected,
+                           cudaStream_t stream) {
+    if (batch == 0) return;
+    fill_correction_kernel<<<batch, select_threads, 0, stream>>>(
+        logits, offsets, ws.drawn_from.data(), rows, weight, corrected);
+    HSLIDE_CUDA_LAUNCH();
 }
 
 void full_softmax_loss(const float* logits, const uint32_t* offsets, const batch_csr& batch,

@@ -93,10 +93,12 @@ struct top_k_workspace {
     device_array<float> log_partition;  ///< batch: log sum_r exp(z_r) over every row
     device_array<float> dropped;        ///< batch: softmax mass outside the set (training)
     device_array<uint32_t> set_ids, set_hits;  ///< the fill's per-sample hash sets
+    device_array<uint32_t> drawn_from;         ///< batch: where each set's random fill begins
 
     size_t memory_bytes() const {
         return chunk_scores.bytes() + best_score.bytes() + best_id.bytes() + running.bytes() +
-               log_partition.bytes() + dropped.bytes() + set_ids.bytes() + set_hits.bytes();
+               log_partition.bytes() + dropped.bytes() + set_ids.bytes() + set_hits.bytes() +
+               drawn_from.bytes();
     }
 };
 
@@ -121,12 +123,21 @@ void score_top_k(const layer_view& out, const float* hidden, const __nv_bfloat16
 
 /// Builds the CSR active sets from ws.best_id (k per sample): labels first (label_offsets /
 /// label_ids, batch + 1 offsets; null: no labels, and every sample gets a set), then the
-/// top-k ids that are not labels, then random ids up to `fill` in all (seed), the part after
-/// the labels sorted by id. Returns the total number of entries (one host wait).
+/// top-k ids that are not labels, sorted by id, then random ids up to `fill` in all (seed),
+/// sorted by id; ws.drawn_from[s] is where sample s's fill begins. Returns the total number of
+/// entries (one host wait).
 uint32_t build_top_k_sets(uint32_t batch, uint32_t k, const uint32_t* label_offsets,
                           const uint32_t* label_ids, uint32_t max_labels, uint32_t fill,
                           uint32_t n_items, uint64_t seed, top_k_workspace& ws, active_sets& out,
                           cudaStream_t stream);
+
+/// corrected[e] = logits[e], plus weight * log((rows - f) / (n - f)) on the fill's entries
+/// (position >= f = ws.drawn_from[s] in a set of n entries): the sampled softmax's log-Q
+/// correction (layer_config::fill_correction), each random neuron standing for the rows
+/// outside the labels and the top-k that it was drawn from. One block per sample.
+void apply_fill_correction(const float* logits, const uint32_t* offsets, uint32_t batch,
+                           uint32_t rows, float weight, const top_k_workspace& ws, float* corrected,
+                           cudaStream_t stream);
 
 /// The full-softmax cross-entropy of each labelled sample through ws.log_partition, over its
 /// set's logits (labels first): loss[s] = -1/|y| sum_labels (z - logZ); ws.dropped[s] =

@@ -26,6 +26,10 @@
 //    bytes), its gradient read (4) and its bf16 copy written (2): U H 30 bytes.
 //  - input Adam: input-dense moves every input row (D H 24 bytes), the sparse modes the batch's
 //    features (at most B F rows); plus the batch's gradient rows (B F H 4).
+//  - input catch-up (input-catch-up, gpu_catch_up.cuh): the batch's rows brought up to date
+//    before the forward pass, weights and moments read and written and the bf16 copy written
+//    (at most B F rows, 26 bytes a value); no other row moves during training (every row
+//    catches up once before predictions and exports, not a step's cost).
 // Measured on an H200, 2026-11-25 (Amazon-670K preset, LSH, A ~ 6,300): the output Adam moved
 // 2.16 GB a step (the model: 2.34 GB), the input Adam 0.38 GB (0.43).
 #pragma once
@@ -49,7 +53,8 @@ struct step_shape {
     floor_selection selection = floor_selection::lsh;
     uint32_t lsh_tables = 50, bucket_capacity = 128;
     bool bf16 = true;               ///< the products read bf16 weights
-    bool input_dense = true;        ///< Adam moves every input row (input-dense, the GPU's default)
+    bool input_dense = true;        ///< Adam moves every input row (input-dense)
+    bool input_catch_up = false;    ///< input-catch-up (the GPU's default): overrides input_dense
     bool dense_fp32_logits = true;  ///< dense: the logits materialised in fp32 (as built)
 };
 
@@ -98,8 +103,10 @@ inline std::vector<kernel_floor> step_floor(const step_shape& s, const device_ra
         add("output backward", union_rows * H * w + B * A * 4 + B * H * 4, 4 * B * A * H);
     }
     add("output Adam", union_rows * H * 30.0, 10 * union_rows * H);
+    const double batch_rows = std::min(double(s.input_rows), B * F);
+    if (s.input_catch_up) add("input catch-up", batch_rows * H * 26.0, 6 * batch_rows * H);
     const double input_rows =
-        s.input_dense ? double(s.input_rows) : std::min(double(s.input_rows), B * F);
+        s.input_dense && !s.input_catch_up ? double(s.input_rows) : batch_rows;
     add("input Adam", input_rows * H * 24.0 + B * F * H * 4, 10 * input_rows * H);
     return k;
 }

@@ -138,6 +138,8 @@ const std::map<std::string, setter>& option_table() {
         {"ivf_probes", [](options& o, py::handle v) { o.model.ivf_probes = v.cast<uint32_t>(); }},
         {"ivf_refresh",
          [](options& o, py::handle v) { o.model.ivf_refresh = v.cast<uint32_t>(); }},
+        {"fill_correction",
+         [](options& o, py::handle v) { o.model.fill_correction = v.cast<float>(); }},
         {"auto_sparse_min",
          [](options& o, py::handle v) { o.model.auto_sparse_min = v.cast<uint32_t>(); }},
         {"hash", [](options& o, py::handle v) { o.model.hash = list_of<std::string>(v); }},

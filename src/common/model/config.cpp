@@ -148,6 +148,9 @@ void validate(const model_config& model) {
             if (layer.search == top_k_search::ivf)
                 HSLIDE_CHECK(layer.ivf_probes >= 1, "layer {}: --ivf-probes must be at least 1", l);
         }
+        HSLIDE_CHECK(layer.fill_correction >= 0.0f && layer.fill_correction <= 1.0f,
+                     "layer {}: --fill-correction must be in [0, 1], got {}", l,
+                     layer.fill_correction);
         if (model.uses_lsh(l)) {
             validate(layer.lsh);
             HSLIDE_CHECK(
@@ -207,7 +210,8 @@ std::string model_config_to_json(const model_config& config) {
                                {"top_k_search", to_string(layer.search)},
                                {"ivf_clusters", layer.ivf_clusters},
                                {"ivf_probes", layer.ivf_probes},
-                               {"ivf_refresh", layer.ivf_refresh}});
+                               {"ivf_refresh", layer.ivf_refresh},
+                               {"fill_correction", layer.fill_correction}});
     }
     return j.dump();
 }
@@ -239,6 +243,7 @@ model_config model_config_from_json(const std::string& json_text) {
             layer.ivf_clusters = jl.value("ivf_clusters", layer_config{}.ivf_clusters);
             layer.ivf_probes = jl.value("ivf_probes", layer_config{}.ivf_probes);
             layer.ivf_refresh = jl.value("ivf_refresh", layer_config{}.ivf_refresh);
+            layer.fill_correction = jl.value("fill_correction", 0.0f);  // absent before
             config.layers.push_back(layer);
         }
         return config;
