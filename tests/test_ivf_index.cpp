@@ -121,9 +121,9 @@ TEST(IvfIndex, EveryRowIsInExactlyOneClusterAscending) {
             ASSERT_EQ(index.rows, rows);
             ASSERT_GE(index.clusters(), 1u);
             ASSERT_LE(index.clusters(), rows);
-            if (clusters == 0 && rows == 5003) {
-                EXPECT_NEAR(double(index.clusters()), double(automatic_ivf_clusters(rows)), 20.0);
-            }
+            if (clusters == 300 && rows == 5003)  // two-level: the shares' roundings
+                EXPECT_NEAR(double(index.clusters()), 300.0, 20.0);
+            if (clusters == 0) EXPECT_EQ(index.clusters(), automatic_ivf_clusters(rows));
             ASSERT_EQ(index.offsets.front(), 0u);
             ASSERT_EQ(index.offsets.back(), rows);
             std::vector<int> seen(rows, 0);
@@ -138,7 +138,7 @@ TEST(IvfIndex, EveryRowIsInExactlyOneClusterAscending) {
             for (uint32_t r = 0; r < rows; ++r) ASSERT_EQ(seen[r], 1) << "row " << r;
         }
     }
-    EXPECT_EQ(automatic_ivf_clusters(670091), 3274u);
+    EXPECT_EQ(automatic_ivf_clusters(670091), 409u);
     EXPECT_EQ(automatic_ivf_clusters(1), 1u);
 }
 
@@ -172,7 +172,7 @@ TEST(IvfIndex, ARefreshFollowsTheRowsOnAnyThreadCount) {
     for (uint32_t rows : {17u, 5003u}) {
         const test_layer before(rows, 24, 60, 16), after(rows, 24, 61, 16);
         ivf_index stale, one, many;
-        build_ivf_index(stale, before.view(false), 0, 9, best_kernels(), 2);
+        build_ivf_index(stale, before.view(false), 300, 9, best_kernels(), 2);
         one = stale;
         many = stale;
         refresh_ivf_index(one, after.view(false), best_kernels(), 1);
@@ -248,11 +248,11 @@ TEST(IvfIndex, ProbingEveryClusterGivesTheExactTopK) {
 }
 
 TEST(IvfIndex, FewProbesKeepMostOfTheTopKOfALayerWithStructure) {
-    // 20,000 rows around 64 directions, queries at random: the automatic 566 clusters, 32
-    // of them probed (6% of the rows scored). Seeded: the measured recall is ~0.99.
+    // 20,000 rows around 64 directions, queries at random: 566 clusters (two-level), 32 of
+    // them probed (6% of the rows scored). Seeded: the measured recall is ~0.99.
     const test_layer layer(20000, 32, 41, 64);
     ivf_index index;
-    build_ivf_index(index, layer.view(false), 0, 3, best_kernels(), 2);
+    build_ivf_index(index, layer.view(false), 566, 3, best_kernels(), 2);
     const uint32_t n = 200, top = 32;
     const auto q = random_queries(n, layer.width, 42);
     std::vector<const float*> qp(n);

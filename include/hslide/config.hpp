@@ -72,14 +72,16 @@ struct layer_config {
     active_set_config active;  ///< used when the layer selects with LSH
     uint32_t top_k = 64;       ///< neurons a sample keeps besides its labels (top-k selection)
     top_k_search search = top_k_search::exact;  ///< how top-k selection finds them
-    /// --top-k-search ivf: the index's clusters (0 = about 4 sqrt(rows)) and the clusters a
-    /// sample's search scores the rows of
+    /// --top-k-search ivf: the index's clusters (0 = about sqrt(rows) / 2) and the clusters a
+    /// sample's search scores the rows of (bench/topk.md: 400 and 48 at 670k rows keep exact
+    /// top-k's P@1)
     uint32_t ivf_clusters = 0;
-    uint32_t ivf_probes = 16;
+    uint32_t ivf_probes = 48;
     /// --top-k-search ivf: training steps between refreshes of the index (its rows
     /// reassigned, its centroids recomputed; 0: none), besides its rebuilds with the LSH
-    /// tables' schedule
-    uint32_t ivf_refresh = 4;
+    /// tables' schedule (bench/topk.md: every 2 steps keeps the first epoch's P@1, every 4
+    /// loses 0.02 of it)
+    uint32_t ivf_refresh = 2;
     /// Top-k: the weight (0..1) of the sampled softmax's log-Q correction on the random fill.
     /// The fill's r neurons are drawn from the M rows outside the labels and the top-k, so each
     /// stands for M / r of them; the gradient's softmax adds fill_correction * log(M / r) to

@@ -145,7 +145,7 @@ std::vector<CLI::Option*> add_model_options(CLI::App& app, model_options& o) {
         ->check(CLI::IsMember({"exact", "ivf"}))
         ->capture_default_str();
     app.add_option("--ivf-clusters", o.ivf_clusters,
-                   "--top-k-search ivf: clusters of output rows (0: about 4 sqrt(rows))")
+                   "--top-k-search ivf: clusters of output rows (0: about sqrt(rows) / 2)")
         ->capture_default_str();
     app.add_option("--ivf-probes", o.ivf_probes,
                    "--top-k-search ivf: clusters whose rows a sample's search scores")

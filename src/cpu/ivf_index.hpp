@@ -6,8 +6,7 @@
 // to the unit centroid with the highest inner product; a centroid is its members' normalised
 // sum). Above 256 clusters it is two-level, as FAISS's two_level_clustering: about sqrt(C)
 // coarse clusters, then each coarse cluster split in proportion to its size, so a build costs
-// about 2 sqrt(C) products a row instead of C (Amazon-670K's 3,274 clusters: 0.3 s on 2 cores,
-// where one flat assignment pass takes 5 s). Centroids are trained on at most 64 sampled rows
+// about 2 sqrt(C) products a row instead of C. Centroids are trained on at most 64 sampled rows
 // each, then every row is assigned once. The members are kept in CSR, ascending row ids.
 //
 // A search scores the centroids against each query, takes its `probes` best clusters, and
@@ -58,7 +57,7 @@ struct ivf_index {
     const float* centroid(uint32_t c) const { return centroids.data() + size_t(c) * stride; }
 };
 
-/// The automatic cluster count: about 4 sqrt(rows), at least 1, at most rows.
+/// The automatic cluster count: about sqrt(rows) / 2, at least 1, at most rows.
 uint32_t automatic_ivf_clusters(uint32_t rows);
 
 /// Clusters `layer`'s rows into about `clusters` clusters (0: automatic; at most the rows;
