@@ -540,13 +540,6 @@ void cpu_backend::add_layer0_bias_gradient(const batch_view& batch, float* out) 
 double cpu_backend::compute_gradient(const batch_view& batch, model_state& gradient) {
     complete_deferred_updates();
     step_report report;
-    const uint32_t refresh = model_.config.layers.back().ivf_refresh;
-    if (searches_ivf() && refresh > 0 && model_.adam_step > 0 && model_.adam_step % refresh == 0) {
-        // The rows moved since the index last saw them (refresh_ivf_index says why it matters).
-        const auto t0 = clock_type::now();
-        refresh_ivf_index(ivf_, output_rows(), k_, threads_);
-        report.times.rebuild += seconds_since(t0);
-    }
     run_forward_backward(batch, report);
     gradient = model_state::layout(model_.config);
     for (size_t l = 0; l < model_.layers.size(); ++l) {

@@ -166,9 +166,8 @@ void cpu_backend::select_top_k_sets(const batch_view& batch) {
             for (int64_t j = 0; j < int64_t(n); ++j) {
                 sample_buffers& sb = samples_[begin + uint32_t(j)];
                 const label_row y = batch.data->labels(batch.rows[begin + uint32_t(j)]);
-                sb.set_drawn_from =
-                    build_top_k_set(best + size_t(j) * k, k, y, fill, sb.gen,
-                                    scratch, sb.layers[out_layer].ids);
+                sb.set_drawn_from = build_top_k_set(best + size_t(j) * k, k, y, fill, sb.gen,
+                                                    scratch, sb.layers[out_layer].ids);
                 sb.log_partition = ivf ? 0.0 : exact_log_partition_[size_t(j)];
             }
         }
