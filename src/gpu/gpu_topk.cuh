@@ -94,11 +94,18 @@ struct top_k_workspace {
     device_array<float> dropped;        ///< batch: softmax mass outside the set (training)
     device_array<uint32_t> set_ids, set_hits;  ///< the fill's per-sample hash sets
     device_array<uint32_t> drawn_from;         ///< batch: where each set's random fill begins
+    // The fused pass's (score_top_k_fused): per (block, sample) log-sum-exp partials, the
+    // candidates (batch x capacity), their counts and the overflow flag.
+    device_array<max_sum> fused_partials;
+    device_array<float> fused_score;
+    device_array<uint32_t> fused_id, fused_count, fused_flag;
+    uint64_t fused_runs = 0, fused_fallbacks = 0;  ///< host counters: fused passes, overflows
 
     size_t memory_bytes() const {
         return chunk_scores.bytes() + best_score.bytes() + best_id.bytes() + running.bytes() +
                log_partition.bytes() + dropped.bytes() + set_ids.bytes() + set_hits.bytes() +
-               drawn_from.bytes();
+               drawn_from.bytes() + fused_partials.bytes() + fused_score.bytes() +
+               fused_id.bytes() + fused_count.bytes() + fused_flag.bytes();
     }
 };
 
@@ -120,6 +127,24 @@ void top_k_finish(uint32_t batch, top_k_workspace& ws, cudaStream_t stream);
 void score_top_k(const layer_view& out, const float* hidden, const __nv_bfloat16* hidden16,
                  uint32_t hidden_stride, bool bf16, uint32_t batch, uint32_t k, uint32_t chunk,
                  cublasHandle_t blas, top_k_workspace& ws, cudaStream_t stream);
+
+/// score_top_k_fused's pilot_rows: chosen from k and the layer (see above).
+constexpr uint32_t fused_auto_pilot = 0xffffffffu;
+
+/// The fused scoring pass (bf16 only, hidden width up to 256, sm_80 or later): the first
+/// `pilot_rows` rows through score_top_k's cuBLAS GEMM + merge, the rest by
+/// top_k_fused_kernel, which never writes the scores (see above). Leaves `ws` as score_top_k
+/// does (the same ids in the same order; log_partition within float rounding) and returns
+/// true; returns false, with ws in no defined state, where it does not apply (fp32, a wider
+/// layer, a pilot covering the layer, too little shared memory) or a sample's candidates
+/// overflowed their buffer: the caller then runs score_top_k. One host wait (the flag).
+/// The backend takes this path only under HSLIDE_GPU_TOPK_FUSED=1 (read once).
+bool score_top_k_fused(const layer_view& out, const __nv_bfloat16* hidden16, uint32_t hidden_stride,
+                       uint32_t batch, uint32_t k, uint32_t pilot_rows, cublasHandle_t blas,
+                       top_k_workspace& ws, cudaStream_t stream);
+
+/// Whether HSLIDE_GPU_TOPK_FUSED is "1" (read once).
+bool top_k_fused_requested();
 
 /// Builds the CSR active sets from ws.best_id (k per sample): labels first (label_offsets /
 /// label_ids, batch + 1 offsets; null: no labels, and every sample gets a set), then the
