@@ -57,6 +57,40 @@
 //  - launches: 2 per chunk (42 a step); a fused GEMM + selection kernel would remove them and
 //    the chunk's round trip, the next step toward the ~0.1 ms floor;
 //  - selection arithmetic: one compare and one exp per score (B R = 172 M), negligible.
+//
+// Fused pass (score_top_k_fused, opt-in: HSLIDE_GPU_TOPK_FUSED=1; bf16, hidden width <= 256,
+// sm_80 or later): the scores never leave the chip.
+//  1. Pilot: rows [0, P) through the cuBLAS GEMM + merge above: the k best of P rows, whose
+//     k-th is a lower bound of the layer's k-th (k real scores of distinct rows), and their
+//     log-sum-exp pair. P = k R / (k + (8,192 - k) / 4) rounded up to 256 rows (20,480 at
+//     Amazon-670K, k 64): a later row passes with a chance of about k / P, k (R - P) / P
+//     candidates a sample expected (~2,000: a quarter of the buffer).
+//  2. top_k_fused_kernel (256 threads, a persistent grid of the blocks that fit): a block
+//     loads a tile of 128 rows (bf16, K = width padded to 16) into shared memory once, then
+//     per tile of 64 samples their hidden rows (from L2), 8 warps multiply 32 rows x 32
+//     samples each with WMMA bf16 16x16x16 (fp32 accumulators) into a shared score tile; then
+//     4 threads a sample take 32 rows each (+ bias): the pair (max across the 4, one exp a
+//     score, the sum across the 4) folded into the block's pair of the sample in shared
+//     memory (written per block at the end: grid x B pairs), and every score that beats the
+//     sample's pilot k-th (better(): higher score, ties to the smaller id, NaN never) appended
+//     to its candidates in global memory (one atomic a candidate; counted past the capacity).
+//  3. top_k_fused_finish_kernel (one block a sample): log_partition from the pilot's pair and
+//     the blocks' (a fixed order); the k kept and the candidates sorted (bitonic, up to 8,192
+//     entries of shared memory), the first k written. Exact: a row that is no candidate is
+//     beaten by all k kept. A sample with more than 8,192 - k candidates sets a flag: the
+//     host reads it (one wait) and runs score_top_k instead, for the whole step.
+// Model at Amazon-670K (B 256, R 670,091, H 128, k 64; H200):
+//  - pilot: 20,480 rows, one GEMM (21 MB of fp32 written and read back) + one merge with the
+//    first chunk's sort: ~30 us (the measured rates above);
+//  - fused: W read once, (R - P) H 2 = 166 MB -> 39 us at 4.3 TB/s; 42.6 GFLOP on the tensor
+//    cores through mma.sync (WMMA: no wgmma, no pipelined loads) at an assumed ~300-400
+//    TFLOP/s -> 0.11-0.14 ms; the hidden tiles re-read from L2, B H 2 per row tile = 333 MB
+//    (~30 us at L2 rates, beside the HBM stream); one exp a score, 166 M -> 40 us of the
+//    multiprocessors' exp units (16 a clock each); candidates ~4 MB, partials 0.5 MB;
+//  - finish: a 4,096-entry sort a sample, ~10 us; the flag's host wait ~10-20 us;
+//  - so ~0.2 ms a step (from 0.89: ~1.3 s less an epoch of 1,916 steps), bound by the
+//    tensor math and the epilogue's exps rather than bytes; the floor (step_floor.hpp's top-k
+//    row: R H 2 bytes + B H 2, 2 B R H FLOPs, the scores on chip) is ~0.06 ms.
 // So the selection should cost about 0.9 ms a step at 670K labels (1,916 steps an epoch:
 // ~1.8 s of st.active_sets, from 3.1 s), then the sparse forward/backward/Adam on ~1.1k ids
 // a sample as LSH's do: gpu_check.sh's `topk` row at Amazon-670K ~3.5 s an epoch (from 4.85).
