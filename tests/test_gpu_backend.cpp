@@ -1741,14 +1741,14 @@ void expect_fused_pass(const fused_case& c, uint64_t seed) {
 TEST(GpuTopK, FusedScoringPassMatchesTheCublasPassAndExactScores) {
     HSLIDE_REQUIRE_GPU();
     constexpr uint32_t au = gpu::testing::fused_auto_pilot;
-    // pilot 0: every row is a candidate (the threshold is none yet); widths 16, 33 (stride 40:
-    // padded; stride 33: no 16-byte loads), 128, 256; batches 1, 7, 65, 256.
+    // pilot 0 (or below k): every row is a candidate (the threshold is none); widths 16, 33 (stride
+    // 40: padded; stride 33: no 16-byte loads), 128, 256; batches 1, 7, 65, 256.
     const std::vector<fused_case> cases{
         {1, 7, 16, 16, 1, 0, false},           {15, 1, 33, 40, 5, 0, false},
         {17, 256, 128, 128, 17, 0, false},     {33, 7, 256, 256, 10, 0, false},
         {33, 7, 256, 256, 10, 16, false},      {1001, 256, 128, 128, 64, 0, false},
         {1001, 256, 128, 136, 64, 300, false}, {1003, 7, 33, 40, 40, 0, false},
-        {1003, 7, 33, 33, 40, 100, false},     {1003, 65, 128, 128, 64, au, false}};
+        {1003, 7, 33, 33, 40, 20, false},      {1003, 65, 128, 128, 64, au, false}};
     uint64_t seed = 71;
     for (const fused_case& c : cases) expect_fused_pass(c, seed++);
 }

@@ -878,13 +878,6 @@ bool score_top_k_fused(const layer_view& out, const __nv_bfloat16* hidden16, uin
     if (!out.weights16 || !hidden16 || out.width == 0 || out.width > fused_max_width ||
         hidden_stride < out.width)
         return false;
-    int device = 0, major = 0, sms = 0, shared_limit = 0;
-    HSLIDE_CUDA_CHECK(cudaGetDevice(&device));
-    HSLIDE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    if (major < 8) return false;  // bf16 WMMA
-    HSLIDE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    HSLIDE_CUDA_CHECK(
-        cudaDeviceGetAttribute(&shared_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     const uint32_t capacity = fused_buffer - k;
     // The pilot: after it, a row of the rest is a candidate with a chance of about k / P (the
     // k-th best of P rows as the threshold): k (R - P) / P candidates a sample are expected,
@@ -905,26 +898,42 @@ bool score_top_k_fused(const layer_view& out, const __nv_bfloat16* hidden16, uin
                      reinterpret_cast<uintptr_t>(out.weights16) % 16 == 0 &&
                      reinterpret_cast<uintptr_t>(hidden16) % 16 == 0;
     const auto kernel = vec ? top_k_fused_kernel<true> : top_k_fused_kernel<false>;
-    // The same value every time (the most the device allows beside the kernel's static
-    // shared memory), as build_top_k_sets does.
-    auto allow_shared = [&](auto function, size_t dynamic) {
-        cudaFuncAttributes attributes{};
-        HSLIDE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, function));
-        const size_t room = size_t(shared_limit) -
-                            std::min<size_t>(attributes.sharedSizeBytes, size_t(shared_limit));
-        if (dynamic > room) return false;
+    int device = 0;
+    HSLIDE_CUDA_CHECK(cudaGetDevice(&device));
+    // The device's checks, the kernels' shared memory and the grid, once per (device, shared
+    // bytes, loads): the step waits on the host anyway, so its host calls count.
+    top_k_workspace::fused_setup& setup = ws.fused_launch;
+    if (setup.device != device || setup.shared != shared || setup.vec != vec) {
+        setup = top_k_workspace::fused_setup{device, shared, vec, 0};
+        int major = 0, sms = 0, shared_limit = 0;
         HSLIDE_CUDA_CHECK(
-            cudaFuncSetAttribute(function, cudaFuncAttributeMaxDynamicSharedMemorySize, int(room)));
-        return true;
-    };
-    if (!allow_shared(kernel, shared) || !allow_shared(top_k_fused_finish_kernel, merge_shared))
-        return false;
-    int per_sm = 0;
-    HSLIDE_CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, fused_threads, shared));
-    if (per_sm <= 0) return false;
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+        if (major < 8) return false;  // bf16 WMMA
+        HSLIDE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+        HSLIDE_CUDA_CHECK(
+            cudaDeviceGetAttribute(&shared_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+        // The same value every time (the most the device allows beside the kernel's static
+        // shared memory), as build_top_k_sets does.
+        auto allow_shared = [&](auto function, size_t dynamic) {
+            cudaFuncAttributes attributes{};
+            HSLIDE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, function));
+            const size_t room = size_t(shared_limit) -
+                                std::min<size_t>(attributes.sharedSizeBytes, size_t(shared_limit));
+            if (dynamic > room) return false;
+            HSLIDE_CUDA_CHECK(cudaFuncSetAttribute(
+                function, cudaFuncAttributeMaxDynamicSharedMemorySize, int(room)));
+            return true;
+        };
+        if (!allow_shared(kernel, shared) || !allow_shared(top_k_fused_finish_kernel, merge_shared))
+            return false;
+        int per_sm = 0;
+        HSLIDE_CUDA_CHECK(
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, fused_threads, shared));
+        setup.blocks = uint32_t(std::max(per_sm, 0)) * uint32_t(sms);
+    }
+    if (setup.blocks == 0) return false;
     const uint32_t n_tiles = uint32_t((out.rows - pilot + fused_rows - 1) / fused_rows);
-    const uint32_t grid = std::min<uint32_t>(n_tiles, uint32_t(per_sm) * uint32_t(sms));
+    const uint32_t grid = std::min(n_tiles, setup.blocks);
 
     ws.fused_partials.reserve(size_t(grid) * batch, "top-k fused partials");
     ws.fused_score.reserve(size_t(batch) * capacity, "top-k fused candidates");

@@ -134,6 +134,13 @@ struct top_k_workspace {
     device_array<float> fused_score;
     device_array<uint32_t> fused_id, fused_count, fused_flag;
     uint64_t fused_runs = 0, fused_fallbacks = 0;  ///< host counters: fused passes, overflows
+    /// The fused kernel's launch as last set up (blocks 0: the device cannot run it).
+    struct fused_setup {
+        int device = -1;
+        size_t shared = 0;
+        bool vec = false;
+        uint32_t blocks = 0;
+    } fused_launch;
 
     size_t memory_bytes() const {
         return chunk_scores.bytes() + best_score.bytes() + best_id.bytes() + running.bytes() +
