@@ -57,6 +57,11 @@
 //  - launches: 2 per chunk (42 a step); a fused GEMM + selection kernel would remove them and
 //    the chunk's round trip, the next step toward the ~0.1 ms floor;
 //  - selection arithmetic: one compare and one exp per score (B R = 172 M), negligible.
+// So the selection should cost about 0.9 ms a step at 670K labels (1,916 steps an epoch:
+// ~1.8 s of st.active_sets, from 3.1 s), then the sparse forward/backward/Adam on ~1.1k ids
+// a sample as LSH's do: gpu_check.sh's `topk` row at Amazon-670K ~3.5 s an epoch (from 4.85).
+// step_floor.hpp models the whole step's floor (its top-k GEMM row is the one above, with the
+// chunk buffer kept on chip).
 //
 // Fused pass (score_top_k_fused, opt-in: HSLIDE_GPU_TOPK_FUSED=1; bf16, hidden width <= 256,
 // sm_80 or later): the scores never leave the chip.
@@ -88,14 +93,10 @@
 //    (~30 us at L2 rates, beside the HBM stream); one exp a score, 166 M -> 40 us of the
 //    multiprocessors' exp units (16 a clock each); candidates ~4 MB, partials 0.5 MB;
 //  - finish: a 4,096-entry sort a sample, ~10 us; the flag's host wait ~10-20 us;
-//  - so ~0.2 ms a step (from 0.89: ~1.3 s less an epoch of 1,916 steps), bound by the
-//    tensor math and the epilogue's exps rather than bytes; the floor (step_floor.hpp's top-k
-//    row: R H 2 bytes + B H 2, 2 B R H FLOPs, the scores on chip) is ~0.06 ms.
-// So the selection should cost about 0.9 ms a step at 670K labels (1,916 steps an epoch:
-// ~1.8 s of st.active_sets, from 3.1 s), then the sparse forward/backward/Adam on ~1.1k ids
-// a sample as LSH's do: gpu_check.sh's `topk` row at Amazon-670K ~3.5 s an epoch (from 4.85).
-// step_floor.hpp models the whole step's floor (its top-k GEMM row is the one above, with the
-// chunk buffer kept on chip).
+//  - so ~0.2 ms a step (from 0.89: ~1.3 s less an epoch of 1,916 steps: gpu_check.sh's
+//    `topk-fused` row ~1.3 s below the `topk` row), bound by the tensor math and the
+//    epilogue's exps rather than bytes; the floor (step_floor.hpp's top-k row: R H 2 + B H 2
+//    bytes and 2 B R H FLOPs, the scores on chip, as here) is ~0.06 ms.
 #pragma once
 
 #include "device_memory.hpp"
