@@ -1,4 +1,5 @@
 // Exact top-k active sets on the GPU (see gpu_topk.cuh).
+#include "block_reduce.cuh"
 #include "cublas_loader.hpp"
 #include "gpu_topk.cuh"
 #include "launch.cuh"
@@ -45,38 +46,6 @@ constexpr uint32_t rank_merge_max = 128;
 // (score, id) ranks above (bs, bi): a higher score, or an equal one and a smaller id.
 __device__ bool better(float a, uint32_t ia, float b, uint32_t ib) {
     return a > b || (a == b && ia < ib);
-}
-
-__device__ max_sum warp_combine(max_sum v) {
-    for (int o = 16; o > 0; o /= 2) {
-        const max_sum other{__shfl_xor_sync(0xffffffffu, v.max, o),
-                            __shfl_xor_sync(0xffffffffu, v.sum, o)};
-        v = max_sum_combine(v, other);
-    }
-    return v;
-}
-
-// The block's pair, valid in thread 0 (scratch: 64 floats).
-__device__ max_sum block_combine(max_sum v, float* scratch) {
-    v = warp_combine(v);
-    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v.max, scratch[32 + warp] = v.sum;
-    __syncthreads();
-    const uint32_t n_warps = blockDim.x / 32;
-    v = lane < n_warps ? max_sum{scratch[lane], scratch[32 + lane]} : max_sum{};
-    return warp_combine(v);
-}
-
-__device__ float block_sum(float v, float* scratch) {
-    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    v = lane < blockDim.x / 32 ? scratch[lane] : 0.0f;
-    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
 }
 
 // Sorts key/id[0, n) (n a power of two) best first; every thread of the block calls it.
