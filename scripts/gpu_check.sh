@@ -8,16 +8,18 @@
 #                                           # carries at most 64 MiB)
 #   scripts/gpu_check.sh all [EPOCHS] [BUDGET]
 #                                           # on the GPU machine: THE check (issue 22), in
-#                                           # BUDGET seconds (450): the GPU tests; Amazon-670K-
+#                                           # BUDGET seconds (460): the GPU tests; Amazon-670K-
 #                                           # shaped at full size, EPOCHS (3) each: gpu topk,
-#                                           # gpu-dense, gpu LSH, topk with --fill-correction 1,
-#                                           # the hybrid (gpu topk, cpu LSH), PyTorch bf16;
-#                                           # WikiLSHTC-325K at 0.25 and Amazon-3M at 0.02
-#                                           # (2 epochs: topk, dense, LSH, topk corrected);
-#                                           # memcheck and racecheck; an Nsight Compute table
-#                                           # of LSH, top-k and dense steps; PyTorch fp32 if
-#                                           # time is left. Each part runs only while its
-#                                           # estimate fits; one summary.md.
+#                                           # topk with the fused scoring pass
+#                                           # (HSLIDE_GPU_TOPK_FUSED=1), gpu-dense, gpu LSH,
+#                                           # topk with --fill-correction 1, the hybrid (gpu
+#                                           # topk, cpu LSH); Amazon-3M at 0.02 and
+#                                           # WikiLSHTC-325K at 0.25 (2 epochs: topk, topk
+#                                           # corrected, dense, LSH); memcheck and racecheck;
+#                                           # an Nsight Compute table of LSH, top-k (cuBLAS
+#                                           # and fused) and dense steps; PyTorch bf16, then
+#                                           # fp32, as time is left. Each part runs only while
+#                                           # its estimate fits; one summary.md.
 #   scripts/gpu_check.sh tests              # on the GPU machine: the GPU tests, then
 #                                           # compute-sanitizer memcheck and racecheck on the
 #                                           # LSH and top-k kernels' tests (where it exists)
@@ -181,7 +183,7 @@ prepare_preset() {
 # run_config "BACKEND PRECISION [BATCH [VARIANT]]": trains the prepared preset for $epochs and
 # appends its row (and a hybrid's worker rows) to $summary.
 run_config() {
-    local backend precision batch variant name label extra started=$SECONDS
+    local backend precision batch variant name label extra run_env=() started=$SECONDS
     read -r backend precision batch variant <<<"$1"
     batch=${batch:-$p_batch}
     name="$preset-s$preset_scale-$backend-$precision-b$batch${variant:+-$variant}"
@@ -189,6 +191,12 @@ run_config() {
     [[ $batch == "$p_batch" ]] || label="$backend (batch $batch)"
     extra=(--output-sparsity "$p_sparsity")
     [[ $variant == topk ]] && { extra=(--output-sparsity topk); label="$label topk"; }
+    # topk-fused: the fused scoring pass (gpu_topk.cuh), its variable set for this run only.
+    [[ $variant == topk-fused ]] && {
+        extra=(--output-sparsity topk)
+        run_env=(HSLIDE_GPU_TOPK_FUSED=1)
+        label="$label topk (fused scoring)"
+    }
     [[ $variant == topk-fc ]] &&
         { extra=(--output-sparsity topk --fill-correction 1); label="$label topk (fill correction 1)"; }
     [[ $variant == async ]] && { extra=(--gpu-async-rebuild); label="$label (async rebuild)"; }
@@ -211,8 +219,8 @@ run_config() {
             --batch-size "$batch" --precision "$precision" --metrics-out "$work/$name.jsonl" \
             >"$work/$name.log" 2>&1 || echo "$failed" >>"$summary"
     else
-        "$root/bin/hslide" train --train "$data/train.txt" --test "$data/test.txt" \
-            --backend "$backend" --precision "$precision" --epochs "$epochs" "${network[@]}" \
+        env ${run_env[@]+"${run_env[@]}"} "$root/bin/hslide" train --train "$data/train.txt" \
+            --test "$data/test.txt" --backend "$backend" --precision "$precision" --epochs "$epochs" "${network[@]}" \
             --batch-size "$batch" --no-progress --metrics-out "$work/$name.jsonl" "${extra[@]}" \
             >"$work/$name.log" 2>&1 || echo "$failed" >>"$summary"
     fi
@@ -270,9 +278,9 @@ run_sanitizers() {
     for tool in memcheck racecheck; do
         rc=0
         # racecheck is slow: the kernels' own tests only, the heavy top-k ones left to memcheck.
-        filter='GpuLsh.*:GpuTopK.*:GpuLayers.*:GpuDenseSoftmax.*:GpuBackend.InputCatchUp*'
+        filter='GpuLsh.*:GpuTopK.*:GpuLayers.*:GpuDenseSoftmax.*:GpuBackend.InputCatchUp*-GpuTopK.FusedScoringPassAtScale*'
         [[ $tool == racecheck ]] &&
-            filter='GpuLayers.*:GpuDenseSoftmax.*:GpuTopK.Fill*:GpuTopK.Sets*:GpuTopK.ChunkedSelectionIsExact*:GpuLsh.*'
+            filter='GpuLayers.*:GpuDenseSoftmax.*:GpuTopK.Fill*:GpuTopK.Sets*:GpuTopK.ChunkedSelectionIsExact*:GpuLsh.*:GpuTopK.FusedScoringPassMatches*'
         timeout "$1" "$sanitizer" --tool "$tool" --error-exitcode 3 \
             "$root/bin/test_gpu_backend" --gtest_filter="$filter" \
             >"$work/sanitizer-$tool.log" 2>&1 || rc=$?
@@ -293,11 +301,13 @@ run_sanitizers() {
 # begins with first_layer_forward_kernel, which every GPU step launches once; only whole steps
 # count.
 profile_step() {
-    local label=$1 count=$2 ncu
+    local label=$1 count=$2 ncu run_env=()
     shift 2
+    # Leading NAME=VALUE arguments: the environment of this profile only.
+    while [[ ${1:-} == [A-Z]*=* ]]; do run_env+=("$1"); shift; done
     ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || true)
     [[ -n $ncu ]] || { echo "no ncu on this machine: no step profile"; return 0; }
-    timeout 90 "$ncu" --csv --launch-skip 300 --launch-count "$count" --clock-control none \
+    timeout 90 env ${run_env[@]+"${run_env[@]}"} "$ncu" --csv --launch-skip 300 --launch-count "$count" --clock-control none \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
         "$root/bin/hslide" train --train "$data/train.txt" --test "$data/test.txt" \
         --epochs 2 --eval-every 0 --no-progress "${network[@]}" --batch-size "$p_batch" "$@" \
@@ -385,10 +395,10 @@ bench | topk)
     ;;
 all)
     # Issue 22's one check. Its parts run in order of what matters most, each only while the
-    # budget (seconds, default 450: inside 8 minutes with the unpacking) leaves room for its
+    # budget (seconds, default 460: inside 8 minutes with the unpacking) leaves room for its
     # estimate, so that a slow machine loses the last parts, not the whole summary.
     epochs=${2:-3}
-    budget=${3:-450}
+    budget=${3:-460}
     summary="$work/summary.md"
     status=0
     fits() { ((budget - SECONDS > $1)); }
@@ -413,17 +423,17 @@ all)
         echo
         summary_head "Amazon-670K-shaped at full size, $epochs epochs; WikiLSHTC-325K-shaped at scale 0.25 and Amazon-3M-shaped at scale 0.02, 2 epochs."
     } >>"$summary"
-    # "CONFIG:ESTIMATED SECONDS", run while the estimate fits.
+    # "CONFIG:ESTIMATED SECONDS" (2026-11-26's H200 run, rounded up), run while the estimate
+    # fits: what issues 19 and 22 check first, PyTorch (2 minutes a precision) last.
     prepare_preset amazon670k@1
-    parts=("gpu bf16 $p_batch topk:40" "gpu-dense bf16:50" "gpu bf16:30" "gpu bf16 $p_batch topk-fc:40"
-        "hybrid bf16 $p_batch topk-gpu:45")
-    have_torch_cuda && parts+=("torch bf16:70")
+    parts=("gpu bf16 $p_batch topk:30" "gpu bf16 $p_batch topk-fused:30" "gpu-dense bf16:45"
+        "gpu bf16:25" "gpu bf16 $p_batch topk-fc:30" "hybrid bf16 $p_batch topk-gpu:30")
     for part in "${parts[@]}"; do fits "${part##*:}" && run_config "${part%:*}"; done
     epochs=2
-    for spec in wikilshtc325k@0.25 amazon3m@0.02; do
+    for spec in amazon3m@0.02 wikilshtc325k@0.25; do
         prepare_preset "$spec"
-        for part in "gpu bf16 $p_batch topk:30" "gpu-dense bf16:30" "gpu bf16:30" \
-            "gpu bf16 $p_batch topk-fc:30"; do
+        for part in "gpu bf16 $p_batch topk:20" "gpu bf16 $p_batch topk-fc:20" "gpu-dense bf16:20" \
+            "gpu bf16:20"; do
             fits "${part##*:}" && run_config "${part%:*}"
         done
     done
@@ -436,10 +446,13 @@ all)
     # About 0.2 s a profiled launch; a step launches about 40 (LSH), 90 (top-k), 15 (dense).
     fits 40 && profile_step lsh-bf16 130 --backend gpu --precision bf16
     fits 50 && profile_step topk-bf16 200 --backend gpu --precision bf16 --output-sparsity topk
+    fits 30 && profile_step topk-fused-bf16 120 HSLIDE_GPU_TOPK_FUSED=1 --backend gpu \
+        --precision bf16 --output-sparsity topk
     fits 30 && profile_step dense-bf16 70 --backend gpu-dense --precision bf16
     prepare_preset amazon670k@1
     epochs=${2:-3}
-    have_torch_cuda && fits 100 && run_config "torch fp32"
+    have_torch_cuda && fits 130 && run_config "torch bf16"
+    have_torch_cuda && fits 150 && run_config "torch fp32"
     printf '\ndone in %s s\n' "$SECONDS" >>"$summary"
     [[ $out == "$work" ]] || { cp "$summary" "$out/"; ship_logs; }
     cat "$summary"

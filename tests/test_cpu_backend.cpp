@@ -71,6 +71,19 @@ ref_params to_ref(const model_state& m) {
     return p;
 }
 
+/// The first layer's ReLU outputs for the sparse input `x`, from the definition.
+std::vector<double> reference_first_layer(const ref_params& p, const model_config& c,
+                                          const feature_row& x) {
+    std::vector<double> a(c.layers[0].size);
+    for (uint32_t j = 0; j < a.size(); ++j) {
+        double z = p.b[0][j];
+        for (uint32_t k = 0; k < x.count; ++k)
+            z += x.values[k] * p.w[0][size_t(x.ids[k]) * p.width[0] + j];
+        a[j] = std::max(0.0, z);
+    }
+    return a;
+}
+
 /// The mean loss of the batch with the given active sets (empty = all), written from the
 /// definition: ReLU hidden layers, softmax over the output active set, target 1/|y|;
 /// `output_shift` (per sample, per output set position) is added to the softmax's logits.
@@ -82,13 +95,7 @@ double reference_loss(const ref_params& p, const model_config& c, const dataset&
     for (size_t s = 0; s < rows.size(); ++s) {
         const feature_row x = d.features(rows[s]);
         const label_row y = d.labels(rows[s]);
-        std::vector<double> a(c.layers[0].size);
-        for (uint32_t j = 0; j < a.size(); ++j) {
-            double z = p.b[0][j];
-            for (uint32_t k = 0; k < x.count; ++k)
-                z += x.values[k] * p.w[0][size_t(x.ids[k]) * p.width[0] + j];
-            a[j] = std::max(0.0, z);
-        }
+        std::vector<double> a = reference_first_layer(p, c, x);
         for (size_t l = 1; l < c.layers.size(); ++l) {
             std::vector<uint32_t> ids = active[s][l];
             if (ids.empty()) {
@@ -129,13 +136,7 @@ double reference_loss(const ref_params& p, const model_config& c, const dataset&
 std::vector<double> reference_logits(const ref_params& p, const model_config& c, const dataset& d,
                                      uint32_t point) {
     const feature_row x = d.features(point);
-    std::vector<double> a(c.layers[0].size);
-    for (uint32_t j = 0; j < a.size(); ++j) {
-        double z = p.b[0][j];
-        for (uint32_t k = 0; k < x.count; ++k)
-            z += x.values[k] * p.w[0][size_t(x.ids[k]) * p.width[0] + j];
-        a[j] = std::max(0.0, z);
-    }
+    std::vector<double> a = reference_first_layer(p, c, x);
     for (size_t l = 1; l < c.layers.size(); ++l) {
         std::vector<double> z(c.layers[l].size);
         for (uint32_t r = 0; r < z.size(); ++r) {

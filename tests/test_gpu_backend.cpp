@@ -1647,4 +1647,162 @@ TEST(GpuHybrid, CpuAndGpuWorkersTrainBibtexTogether) {
     EXPECT_EQ(samples[0] + samples[1], 10u * 4880u);
 }
 
+// The fused scoring pass (score_top_k_fused: a cuBLAS pilot over the first rows, then
+// tensor-core tiles that keep only each sample's log-sum-exp partials and the scores above the
+// pilot's k-th) against the cuBLAS pass and exact scores of the bf16-rounded values: the same
+// ids in the same order, scores and log-partitions within fp32 rounding. `integers`: small
+// integer weights, hidden values and biases, whose sums are exact in fp32 in any order, so
+// there are many exact ties, broken by the smaller id in every pass.
+struct fused_case {
+    uint32_t rows, batch, width, stride, k, pilot;
+    bool integers;
+};
+
+void expect_fused_pass(const fused_case& c, uint64_t seed) {
+    SCOPED_TRACE("rows " + std::to_string(c.rows) + ", batch " + std::to_string(c.batch) +
+                 ", width " + std::to_string(c.width) + ", stride " + std::to_string(c.stride) +
+                 ", k " + std::to_string(c.k) + ", pilot " +
+                 (c.pilot == gpu::testing::fused_auto_pilot ? std::string("auto")
+                                                            : std::to_string(c.pilot)) +
+                 (c.integers ? ", integers" : ""));
+    rng gen(seed);
+    std::vector<float> weights(size_t(c.rows) * c.stride, 0.0f), bias(c.rows),
+        hidden(size_t(c.batch) * c.stride, 0.0f);
+    for (uint32_t r = 0; r < c.rows; ++r) {
+        for (uint32_t i = 0; i < c.width; ++i)
+            weights[size_t(r) * c.stride + i] =
+                c.integers ? float(int(gen.below(5)) - 2) : float(gen.normal());
+        bias[r] = c.integers ? float(int(gen.below(7)) - 3) : float(gen.normal()) * 0.5f;
+    }
+    for (uint32_t s = 0; s < c.batch; ++s)
+        for (uint32_t i = 0; i < c.width; ++i)
+            hidden[size_t(s) * c.stride + i] =
+                c.integers ? float(gen.below(4)) : std::max(0.0f, float(gen.normal()));
+    std::vector<uint32_t> labels, want_labels;
+    std::vector<float> top, log_z, want_top, want_log_z;
+    bool ran = false;
+    try {
+        gpu::testing::score_top_k(weights, bias, c.rows, c.width, c.stride, hidden, c.batch,
+                                  /*bf16=*/true, c.k, 0, want_labels, want_top, want_log_z);
+        ran = gpu::testing::score_top_k_fused(weights, bias, c.rows, c.width, c.stride, hidden,
+                                              c.batch, c.k, c.pilot, labels, top, log_z);
+    } catch (const error& e) {
+        if (e.kind() == error_kind::unsupported &&
+            std::string(e.what()).find("cuBLAS") != std::string::npos)
+            HSLIDE_GPU_SKIP(e.what());
+        throw;
+    }
+    ASSERT_TRUE(ran) << "the fused pass did not run (or its candidates overflowed)";
+    ASSERT_EQ(labels.size(), size_t(c.batch) * c.k);
+    // Against the cuBLAS pass: every sample.
+    for (uint32_t s = 0; s < c.batch; ++s) {
+        for (uint32_t i = 0; i < c.k; ++i) {
+            const size_t at = size_t(s) * c.k + i;
+            ASSERT_EQ(labels[at], want_labels[at]) << "sample " << s << ", rank " << i;
+            EXPECT_NEAR(top[at], want_top[at], 1e-4 * std::max(1.0f, std::abs(want_top[at])));
+        }
+        EXPECT_NEAR(log_z[s], want_log_z[s], 1e-4 * std::max(1.0f, std::abs(want_log_z[s])))
+            << "sample " << s;
+    }
+    // Against exact scores in double precision: up to 9 samples (the first, the last, between).
+    const uint32_t step = std::max(1u, c.batch / 8);
+    std::vector<uint32_t> checked;
+    for (uint32_t s = 0; s < c.batch; s += step) checked.push_back(s);
+    if (checked.back() != c.batch - 1) checked.push_back(c.batch - 1);
+    for (const uint32_t s : checked) {
+        std::vector<std::pair<float, uint32_t>> all;
+        std::vector<double> z(c.rows);
+        double max = -INFINITY;
+        for (uint32_t r = 0; r < c.rows; ++r) {
+            double dot = bias[r];
+            for (uint32_t i = 0; i < c.width; ++i)
+                dot += double(round_bf16(weights[size_t(r) * c.stride + i])) *
+                       double(round_bf16(hidden[size_t(s) * c.stride + i]));
+            z[r] = dot;
+            all.push_back({float(dot), r});
+            max = std::max(max, dot);
+        }
+        const auto w = sorted_best(all, c.k);
+        for (uint32_t i = 0; i < c.k; ++i) {
+            const size_t at = size_t(s) * c.k + i;
+            ASSERT_EQ(labels[at], w[i].second) << "sample " << s << ", rank " << i;
+            if (c.integers)
+                ASSERT_EQ(top[at], w[i].first) << "sample " << s << ", rank " << i;
+            else
+                EXPECT_NEAR(top[at], w[i].first, 1e-4 * std::max(1.0f, std::abs(w[i].first)));
+        }
+        double sum = 0;
+        for (double v : z) sum += std::exp(v - max);
+        const double want = max + std::log(sum);
+        EXPECT_NEAR(log_z[s], want, 1e-4 * std::max(1.0, std::abs(want))) << "sample " << s;
+    }
+}
+
+TEST(GpuTopK, FusedScoringPassMatchesTheCublasPassAndExactScores) {
+    HSLIDE_REQUIRE_GPU();
+    constexpr uint32_t au = gpu::testing::fused_auto_pilot;
+    // pilot 0 (or below k): every row is a candidate (the threshold is none); widths 16, 33 (stride
+    // 40: padded; stride 33: no 16-byte loads), 128, 256; batches 1, 7, 65, 256.
+    const std::vector<fused_case> cases{
+        {1, 7, 16, 16, 1, 0, false},           {15, 1, 33, 40, 5, 0, false},
+        {17, 256, 128, 128, 17, 0, false},     {33, 7, 256, 256, 10, 0, false},
+        {33, 7, 256, 256, 10, 16, false},      {1001, 256, 128, 128, 64, 0, false},
+        {1001, 256, 128, 136, 64, 300, false}, {1003, 7, 33, 40, 40, 0, false},
+        {1003, 7, 33, 33, 40, 20, false},      {1003, 65, 128, 128, 64, au, false}};
+    uint64_t seed = 71;
+    for (const fused_case& c : cases) expect_fused_pass(c, seed++);
+}
+
+// At scale (left out of gpu_check.sh's sanitizers): 70,001 rows with the chosen pilot.
+TEST(GpuTopK, FusedScoringPassAtScaleMatchesTheCublasPassAndExactScores) {
+    HSLIDE_REQUIRE_GPU();
+    constexpr uint32_t au = gpu::testing::fused_auto_pilot;
+    const std::vector<fused_case> cases{{70001, 256, 128, 128, 64, au, false},
+                                        {70001, 7, 256, 256, 64, au, false},
+                                        {70001, 1, 16, 16, 1, au, false},
+                                        {70001, 256, 50, 64, 1024, au, false}};
+    uint64_t seed = 81;
+    for (const fused_case& c : cases) expect_fused_pass(c, seed++);
+}
+
+TEST(GpuTopK, FusedScoringPassBreaksExactTiesByTheSmallerId) {
+    HSLIDE_REQUIRE_GPU();
+    constexpr uint32_t au = gpu::testing::fused_auto_pilot;
+    const std::vector<fused_case> cases{{5000, 7, 128, 128, 64, 0, true},
+                                        {5000, 7, 128, 128, 64, au, true},
+                                        {5001, 65, 33, 40, 100, 129, true},
+                                        {3000, 3, 16, 16, 2048, au, true}};
+    uint64_t seed = 91;
+    for (const fused_case& c : cases) expect_fused_pass(c, seed++);
+}
+
+TEST(GpuTopK, FusedScoringPassSaysWhenItsCandidatesOverflow) {
+    HSLIDE_REQUIRE_GPU();
+    // pilot 0 makes all 20,000 rows candidates, above the 8,192 - k a sample keeps: the pass
+    // reports it (the backend then runs the cuBLAS pass); a pilot of 4,096 rows leaves few.
+    const uint32_t rows = 20000, width = 32, batch = 3, k = 8;
+    rng gen(97);
+    std::vector<float> weights(size_t(rows) * width), bias(rows, 0.0f),
+        hidden(size_t(batch) * width);
+    for (float& w : weights) w = float(gen.normal());
+    for (float& h : hidden) h = float(gen.uniform());
+    std::vector<uint32_t> labels;
+    std::vector<float> top, log_z;
+    try {
+        EXPECT_FALSE(gpu::testing::score_top_k_fused(weights, bias, rows, width, width, hidden,
+                                                     batch, k, 0, labels, top, log_z));
+        EXPECT_TRUE(labels.empty());
+        EXPECT_TRUE(gpu::testing::score_top_k_fused(weights, bias, rows, width, width, hidden,
+                                                    batch, k, 4096, labels, top, log_z));
+        // A pilot over the whole layer leaves nothing to fuse: not applicable.
+        EXPECT_FALSE(gpu::testing::score_top_k_fused(weights, bias, rows, width, width, hidden,
+                                                     batch, k, rows, labels, top, log_z));
+    } catch (const error& e) {
+        if (e.kind() == error_kind::unsupported &&
+            std::string(e.what()).find("cuBLAS") != std::string::npos)
+            HSLIDE_GPU_SKIP(e.what());
+        throw;
+    }
+}
+
 }  // namespace

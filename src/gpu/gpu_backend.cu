@@ -45,6 +45,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <numeric>
@@ -766,8 +767,19 @@ uint32_t gpu_backend::select_top_k_sets(uint32_t batch, const batch_csr& csr, ui
     const device_layer& out = layers_[1];
     const uint32_t k = std::min(cfg.top_k, out.rows);
     const uint32_t fill = std::min(cfg.active.min_active, out.rows);
-    score_top_k(out.view(), hidden_.data(), use_bf16() ? hidden16_.data() : nullptr,
-                layers_[0].stride, use_bf16(), batch, k, /*chunk=*/0, blas_, topk_, stream_);
+    // HSLIDE_GPU_TOPK_FUSED=1: the fused scoring pass (gpu_topk.cuh), opt-in until a GPU run
+    // has measured it; the cuBLAS pass where it does not apply or its candidates overflowed.
+    const uint64_t fallbacks = topk_.fused_fallbacks;
+    const bool fused = top_k_fused_requested() && use_bf16() &&
+                       score_top_k_fused(out.view(), hidden16_.data(), layers_[0].stride, batch, k,
+                                         fused_auto_pilot, blas_, topk_, stream_);
+    if (fallbacks == 0 && topk_.fused_fallbacks == 1)
+        std::fprintf(stderr,
+                     "hslide: HSLIDE_GPU_TOPK_FUSED: a sample's candidates overflowed; such "
+                     "steps take the cuBLAS scoring pass\n");
+    if (!fused)
+        score_top_k(out.view(), hidden_.data(), use_bf16() ? hidden16_.data() : nullptr,
+                    layers_[0].stride, use_bf16(), batch, k, /*chunk=*/0, blas_, topk_, stream_);
     // The fill's seed as LSH's (the CPU draws other ids: only the seed decides them).
     return build_top_k_sets(batch, k, csr.label_offsets, csr.label_ids, max_labels, fill, out.rows,
                             derive_seed(train_.seed ^ 0x5eedf111ULL, shape_.adam_step), topk_,
@@ -1200,7 +1212,9 @@ backend_info gpu_backend::info() const {
     backend_info bi;
     bi.kind = to_string(backend_kind::gpu);
     bi.device = device_name_ + (dense_output_  ? " (dense output, cuBLAS)"
-                                : topk_output_ ? " (top-k output, cuBLAS scoring)"
+                                : topk_output_ ? (top_k_fused_requested() && use_bf16()
+                                                      ? " (top-k output, fused scoring)"
+                                                      : " (top-k output, cuBLAS scoring)")
                                                : " (LSH output)");
     bi.precision = to_string(precision_);
     for (const device_layer& l : layers_)

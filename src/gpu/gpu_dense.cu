@@ -1,5 +1,6 @@
 // The dense output layer's fused softmax + loss + gradient (see gpu_dense.cuh for the layout,
 // the three kernels and their byte counts).
+#include "block_reduce.cuh"
 #include "gpu_dense.cuh"
 #include "hslide/error.hpp"
 #include "launch.cuh"
@@ -29,45 +30,6 @@ constexpr int gradient_group = 4;
 constexpr int gradient_blocks_per_sm = 5;
 
 constexpr int combine_threads = 256;
-
-__device__ max_sum warp_combine(max_sum v) {
-    for (int o = 16; o > 0; o /= 2)
-        v = max_sum_combine(
-            v, {__shfl_xor_sync(0xffffffffu, v.max, o), __shfl_xor_sync(0xffffffffu, v.sum, o)});
-    return v;
-}
-
-// The block's pair, in thread 0 (the other threads' results are partial); `scratch` holds 64
-// floats; every thread of the block calls it.
-__device__ max_sum block_combine(max_sum v, float* scratch) {
-    v = warp_combine(v);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
-    __syncthreads();  // scratch may still be read by a previous reduction
-    if (lane == 0) {
-        scratch[warp] = v.max;
-        scratch[32 + warp] = v.sum;
-    }
-    __syncthreads();
-    if (warp == 0) {
-        v = lane < n_warps ? max_sum{scratch[lane], scratch[32 + lane]} : max_sum{};
-        v = warp_combine(v);
-    }
-    return v;
-}
-
-// The block's sum, in thread 0; `scratch` holds 32 floats.
-__device__ float block_sum(float v, float* scratch) {
-    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        v = lane < n_warps ? scratch[lane] : 0.0f;
-        for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-    }
-    return v;
-}
 
 __device__ float get(const float4& v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;

@@ -1,4 +1,5 @@
 // The GPU backend's layer kernels (see gpu_layers.cuh for what each computes).
+#include "block_reduce.cuh"
 #include "gpu_layers.cuh"
 #include "launch.cuh"
 #include "online_softmax.hpp"
@@ -14,23 +15,6 @@ constexpr int block_threads = 256;
 constexpr int warps_per_block = block_threads / 32;
 // Hidden rows of up to 1024 floats: 256 float4 chunks, 8 per lane of a warp.
 constexpr int max_chunks_per_lane = 8;
-
-__device__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-// Block-wide sum (every thread gets the result); `scratch` holds 32 floats.
-__device__ float block_sum(float v, float* scratch) {
-    v = warp_sum(v);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    __syncthreads();  // scratch may still be read by a previous reduction
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    const int n_warps = blockDim.x / 32;
-    v = lane < n_warps ? scratch[lane] : 0.0f;
-    return warp_sum(v);
-}
 
 // Four weights of a row as floats: fp32 master or bf16 copy.
 __device__ float4 load4(const float* row, uint32_t q) {
@@ -151,31 +135,6 @@ __global__ void sparse_output_forward_kernel(const W* weights, const float* bias
     if (lane == 0) logits[e] = acc + bias[j];
 }
 
-__device__ max_sum warp_combine(max_sum v) {
-    for (int o = 16; o > 0; o /= 2)
-        v = max_sum_combine(
-            v, {__shfl_xor_sync(0xffffffffu, v.max, o), __shfl_xor_sync(0xffffffffu, v.sum, o)});
-    return v;
-}
-// Block-wide combine (every thread gets the result); `scratch` holds 64 floats.
-__device__ max_sum block_combine(max_sum v, float* scratch) {
-    v = warp_combine(v);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    __syncthreads();  // scratch may still be read by a previous reduction
-    if (lane == 0) {
-        scratch[warp] = v.max;
-        scratch[32 + warp] = v.sum;
-    }
-    __syncthreads();
-    const int n_warps = blockDim.x / 32;
-    v = lane < n_warps ? max_sum{scratch[lane], scratch[32 + lane]} : max_sum{};
-    v = warp_combine(v);
-    // The butterfly gives lane i combine(v_i, v_j) and lane j combine(v_j, v_i), which a fused
-    // multiply-add may round differently: lane 0's result is every thread's, so all of a
-    // sample's deltas share one partition sum.
-    return {__shfl_sync(0xffffffffu, v.max, 0), __shfl_sync(0xffffffffu, v.sum, 0)};
-}
-
 __global__ void softmax_loss_kernel(float* logits, const float* bias, const uint32_t* offsets,
                                     uint32_t n_columns, bool labels_first, batch_csr batch,
                                     float* delta, float* loss) {
@@ -197,7 +156,7 @@ __global__ void softmax_loss_kernel(float* logits, const float* bias, const uint
         if (!offsets && bias) logits[e] = l = l + bias[e - begin];
         ms = max_sum_add(ms, l);
     }
-    ms = block_combine(ms, scratch);
+    ms = block_combine_shared(ms, scratch);
     const float m = ms.max, inv_sum = 1.0f / ms.sum, log_partition = m + logf(ms.sum);
     for (uint64_t e = begin + threadIdx.x; e < end; e += blockDim.x)
         delta[e] = __expf(logits[e] - m) * inv_sum;  // this thread's own writes above

@@ -19,6 +19,15 @@ device_array<T> to_device(const std::vector<T>& v, const char* what) {
             cudaMemcpy(d.data(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
     return d;
 }
+// A cuBLAS handle for one test call, destroyed however the call ends.
+struct blas_handle {
+    cublasHandle_t handle = nullptr;
+    blas_handle() { HSLIDE_CUBLAS_CHECK(cublas().create(&handle)); }
+    ~blas_handle() { cublas().destroy(handle); }
+    blas_handle(const blas_handle&) = delete;
+    blas_handle& operator=(const blas_handle&) = delete;
+};
+
 template <class T>
 std::vector<T> to_host(const T* d, size_t n) {
     std::vector<T> v(n);
@@ -161,18 +170,11 @@ void score_top_k(const std::vector<float>& weights, const std::vector<float>& bi
                          rows,
                          width,
                          stride};
-    cublasHandle_t blas = nullptr;
-    HSLIDE_CUBLAS_CHECK(cublas().create(&blas));
+    const blas_handle blas;
     top_k_workspace ws;
-    try {
-        score_top_k(out, d_hidden.data(), h16.data(), stride, bf16, batch, k, chunk, blas, ws,
-                    nullptr);
-        HSLIDE_CUDA_CHECK(cudaDeviceSynchronize());
-    } catch (...) {
-        cublas().destroy(blas);
-        throw;
-    }
-    cublas().destroy(blas);
+    score_top_k(out, d_hidden.data(), h16.data(), stride, bf16, batch, k, chunk, blas.handle, ws,
+                nullptr);
+    HSLIDE_CUDA_CHECK(cudaDeviceSynchronize());
     labels = to_host(ws.best_id.data(), size_t(batch) * k);
     top_scores = to_host(ws.best_score.data(), size_t(batch) * k);
     log_partition = to_host(ws.log_partition.data(), batch);
@@ -359,6 +361,35 @@ std::vector<float> fill_corrected(const std::vector<float>& logits,
                           corrected.data(), nullptr);
     HSLIDE_CUDA_CHECK(cudaDeviceSynchronize());
     return to_host(corrected.data(), logits.size());
+}
+
+static_assert(fused_auto_pilot == gpu::fused_auto_pilot, "the tests' name for the same value");
+
+bool score_top_k_fused(const std::vector<float>& weights, const std::vector<float>& bias,
+                       uint32_t rows, uint32_t width, uint32_t stride,
+                       const std::vector<float>& hidden, uint32_t batch, uint32_t k,
+                       uint32_t pilot_rows, std::vector<uint32_t>& labels,
+                       std::vector<float>& top_scores, std::vector<float>& log_partition) {
+    auto d_weights = to_device(weights, "test weights");
+    auto d_bias = to_device(bias, "test bias");
+    auto d_hidden = to_device(hidden, "test hidden");
+    device_array<__nv_bfloat16> w16(std::max<size_t>(weights.size(), 1), "test bf16"),
+        h16(std::max<size_t>(hidden.size(), 1), "test bf16");
+    to_bf16(d_weights.data(), w16.data(), weights.size(), nullptr);
+    to_bf16(d_hidden.data(), h16.data(), hidden.size(), nullptr);
+    const layer_view out{d_weights.data(), nullptr,    nullptr, d_bias.data(), nullptr,
+                         nullptr,          w16.data(), rows,    width,         stride};
+    const blas_handle blas;
+    top_k_workspace ws;
+    const bool ran = gpu::score_top_k_fused(out, h16.data(), stride, batch, k, pilot_rows,
+                                            blas.handle, ws, nullptr);
+    HSLIDE_CUDA_CHECK(cudaDeviceSynchronize());
+    labels.clear(), top_scores.clear(), log_partition.clear();
+    if (!ran) return false;
+    labels = to_host(ws.best_id.data(), size_t(batch) * k);
+    top_scores = to_host(ws.best_score.data(), size_t(batch) * k);
+    log_partition = to_host(ws.log_partition.data(), batch);
+    return true;
 }
 
 }  // namespace hslide::gpu::testing

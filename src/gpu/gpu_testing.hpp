@@ -113,4 +113,18 @@ void dense_softmax_loss(const std::vector<float>& logits, const std::vector<floa
                         std::vector<float>& delta, std::vector<float>& bias_gradient,
                         std::vector<float>& loss);
 
+/// score_top_k_fused's pilot_rows for "chosen from k and the layer" (gpu::fused_auto_pilot).
+constexpr uint32_t fused_auto_pilot = 0xffffffffu;
+
+/// The GPU's fused scoring pass (score_top_k_fused, bf16: both sides rounded first) on the
+/// inputs of score_top_k above, with `pilot_rows` rows through the cuBLAS pass first
+/// (fused_auto_pilot: chosen). Returns whether it ran (false: not applicable here, or a
+/// sample's candidates overflowed; the outputs are then left empty). Throws hslide::error
+/// (unsupported, naming cuBLAS) where cuBLAS does not load.
+bool score_top_k_fused(const std::vector<float>& weights, const std::vector<float>& bias,
+                       uint32_t rows, uint32_t width, uint32_t stride,
+                       const std::vector<float>& hidden, uint32_t batch, uint32_t k,
+                       uint32_t pilot_rows, std::vector<uint32_t>& labels,
+                       std::vector<float>& top_scores, std::vector<float>& log_partition);
+
 }  // namespace hslide::gpu::testing

@@ -62,6 +62,41 @@
 // a sample as LSH's do: gpu_check.sh's `topk` row at Amazon-670K ~3.5 s an epoch (from 4.85).
 // step_floor.hpp models the whole step's floor (its top-k GEMM row is the one above, with the
 // chunk buffer kept on chip).
+//
+// Fused pass (score_top_k_fused, opt-in: HSLIDE_GPU_TOPK_FUSED=1; bf16, hidden width <= 256,
+// sm_80 or later): the scores never leave the chip.
+//  1. Pilot: rows [0, P) through the cuBLAS GEMM + merge above: the k best of P rows, whose
+//     k-th is a lower bound of the layer's k-th (k real scores of distinct rows), and their
+//     log-sum-exp pair. P = k R / (k + (8,192 - k) / 4) rounded up to 256 rows (20,480 at
+//     Amazon-670K, k 64): a later row passes with a chance of about k / P, k (R - P) / P
+//     candidates a sample expected (~2,000: a quarter of the buffer).
+//  2. top_k_fused_kernel (256 threads, a persistent grid of the blocks that fit): a block
+//     loads a tile of 128 rows (bf16, K = width padded to 16) into shared memory once, then
+//     per tile of 64 samples their hidden rows (from L2), 8 warps multiply 32 rows x 32
+//     samples each with WMMA bf16 16x16x16 (fp32 accumulators) into a shared score tile; then
+//     4 threads a sample take 32 rows each (+ bias): the pair (max across the 4, one exp a
+//     score, the sum across the 4) folded into the block's pair of the sample in shared
+//     memory (written per block at the end: grid x B pairs), and every score that beats the
+//     sample's pilot k-th (better(): higher score, ties to the smaller id, NaN never) appended
+//     to its candidates in global memory (one atomic a candidate; counted past the capacity).
+//  3. top_k_fused_finish_kernel (one block a sample): log_partition from the pilot's pair and
+//     the blocks' (a fixed order); the k kept and the candidates sorted (bitonic, up to 8,192
+//     entries of shared memory), the first k written. Exact: a row that is no candidate is
+//     beaten by all k kept. A sample with more than 8,192 - k candidates sets a flag: the
+//     host reads it (one wait) and runs score_top_k instead, for the whole step.
+// Model at Amazon-670K (B 256, R 670,091, H 128, k 64; H200):
+//  - pilot: 20,480 rows, one GEMM (21 MB of fp32 written and read back) + one merge with the
+//    first chunk's sort: ~30 us (the measured rates above);
+//  - fused: W read once, (R - P) H 2 = 166 MB -> 39 us at 4.3 TB/s; 42.6 GFLOP on the tensor
+//    cores through mma.sync (WMMA: no wgmma, no pipelined loads) at an assumed ~300-400
+//    TFLOP/s -> 0.11-0.14 ms; the hidden tiles re-read from L2, B H 2 per row tile = 333 MB
+//    (~30 us at L2 rates, beside the HBM stream); one exp a score, 166 M -> 40 us of the
+//    multiprocessors' exp units (16 a clock each); candidates ~4 MB, partials 0.5 MB;
+//  - finish: a 4,096-entry sort a sample, ~10 us; the flag's host wait ~10-20 us;
+//  - so ~0.2 ms a step (from 0.89: ~1.3 s less an epoch of 1,916 steps: gpu_check.sh's
+//    `topk-fused` row ~1.3 s below the `topk` row), bound by the tensor math and the
+//    epilogue's exps rather than bytes; the floor (step_floor.hpp's top-k row: R H 2 + B H 2
+//    bytes and 2 B R H FLOPs, the scores on chip, as here) is ~0.06 ms.
 #pragma once
 
 #include "device_memory.hpp"
@@ -94,11 +129,25 @@ struct top_k_workspace {
     device_array<float> dropped;        ///< batch: softmax mass outside the set (training)
     device_array<uint32_t> set_ids, set_hits;  ///< the fill's per-sample hash sets
     device_array<uint32_t> drawn_from;         ///< batch: where each set's random fill begins
+    // The fused pass's (score_top_k_fused): per (block, sample) log-sum-exp partials, the
+    // candidates (batch x capacity), their counts and the overflow flag.
+    device_array<max_sum> fused_partials;
+    device_array<float> fused_score;
+    device_array<uint32_t> fused_id, fused_count, fused_flag;
+    uint64_t fused_runs = 0, fused_fallbacks = 0;  ///< host counters: fused passes, overflows
+    /// The fused kernel's launch as last set up (blocks 0: the device cannot run it).
+    struct fused_setup {
+        int device = -1;
+        size_t shared = 0;
+        bool vec = false;
+        uint32_t blocks = 0;
+    } fused_launch;
 
     size_t memory_bytes() const {
         return chunk_scores.bytes() + best_score.bytes() + best_id.bytes() + running.bytes() +
                log_partition.bytes() + dropped.bytes() + set_ids.bytes() + set_hits.bytes() +
-               drawn_from.bytes();
+               drawn_from.bytes() + fused_partials.bytes() + fused_score.bytes() +
+               fused_id.bytes() + fused_count.bytes() + fused_flag.bytes();
     }
 };
 
@@ -120,6 +169,24 @@ void top_k_finish(uint32_t batch, top_k_workspace& ws, cudaStream_t stream);
 void score_top_k(const layer_view& out, const float* hidden, const __nv_bfloat16* hidden16,
                  uint32_t hidden_stride, bool bf16, uint32_t batch, uint32_t k, uint32_t chunk,
                  cublasHandle_t blas, top_k_workspace& ws, cudaStream_t stream);
+
+/// score_top_k_fused's pilot_rows: chosen from k and the layer (see above).
+constexpr uint32_t fused_auto_pilot = 0xffffffffu;
+
+/// The fused scoring pass (bf16 only, hidden width up to 256, sm_80 or later): the first
+/// `pilot_rows` rows through score_top_k's cuBLAS GEMM + merge, the rest by
+/// top_k_fused_kernel, which never writes the scores (see above). Leaves `ws` as score_top_k
+/// does (the same ids in the same order; log_partition within float rounding) and returns
+/// true; returns false, with ws in no defined state, where it does not apply (fp32, a wider
+/// layer, a pilot covering the layer, too little shared memory) or a sample's candidates
+/// overflowed their buffer: the caller then runs score_top_k. One host wait (the flag).
+/// The backend takes this path only under HSLIDE_GPU_TOPK_FUSED=1 (read once).
+bool score_top_k_fused(const layer_view& out, const __nv_bfloat16* hidden16, uint32_t hidden_stride,
+                       uint32_t batch, uint32_t k, uint32_t pilot_rows, cublasHandle_t blas,
+                       top_k_workspace& ws, cudaStream_t stream);
+
+/// Whether HSLIDE_GPU_TOPK_FUSED is "1" (read once).
+bool top_k_fused_requested();
 
 /// Builds the CSR active sets from ws.best_id (k per sample): labels first (label_offsets /
 /// label_ids, batch + 1 offsets; null: no labels, and every sample gets a set), then the
