@@ -73,8 +73,8 @@ struct layer_config {
     uint32_t top_k = 64;       ///< neurons a sample keeps besides its labels (top-k selection)
     top_k_search search = top_k_search::exact;  ///< how top-k selection finds them
     /// --top-k-search ivf: the index's clusters (0 = about sqrt(rows) / 2) and the clusters a
-    /// sample's search scores the rows of (bench/topk.md: 400 and 48 at 670k rows keep exact
-    /// top-k's P@1)
+    /// sample's search scores the rows of (bench/topk.md: about 400 and 48 at 670k rows keep
+    /// exact top-k's P@1)
     uint32_t ivf_clusters = 0;
     uint32_t ivf_probes = 48;
     /// --top-k-search ivf: training steps between refreshes of the index (its rows
