@@ -1,20 +1,24 @@
 // An inverted-file index over a layer's rows for approximate top-k by inner product: the CPU
 // top-k selection's `--top-k-search ivf` (FAISS's IndexIVFFlat is the model).
 //
-// A logit is <row, h> + bias = <[row, bias], [h, 1]>, so the index works on the rows augmented
-// with their bias. Building partitions the rows into clusters by spherical k-means (a row goes
-// to the unit centroid with the highest inner product; a centroid is its members' normalised
-// sum). Above 256 clusters it is two-level, as FAISS's two_level_clustering: about sqrt(C)
-// coarse clusters, then each coarse cluster split in proportion to its size, so a build costs
-// about 2 sqrt(C) products a row instead of C. Centroids are trained on at most 64 sampled rows
-// each, then every row is assigned once. The members are kept in CSR, ascending row ids.
+// A logit is <row, h> + bias = <[row, bias, 0], [h, 1, e]>: the index works on the rows
+// augmented with their bias and a value e = sqrt(M^2 - |row|^2 - bias^2) that puts every row on
+// the sphere of radius M (the largest norm), where the largest inner product with a query
+// [h, 1, 0] is the nearest row (the MIPS-to-nearest-neighbour reduction). Building partitions
+// the rows into clusters by spherical k-means on these points (a row goes to the unit centroid
+// with the highest inner product; a centroid is its members' normalised sum). Above 256 clusters it
+// is two-level, as FAISS's two_level_clustering: about sqrt(C) coarse clusters, then each coarse
+// cluster split in proportion to its size, so a build costs about 2 sqrt(C) products a row instead
+// of C. Centroids are trained on at most 64 sampled rows each, then every row is assigned once. The
+// members are kept in CSR, ascending row ids.
 //
 // A search scores the centroids against each query, takes its `probes` best clusters, and
 // scores their rows exactly (live weights: between builds the centroids go stale, the row ids
-// stay valid). A chunk of queries is inverted to (cluster -> queries probing it), so a
-// cluster's rows are gathered once into an L1/L2-sized block and scored against its queries
-// with the same blocked kernels (dots16, dots16_bf16) the exact scoring uses: a row's score is
-// bit-identical to exact scoring's, and with probes >= clusters the result is the exact top-k.
+// stay valid; refresh_ivf_index catches up cheaply). A chunk of queries is inverted to (cluster ->
+// queries probing it), so a cluster's rows are gathered once into an L1/L2-sized block and scored
+// against its queries with the same blocked kernels (dots16, dots16_bf16) the exact scoring uses: a
+// row's score is bit-identical to exact scoring's, and with probes >= clusters the result is the
+// exact top-k.
 //
 // Both are deterministic functions of the rows, the seed and the kernel table, whatever the
 // thread count (per-point results; sums in member order; ties to the smaller id).
