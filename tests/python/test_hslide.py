@@ -193,3 +193,16 @@ def test_fit_starts_fresh_each_time(tiny):
     assert model.epochs_done == FAST["epochs"]
     np.testing.assert_array_equal(model.predict(Xt, 3)[0],
                                   hslide.Model(**FAST).fit(X, Y).predict(Xt, 3)[0])
+
+
+def test_ivf_top_k_search_trains_and_is_checked(tiny):
+    # --top-k-search ivf and its settings as keyword arguments; probing every cluster (probes
+    # above the clusters) is exact top-k, so the model is exact top-k's.
+    X, Y, Xt, _ = tiny
+    exact = dict(FAST, output_sparsity="topk", top_k=8)
+    ivf = dict(exact, top_k_search="ivf", ivf_clusters=4, ivf_probes=64, ivf_refresh=1)
+    a = hslide.Model(**exact).fit(X, Y).predict(Xt, 3)
+    b = hslide.Model(**ivf).fit(X, Y).predict(Xt, 3)
+    assert (a[0] == b[0]).all() and (a[1] == b[1]).all()
+    with pytest.raises(Exception):
+        hslide.Model(**dict(ivf, top_k_search="approximate")).fit(X, Y)
