@@ -16,8 +16,10 @@
 # epochs: 0.095 uncapped, 0.086-0.089 with 16; after 6: 0.36 with 16, 0.37 with 128 cut to the
 # 4,096 most-hit; bench/synthetic.md), and a union of 350 x 128 does not fit the GPU's
 # shared-memory hash sets.
+# p_sparsity is lsh: these are SLIDE's LSH settings, and hslide train's --output-sparsity auto
+# now selects a large output layer by top-k.
 preset_settings() {
-    p_sparsity=auto p_capacity=128
+    p_sparsity=lsh p_capacity=128
     case $1 in
     amazon670k) p_hidden=128 p_K=6 p_L=50 p_bits=2 p_batch=256 p_min_active=1024 ;;
     wikilshtc325k) p_hidden=128 p_K=5 p_L=350 p_bits=2 p_batch=256 p_min_active=1024 p_capacity=16 ;;

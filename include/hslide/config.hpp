@@ -60,6 +60,10 @@ enum class top_k_search {
     /// result is approximate (the selection probe measures its recall); the loss reported is
     /// the set's, as LSH's, and dropped_mass is not measured
     ivf,
+    /// the backend's best: ivf on the CPU (exact scoring is most of a CPU step there; IVF
+    /// keeps its P@1 at a third of its time, bench/topk.md), exact on the GPU (where scoring
+    /// every row is a GEMM)
+    automatic,
 };
 top_k_search parse_top_k_search(const std::string& name);
 const char* to_string(top_k_search search);
@@ -71,7 +75,9 @@ struct layer_config {
     lsh_config lsh;            ///< used when the layer selects with LSH
     active_set_config active;  ///< used when the layer selects with LSH
     uint32_t top_k = 64;       ///< neurons a sample keeps besides its labels (top-k selection)
-    top_k_search search = top_k_search::exact;  ///< how top-k selection finds them
+    /// How top-k selection finds them (the library's default: exact; hslide train's and the
+    /// Python module's: automatic).
+    top_k_search search = top_k_search::exact;
     /// --top-k-search ivf: the index's clusters (0 = about sqrt(rows) / 2) and the clusters a
     /// sample's search scores the rows of (bench/topk.md: about 400 and 48 at 670k rows keep
     /// exact top-k's P@1)

@@ -22,7 +22,7 @@ struct model_options {
     std::string output_sparsity = "auto";
     std::string hidden_sparsity = "dense";
     uint32_t top_k = layer_config{}.top_k;
-    std::string top_k_search = "exact";
+    std::string top_k_search = "auto";
     uint32_t ivf_clusters = layer_config{}.ivf_clusters, ivf_probes = layer_config{}.ivf_probes,
              ivf_refresh = layer_config{}.ivf_refresh;
     float fill_correction = layer_config{}.fill_correction;

@@ -138,11 +138,12 @@ std::vector<CLI::Option*> add_model_options(CLI::App& app, model_options& o) {
         ->check(CLI::PositiveNumber)
         ->capture_default_str();
     app.add_option("--top-k-search", o.top_k_search,
-                   "--output-sparsity topk: how the top-k is found: exact (every output row "
-                   "scored; the full-softmax loss) or ivf (an inverted-file index: the rows "
+                   "top-k output layers: how the top-k is found: exact (every output row "
+                   "scored; the full-softmax loss), ivf (an inverted-file index: the rows "
                    "clustered, a sample scores the rows of its --ivf-probes best clusters; CPU "
-                   "only, the loss over the set as LSH's)")
-        ->check(CLI::IsMember({"exact", "ivf"}))
+                   "only, the loss over the set as LSH's) or auto (ivf on the CPU, exact on "
+                   "the GPU)")
+        ->check(CLI::IsMember({"exact", "ivf", "auto"}))
         ->capture_default_str();
     app.add_option("--ivf-clusters", o.ivf_clusters,
                    "--top-k-search ivf: clusters of output rows (0: about sqrt(rows) / 2)")

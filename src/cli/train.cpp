@@ -268,13 +268,16 @@ int run_train(int argc, char** argv) {
     normalize_inputs(valid, mc);
     std::string shape = std::to_string(mc.input_dim);
     for (size_t l = 0; l < mc.layers.size(); ++l)
-        shape += fmt::format(" -> {}{}", mc.layers[l].size,
-                             mc.uses_lsh(l)                               ? std::string(" (LSH)")
-                             : mc.selection(l) != neuron_selection::top_k ? ""
-                             : mc.layers[l].search == top_k_search::ivf
-                                 ? fmt::format(" (top-k, IVF: {} probes, refresh every {} steps)",
-                                               mc.layers[l].ivf_probes, mc.layers[l].ivf_refresh)
-                                 : std::string(" (top-k)"));
+        shape += fmt::format(
+            " -> {}{}", mc.layers[l].size,
+            mc.uses_lsh(l)                               ? std::string(" (LSH)")
+            : mc.selection(l) != neuron_selection::top_k ? ""
+            : mc.layers[l].search == top_k_search::exact
+                ? std::string(" (top-k)")
+                : fmt::format(
+                      " (top-k{}: {} probes, refresh every {} steps)",
+                      mc.layers[l].search == top_k_search::automatic ? "; IVF on a CPU" : ", IVF",
+                      mc.layers[l].ivf_probes, mc.layers[l].ivf_refresh));
     spdlog::info("model: {} ({:.1f} M parameters, {} with optimizer state)", shape,
                  initial.parameter_count() / 1e6, human_bytes(double(initial.memory_bytes())));
     for (size_t l = 0; l < mc.layers.size(); ++l)

@@ -119,10 +119,10 @@ class cpu_backend final : public backend, public row_transfer {
     struct sample_buffers {
         std::vector<layer_buffers> layers;
         double loss = 0;
-        bool trained = false;         // false for points without labels
-        rng gen;                      // the sample's random fills, layer after layer
-        double log_partition = 0;     // exact top-k: log sum_j exp(logit j) over every output neuron
-        double dropped_mass = 0;      // exact top-k: softmax mass of the output rows left out
+        bool trained = false;      // false for points without labels
+        rng gen;                   // the sample's random fills, layer after layer
+        double log_partition = 0;  // exact top-k: log sum_j exp(logit j) over every output neuron
+        double dropped_mass = 0;   // exact top-k: softmax mass of the output rows left out
         uint32_t set_drawn_from = 0;  // top-k: the set's first random neuron (labels, top-k before)
     };
     struct thread_scratch {
@@ -230,11 +230,12 @@ class cpu_backend final : public backend, public row_transfer {
     void score_output_exactly(uint32_t first, uint32_t n, uint32_t k, bool with_log_partition);
     /// Samples per exact-scoring chunk for a top k: 256, fewer when k is large.
     uint32_t exact_chunk(uint32_t k) const;
-    /// Whether the output layer finds its top-k with the IVF index (--top-k-search ivf).
+    /// Whether the output layer finds its top-k with the IVF index (--top-k-search ivf, or
+    /// auto: on the CPU, IVF).
     bool searches_ivf() const {
         const size_t out = model_.layers.size() - 1;
         return model_.config.selection(out) == neuron_selection::top_k &&
-               model_.config.layers[out].search == top_k_search::ivf;
+               model_.config.layers[out].search != top_k_search::exact;
     }
     /// The output layer's rows as the IVF index reads them (bf16 copies in bf16 precision).
     ivf_rows output_rows() const;

@@ -20,8 +20,8 @@ const std::pair<const char*, neuron_selection> selection_names[] = {
     {"all", neuron_selection::all},
     {"lsh", neuron_selection::lsh},
     {"topk", neuron_selection::top_k}};
-const std::pair<const char*, top_k_search> search_names[] = {{"exact", top_k_search::exact},
-                                                             {"ivf", top_k_search::ivf}};
+const std::pair<const char*, top_k_search> search_names[] = {
+    {"exact", top_k_search::exact}, {"ivf", top_k_search::ivf}, {"auto", top_k_search::automatic}};
 const std::pair<const char*, adam_mode> adam_names[] = {
     {"sparse", adam_mode::sparse},
     {"dense", adam_mode::dense},
@@ -122,7 +122,11 @@ neuron_selection model_config::selection(size_t l) const {
         case sparsity_mode::topk:
             return neuron_selection::top_k;
         case sparsity_mode::automatic:
-            return layers[l].size > auto_sparse_min ? neuron_selection::lsh : neuron_selection::all;
+            // A large output layer selects by top-k: it learns far more per epoch than LSH on
+            // both devices, and dense's P@1 sooner (bench/topk.md, bench/gpu.md); a large
+            // hidden layer by LSH (top-k needs the logits, which only the output layer has).
+            if (layers[l].size <= auto_sparse_min) return neuron_selection::all;
+            return l + 1 == layers.size() ? neuron_selection::top_k : neuron_selection::lsh;
     }
     return neuron_selection::all;
 }
@@ -145,7 +149,7 @@ void validate(const model_config& model) {
                      l);
         if (model.selection(l) == neuron_selection::top_k) {
             HSLIDE_CHECK(layer.top_k >= 1, "layer {}: --top-k must be at least 1", l);
-            if (layer.search == top_k_search::ivf)
+            if (layer.search != top_k_search::exact)
                 HSLIDE_CHECK(layer.ivf_probes >= 1, "layer {}: --ivf-probes must be at least 1", l);
         }
         HSLIDE_CHECK(layer.fill_correction >= 0.0f && layer.fill_correction <= 1.0f,
