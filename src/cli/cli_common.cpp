@@ -128,12 +128,14 @@ std::vector<CLI::Option*> add_model_options(CLI::App& app, model_options& o) {
         ->check(CLI::IsMember({"l2", "none"}))
         ->capture_default_str();
     app.add_option("--output-sparsity", o.output_sparsity,
-                   "output layer: auto (LSH above --auto-sparse-min neurons), lsh, dense, or topk "
-                   "(each sample's labels plus its --top-k highest logits, found exactly)")
+                   "output layer: topk (each sample's labels, its --top-k highest logits, found "
+                   "as --top-k-search says, and random neurons up to --min-active), lsh (SLIDE's "
+                   "hash tables), dense, or auto (topk above --auto-sparse-min neurons, else "
+                   "dense)")
         ->check(CLI::IsMember({"auto", "lsh", "dense", "topk"}))
         ->capture_default_str();
     app.add_option("--top-k", o.top_k,
-                   "--output-sparsity topk: output neurons a training sample keeps besides its "
+                   "top-k output layers: output neurons a training sample keeps besides its "
                    "labels")
         ->check(CLI::PositiveNumber)
         ->capture_default_str();
@@ -158,7 +160,7 @@ std::vector<CLI::Option*> add_model_options(CLI::App& app, model_options& o) {
                    "schedule)")
         ->capture_default_str();
     app.add_option("--fill-correction", o.fill_correction,
-                   "--output-sparsity topk: weight (0..1) of the log-Q correction on the random "
+                   "top-k output layers: weight (0..1) of the log-Q correction on the random "
                    "fill: 1 lets each random neuron stand for the rows outside the set it was "
                    "drawn from (needed where labels are rare, e.g. Amazon-3M), 0 is the plain "
                    "set softmax")
@@ -168,8 +170,10 @@ std::vector<CLI::Option*> add_model_options(CLI::App& app, model_options& o) {
                    "hidden layers after the first: auto, lsh or dense")
         ->check(CLI::IsMember({"auto", "lsh", "dense"}))
         ->capture_default_str();
-    app.add_option("--auto-sparse-min", o.auto_sparse_min,
-                   "'auto' layers with more neurons than this use LSH")
+    app.add_option(
+           "--auto-sparse-min", o.auto_sparse_min,
+           "'auto' layers with more neurons than this are sparse: top-k for the output layer, LSH "
+           "for a hidden one")
         ->capture_default_str();
     // The LSH and active-set options take one value, or one per layer after the first.
     app.add_option("--hash", o.hash, "LSH family (one, or one per layer after the first)")
