@@ -450,6 +450,51 @@ TEST(GpuTopK, ChunkedSelectionIsExactWhenEveryScoreBeatsTheKept) {
 // The whole scoring pass (cuBLAS GEMMs in chunks, then the merge) against exact scores in
 // double precision: the same ids, scores and log-partitions within fp32 (or bf16-product)
 // rounding. Random weights: no ties, and near-ties within rounding are improbable.
+/// A layer's scoring inputs on the host: rows x stride weights, bias, batch x stride hidden
+/// values, the first `width` of each row used; `bf16`: scored as their bf16 roundings.
+struct scored_layer {
+    const std::vector<float>& weights;
+    const std::vector<float>& bias;
+    const std::vector<float>& hidden;
+    uint32_t rows, width, stride;
+    bool bf16;
+};
+
+/// Sample s's k best (labels, top: k per sample) and log-partition against its scores computed
+/// in double precision: the same ids in the same order, the scores within 1e-4 (exactly, with
+/// `exact_sums`: integer inputs, whose fp32 sums are exact in any order).
+void expect_top_k_of_exact_scores(const scored_layer& l, uint32_t s, uint32_t k,
+                                  const std::vector<uint32_t>& labels,
+                                  const std::vector<float>& top, const std::vector<float>& log_z,
+                                  bool exact_sums) {
+    auto rounded = [&](float x) { return l.bf16 ? round_bf16(x) : x; };
+    std::vector<std::pair<float, uint32_t>> all;
+    std::vector<double> z(l.rows);
+    double max = -INFINITY;
+    for (uint32_t r = 0; r < l.rows; ++r) {
+        double dot = l.bias[r];
+        for (uint32_t i = 0; i < l.width; ++i)
+            dot += double(rounded(l.weights[size_t(r) * l.stride + i])) *
+                   double(rounded(l.hidden[size_t(s) * l.stride + i]));
+        z[r] = dot;
+        all.push_back({float(dot), r});
+        max = std::max(max, dot);
+    }
+    const auto w = sorted_best(all, k);
+    for (uint32_t i = 0; i < k; ++i) {
+        const size_t at = size_t(s) * k + i;
+        ASSERT_EQ(labels[at], w[i].second) << "sample " << s << ", rank " << i;
+        if (exact_sums)
+            ASSERT_EQ(top[at], w[i].first) << "sample " << s << ", rank " << i;
+        else
+            EXPECT_NEAR(top[at], w[i].first, 1e-4 * std::max(1.0f, std::abs(w[i].first)));
+    }
+    double sum = 0;
+    for (double v : z) sum += std::exp(v - max);
+    const double want = max + std::log(sum);
+    EXPECT_NEAR(log_z[s], want, 1e-4 * std::max(1.0, std::abs(want))) << "sample " << s;
+}
+
 void expect_scoring_pass(bool bf16) {
     rng gen(bf16 ? 29 : 31);
     const uint32_t rows = 1000, width = 50, stride = 64, batch = 37, k = 40;
@@ -462,7 +507,7 @@ void expect_scoring_pass(bool bf16) {
     for (uint32_t s = 0; s < batch; ++s)
         for (uint32_t i = 0; i < width; ++i)
             hidden[size_t(s) * stride + i] = std::max(0.0f, float(gen.normal()));  // ReLU zeros
-    auto rounded = [&](float x) { return bf16 ? round_bf16(x) : x; };
+    const scored_layer layer{weights, bias, hidden, rows, width, stride, bf16};
     for (const uint32_t chunk : {0u, 256u, 333u}) {  // 0: one chunk of all 1000 rows
         SCOPED_TRACE(std::string(bf16 ? "bf16" : "fp32") + ", chunk " + std::to_string(chunk));
         std::vector<uint32_t> labels;
@@ -477,28 +522,8 @@ void expect_scoring_pass(bool bf16) {
             throw;
         }
         for (uint32_t s = 0; s < batch; ++s) {
-            std::vector<std::pair<float, uint32_t>> all;
-            std::vector<double> z(rows);
-            double max = -INFINITY;
-            for (uint32_t r = 0; r < rows; ++r) {
-                double dot = bias[r];
-                for (uint32_t i = 0; i < width; ++i)
-                    dot += double(rounded(weights[size_t(r) * stride + i])) *
-                           double(rounded(hidden[size_t(s) * stride + i]));
-                z[r] = dot;
-                all.push_back({float(dot), r});
-                max = std::max(max, dot);
-            }
-            const auto w = sorted_best(all, k);
-            for (uint32_t i = 0; i < k; ++i) {
-                const size_t at = size_t(s) * k + i;
-                ASSERT_EQ(labels[at], w[i].second) << "sample " << s << ", rank " << i;
-                EXPECT_NEAR(top[at], w[i].first, 1e-4 * std::max(1.0f, std::abs(w[i].first)));
-            }
-            double sum = 0;
-            for (double v : z) sum += std::exp(v - max);
-            const double want = max + std::log(sum);
-            EXPECT_NEAR(log_z[s], want, 1e-4 * std::max(1.0, std::abs(want))) << "sample " << s;
+            expect_top_k_of_exact_scores(layer, s, k, labels, top, log_z, /*exact_sums=*/false);
+            if (::testing::Test::HasFatalFailure()) return;
         }
     }
 }
@@ -1714,32 +1739,10 @@ void expect_fused_pass(const fused_case& c, uint64_t seed) {
     std::vector<uint32_t> checked;
     for (uint32_t s = 0; s < c.batch; s += step) checked.push_back(s);
     if (checked.back() != c.batch - 1) checked.push_back(c.batch - 1);
+    const scored_layer layer{weights, bias, hidden, c.rows, c.width, c.stride, /*bf16=*/true};
     for (const uint32_t s : checked) {
-        std::vector<std::pair<float, uint32_t>> all;
-        std::vector<double> z(c.rows);
-        double max = -INFINITY;
-        for (uint32_t r = 0; r < c.rows; ++r) {
-            double dot = bias[r];
-            for (uint32_t i = 0; i < c.width; ++i)
-                dot += double(round_bf16(weights[size_t(r) * c.stride + i])) *
-                       double(round_bf16(hidden[size_t(s) * c.stride + i]));
-            z[r] = dot;
-            all.push_back({float(dot), r});
-            max = std::max(max, dot);
-        }
-        const auto w = sorted_best(all, c.k);
-        for (uint32_t i = 0; i < c.k; ++i) {
-            const size_t at = size_t(s) * c.k + i;
-            ASSERT_EQ(labels[at], w[i].second) << "sample " << s << ", rank " << i;
-            if (c.integers)
-                ASSERT_EQ(top[at], w[i].first) << "sample " << s << ", rank " << i;
-            else
-                EXPECT_NEAR(top[at], w[i].first, 1e-4 * std::max(1.0f, std::abs(w[i].first)));
-        }
-        double sum = 0;
-        for (double v : z) sum += std::exp(v - max);
-        const double want = max + std::log(sum);
-        EXPECT_NEAR(log_z[s], want, 1e-4 * std::max(1.0, std::abs(want))) << "sample " << s;
+        expect_top_k_of_exact_scores(layer, s, c.k, labels, top, log_z, c.integers);
+        if (::testing::Test::HasFatalFailure()) return;
     }
 }
 

@@ -434,17 +434,9 @@ void cpu_backend::score_output_exactly(uint32_t first, uint32_t n, uint32_t k,
         std::vector<uint32_t> cand_id;
 #pragma omp for schedule(static)
         for (int64_t s = 0; s < int64_t(n); ++s) {
-            cand_score.clear();
-            cand_id.clear();
-            for (int t = 0; t < team; ++t)
-                for (uint32_t j = 0; j < best_count[size_t(t)][size_t(s)]; ++j) {
-                    const scored_label& c = best[size_t(t)][size_t(s) * kept + j];
-                    cand_score.push_back(c.first);
-                    cand_id.push_back(c.second);
-                }
-            select_top_k(cand_score.data(), cand_id.data(), uint32_t(cand_score.size()), k,
-                         exact_labels_.data() + size_t(s) * k, exact_scores_.data() + size_t(s) * k,
-                         top);
+            merge_thread_top_k(best, best_count, team, size_t(s), kept, k,
+                               exact_labels_.data() + size_t(s) * k,
+                               exact_scores_.data() + size_t(s) * k, cand_score, cand_id, top);
             if (with_log_partition) {
                 double max_lp = -std::numeric_limits<double>::infinity();
                 for (int64_t b = 0; b < n_blocks; ++b)

@@ -70,6 +70,19 @@ void pack_points(const ivf_rows& layer, const float* extra, const uint32_t* ids,
     }
 }
 
+/// Of dots16's products of K centroids with 16 points (`out`, centroid-major), the centroid with
+/// the highest product with point j, ties to the smaller centroid; 0 when every product is NaN.
+uint32_t nearest_centroid(const float* out, uint32_t K, uint32_t j) {
+    uint32_t best = 0;
+    float best_score = -std::numeric_limits<float>::infinity();
+    for (uint32_t a = 0; a < K; ++a)
+        if (out[size_t(a) * lanes + j] > best_score) {
+            best_score = out[size_t(a) * lanes + j];
+            best = a;
+        }
+    return best;
+}
+
 /// assign[p] = the centroid (of K, `cstride` apart) with the highest inner product with point
 /// ids[p], ties to the smaller centroid; centroid 0 when every product is NaN.
 void assign_points(const ivf_rows& layer, const float* extra, const kernel_table& k,
@@ -89,14 +102,7 @@ void assign_points(const ivf_rows& layer, const float* extra, const kernel_table
             pack_points(layer, extra, ids + p0, m, xt.data());
             k.dots16(centroids, cstride, d, K, xt.data(), nullptr, out.data());
             for (uint32_t j = 0; j < m; ++j) {
-                uint32_t best = 0;
-                float best_score = -std::numeric_limits<float>::infinity();
-                for (uint32_t a = 0; a < K; ++a)
-                    if (out[size_t(a) * lanes + j] > best_score) {
-                        best_score = out[size_t(a) * lanes + j];
-                        best = a;
-                    }
-                assign[p0 + j] = best;
+                assign[p0 + j] = nearest_centroid(out.data(), K, j);
             }
         }
     }
@@ -356,13 +362,7 @@ void refresh_ivf_index(ivf_index& index, const ivf_rows& layer, const kernel_tab
             }
             k.dots16(centroids, index.stride, d, K, xt.data(), nullptr, out.data());
             for (uint32_t j = 0; j < m; ++j) {
-                uint32_t best = 0;
-                float best_score = -std::numeric_limits<float>::infinity();
-                for (uint32_t a = 0; a < K; ++a)
-                    if (out[size_t(a) * lanes + j] > best_score) {
-                        best_score = out[size_t(a) * lanes + j];
-                        best = a;
-                    }
+                const uint32_t best = nearest_centroid(out.data(), K, j);
                 const uint32_t r = ids[p0 + j];
                 float* sum = sums.data() + size_t(best) * d;
                 k.axpy(1.0f, layer.weights + size_t(r) * layer.stride, sum, width);
@@ -528,16 +528,9 @@ void ivf_search(const ivf_index& index, const ivf_rows& layer, const kernel_tabl
         std::vector<uint32_t> cand_id;
 #pragma omp for schedule(static)
         for (int64_t q = 0; q < int64_t(n); ++q) {
-            cand_score.clear();
-            cand_id.clear();
-            for (int t = 0; t < team; ++t)
-                for (uint32_t j = 0; j < best_count[size_t(t)][size_t(q)]; ++j) {
-                    const scored_label& c = best[size_t(t)][size_t(q) * kept + j];
-                    cand_score.push_back(c.first);
-                    cand_id.push_back(c.second);
-                }
-            select_top_k(cand_score.data(), cand_id.data(), uint32_t(cand_score.size()), top,
-                         labels + size_t(q) * top, scores + size_t(q) * top, heap);
+            merge_thread_top_k(best, best_count, team, size_t(q), kept, top,
+                               labels + size_t(q) * top, scores + size_t(q) * top, cand_score,
+                               cand_id, heap);
         }
     }
 }

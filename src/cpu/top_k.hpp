@@ -57,4 +57,24 @@ inline void select_top_k(const float* scores, const uint32_t* ids, uint32_t n, u
     }
 }
 
+/// Point p's k best over the candidates that `team` threads each kept of the rows they scored
+/// (thread t's: best[t][p * kept + j] for j < count[t][p]), written as select_top_k writes
+/// them. cand_score, cand_id and heap are scratch.
+inline void merge_thread_top_k(const std::vector<std::vector<scored_label>>& best,
+                               const std::vector<std::vector<uint32_t>>& count, int team, size_t p,
+                               uint32_t kept, uint32_t k, uint32_t* out_labels, float* out_scores,
+                               std::vector<float>& cand_score, std::vector<uint32_t>& cand_id,
+                               std::vector<scored_label>& heap) {
+    cand_score.clear();
+    cand_id.clear();
+    for (int t = 0; t < team; ++t)
+        for (uint32_t j = 0; j < count[size_t(t)][p]; ++j) {
+            const scored_label& c = best[size_t(t)][p * kept + j];
+            cand_score.push_back(c.first);
+            cand_id.push_back(c.second);
+        }
+    select_top_k(cand_score.data(), cand_id.data(), uint32_t(cand_score.size()), k, out_labels,
+                 out_scores, heap);
+}
+
 }  // namespace hslide::cpu
