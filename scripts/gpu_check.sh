@@ -12,6 +12,7 @@
 #                                           # shaped at full size, EPOCHS (3) each: gpu topk,
 #                                           # topk with the fused scoring pass
 #                                           # (HSLIDE_GPU_TOPK_FUSED=1), gpu-dense, gpu LSH,
+#                                           # topk without the fill pool (--fill-pool 0),
 #                                           # topk with --fill-correction 1, the hybrid (gpu
 #                                           # topk, cpu LSH); Amazon-3M at 0.02 and
 #                                           # WikiLSHTC-325K at 0.25 (2 epochs: topk, topk
@@ -28,17 +29,16 @@
 #                                           # default amazon670k,wikilshtc325k,amazon3m) at full
 #                                           # label and feature counts, SCALE x the points
 #                                           # (default 0.1), EPOCHS each (default 2), with the
-#                                           # preset's network (scripts/presets.sh): gpu fp32,
-#                                           # gpu bf16, gpu-dense bf16 and cpu (all cores),
+#                                           # preset's network (scripts/presets.sh): gpu fp32
+#                                           # and bf16 (the preset's top-k output layer), gpu
+#                                           # LSH bf16, gpu-dense bf16 and cpu (all cores),
 #                                           # PyTorch on the GPU in fp32 and bf16 autocast on
 #                                           # amazon670k (where python3 has torch with CUDA),
 #                                           # the preset's batch; on amazon670k also gpu bf16
-#                                           # at batch 1024 and with --gpu-async-rebuild, and
-#                                           # hybrid cpu+gpu (adaptive; hogbatch); gpu and
-#                                           # gpu-dense bf16 only on amazon3m (2,000 test
-#                                           # points scored); and gpu bf16 with a top-k
-#                                           # output layer (--output-sparsity topk, the
-#                                           # default --top-k, 64) on every preset.
+#                                           # at batch 1024, gpu LSH with --gpu-async-rebuild,
+#                                           # and hybrid cpu+gpu (adaptive; hogbatch); gpu,
+#                                           # gpu LSH and gpu-dense bf16 only on amazon3m
+#                                           # (2,000 test points scored).
 #                                           # A PRESETS entry NAME@S takes scale S instead.
 #   scripts/gpu_check.sh topk [EPOCHS]      # on the GPU machine: issue 19's checks, EPOCHS (3)
 #                                           # each: gpu topk bf16 (without and with
@@ -189,8 +189,14 @@ run_config() {
     name="$preset-s$preset_scale-$backend-$precision-b$batch${variant:+-$variant}"
     label=$backend
     [[ $batch == "$p_batch" ]] || label="$backend (batch $batch)"
+    # No variant: the preset's output layer (top-k, with the --fill-pool default).
     extra=(--output-sparsity "$p_sparsity")
     [[ $variant == topk ]] && { extra=(--output-sparsity topk); label="$label topk"; }
+    # topk-nopool: the fill drawn from the whole layer, as before --fill-pool (the 2026-11-26
+    # H200 figures).
+    [[ $variant == topk-nopool ]] &&
+        { extra=(--output-sparsity topk --fill-pool 0); label="$label topk (no fill pool)"; }
+    [[ $variant == lsh ]] && { extra=(--output-sparsity lsh); label="$label lsh"; }
     # topk-fused: the fused scoring pass (gpu_topk.cuh), its variable set for this run only.
     [[ $variant == topk-fused ]] && {
         extra=(--output-sparsity topk)
@@ -199,7 +205,8 @@ run_config() {
     }
     [[ $variant == topk-fc ]] &&
         { extra=(--output-sparsity topk --fill-correction 1); label="$label topk (fill correction 1)"; }
-    [[ $variant == async ]] && { extra=(--gpu-async-rebuild); label="$label (async rebuild)"; }
+    [[ $variant == async ]] &&
+        { extra=(--output-sparsity lsh --gpu-async-rebuild); label="$label lsh (async rebuild)"; }
     if [[ $backend == hybrid && $variant == topk-gpu ]]; then
         extra+=(--workers gpu,cpu --schedule adaptive --worker-output-sparsity topk,lsh)
         label="$label (gpu topk, cpu lsh)"
@@ -377,16 +384,16 @@ bench | topk)
         # both adaptive (its default: equal update shares, so the GPU worker's batches grow
         # far past the single backend's) and hogbatch with the GPU worker at the single
         # backend's batch (a quarter of it on the CPU), to see which reaches a P@1 sooner.
-        configs=("gpu fp32" "gpu bf16" "gpu bf16 $p_batch topk" "gpu-dense bf16" "cpu fp32")
+        configs=("gpu fp32" "gpu bf16" "gpu bf16 $p_batch lsh" "gpu-dense bf16" "cpu fp32")
         [[ $preset == amazon670k ]] &&
             configs+=("gpu bf16 1024" "gpu bf16 $p_batch async" "hybrid fp32" "hybrid fp32 $p_batch hog")
         # The PyTorch baseline in fp32 and in bf16 autocast (the fastest dense baseline the
         # sparse paths are measured against, issue 22).
         [[ $preset == amazon670k ]] && have_torch_cuda && configs+=("torch fp32" "torch bf16")
         # 2.8M labels: exact scores of every test point would dominate the run.
-        [[ $preset == amazon3m ]] && configs=("gpu bf16" "gpu bf16 $p_batch topk" "gpu-dense bf16")
-        [[ $mode == topk ]] &&
-            configs=("gpu bf16 $p_batch topk" "gpu bf16 $p_batch topk-fc" "gpu-dense bf16" "gpu bf16")
+        [[ $preset == amazon3m ]] && configs=("gpu bf16" "gpu bf16 $p_batch lsh" "gpu-dense bf16")
+        [[ $mode == topk ]] && configs=("gpu bf16 $p_batch topk" "gpu bf16 $p_batch topk-fc"
+            "gpu-dense bf16" "gpu bf16 $p_batch lsh")
         # Issue 19's hybrid: top-k on the GPU worker beside LSH on a CPU worker.
         [[ $mode == topk && $preset == amazon670k ]] && configs+=("hybrid bf16 $p_batch topk-gpu")
         for config in "${configs[@]}"; do run_config "$config"; done
@@ -427,13 +434,14 @@ all)
     # fits: what issues 19 and 22 check first, PyTorch (2 minutes a precision) last.
     prepare_preset amazon670k@1
     parts=("gpu bf16 $p_batch topk:30" "gpu bf16 $p_batch topk-fused:30" "gpu-dense bf16:45"
-        "gpu bf16:25" "gpu bf16 $p_batch topk-fc:30" "hybrid bf16 $p_batch topk-gpu:30")
+        "gpu bf16 $p_batch lsh:25" "gpu bf16 $p_batch topk-nopool:30" "gpu bf16 $p_batch topk-fc:30"
+        "hybrid bf16 $p_batch topk-gpu:30")
     for part in "${parts[@]}"; do fits "${part##*:}" && run_config "${part%:*}"; done
     epochs=2
     for spec in amazon3m@0.02 wikilshtc325k@0.25; do
         prepare_preset "$spec"
         for part in "gpu bf16 $p_batch topk:20" "gpu bf16 $p_batch topk-fc:20" "gpu-dense bf16:20" \
-            "gpu bf16:20"; do
+            "gpu bf16 $p_batch lsh:20"; do
             fits "${part##*:}" && run_config "${part%:*}"
         done
     done
@@ -444,7 +452,7 @@ all)
     # One step's kernels, on a slice of Amazon-670K with its full label and feature counts.
     prepare_preset amazon670k@0.02
     # About 0.2 s a profiled launch; a step launches about 40 (LSH), 90 (top-k), 15 (dense).
-    fits 40 && profile_step lsh-bf16 130 --backend gpu --precision bf16
+    fits 40 && profile_step lsh-bf16 130 --backend gpu --precision bf16 --output-sparsity lsh
     fits 50 && profile_step topk-bf16 200 --backend gpu --precision bf16 --output-sparsity topk
     fits 30 && profile_step topk-fused-bf16 120 HSLIDE_GPU_TOPK_FUSED=1 --backend gpu \
         --precision bf16 --output-sparsity topk

@@ -29,13 +29,17 @@
 #   --reuse             keep the runs already complete in --out (same configuration and epoch
 #                       count; the settings are not compared): run only the missing ones
 # A configuration is BACKEND[:PRECISION[:ISA]][@EPOCHS] (@EPOCHS: this one's epoch count):
-#   cpu         hslide's CPU backend, LSH output layer        (cpu, cpu:bf16, cpu:fp32:avx2)
+#   cpu         hslide's CPU backend, the preset's output layer (top-k, found by the IVF search
+#               on a CPU; tiny: LSH)                           (cpu, cpu:bf16, cpu:fp32:avx2)
+#   cpu-lsh     the same backend with SLIDE's LSH output layer (--output-sparsity lsh)
 #   cpu-nolsh   the same backend and kernels, dense output layer (--output-sparsity dense)
 #   cpu-dense   hslide's full-softmax OpenBLAS backend (--backend cpu-dense)
 #   hybrid-cpu  --backend hybrid --workers cpu,cpu (the threads shared between the workers)
-#   gpu, gpu-dense, hybrid-gpu (--workers gpu,cpu)   the CUDA backends
+#   gpu, gpu-dense, hybrid-gpu (--workers gpu,cpu)   the CUDA backends (gpu: the preset's
+#               output layer, exact top-k on a GPU), gpu-lsh (SLIDE's LSH, as cpu-lsh)
 #   cpu-topk, gpu-topk   the cpu / gpu backend with an exact top-k output layer
-#               (--output-sparsity topk; --top-k from the extra flags, default 64)
+#               (--output-sparsity topk --top-k-search exact; --top-k from the extra flags,
+#               default 64)
 #   torch-cpu, torch-gpu   scripts/baselines/torch_dense.py: PyTorch, full softmax (torch-gpu:bf16:
 #               autocast mixed precision, the fastest dense baseline on a GPU)
 # PRECISION is fp32 (default) or bf16; ISA is an `--isa` level (default auto).
@@ -186,7 +190,7 @@ notes=()
 if [[ -z $configs ]]; then
     # cpu@(4 x epochs): a sparse epoch costs a small fraction of a dense one, so the sparse path
     # trained longer, still in less time, shows when it reaches the dense runs' accuracy.
-    configs="cpu cpu@$((epochs * 4)) cpu:bf16"
+    configs="cpu cpu@$((epochs * 4)) cpu-lsh cpu:bf16"
     [[ $best_isa == avx512* ]] && configs+=" cpu:fp32:avx2"
     configs+=" hybrid-cpu"
     if has_backend cpu-dense; then
@@ -197,7 +201,7 @@ if [[ -z $configs ]]; then
     fi
     if ((has_torch)); then configs+=" torch-cpu"; else notes+=("PyTorch missing for $python: no torch-cpu baseline"); fi
     if ((has_gpu)); then
-        configs+=" gpu gpu:bf16 gpu-topk:bf16 hybrid-gpu"
+        configs+=" gpu gpu:bf16 gpu-lsh:bf16 hybrid-gpu"
         has_backend gpu-dense && configs+=" gpu-dense"
         "$python" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null &&
             configs+=" torch-gpu torch-gpu:bf16"
@@ -217,11 +221,11 @@ for c in "${config_list[@]}"; do
     IFS=: read -r backend precision isa rest <<<"$spec"
     [[ -z ${rest:-} ]] || die "configuration '$c': expected BACKEND[:PRECISION[:ISA]][@EPOCHS]"
     case $backend in
-        cpu | cpu-nolsh | cpu-dense | cpu-topk | gpu | gpu-dense | gpu-topk | hybrid-cpu | hybrid-gpu) ;;
+        cpu | cpu-lsh | cpu-nolsh | cpu-dense | cpu-topk | gpu | gpu-lsh | gpu-dense | gpu-topk | hybrid-cpu | hybrid-gpu) ;;
         torch-cpu | torch-gpu)
             [[ -z $isa ]] || die "configuration '$c': the PyTorch baseline takes a precision, not an ISA"
             ((has_torch)) || die "configuration '$c': $python cannot import torch and numpy (scripts/setup.sh installs python3-torch)" ;;
-        *) die "unknown configuration '$c' (backends: cpu cpu-nolsh cpu-dense cpu-topk hybrid-cpu gpu gpu-dense gpu-topk hybrid-gpu torch-cpu torch-gpu)" ;;
+        *) die "unknown configuration '$c' (backends: cpu cpu-lsh cpu-nolsh cpu-dense cpu-topk hybrid-cpu gpu gpu-lsh gpu-dense gpu-topk hybrid-gpu torch-cpu torch-gpu)" ;;
     esac
     [[ -z $precision || $precision == fp32 || $precision == bf16 ]] ||
         die "configuration '$c': precision must be fp32 or bf16"
@@ -229,7 +233,7 @@ for c in "${config_list[@]}"; do
         die "configuration '$c': unknown ISA level '$isa'"
     case $backend in
         cpu-dense | gpu | gpu-dense) has_backend "$backend" || die "configuration '$c': this hslide has no --backend $backend" ;;
-        gpu-topk) has_backend gpu || die "configuration '$c': this hslide has no --backend gpu" ;;
+        gpu-topk | gpu-lsh) has_backend gpu || die "configuration '$c': this hslide has no --backend gpu" ;;
     esac
     [[ -z ${seen[$c]:-} ]] || die "configuration '$c' given twice"
     seen[$c]=1
@@ -273,7 +277,7 @@ mkdir -p "$out/runs"
 "$python" scripts/report.py hardware --hslide "$hslide" --out "$out/hardware.json"
 
 model_args=(--hidden "$hidden" --K "$K" --L "$L" --bits "$bits" --bucket-capacity "$capacity"
-            --min-active "$min_active")
+            --min-active "$min_active" --fill-correction "$p_fill_correction")
 common=(--batch-size "$batch" --lr "$lr" --eval-every 1 --scoring "$scoring"
         --eval-max "$eval_max" --no-progress)
 
@@ -305,7 +309,9 @@ for c in "${config_list[@]}"; do
             case $backend in
                 cpu-nolsh) cmd+=(--backend cpu --output-sparsity dense) ;;
                 cpu-dense | gpu-dense) cmd+=(--backend "$backend" --output-sparsity dense) ;;
-                cpu-topk | gpu-topk) cmd+=(--backend "${backend%-topk}" --output-sparsity topk) ;;
+                cpu-topk | gpu-topk)
+                    cmd+=(--backend "${backend%-topk}" --output-sparsity topk --top-k-search exact) ;;
+                cpu-lsh | gpu-lsh) cmd+=(--backend "${backend%-lsh}" --output-sparsity lsh) ;;
                 hybrid-cpu) cmd+=(--backend hybrid --workers "cpu,cpu" --output-sparsity "$sparsity") ;;
                 hybrid-gpu) cmd+=(--backend hybrid --workers "gpu,cpu" --output-sparsity "$sparsity") ;;
                 *) cmd+=(--backend "$backend" --output-sparsity "$sparsity") ;;

@@ -83,50 +83,60 @@ TEST(BackendRegistry, UnsupportedSettingsAreRefusedSayingWhy) {
     const train_config sparse = with_adam(adam_mode::sparse);
     const precision_mode fp32 = precision_mode::fp32;
     for (backend_kind kind : all_kinds)
-        EXPECT_EQ(error_of([&] { check_supported(kind, model_with({16}), sparse, fp32, true); }),
+        EXPECT_EQ(error_of([&] {
+                      check_supported(kind, model_with({16}), sparse, fp32, scoring_mode::lsh);
+                  }),
                   "")
             << to_string(kind);
     const std::string deep = error_of([&] {
-        check_supported(backend_kind::gpu, model_with({16, 16}), sparse, fp32, false);
+        check_supported(backend_kind::gpu, model_with({16, 16}), sparse, fp32, scoring_mode::exact);
     });
     EXPECT_NE(deep.find("one hidden layer"), std::string::npos) << deep;
     EXPECT_NE(deep.find("has 2"), std::string::npos) << deep;
     EXPECT_EQ(error_of([&] {
-                  check_supported(backend_kind::cpu, model_with({16, 16}), sparse, fp32, false);
+                  check_supported(backend_kind::cpu, model_with({16, 16}), sparse, fp32,
+                                  scoring_mode::exact);
               }),
               "");
-    const std::string wide = error_of(
-        [&] { check_supported(backend_kind::gpu, model_with({2048}), sparse, fp32, false); });
+    const std::string wide = error_of([&] {
+        check_supported(backend_kind::gpu, model_with({2048}), sparse, fp32, scoring_mode::exact);
+    });
     EXPECT_NE(wide.find("1024"), std::string::npos) << wide;
     const std::string adam = error_of([&] {
         check_supported(backend_kind::gpu, model_with({16}), with_adam(adam_mode::dense), fp32,
-                        false);
+                        scoring_mode::exact);
     });
     EXPECT_NE(adam.find("--adam dense"), std::string::npos) << adam;
     const std::string bf16 = error_of([&] {
         check_supported(backend_kind::cpu_dense, model_with({16}), sparse, precision_mode::bf16,
-                        false);
+                        scoring_mode::exact);
     });
     EXPECT_NE(bf16.find("--precision bf16"), std::string::npos) << bf16;
     // Multi-probe scoring: refused on the GPU only where the evaluation scores with LSH; the
     // dense kinds score exactly, so their probes are unused.
     const model_config probes = model_with({16}, 2);
-    const std::string probed =
-        error_of([&] { check_supported(backend_kind::gpu, probes, sparse, fp32, true); });
+    const std::string probed = error_of(
+        [&] { check_supported(backend_kind::gpu, probes, sparse, fp32, scoring_mode::lsh); });
     EXPECT_NE(probed.find("--probes"), std::string::npos) << probed;
-    EXPECT_EQ(error_of([&] { check_supported(backend_kind::gpu, probes, sparse, fp32, false); }),
+    EXPECT_EQ(error_of([&] {
+                  check_supported(backend_kind::gpu, probes, sparse, fp32, scoring_mode::exact);
+              }),
               "");
-    EXPECT_EQ(
-        error_of([&] { check_supported(backend_kind::gpu_dense, probes, sparse, fp32, true); }),
-        "");
-    EXPECT_EQ(error_of([&] { check_supported(backend_kind::cpu, probes, sparse, fp32, true); }),
+    EXPECT_EQ(error_of([&] {
+                  check_supported(backend_kind::gpu_dense, probes, sparse, fp32, scoring_mode::lsh);
+              }),
+              "");
+    EXPECT_EQ(error_of([&] {
+                  check_supported(backend_kind::cpu, probes, sparse, fp32, scoring_mode::lsh);
+              }),
               "");
     // Top-k selection: the CPU and the GPU select so; the dense kinds ignore it.
     model_config top_k = model_with({16});
     top_k.layers.back().sparsity = sparsity_mode::topk;
     for (backend_kind kind :
          {backend_kind::cpu, backend_kind::cpu_dense, backend_kind::gpu, backend_kind::gpu_dense})
-        EXPECT_EQ(error_of([&] { check_supported(kind, top_k, sparse, fp32, false); }), "")
+        EXPECT_EQ(
+            error_of([&] { check_supported(kind, top_k, sparse, fp32, scoring_mode::exact); }), "")
             << to_string(kind);
 }
 

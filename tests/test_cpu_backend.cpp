@@ -486,12 +486,64 @@ TEST(CpuBackend, TopKRefusesWhatItCannotRun) {
     EXPECT_THROW(validate(zero), hslide::error);
 }
 
+TEST(CpuBackend, TopKFillDrawsFromTheStepsPool) {
+    // 3,000 output rows, sets of 40 (4 of them the top-k): a pool of 2% is max(60, 4 x 40) =
+    // 160 rows, so a batch's fills, 32 x about 35 draws, land on at most 160 distinct rows
+    // (from the whole layer: about 940), and the next step's pool is another 160.
+    ASSERT_EQ(fill_pool_size(0.02f, 3000, 40), 160u);
+    EXPECT_EQ(fill_pool_size(0.0f, 3000, 40), 0u);  // no pool
+    EXPECT_EQ(fill_pool_size(0.5f, 3000, 40), 1500u);
+    EXPECT_EQ(fill_pool_size(0.02f, 150, 40), 0u);  // a pool would be the whole layer
+    const dataset data = random_dataset(64, 20, 30, 13);
+    std::vector<uint32_t> rows(64);
+    std::iota(rows.begin(), rows.end(), 0u);
+    auto fill_rows = [&](float share) {
+        model_config config = small_config(sparsity_mode::dense, sparsity_mode::topk);
+        config.layers.back().size = 3000;
+        config.layers.back().active.min_active = 40;
+        config.layers.back().top_k = 4;
+        config.layers.back().fill_pool = share;
+        cpu::cpu_backend be(model_state::create(config, 15), train_config{}, 2);
+        std::vector<std::set<uint32_t>> per_step;
+        for (uint32_t b = 0; b < 64; b += 32) {
+            be.train_batch({&data, rows.data() + b, 32}, 0.02f);
+            std::set<uint32_t> fill;
+            for (uint32_t s = 0; s < 32; ++s) {
+                const std::vector<uint32_t>& set = be.last_active(s, 2);
+                EXPECT_EQ(set.size(), 40u);
+                EXPECT_EQ(std::set<uint32_t>(set.begin(), set.end()).size(), set.size());
+                const uint32_t from = be.last_fill_start(s);
+                EXPECT_TRUE(std::is_sorted(set.begin() + from, set.end()));
+                fill.insert(set.begin() + from, set.end());
+            }
+            per_step.push_back(fill);
+        }
+        return per_step;
+    };
+    const auto pooled = fill_rows(0.02f), whole = fill_rows(0.0f);
+    for (const auto& step : pooled) {
+        EXPECT_LE(step.size(), 160u);
+        EXPECT_GT(step.size(), 120u);  // most of the pool is drawn
+    }
+    for (const auto& step : whole) EXPECT_GT(step.size(), 600u);
+    std::set<uint32_t> both = pooled[0];
+    both.insert(pooled[1].begin(), pooled[1].end());
+    EXPECT_GT(both.size(), 240u);  // each step its own pool
+}
+
 TEST(CpuBackend, TopKLayerPredictsExactlyUnderEveryScoringAndRoundTripsItsConfig) {
     const model_config config = small_config(sparsity_mode::dense, sparsity_mode::topk);
     const model_config back = model_config_from_json(model_config_to_json(config));
     EXPECT_EQ(back.layers.back().sparsity, sparsity_mode::topk);
     EXPECT_EQ(back.layers.back().top_k, 6u);
+    EXPECT_EQ(back.layers.back().fill_pool, config.layers.back().fill_pool);
     EXPECT_EQ(back.selection(2), neuron_selection::top_k);
+    // A configuration saved before --fill-pool drew its fill from the whole layer.
+    std::string old = model_config_to_json(config);
+    const size_t at = old.rfind(",\"fill_pool\":");  // the output layer's
+    ASSERT_NE(at, std::string::npos) << old;
+    old.erase(at, old.find_first_of(",}", at + 1) - at);
+    EXPECT_EQ(model_config_from_json(old).layers.back().fill_pool, 0.0f);
     const dataset data = random_dataset(40, 20, 30, 9);
     cpu::cpu_backend be(model_state::create(config, 9), train_config{}, 2);
     std::vector<uint32_t> rows(40);

@@ -538,6 +538,43 @@ TEST(GpuTopK, Bf16ScoringPassMatchesExactScoresOfTheRoundedValues) {
     expect_scoring_pass(/*bf16=*/true);
 }
 
+TEST(GpuTopK, FillDrawsOnlyFromThePoolAsTheCpuDefinesIt) {
+    // A pool of 600 entries over 50,000 rows (fill_pool.hpp): every sample's fill lies in the
+    // rows the CPU's fill_pool_row names, the batch's fills cover most of the pool, and
+    // without a pool they spread over the layer.
+    HSLIDE_REQUIRE_GPU();
+    const uint32_t n_items = 50000, k = 8, batch = 32, fill = 100;
+    std::vector<uint32_t> best(size_t(batch) * k), offsets{0}, label_ids;
+    rng gen(41);
+    for (uint32_t s = 0; s < batch; ++s) {
+        for (uint32_t i = 0; i < k; ++i) best[size_t(s) * k + i] = 10 * s + i;  // distinct
+        label_ids.push_back(40000 + uint32_t(gen.below(1000)));
+        offsets.push_back(uint32_t(label_ids.size()));
+    }
+    const fill_pool pool{derive_seed(43, 7), 600};
+    std::set<uint32_t> in_pool;
+    for (uint32_t i = 0; i < pool.size; ++i) in_pool.insert(fill_pool_row(pool.seed, i, n_items));
+    for (const bool pooled : {true, false}) {
+        SCOPED_TRACE(pooled ? "pool" : "whole layer");
+        std::vector<uint32_t> drawn_from;
+        const auto sets =
+            gpu::testing::top_k_sets(best, k, batch, offsets, label_ids, fill, n_items, 5,
+                                     &drawn_from, pooled ? pool : fill_pool{});
+        std::set<uint32_t> drawn;
+        for (uint32_t s = 0; s < batch; ++s) {
+            ASSERT_EQ(sets[s].size(), fill) << "sample " << s;
+            for (size_t i = drawn_from[s]; i < sets[s].size(); ++i) {
+                drawn.insert(sets[s][i]);
+                if (pooled) EXPECT_TRUE(in_pool.count(sets[s][i])) << "row " << sets[s][i];
+            }
+        }
+        if (pooled)
+            EXPECT_GT(drawn.size(), in_pool.size() * 9 / 10);  // 2,900 draws of ~600 rows
+        else
+            EXPECT_GT(drawn.size(), 2000u);
+    }
+}
+
 TEST(GpuTopK, FillCorrectionRaisesOnlyTheFillByTheLogOfWhatItStandsFor) {
     HSLIDE_REQUIRE_GPU();
     rng gen(41);

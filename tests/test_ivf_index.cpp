@@ -393,7 +393,7 @@ TEST(IvfTopK, TheGpuRefusesIt) {
     train_config tc;
     tc.adam = adam_mode::sparse;
     try {
-        check_supported(backend_kind::gpu, ivf, tc, precision_mode::fp32, false);
+        check_supported(backend_kind::gpu, ivf, tc, precision_mode::fp32, scoring_mode::exact);
         FAIL() << "the GPU took --top-k-search ivf";
     } catch (const hslide::error& e) {
         EXPECT_EQ(e.kind(), error_kind::unsupported);
@@ -402,9 +402,96 @@ TEST(IvfTopK, TheGpuRefusesIt) {
     backend_options gpu;
     gpu.kind = backend_kind::gpu;
     EXPECT_THROW(create_backend(gpu, model_state::create(ivf, 1), tc), hslide::error);
-    EXPECT_NO_THROW(check_supported(backend_kind::cpu, ivf, tc, precision_mode::fp32, false));
+    EXPECT_NO_THROW(
+        check_supported(backend_kind::cpu, ivf, tc, precision_mode::fp32, scoring_mode::exact));
     EXPECT_NO_THROW(check_supported(backend_kind::gpu, one_hidden(top_k_search::exact), tc,
-                                    precision_mode::fp32, false));
+                                    precision_mode::fp32, scoring_mode::exact));
+}
+
+TEST(IvfScoring, ProbingEveryClusterPredictsAsExactScoring) {
+    // A trained layer's predictions: with every cluster probed the IVF search is exact top-k
+    // (the same products), with a few it keeps most of it; auto takes the layer's index.
+    const dataset data = hslide::testing::random_dataset(160, 20, 30, 41);
+    std::vector<uint32_t> rows(160);
+    std::iota(rows.begin(), rows.end(), 0u);
+    for (const uint32_t probes : {7u, 2u}) {
+        cpu_backend b(model_state::create(top_k_config(top_k_search::ivf, 7, probes), 43),
+                      train_config{}, 2);
+        for (uint32_t s = 0; s + 16 <= 160; s += 16)
+            b.train_batch({&data, rows.data() + s, 16}, 0.02f);
+        const uint32_t k = 5, n = 160;
+        std::vector<uint32_t> exact(n * k), ivf(n * k), automatic(n * k);
+        std::vector<float> exact_scores(n * k), ivf_scores(n * k), auto_scores(n * k);
+        b.predict({&data, rows.data(), n}, k, scoring_mode::exact, exact.data(),
+                  exact_scores.data());
+        b.predict({&data, rows.data(), n}, k, scoring_mode::ivf, ivf.data(), ivf_scores.data());
+        b.predict({&data, rows.data(), n}, k, scoring_mode::automatic, automatic.data(),
+                  auto_scores.data());
+        EXPECT_EQ(automatic, ivf);
+        if (probes == 7) {
+            EXPECT_EQ(ivf, exact);
+            EXPECT_EQ(ivf_scores, exact_scores);
+            continue;
+        }
+        // Two of seven clusters: a subset of the rows, so no score above the exact one, and
+        // most of the exact top-1 found.
+        uint32_t same_top = 0;
+        for (uint32_t p = 0; p < n; ++p) {
+            EXPECT_LE(ivf_scores[p * k], exact_scores[p * k]) << "point " << p;
+            same_top += ivf[p * k] == exact[p * k];
+        }
+        EXPECT_GT(same_top, n / 2);
+        EXPECT_LT(same_top, n);  // two clusters of seven do miss some
+    }
+}
+
+TEST(IvfScoring, ALayerTrainedExactlyGetsAnIndexForThePrediction) {
+    const dataset data = hslide::testing::random_dataset(64, 20, 30, 47);
+    std::vector<uint32_t> rows(64);
+    std::iota(rows.begin(), rows.end(), 0u);
+    model_config config = top_k_config(top_k_search::exact, 7, 7);
+    cpu_backend b(model_state::create(config, 49), train_config{}, 2);
+    b.train_batch({&data, rows.data(), 32}, 0.02f);
+    const uint32_t k = 3;
+    std::vector<uint32_t> exact(64 * k), ivf(64 * k);
+    std::vector<float> exact_scores(64 * k), ivf_scores(64 * k);
+    b.predict({&data, rows.data(), 64}, k, scoring_mode::exact, exact.data(), exact_scores.data());
+    b.predict({&data, rows.data(), 64}, k, scoring_mode::ivf, ivf.data(), ivf_scores.data());
+    EXPECT_EQ(ivf, exact);  // every cluster probed
+    // auto on a layer that does not search by IVF: exact.
+    b.predict({&data, rows.data(), 64}, k, scoring_mode::automatic, ivf.data(), ivf_scores.data());
+    EXPECT_EQ(ivf, exact);
+}
+
+TEST(IvfScoring, RefusedWithoutATopKLayerOrOnTheGpu) {
+    train_config tc;
+    tc.adam = adam_mode::sparse;
+    const auto message = [&](backend_kind kind, const model_config& model) {
+        try {
+            check_supported(kind, model, tc, precision_mode::fp32, scoring_mode::ivf);
+        } catch (const hslide::error& e) {
+            EXPECT_EQ(e.kind(), error_kind::unsupported);
+            return std::string(e.what());
+        }
+        return std::string();
+    };
+    EXPECT_EQ(message(backend_kind::cpu, one_hidden(top_k_search::ivf)), "");
+    EXPECT_EQ(message(backend_kind::cpu, one_hidden(top_k_search::exact)), "");
+    EXPECT_NE(message(backend_kind::gpu, one_hidden(top_k_search::exact)).find("--scoring ivf"),
+              std::string::npos);
+    model_config lsh = one_hidden(top_k_search::exact);
+    lsh.layers.back().sparsity = sparsity_mode::lsh;
+    EXPECT_NE(message(backend_kind::cpu, lsh).find("by LSH"), std::string::npos);
+    // The backend itself refuses it too, for callers that skip check_supported.
+    const dataset data = hslide::testing::random_dataset(8, 20, 30, 53);
+    std::vector<uint32_t> rows(8);
+    std::iota(rows.begin(), rows.end(), 0u);
+    cpu_backend b(model_state::create(lsh, 55), train_config{}, 1);
+    std::vector<uint32_t> labels(8);
+    std::vector<float> scores(8);
+    EXPECT_THROW(
+        b.predict({&data, rows.data(), 8}, 1, scoring_mode::ivf, labels.data(), scores.data()),
+        hslide::error);
 }
 
 }  // namespace

@@ -98,12 +98,12 @@ std::vector<std::string> backend_names(Pred keep) {
 std::string describe_backends();
 
 /// Checks that `kind` supports the model (its shape and selections), optimizer and precision,
-/// and, when `lsh_scoring`
-/// (the evaluation scores LSH layers with LSH), the model's multi-probe settings; throws
-/// hslide::error (unsupported) saying what it does not support and what does. The hybrid's
-/// own entry checks nothing: check each worker's kind.
+/// and the evaluation's `scoring` (LSH scoring: the model's multi-probe settings; IVF scoring:
+/// a top-k output layer and a backend with the IVF search); throws hslide::error
+/// (unsupported) saying what it does not support and what does. The hybrid's own entry checks
+/// nothing: check each worker's kind.
 void check_supported(backend_kind kind, const model_config& model, const train_config& train,
-                     precision_mode precision, bool lsh_scoring);
+                     precision_mode precision, scoring_mode scoring);
 /// The Adam mode `kind` runs `mode` as (itself, or the mode that trains the same model);
 /// throws hslide::error (unsupported) where it refuses it.
 adam_mode adam_mode_run_by(backend_kind kind, adam_mode mode);

@@ -26,6 +26,7 @@ struct model_options {
     uint32_t ivf_clusters = layer_config{}.ivf_clusters, ivf_probes = layer_config{}.ivf_probes,
              ivf_refresh = layer_config{}.ivf_refresh;
     float fill_correction = layer_config{}.fill_correction;
+    float fill_pool = layer_config{}.fill_pool;
     uint32_t auto_sparse_min = 4096;
     std::vector<std::string> hash{"dwta"};
     // The library's defaults (hslide/lsh.hpp), so the CLI and the API cannot drift apart.

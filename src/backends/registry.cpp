@@ -189,9 +189,10 @@ std::string describe_backends() {
             : c.ivf_top_k_search    ? "LSH, top-k (exact or IVF)"
             : c.top_k_selection     ? "LSH, top-k (exact)"
                                     : "LSH",
-            c.computes_every_neuron ? "exact"
-            : c.multi_probe         ? "exact, LSH (with --probes)"
-                                    : "exact, LSH (without --probes)"));
+            c.computes_every_neuron ? std::string("exact")
+                                    : std::string(c.multi_probe ? "exact, LSH (with --probes)"
+                                                                : "exact, LSH (without --probes)") +
+                                          (c.ivf_top_k_search ? ", IVF" : "")));
         std::string last = "--adam: " + adam_support(c);
         if (c.needs_gpu) last += "; needs a GPU";
         if (c.hybrid_worker) last += "; hybrid worker";
@@ -210,7 +211,7 @@ adam_mode adam_mode_run_by(backend_kind kind, adam_mode mode) {
 }
 
 void check_supported(backend_kind kind, const model_config& model, const train_config& train,
-                     precision_mode precision, bool lsh_scoring) {
+                     precision_mode precision, scoring_mode scoring) {
     if (kind == backend_kind::hybrid) return;
     const backend_entry& e = backend_entry_of(kind);
     const backend_capabilities& c = e.caps;
@@ -258,12 +259,27 @@ void check_supported(backend_kind kind, const model_config& model, const train_c
     adam_mode_run_by(kind, train.adam);
     const bool probes = std::any_of(model.layers.begin(), model.layers.end(),
                                     [](const layer_config& l) { return l.active.probes > 0; });
+    // auto scores an LSH layer with LSH, as lsh does.
+    const bool lsh_scoring = scoring == scoring_mode::lsh || scoring == scoring_mode::automatic;
     HSLIDE_CHECK_KIND(!(probes && lsh_scoring && !c.computes_every_neuron && !c.multi_probe),
                       error_kind::unsupported,
                       "--backend {} does not support multi-probe LSH scoring (--probes), which "
                       "runs on {}; use --probes 0 or --scoring exact with it",
                       e.name, names_where([](const backend_entry& x) {
                           return x.caps.multi_probe && x.kind != backend_kind::hybrid;
+                      }));
+    if (scoring != scoring_mode::ivf || model.layers.empty()) return;
+    const size_t out = model.layers.size() - 1;
+    HSLIDE_CHECK_KIND(model.selection(out) == neuron_selection::top_k, error_kind::unsupported,
+                      "--scoring ivf searches a top-k output layer's IVF index; this output "
+                      "layer selects {} (use --scoring exact{})",
+                      model.selection(out) == neuron_selection::lsh ? "by LSH" : "every neuron",
+                      model.selection(out) == neuron_selection::lsh ? " or lsh" : "");
+    HSLIDE_CHECK_KIND(c.ivf_top_k_search, error_kind::unsupported,
+                      "--backend {} has no IVF search (--scoring ivf runs on {}); use --scoring "
+                      "exact or auto with it",
+                      e.name, names_where([](const backend_entry& x) {
+                          return x.caps.ivf_top_k_search && x.kind != backend_kind::hybrid;
                       }));
 }
 

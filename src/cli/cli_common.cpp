@@ -166,6 +166,13 @@ std::vector<CLI::Option*> add_model_options(CLI::App& app, model_options& o) {
                    "set softmax")
         ->check(CLI::Range(0.0, 1.0))
         ->capture_default_str();
+    app.add_option("--fill-pool", o.fill_pool,
+                   "top-k output layers: share (0..1) of the rows in each step's pool of "
+                   "random-fill candidates, which every sample of the step draws its fill from "
+                   "(at least 4 x --min-active rows): it bounds the rows a step touches and "
+                   "updates; 0 = the whole layer")
+        ->check(CLI::Range(0.0, 1.0))
+        ->capture_default_str();
     app.add_option("--hidden-sparsity", o.hidden_sparsity,
                    "hidden layers after the first: auto, lsh or dense")
         ->check(CLI::IsMember({"auto", "lsh", "dense"}))

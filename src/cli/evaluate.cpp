@@ -35,9 +35,11 @@ void add_scoring_options(CLI::App& app, scoring_options& o) {
     app.add_option("--model", o.model_path, "checkpoint written by `hslide train --save`")
         ->required();
     app.add_option("--scoring", o.scoring,
-                   "exact (every label), lsh (the LSH active set only), or auto (lsh for LSH "
-                   "output layers)")
-        ->check(CLI::IsMember({"auto", "exact", "lsh"}))
+                   "exact (every label), lsh (the LSH active set only), ivf (a top-k layer's "
+                   "IVF index: the rows of the --ivf-probes best clusters; CPU), or auto (the "
+                   "output layer's own index: lsh for LSH layers, ivf for top-k layers searched "
+                   "by IVF, else exact)")
+        ->check(CLI::IsMember({"auto", "exact", "lsh", "ivf"}))
         ->capture_default_str();
     app.add_option("--threads", o.threads, "CPU threads (0 = all)")->check(CLI::NonNegativeNumber);
     // Any kind that is made alone (a hybrid trains; a checkpoint is scored on one device).
@@ -66,8 +68,7 @@ std::unique_ptr<backend> open_backend(const scoring_options& o, dataset& data,
     if (!o.probes.empty()) set_probes(ck.model.config, o.probes);
     train_config scoring_only;
     scoring_only.adam = adam_mode::sparse;  // no training: every backend takes its Adam mode
-    check_supported(bo.kind, ck.model.config, scoring_only, bo.precision,
-                    parse_scoring(o.scoring) != scoring_mode::exact);
+    check_supported(bo.kind, ck.model.config, scoring_only, bo.precision, parse_scoring(o.scoring));
     train_config tc;
     normalize_inputs(data, ck.model.config);
     return create_backend(bo, std::move(ck.model), tc);

@@ -5,6 +5,7 @@
 #include "hslide/backend_registry.hpp"
 #include "hslide/checkpoint.hpp"
 #include "hslide/error.hpp"
+#include "hslide/fill_pool.hpp"
 #include "hslide/hybrid.hpp"
 #include "hslide/model.hpp"
 #include "hslide/progress.hpp"
@@ -125,9 +126,11 @@ int run_train(int argc, char** argv) {
     app.add_option("--eval-every", to.eval_every, "evaluate every N epochs (0 = only at the end)")
         ->capture_default_str();
     app.add_option("--scoring", scoring,
-                   "evaluation scoring: exact (every label), lsh (the LSH active set only), or "
-                   "auto (lsh for LSH output layers)")
-        ->check(CLI::IsMember({"auto", "exact", "lsh"}))
+                   "evaluation scoring: exact (every label), lsh (the LSH active set only), ivf "
+                   "(a top-k layer's IVF index: the rows of the --ivf-probes best clusters; "
+                   "CPU), or auto (the output layer's own index: lsh for LSH layers, ivf for "
+                   "top-k layers searched by IVF, else exact)")
+        ->check(CLI::IsMember({"auto", "exact", "lsh", "ivf"}))
         ->capture_default_str();
     app.add_option("--selection-probe", to.selection_probe_points,
                    "after each evaluated epoch, score this many training points exactly and report "
@@ -266,18 +269,24 @@ int run_train(int argc, char** argv) {
     normalize_inputs(d.train, mc);
     normalize_inputs(d.test, mc);
     normalize_inputs(valid, mc);
+    auto top_k_description = [](const layer_config& c) {
+        std::string text = " (top-k";
+        if (c.search != top_k_search::exact)
+            text += fmt::format("{}: {} probes, refresh every {} steps",
+                                c.search == top_k_search::automatic ? "; IVF on a CPU" : ", IVF",
+                                c.ivf_probes, c.ivf_refresh);
+        const uint32_t pool =
+            fill_pool_size(c.fill_pool, c.size, std::min(c.active.min_active, c.size));
+        if (pool) text += fmt::format("; fill from a pool of {} rows a step", pool);
+        return text + ")";
+    };
     std::string shape = std::to_string(mc.input_dim);
     for (size_t l = 0; l < mc.layers.size(); ++l)
-        shape += fmt::format(
-            " -> {}{}", mc.layers[l].size,
-            mc.uses_lsh(l)                               ? std::string(" (LSH)")
-            : mc.selection(l) != neuron_selection::top_k ? ""
-            : mc.layers[l].search == top_k_search::exact
-                ? std::string(" (top-k)")
-                : fmt::format(
-                      " (top-k{}: {} probes, refresh every {} steps)",
-                      mc.layers[l].search == top_k_search::automatic ? "; IVF on a CPU" : ", IVF",
-                      mc.layers[l].ivf_probes, mc.layers[l].ivf_refresh));
+        shape += fmt::format(" -> {}{}", mc.layers[l].size,
+                             mc.uses_lsh(l) ? std::string(" (LSH)")
+                             : mc.selection(l) == neuron_selection::top_k
+                                 ? top_k_description(mc.layers[l])
+                                 : std::string());
     spdlog::info("model: {} ({:.1f} M parameters, {} with optimizer state)", shape,
                  initial.parameter_count() / 1e6, human_bytes(double(initial.memory_bytes())));
     for (size_t l = 0; l < mc.layers.size(); ++l)
@@ -310,9 +319,9 @@ int run_train(int argc, char** argv) {
                     mc.layers[out_layer].active.min_active);
     bool dense_active_warned = false;
     // What a backend does not support (the GPU's one hidden layer, its Adam modes, multi-probe
-    // scoring: the capability table) is refused before training, not at the first evaluation
-    // (`auto` scores an LSH layer with LSH, as `lsh` does).
-    const bool lsh_scoring = to.eval.scoring != scoring_mode::exact && d.test.size() > 0;
+    // or IVF scoring: the capability table) is refused before training, not at the first
+    // evaluation.
+    const scoring_mode eval_scoring = d.test.size() > 0 ? to.eval.scoring : scoring_mode::exact;
     backend_options bo;
     bo.kind = kind;
     bo.threads = tc.threads;
@@ -321,11 +330,11 @@ int run_train(int argc, char** argv) {
     if (kind == backend_kind::hybrid) {
         const hybrid_options ho = make_hybrid_options(hybrid, bo, tc);
         for (const hybrid_worker_options& w : ho.workers)
-            check_supported(w.device.kind, mc, tc, bo.precision, lsh_scoring);
+            check_supported(w.device.kind, mc, tc, bo.precision, eval_scoring);
         engine = create_hybrid_backend(ho, initial, tc);
         initial = model_state{};  // the workers hold their copies
     } else {
-        check_supported(kind, mc, tc, bo.precision, lsh_scoring);
+        check_supported(kind, mc, tc, bo.precision, eval_scoring);
         engine = create_backend(bo, std::move(initial), tc);
     }
     const backend_info bi = engine->info();

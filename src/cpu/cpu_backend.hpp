@@ -46,6 +46,7 @@
 
 #include "adam_catch_up.hpp"
 #include "hslide/backend.hpp"
+#include "hslide/fill_pool.hpp"
 #include "hslide/lsh.hpp"
 #include "hslide/rng.hpp"
 #include "hslide/row_transfer.hpp"
@@ -104,6 +105,8 @@ class cpu_backend final : public backend, public row_transfer {
     const std::vector<uint32_t>& last_active(uint32_t sample, size_t l) const {
         return samples_[sample].layers[l].ids;
     }
+    /// Top-k output layers: where `sample`'s random fill begins in its last set.
+    uint32_t last_fill_start(uint32_t sample) const { return samples_[sample].set_drawn_from; }
 
     const model_state& model() const { return model_; }
     int threads() const { return threads_; }
@@ -213,12 +216,14 @@ class cpu_backend final : public backend, public row_transfer {
     /// gradient's softmax (0 without a fill or a correction).
     float fill_correction_shift(const sample_buffers& sb) const;
     uint32_t build_top_k_set(const uint32_t* best, uint32_t k, const label_row& labels,
-                             uint32_t fill, rng& gen, thread_scratch& scratch,
-                             std::vector<uint32_t>& ids) const;
-    /// Adds uniformly random output neurons not in `ids` until it holds `target` (at most
-    /// the layer's rows).
-    void add_random_fill(std::vector<uint32_t>& ids, uint32_t target, rng& gen,
-                         thread_scratch& scratch) const;
+                             uint32_t fill, const fill_pool& pool, rng& gen,
+                             thread_scratch& scratch, std::vector<uint32_t>& ids) const;
+    /// The output layer's fill pool for the current step (layer_config::fill_pool).
+    fill_pool step_fill_pool() const;
+    /// Adds random output neurons not in `ids`, drawn uniformly from `pool` (size 0: from the
+    /// whole layer), until it holds `target` (at most the layer's rows).
+    void add_random_fill(std::vector<uint32_t>& ids, uint32_t target, const fill_pool& pool,
+                         rng& gen, thread_scratch& scratch) const;
     /// Exact scoring of every output row against samples [first, first + n) (n at most
     /// exact_chunk(k)), whose last hidden layers are computed and dense: a chunk's hidden
     /// vectors as one matrix (fp32: transposed in groups of 16 for dots16), scored against
@@ -260,6 +265,14 @@ class cpu_backend final : public backend, public row_transfer {
     void forward_hidden_chunk(const batch_view& batch, uint32_t begin, uint32_t n, uint64_t seed);
     /// predict with exact scores, a chunk of points at a time (score_output_exactly).
     void predict_exact(const batch_view& batch, uint32_t k, uint32_t* labels, float* scores);
+    /// predict with the IVF index's top k (search_output_ivf), building the index first when
+    /// the layer does not train with one.
+    void predict_ivf(const batch_view& batch, uint32_t k, uint32_t* labels, float* scores);
+    /// The chunk loop of predict_exact and predict_ivf: the hidden layers of a chunk, then
+    /// score_chunk(n), which returns the chunk's best labels and scores (k a point).
+    template <typename ScoreChunk>
+    void predict_chunks(const batch_view& batch, uint32_t k, uint32_t* labels, float* scores,
+                        ScoreChunk score_chunk);
     void backward_sample(uint32_t s, thread_scratch& scratch);
     void run_forward_backward(const batch_view& batch, step_report& report);
     void group_rows(const batch_view& batch, size_t l);

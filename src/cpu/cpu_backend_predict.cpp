@@ -1,5 +1,5 @@
-// The CPU backend's prediction: exact scoring (blocked over output rows and points) or the
-// LSH active set's scores, then each point's top k.
+// The CPU backend's prediction: exact scoring (blocked over output rows and points), the IVF
+// index's search (a top-k layer) or the LSH active set's scores, then each point's top k.
 #include "cpu_backend.hpp"
 
 #include "hslide/error.hpp"
@@ -15,8 +15,13 @@ void cpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scor
     HSLIDE_CHECK(k > 0, "top-k must be positive");
     complete_deferred_updates();
     const size_t out_layer = model_.layers.size() - 1;
-    // Only an LSH output layer has a cheaper way to score than every neuron (a top-k layer's
-    // selection is exact scoring itself).
+    const bool top_k_layer = model_.config.selection(out_layer) == neuron_selection::top_k;
+    HSLIDE_CHECK_KIND(scoring != scoring_mode::ivf || top_k_layer, error_kind::unsupported,
+                      "--scoring ivf searches a top-k output layer's IVF index; this output "
+                      "layer has none (use --scoring exact)");
+    if (scoring == scoring_mode::ivf || (scoring == scoring_mode::automatic && searches_ivf()))
+        return predict_ivf(batch, k, labels, scores);
+    // Otherwise only an LSH output layer has a cheaper way to score than every neuron.
     const bool exact = scoring == scoring_mode::exact || !model_.config.uses_lsh(out_layer);
     // The blocked exact path needs the output layer's input as a dense vector per sample.
     if (exact && !model_.config.has_active_sets(out_layer - 1))
@@ -73,17 +78,40 @@ void cpu_backend::forward_hidden_chunk(const batch_view& batch, uint32_t begin, 
 
 void cpu_backend::predict_exact(const batch_view& batch, uint32_t k, uint32_t* labels,
                                 float* scores) {
+    predict_chunks(batch, k, labels, scores, [&](uint32_t n) {
+        score_output_exactly(0, n, k, /*with_log_partition=*/false);
+        return std::make_pair(exact_labels_.data(), exact_scores_.data());
+    });
+}
+
+void cpu_backend::predict_ivf(const batch_view& batch, uint32_t k, uint32_t* labels,
+                              float* scores) {
+    // A layer that trains with the index has it current (refreshed every few steps); any other
+    // top-k layer gets one built from its rows now, for this prediction only.
+    if (!searches_ivf()) build_output_index();
+    predict_chunks(batch, k, labels, scores, [&](uint32_t n) {
+        search_output_ivf(0, n, k);
+        return std::make_pair(ivf_labels_.data(), ivf_scores_.data());
+    });
+}
+
+template <typename ScoreChunk>
+void cpu_backend::predict_chunks(const batch_view& batch, uint32_t k, uint32_t* labels,
+                                 float* scores, ScoreChunk score_chunk) {
+    // The blocked scorers need the output layer's input as a dense vector per sample.
+    HSLIDE_CHECK_KIND(!model_.config.has_active_sets(model_.layers.size() - 2),
+                      error_kind::unsupported,
+                      "scoring every output row or its IVF index needs a dense last hidden "
+                      "layer (this one selects active sets)");
     const uint32_t chunk = exact_chunk(k);
     const uint64_t seed = predict_seed();
     ensure_buffers(std::min(chunk, batch.size));
     for (uint32_t begin = 0; begin < batch.size; begin += chunk) {
         const uint32_t n = std::min(chunk, batch.size - begin);
         forward_hidden_chunk(batch, begin, n, seed);
-        score_output_exactly(0, n, k, /*with_log_partition=*/false);
-        std::copy(exact_labels_.begin(), exact_labels_.begin() + size_t(n) * k,
-                  labels + size_t(begin) * k);
-        std::copy(exact_scores_.begin(), exact_scores_.begin() + size_t(n) * k,
-                  scores + size_t(begin) * k);
+        const auto [best, best_scores] = score_chunk(n);
+        std::copy(best, best + size_t(n) * k, labels + size_t(begin) * k);
+        std::copy(best_scores, best_scores + size_t(n) * k, scores + size_t(begin) * k);
     }
 }
 

@@ -152,6 +152,7 @@ void cpu_backend::select_top_k_sets(const batch_view& batch) {
         std::min(model_.config.layers[out_layer].active.min_active, model_.layers[out_layer].rows);
     const uint32_t chunk = exact_chunk(k);
     const bool ivf = searches_ivf();
+    const fill_pool pool = step_fill_pool();
     for (uint32_t begin = 0; begin < batch.size; begin += chunk) {
         const uint32_t n = std::min(chunk, batch.size - begin);
         if (ivf)
@@ -166,7 +167,7 @@ void cpu_backend::select_top_k_sets(const batch_view& batch) {
             for (int64_t j = 0; j < int64_t(n); ++j) {
                 sample_buffers& sb = samples_[begin + uint32_t(j)];
                 const label_row y = batch.data->labels(batch.rows[begin + uint32_t(j)]);
-                sb.set_drawn_from = build_top_k_set(best + size_t(j) * k, k, y, fill, sb.gen,
+                sb.set_drawn_from = build_top_k_set(best + size_t(j) * k, k, y, fill, pool, sb.gen,
                                                     scratch, sb.layers[out_layer].ids);
                 sb.log_partition = ivf ? 0.0 : exact_log_partition_[size_t(j)];
             }
@@ -174,9 +175,16 @@ void cpu_backend::select_top_k_sets(const batch_view& batch) {
     }
 }
 
+fill_pool cpu_backend::step_fill_pool() const {
+    const layer_config& cfg = model_.config.layers.back();
+    const uint32_t rows = model_.layers.back().rows;
+    return {derive_seed(train_.seed ^ 0xf111b001ULL, model_.adam_step),
+            fill_pool_size(cfg.fill_pool, rows, std::min(cfg.active.min_active, rows))};
+}
+
 uint32_t cpu_backend::build_top_k_set(const uint32_t* best, uint32_t k, const label_row& labels,
-                                      uint32_t fill, rng& gen, thread_scratch& scratch,
-                                      std::vector<uint32_t>& ids) const {
+                                      uint32_t fill, const fill_pool& pool, rng& gen,
+                                      thread_scratch& scratch, std::vector<uint32_t>& ids) const {
     // Labels first (the loss reads them there), then the top-k and the fill, each in
     // increasing id order (the products read them nearly in memory order): the fill apart,
     // so that its correction (fill_correction) knows where it begins.
@@ -186,7 +194,7 @@ uint32_t cpu_backend::build_top_k_set(const uint32_t* best, uint32_t k, const la
         if (std::find(y.ids, y.ids + y.count, best[i]) == y.ids + y.count) ids.push_back(best[i]);
     std::sort(ids.begin() + y.count, ids.end());
     const uint32_t drawn_from = uint32_t(ids.size());
-    if (ids.size() < fill) add_random_fill(ids, fill, gen, scratch);
+    if (ids.size() < fill) add_random_fill(ids, fill, pool, gen, scratch);
     std::sort(ids.begin() + drawn_from, ids.end());
     return drawn_from;
 }
@@ -203,6 +211,7 @@ selection_quality cpu_backend::measure_selection(const batch_view& batch, uint32
     const neuron_selection selection = model_.config.selection(out_layer);
     const uint32_t top_k = std::min(model_.config.layers[out_layer].top_k, rows);
     const uint32_t fill = std::min(model_.config.layers[out_layer].active.min_active, rows);
+    const fill_pool pool = step_fill_pool();
     const uint32_t k = selection == neuron_selection::top_k ? std::max(q.top, top_k) : q.top;
     const uint32_t chunk = exact_chunk(k);
     const uint64_t seed = derive_seed(train_.seed ^ 0x5e1ec7ULL, model_.adam_step);
@@ -237,7 +246,7 @@ selection_quality cpu_backend::measure_selection(const batch_view& batch, uint32
                         break;
                     case neuron_selection::top_k:
                         build_top_k_set(ivf ? ivf_labels_.data() + size_t(s) * top_k : best, top_k,
-                                        no_labels, fill, sb.gen, scratch, set);
+                                        no_labels, fill, pool, sb.gen, scratch, set);
                         break;
                 }
                 std::sort(set.begin(), set.end());
@@ -273,8 +282,8 @@ selection_quality cpu_backend::measure_selection(const batch_view& batch, uint32
     return q;
 }
 
-void cpu_backend::add_random_fill(std::vector<uint32_t>& ids, uint32_t target, rng& gen,
-                                  thread_scratch& scratch) const {
+void cpu_backend::add_random_fill(std::vector<uint32_t>& ids, uint32_t target,
+                                  const fill_pool& pool, rng& gen, thread_scratch& scratch) const {
     const uint32_t rows = model_.layers.back().rows;
     if (scratch.member_stamp.size() != rows) {
         scratch.member_stamp.assign(rows, 0);
@@ -285,9 +294,15 @@ void cpu_backend::add_random_fill(std::vector<uint32_t>& ids, uint32_t target, r
         scratch.stamp = 1;
     }
     for (uint32_t id : ids) scratch.member_stamp[id] = scratch.stamp;
-    // Rejection draws: a set far below the layer's size takes few retries.
+    // Rejection draws: a set far below the layer's (or the pool's) size takes few retries.
+    // A pool is at least 4x the fill, so its draws end long before the bound; should a set
+    // ever exhaust it, the rest comes from the whole layer.
+    uint64_t pool_draws = pool.size ? uint64_t{64} * target : 0;
     while (ids.size() < target) {
-        const uint32_t r = uint32_t(gen.below(rows));
+        const uint32_t r =
+            pool_draws > 0
+                ? (--pool_draws, fill_pool_row(pool.seed, uint32_t(gen.below(pool.size)), rows))
+                : uint32_t(gen.below(rows));
         if (scratch.member_stamp[r] == scratch.stamp) continue;
         scratch.member_stamp[r] = scratch.stamp;
         ids.push_back(r);

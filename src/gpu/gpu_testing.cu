@@ -185,7 +185,8 @@ std::vector<std::vector<uint32_t>> top_k_sets(const std::vector<uint32_t>& best,
                                               const std::vector<uint32_t>& label_offsets,
                                               const std::vector<uint32_t>& label_ids, uint32_t fill,
                                               uint32_t n_items, uint64_t seed,
-                                              std::vector<uint32_t>* drawn_from) {
+                                              std::vector<uint32_t>* drawn_from,
+                                              const fill_pool& pool) {
     top_k_workspace ws;
     ws.best_id.reserve(std::max<size_t>(best.size(), 1), "test best ids");
     HSLIDE_CUDA_CHECK(
@@ -198,8 +199,8 @@ std::vector<std::vector<uint32_t>> top_k_sets(const std::vector<uint32_t>& best,
     const bool with_labels = !label_offsets.empty();
     hslide::gpu::active_sets sets;
     build_top_k_sets(batch, k, with_labels ? d_offsets.data() : nullptr,
-                     with_labels ? d_labels.data() : nullptr, max_labels, fill, n_items, seed, ws,
-                     sets, nullptr);
+                     with_labels ? d_labels.data() : nullptr, max_labels, fill, n_items, seed, pool,
+                     ws, sets, nullptr);
     HSLIDE_CUDA_CHECK(cudaDeviceSynchronize());
     const auto offsets = to_host(sets.offsets.data(), size_t(batch) + 1);
     const auto ids = to_host(sets.ids.data(), offsets.back());

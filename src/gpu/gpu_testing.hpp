@@ -4,6 +4,7 @@
 // and synchronise.
 #pragma once
 
+#include "hslide/fill_pool.hpp"
 #include "hslide/lsh.hpp"
 
 #include <cstdint>
@@ -57,13 +58,15 @@ void score_top_k(const std::vector<float>& weights, const std::vector<float>& bi
 
 /// The GPU's top-k sets (build_top_k_sets) from best ids (batch * k, UINT32_MAX: none) and,
 /// when label_offsets is not empty, labels: each set as built (labels first, then the top-k
-/// ascending, then the fill ascending; `drawn_from`, if given, gets where each fill begins).
+/// ascending, then the fill ascending; `drawn_from`, if given, gets where each fill begins),
+/// the fill drawn from `pool`.
 std::vector<std::vector<uint32_t>> top_k_sets(const std::vector<uint32_t>& best, uint32_t k,
                                               uint32_t batch,
                                               const std::vector<uint32_t>& label_offsets,
                                               const std::vector<uint32_t>& label_ids, uint32_t fill,
                                               uint32_t n_items, uint64_t seed,
-                                              std::vector<uint32_t>* drawn_from = nullptr);
+                                              std::vector<uint32_t>* drawn_from = nullptr,
+                                              const fill_pool& pool = {});
 
 /// The GPU's fill correction (apply_fill_correction) of set logits (CSR: offsets, batch + 1
 /// entries), each sample's fill beginning at drawn_from[s].

@@ -300,8 +300,8 @@ __device__ uint32_t gcd(uint32_t a, uint32_t b) {
 // One block per sample. Dynamic shared memory: `sort_size` ids (the part after the labels).
 __global__ void top_k_sets_kernel(const uint32_t* best_id, uint32_t k,
                                   const uint32_t* label_offsets, const uint32_t* label_ids,
-                                  uint32_t fill, uint32_t n_items, uint64_t seed, uint32_t slots,
-                                  uint32_t* global_ids, uint32_t* global_hits,
+                                  uint32_t fill, uint32_t n_items, uint64_t seed, fill_pool pool,
+                                  uint32_t slots, uint32_t* global_ids, uint32_t* global_hits,
                                   uint32_t max_per_sample, uint32_t sort_size, uint32_t* padded,
                                   uint32_t* counts, uint32_t* drawn_from) {
     extern __shared__ uint32_t tail[];
@@ -373,10 +373,14 @@ __global__ void top_k_sets_kernel(const uint32_t* best_id, uint32_t k,
         };
         const uint32_t need = target - chosen, free_ids = n_items - chosen;
         const uint32_t max_rounds = 2 * need <= free_ids ? 16 + 4 * need / blockDim.x : 0;
+        // A pool (fill_pool.hpp) narrows the draws to its entries; the sweep below, reached
+        // only when the draws fall short, takes any row.
+        const uint32_t range = pool.size ? pool.size : n_items;
         for (uint32_t round = 0; round < max_rounds && !have_target(); ++round) {
             const uint64_t draw = splitmix64(seed ^ (uint64_t(s) << 40) ^
                                              (uint64_t(round) * blockDim.x + threadIdx.x));
-            take(uint32_t(((draw >> 32) * n_items) >> 32), true);
+            const uint32_t pick = uint32_t(((draw >> 32) * range) >> 32);
+            take(pool.size ? fill_pool_row(pool.seed, pick, n_items) : pick, true);
         }
         const uint64_t mix = splitmix64(seed ^ (uint64_t(s) << 40) ^ 0xf111f111f111ULL);
         uint32_t a = uint32_t(mix % n_items) | 1u;
@@ -523,8 +527,8 @@ void score_top_k(const layer_view& out, const float* hidden, const __nv_bfloat16
 
 uint32_t build_top_k_sets(uint32_t batch, uint32_t k, const uint32_t* label_offsets,
                           const uint32_t* label_ids, uint32_t max_labels, uint32_t fill,
-                          uint32_t n_items, uint64_t seed, top_k_workspace& ws, active_sets& out,
-                          cudaStream_t stream) {
+                          uint32_t n_items, uint64_t seed, const fill_pool& pool,
+                          top_k_workspace& ws, active_sets& out, cudaStream_t stream) {
     if (batch == 0) return 0;
     HSLIDE_CHECK(n_items < fill_bit, "top-k sets take at most 2^31 - 1 rows, not {}", n_items);
     fill = std::min(fill, n_items);
@@ -563,7 +567,7 @@ uint32_t build_top_k_sets(uint32_t batch, uint32_t k, const uint32_t* label_offs
     out.offsets.reserve(batch + 1, "active-set offsets");
     HSLIDE_CUDA_CHECK(cudaMemsetAsync(out.counts.data() + batch, 0, 4, stream));
     top_k_sets_kernel<<<batch, select_threads, shared, stream>>>(
-        ws.best_id.data(), k, label_offsets, label_ids, fill, n_items, seed, slots,
+        ws.best_id.data(), k, label_offsets, label_ids, fill, n_items, seed, pool, slots,
         ws.set_ids.data(), ws.set_hits.data(), out.max_per_sample, sort_size, out.padded.data(),
         out.counts.data(), ws.drawn_from.data());
     HSLIDE_CUDA_LAUNCH();

@@ -102,6 +102,7 @@
 #include "device_memory.hpp"
 #include "gpu_layers.cuh"
 #include "gpu_lsh.cuh"
+#include "hslide/fill_pool.hpp"
 #include "online_softmax.hpp"
 
 #include <cublas_v2.h>
@@ -191,12 +192,13 @@ bool top_k_fused_requested();
 /// Builds the CSR active sets from ws.best_id (k per sample): labels first (label_offsets /
 /// label_ids, batch + 1 offsets; null: no labels, and every sample gets a set), then the
 /// top-k ids that are not labels, sorted by id, then random ids up to `fill` in all (seed),
-/// sorted by id; ws.drawn_from[s] is where sample s's fill begins. Returns the total number of
-/// entries (one host wait).
+/// drawn from `pool` (fill_pool.hpp; size 0: from all n_items rows), sorted by id;
+/// ws.drawn_from[s] is where sample s's fill begins. Returns the total number of entries (one
+/// host wait).
 uint32_t build_top_k_sets(uint32_t batch, uint32_t k, const uint32_t* label_offsets,
                           const uint32_t* label_ids, uint32_t max_labels, uint32_t fill,
-                          uint32_t n_items, uint64_t seed, top_k_workspace& ws, active_sets& out,
-                          cudaStream_t stream);
+                          uint32_t n_items, uint64_t seed, const fill_pool& pool,
+                          top_k_workspace& ws, active_sets& out, cudaStream_t stream);
 
 /// corrected[e] = logits[e], plus weight * log((rows - f) / (n - f)) on the fill's entries
 /// (position >= f = ws.drawn_from[s] in a set of n entries): the sampled softmax's log-Q

@@ -140,6 +140,7 @@ const std::map<std::string, setter>& option_table() {
          [](options& o, py::handle v) { o.model.ivf_refresh = v.cast<uint32_t>(); }},
         {"fill_correction",
          [](options& o, py::handle v) { o.model.fill_correction = v.cast<float>(); }},
+        {"fill_pool", [](options& o, py::handle v) { o.model.fill_pool = v.cast<float>(); }},
         {"auto_sparse_min",
          [](options& o, py::handle v) { o.model.auto_sparse_min = v.cast<uint32_t>(); }},
         {"hash", [](options& o, py::handle v) { o.model.hash = list_of<std::string>(v); }},
@@ -305,7 +306,7 @@ class model {
         normalize_inputs(train, config);
         normalize_inputs(valid, config);
         check_supported(options_.device.kind, config, tc, options_.device.precision,
-                        options_.eval.scoring != scoring_mode::exact);
+                        options_.eval.scoring);
         backend_options bo = options_.device;
         bo.threads = tc.threads;
         engine_ = create_backend(bo, model_state::create(config, tc.seed), tc);
@@ -449,7 +450,7 @@ class model {
         train_config scoring_only;
         scoring_only.adam = adam_mode::sparse;
         check_supported(options_.device.kind, config_, scoring_only, options_.device.precision,
-                        options_.eval.scoring != scoring_mode::exact);
+                        options_.eval.scoring);
         engine_ = create_backend(options_.device, std::move(state), scoring_only);
     }
 

@@ -28,8 +28,10 @@ const std::pair<const char*, adam_mode> adam_names[] = {
     {"input-dense", adam_mode::input_dense},
     {"catch-up", adam_mode::catch_up},
     {"input-catch-up", adam_mode::input_catch_up}};
-const std::pair<const char*, scoring_mode> scoring_names[] = {
-    {"auto", scoring_mode::automatic}, {"exact", scoring_mode::exact}, {"lsh", scoring_mode::lsh}};
+const std::pair<const char*, scoring_mode> scoring_names[] = {{"auto", scoring_mode::automatic},
+                                                              {"exact", scoring_mode::exact},
+                                                              {"lsh", scoring_mode::lsh},
+                                                              {"ivf", scoring_mode::ivf}};
 const std::pair<const char*, lr_schedule> schedule_names[] = {{"constant", lr_schedule::constant},
                                                               {"linear", lr_schedule::linear}};
 const std::pair<const char*, lr_batch_scaling> scaling_names[] = {
@@ -155,6 +157,8 @@ void validate(const model_config& model) {
         HSLIDE_CHECK(layer.fill_correction >= 0.0f && layer.fill_correction <= 1.0f,
                      "layer {}: --fill-correction must be in [0, 1], got {}", l,
                      layer.fill_correction);
+        HSLIDE_CHECK(layer.fill_pool >= 0.0f && layer.fill_pool <= 1.0f,
+                     "layer {}: --fill-pool must be in [0, 1], got {}", l, layer.fill_pool);
         if (model.uses_lsh(l)) {
             validate(layer.lsh);
             HSLIDE_CHECK(
@@ -215,7 +219,8 @@ std::string model_config_to_json(const model_config& config) {
                                {"ivf_clusters", layer.ivf_clusters},
                                {"ivf_probes", layer.ivf_probes},
                                {"ivf_refresh", layer.ivf_refresh},
-                               {"fill_correction", layer.fill_correction}});
+                               {"fill_correction", layer.fill_correction},
+                               {"fill_pool", layer.fill_pool}});
     }
     return j.dump();
 }
@@ -248,6 +253,8 @@ model_config model_config_from_json(const std::string& json_text) {
             layer.ivf_probes = jl.value("ivf_probes", layer_config{}.ivf_probes);
             layer.ivf_refresh = jl.value("ivf_refresh", layer_config{}.ivf_refresh);
             layer.fill_correction = jl.value("fill_correction", 0.0f);  // absent before
+            // Absent before --fill-pool: the whole layer, as those models trained.
+            layer.fill_pool = jl.value("fill_pool", 0.0f);
             config.layers.push_back(layer);
         }
         return config;

@@ -52,6 +52,7 @@ model_config make_model_config(const model_options& o, uint32_t input_dim, uint3
         if (output) {
             layer.top_k = o.top_k;
             layer.fill_correction = o.fill_correction;
+            layer.fill_pool = o.fill_pool;
             layer.search = parse_top_k_search(o.top_k_search);
             layer.ivf_clusters = o.ivf_clusters;
             layer.ivf_probes = o.ivf_probes;
