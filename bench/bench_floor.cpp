@@ -5,6 +5,8 @@
 //
 //   build/bench_floor [bytes_per_s flops_per_s]     (default: 4.3e12 790e12, an H200)
 #include "gpu/step_floor.hpp"
+#include "hslide/config.hpp"
+#include "hslide/fill_pool.hpp"
 
 #include <fmt/format.h>
 
@@ -12,6 +14,8 @@
 #include <cstdlib>
 
 using namespace hslide::gpu;
+using hslide::fill_pool_size;
+using hslide::layer_config;
 
 namespace {
 
@@ -22,8 +26,10 @@ struct preset {
     uint32_t tables;
 };
 
-void print(const preset& p, floor_selection selection, double active, const device_rates& d) {
+void print(const preset& p, floor_selection selection, double active, const device_rates& d,
+           double fill_pool_entries = 0) {
     step_shape s;
+    s.fill_pool_entries = fill_pool_entries;
     s.input_rows = p.inputs;
     s.output_rows = p.outputs;
     s.features_per_sample = p.features;
@@ -34,8 +40,9 @@ void print(const preset& p, floor_selection selection, double active, const devi
     const char* what = selection == floor_selection::lsh     ? "LSH"
                        : selection == floor_selection::top_k ? "top-k"
                                                              : "dense";
-    std::printf("\n%s, %s (batch %u, hidden %u, %.0f active a sample)\n", p.name, what, s.batch,
-                s.hidden, selection == floor_selection::dense ? double(p.outputs) : active);
+    std::printf("\n%s, %s%s (batch %u, hidden %u, %.0f active a sample)\n", p.name, what,
+                fill_pool_entries > 0 ? " with the fill pool" : "", s.batch, s.hidden,
+                selection == floor_selection::dense ? double(p.outputs) : active);
     std::printf("| kernel | MB | GFLOP | floor us |\n| --- | ---: | ---: | ---: |\n");
     for (const kernel_floor& k : kernels)
         std::printf("| %s | %.1f | %.2f | %.1f |\n", k.name.c_str(), k.bytes / 1e6, k.flops / 1e9,
@@ -73,6 +80,10 @@ int main(int argc, char** argv) {
     for (const preset& p : presets) {
         print(p, floor_selection::lsh, p.lsh_active, d);
         print(p, floor_selection::top_k, 1024, d);
+        // --fill-pool's default, where it applies (fill_pool.hpp).
+        const double pool =
+            fill_pool_size(layer_config{}.fill_pool, uint32_t(p.outputs), 1024, step_shape{}.batch);
+        if (pool > 0) print(p, floor_selection::top_k, 1024, d, pool);
         print(p, floor_selection::dense, 0, d);
     }
     return 0;

@@ -17,8 +17,8 @@
 # 4,096 most-hit; bench/synthetic.md), and a union of 350 x 128 does not fit the GPU's
 # shared-memory hash sets.
 # p_sparsity is the output layer's selection, hslide train's own default: top-k (found by the
-# IVF search on a CPU, exactly on a GPU), with each step's random fill drawn from a pool of a
-# fifth of the rows (--fill-pool 0.2). On the Amazon-670K shape it learns more per epoch than
+# IVF search on a CPU, exactly on a GPU), with each step's random fill drawn from one pool
+# (--fill-pool 0.5). On the Amazon-670K shape it learns more per epoch than
 # the dense layer and than SLIDE's LSH, with sets of 1,024 neurons (LSH's: ~6,000) and 16% of
 # the rows updated a step (LSH's: 90%; bench/topk.md). The K, L, bits and capacity above are
 # for the LSH configurations (reproduce.sh's cpu-lsh and gpu-lsh, gpu_check.sh's LSH rows).

@@ -487,22 +487,28 @@ TEST(CpuBackend, TopKRefusesWhatItCannotRun) {
 }
 
 TEST(CpuBackend, TopKFillDrawsFromTheStepsPool) {
-    // 3,000 output rows, sets of 40 (4 of them the top-k): a pool of 2% is max(60, 4 x 40) =
-    // 160 rows, so a batch's fills, 32 x about 35 draws, land on at most 160 distinct rows
-    // (from the whole layer: about 940), and the next step's pool is another 160.
-    ASSERT_EQ(fill_pool_size(0.02f, 3000, 40), 160u);
-    EXPECT_EQ(fill_pool_size(0.0f, 3000, 40), 0u);  // no pool
-    EXPECT_EQ(fill_pool_size(0.5f, 3000, 40), 1500u);
-    EXPECT_EQ(fill_pool_size(0.02f, 150, 40), 0u);  // a pool would be the whole layer
+    // 3,000 output rows, sets of 40 (4 of them the top-k), batches of 32: a pool of 0.125 an
+    // entry is 0.125 x 32 x 40 = 160 rows, so a batch's fills, 32 x about 35 draws, land on
+    // at most 160 distinct rows (from the whole layer: about 940), and the next step's pool
+    // is another 160.
+    ASSERT_EQ(fill_pool_size(0.125f, 3000, 40, 32), 160u);
+    EXPECT_EQ(fill_pool_size(0.0f, 3000, 40, 32), 0u);      // no pool
+    EXPECT_EQ(fill_pool_size(0.125f, 3000, 40, 64), 320u);  // twice the batch, twice the pool
+    EXPECT_EQ(fill_pool_size(0.01f, 3000, 40, 32), 160u);   // at least 4 x the fill
+    EXPECT_EQ(fill_pool_size(1.0f, 3000, 40, 128), 0u);     // a pool would be the whole layer
+    // No pool where the draws would touch at most a fifth of the rows: 16 x 40 = 640 draws
+    // touch 1 - e^-(640 / 3000) = 19% of them, 17 x 40 = 680 draws 20.3%.
+    EXPECT_EQ(fill_pool_size(0.5f, 3000, 40, 16), 0u);
+    EXPECT_EQ(fill_pool_size(0.5f, 3000, 40, 17), 340u);
     const dataset data = random_dataset(64, 20, 30, 13);
     std::vector<uint32_t> rows(64);
     std::iota(rows.begin(), rows.end(), 0u);
-    auto fill_rows = [&](float share) {
+    auto fill_rows = [&](float per_draw) {
         model_config config = small_config(sparsity_mode::dense, sparsity_mode::topk);
         config.layers.back().size = 3000;
         config.layers.back().active.min_active = 40;
         config.layers.back().top_k = 4;
-        config.layers.back().fill_pool = share;
+        config.layers.back().fill_pool = per_draw;
         cpu::cpu_backend be(model_state::create(config, 15), train_config{}, 2);
         std::vector<std::set<uint32_t>> per_step;
         for (uint32_t b = 0; b < 64; b += 32) {
@@ -520,7 +526,7 @@ TEST(CpuBackend, TopKFillDrawsFromTheStepsPool) {
         }
         return per_step;
     };
-    const auto pooled = fill_rows(0.02f), whole = fill_rows(0.0f);
+    const auto pooled = fill_rows(0.125f), whole = fill_rows(0.0f);
     for (const auto& step : pooled) {
         EXPECT_LE(step.size(), 160u);
         EXPECT_GT(step.size(), 120u);  // most of the pool is drawn

@@ -105,3 +105,26 @@ TEST(StepFloor, InputCatchUpRemovesWikiLshtcsInputLayerFloor) {
     EXPECT_GT(moved, 2 * 256 * 42 * 128 * 24.0);
     EXPECT_LT(floor_seconds(catch_up), floor_seconds(dense_inputs) - 1e-3);
 }
+
+namespace {
+
+TEST(StepFloor, AFillPoolShrinksTheTopKUpdateToThePoolsRows) {
+    // 131,072 pool entries over 670,091 rows are about 119,000 distinct rows; the batch's
+    // 262,144 draws from them touch about 106,000 (15.8%): the update's rows, where the whole
+    // layer gives about 217,000.
+    step_shape s = amazon670k(floor_selection::top_k, 1024);
+    const double whole = find(step_floor(s, device_rates{}), "output Adam").bytes;
+    s.fill_pool_entries = 131072;
+    const double pooled = find(step_floor(s, device_rates{}), "output Adam").bytes;
+    const double rows = expected_union(expected_union(670091, 131072), 256.0 * 1024);
+    EXPECT_NEAR(pooled, rows * 128 * 30.0, 1.0);
+    EXPECT_NEAR(rows / 670091, 0.158, 0.002);  // the CPU measured 15.6-16.2% (bench/topk.md)
+    EXPECT_NEAR(whole / pooled, 2.05, 0.02);
+    // Dense and LSH steps ignore it.
+    step_shape lsh = amazon670k(floor_selection::lsh, 6300);
+    const double lsh_bytes = find(step_floor(lsh, device_rates{}), "output Adam").bytes;
+    lsh.fill_pool_entries = 131072;
+    EXPECT_EQ(find(step_floor(lsh, device_rates{}), "output Adam").bytes, lsh_bytes);
+}
+
+}  // namespace

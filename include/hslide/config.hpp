@@ -95,14 +95,15 @@ struct layer_config {
     /// small set lets them, which suppresses frequent labels); 1: the set's partition function
     /// estimates the full one (bench/topk.md).
     float fill_correction = 0.0f;
-    /// Top-k: the share of the layer's rows (0..1) in each step's pool of random-fill
-    /// candidates (fill_pool.hpp): every sample of a step draws its fill from the same pool
-    /// of about fill_pool * rows rows (at least 4 * min_active), so a step touches at most
-    /// that share of the layer besides the labels and the top-k, however large the fill. 0:
-    /// no pool, the fill draws from the whole layer (bench/topk.md: at 670k labels, 0.2 keeps
-    /// P@1 within 0.022 of the whole layer's after the first epoch and within 0.01 after the
-    /// next two, with 16% of the rows a step instead of 31%).
-    float fill_pool = 0.2f;
+    /// Top-k: the size of each step's pool of random-fill candidates (fill_pool.hpp) in
+    /// entries per neuron the step's sets hold: every sample of a step of b samples draws its
+    /// fill from the same fill_pool * b * min_active rows (at least 4 * min_active), so the
+    /// rows a step touches, and its Adam update, shrink while every row is still drawn about
+    /// as often per epoch at any batch size; a step whose draws would touch at most a fifth of
+    /// the rows has no pool. 0: no pool, the fill draws from the whole layer. (bench/topk.md:
+    /// at 670k labels and batch 256, 0.5 touches 16% of the rows a step instead of 31%, with
+    /// the whole layer's P@1 after epochs 2 and 3, within 0.002 with another seed after each.)
+    float fill_pool = 0.5f;
 };
 
 /// The network: sparse input of `input_dim` features, ReLU hidden layers, a softmax output

@@ -2,10 +2,15 @@
 // neurons from (layer_config::fill_pool), shared by the CPU and the GPU backends.
 //
 // A pool smaller than the layer bounds the rows a step touches, and with them the row-sparse
-// Adam update, whatever the fill's size: a batch of 256 filled to 1,024 neurons from all of
-// a 670k-row layer touches 31% of it, from a pool of a fifth of the rows 16%.
-// The pool is stored nowhere: entry i of a step's pool is a hash of (seed, i), so a draw
-// picks an entry index and hashes it, on the host and in a kernel alike.
+// Adam update: a batch of 256 filled to 1,024 neurons from all of a 670k-row layer touches 31%
+// of it, from a pool of half as many entries as the step draws 16%. The pool grows with the
+// batch, so a row is drawn about as often per epoch at any batch size (a pool of fixed size
+// left most rows out of most of a large batch's few steps, and its first epoch learnt
+// nothing). Where a step's draws would touch at most a fifth of the layer there is no pool:
+// the update is small already, and a layer whose rows are drawn rarely needs every draw (at
+// the Amazon-3M shape, 8% of the rows a step, a pool sank the first epoch's P@1 from 0.030 to
+// 0.003; bench/topk.md). The pool is stored nowhere: entry i of a step's pool is a hash of
+// (seed, i), so a draw picks an entry index and hashes it, on the host and in a kernel alike.
 #pragma once
 
 #include "hslide/rng.hpp"
@@ -28,12 +33,18 @@ constexpr uint32_t fill_pool_row(uint64_t seed, uint32_t i, uint32_t rows) {
     return uint32_t(((splitmix64(seed + i) >> 32) * rows) >> 32);
 }
 
-/// Entries of the pool for `share` (0..1) of a layer of `rows` rows whose sets are filled to
-/// `fill` neurons: at least 4 * fill, so that a sample's draws rarely meet a row twice; 0 (no
-/// pool) where share is 0 or the pool would hold as many entries as the layer has rows.
-inline uint32_t fill_pool_size(float share, uint32_t rows, uint32_t fill) {
-    if (share <= 0.0f) return 0;
-    const uint64_t size = std::max<uint64_t>(uint64_t(double(share) * rows), uint64_t{4} * fill);
+/// Entries of the pool of a step of `batch` samples whose sets are filled to `fill` neurons
+/// from a layer of `rows` rows, for `per_draw` (layer_config::fill_pool) entries per neuron
+/// the step could draw: per_draw * batch * fill, at least 4 * fill, so that a sample's draws
+/// rarely meet a row twice. 0 (no pool) where per_draw is 0, where batch * fill uniform draws
+/// would touch at most a fifth of the rows (1 - e^-(batch * fill / rows) <= 0.2), or where
+/// the pool would hold as many entries as the layer has rows.
+inline uint32_t fill_pool_size(float per_draw, uint32_t rows, uint32_t fill, uint32_t batch) {
+    if (per_draw <= 0.0f) return 0;
+    const double draws = double(batch) * fill;
+    if (draws <= 0.2231435513142098 * rows) return 0;  // -ln(0.8): a fifth of the rows
+    const uint64_t size =
+        std::max<uint64_t>(uint64_t(double(per_draw) * batch * fill), uint64_t{4} * fill);
     return size >= rows ? 0 : uint32_t(size);
 }
 

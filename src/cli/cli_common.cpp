@@ -167,10 +167,10 @@ std::vector<CLI::Option*> add_model_options(CLI::App& app, model_options& o) {
         ->check(CLI::Range(0.0, 1.0))
         ->capture_default_str();
     app.add_option("--fill-pool", o.fill_pool,
-                   "top-k output layers: share (0..1) of the rows in each step's pool of "
-                   "random-fill candidates, which every sample of the step draws its fill from "
-                   "(at least 4 x --min-active rows): it bounds the rows a step touches and "
-                   "updates; 0 = the whole layer")
+                   "top-k output layers: each step's random fill is drawn from one pool of "
+                   "this many rows (0..1) per neuron of the step's sets (x batch x "
+                   "--min-active, at least 4 x --min-active): fewer rows touched and updated a "
+                   "step; 0 = the whole layer")
         ->check(CLI::Range(0.0, 1.0))
         ->capture_default_str();
     app.add_option("--hidden-sparsity", o.hidden_sparsity,

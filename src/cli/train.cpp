@@ -269,14 +269,14 @@ int run_train(int argc, char** argv) {
     normalize_inputs(d.train, mc);
     normalize_inputs(d.test, mc);
     normalize_inputs(valid, mc);
-    auto top_k_description = [](const layer_config& c) {
+    auto top_k_description = [&tc](const layer_config& c) {
         std::string text = " (top-k";
         if (c.search != top_k_search::exact)
             text += fmt::format("{}: {} probes, refresh every {} steps",
                                 c.search == top_k_search::automatic ? "; IVF on a CPU" : ", IVF",
                                 c.ivf_probes, c.ivf_refresh);
-        const uint32_t pool =
-            fill_pool_size(c.fill_pool, c.size, std::min(c.active.min_active, c.size));
+        const uint32_t pool = fill_pool_size(c.fill_pool, c.size,
+                                             std::min(c.active.min_active, c.size), tc.batch_size);
         if (pool) text += fmt::format("; fill from a pool of {} rows a step", pool);
         return text + ")";
     };

@@ -218,8 +218,9 @@ class cpu_backend final : public backend, public row_transfer {
     uint32_t build_top_k_set(const uint32_t* best, uint32_t k, const label_row& labels,
                              uint32_t fill, const fill_pool& pool, rng& gen,
                              thread_scratch& scratch, std::vector<uint32_t>& ids) const;
-    /// The output layer's fill pool for the current step (layer_config::fill_pool).
-    fill_pool step_fill_pool() const;
+    /// The output layer's fill pool for the current step, of `batch` samples
+    /// (layer_config::fill_pool).
+    fill_pool step_fill_pool(uint32_t batch) const;
     /// Adds random output neurons not in `ids`, drawn uniformly from `pool` (size 0: from the
     /// whole layer), until it holds `target` (at most the layer's rows).
     void add_random_fill(std::vector<uint32_t>& ids, uint32_t target, const fill_pool& pool,

@@ -152,7 +152,7 @@ void cpu_backend::select_top_k_sets(const batch_view& batch) {
         std::min(model_.config.layers[out_layer].active.min_active, model_.layers[out_layer].rows);
     const uint32_t chunk = exact_chunk(k);
     const bool ivf = searches_ivf();
-    const fill_pool pool = step_fill_pool();
+    const fill_pool pool = step_fill_pool(batch.size);
     for (uint32_t begin = 0; begin < batch.size; begin += chunk) {
         const uint32_t n = std::min(chunk, batch.size - begin);
         if (ivf)
@@ -175,11 +175,11 @@ void cpu_backend::select_top_k_sets(const batch_view& batch) {
     }
 }
 
-fill_pool cpu_backend::step_fill_pool() const {
+fill_pool cpu_backend::step_fill_pool(uint32_t batch) const {
     const layer_config& cfg = model_.config.layers.back();
     const uint32_t rows = model_.layers.back().rows;
     return {derive_seed(train_.seed ^ 0xf111b001ULL, model_.adam_step),
-            fill_pool_size(cfg.fill_pool, rows, std::min(cfg.active.min_active, rows))};
+            fill_pool_size(cfg.fill_pool, rows, std::min(cfg.active.min_active, rows), batch)};
 }
 
 uint32_t cpu_backend::build_top_k_set(const uint32_t* best, uint32_t k, const label_row& labels,
@@ -211,7 +211,7 @@ selection_quality cpu_backend::measure_selection(const batch_view& batch, uint32
     const neuron_selection selection = model_.config.selection(out_layer);
     const uint32_t top_k = std::min(model_.config.layers[out_layer].top_k, rows);
     const uint32_t fill = std::min(model_.config.layers[out_layer].active.min_active, rows);
-    const fill_pool pool = step_fill_pool();
+    const fill_pool pool = step_fill_pool(train_.batch_size);
     const uint32_t k = selection == neuron_selection::top_k ? std::max(q.top, top_k) : q.top;
     const uint32_t chunk = exact_chunk(k);
     const uint64_t seed = derive_seed(train_.seed ^ 0x5e1ec7ULL, model_.adam_step);

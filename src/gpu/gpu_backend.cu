@@ -783,7 +783,7 @@ uint32_t gpu_backend::select_top_k_sets(uint32_t batch, const batch_csr& csr, ui
     // The fill's seed as LSH's (the CPU draws other ids: only the seed decides them); the
     // pool's as the CPU's, so both draw from the same rows.
     const fill_pool pool{derive_seed(train_.seed ^ 0xf111b001ULL, shape_.adam_step),
-                         fill_pool_size(cfg.fill_pool, out.rows, fill)};
+                         fill_pool_size(cfg.fill_pool, out.rows, fill, batch)};
     return build_top_k_sets(batch, k, csr.label_offsets, csr.label_ids, max_labels, fill, out.rows,
                             derive_seed(train_.seed ^ 0x5eedf111ULL, shape_.adam_step), pool, topk_,
                             active_, stream_);

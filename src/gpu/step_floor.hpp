@@ -7,7 +7,9 @@
 // The model, per kernel (B batch, H hidden, R output rows, A active neurons a sample, F
 // features a sample, D input rows; w the bytes of a product's operand, 2 in bf16, 4 in fp32;
 // U = R (1 - exp(-B A / R)), the expected union of the batch's sets, B A uniform draws: LSH's
-// sets overlap less than that, popular labels more):
+// sets overlap less than that, popular labels more; with a top-k fill pool of P entries
+// (fill_pool.hpp), R is the pool's distinct rows, R (1 - exp(-P / R)), the labels and top-k
+// outside it left out):
 //  - input forward: the samples' feature rows, B F H w read, 2 B F H FLOPs.
 //  - selection: LSH, the bucket lists (B L c 4 bytes, c the bucket capacity) and the sets
 //    written; top-k, a GEMM of the batch against every row (R H w read, 2 B R H FLOPs; the
@@ -56,6 +58,7 @@ struct step_shape {
     bool input_dense = true;        ///< Adam moves every input row (input-dense)
     bool input_catch_up = false;    ///< input-catch-up (the GPU's default): overrides input_dense
     bool dense_fp32_logits = true;  ///< dense: the logits materialised in fp32 (as built)
+    double fill_pool_entries = 0;   ///< top-k: the step's fill pool (0: the whole layer)
 };
 
 /// A card's rates.
@@ -86,7 +89,9 @@ inline std::vector<kernel_floor> step_floor(const step_shape& s, const device_ra
     auto add = [&](const char* name, double bytes, double flops) {
         k.push_back({name, bytes, flops, std::max(bytes / d.bytes_per_s, flops / d.flops_per_s)});
     };
-    const double union_rows = dense ? R : expected_union(R, B * A);
+    const bool pooled = s.selection == floor_selection::top_k && s.fill_pool_entries > 0;
+    const double drawn_from = pooled ? expected_union(R, s.fill_pool_entries) : R;
+    const double union_rows = dense ? R : expected_union(drawn_from, B * A);
     add("input forward", B * F * H * w, 2 * B * F * H);
     if (s.selection == floor_selection::lsh)
         add("LSH active sets", B * s.lsh_tables * s.bucket_capacity * 4.0 + B * A * 4, 0);
