@@ -213,6 +213,49 @@ TEST(IvfIndex, ARefreshFollowsTheRowsOnAnyThreadCount) {
     }
 }
 
+TEST(IvfIndex, ReassigningTheMovedRowsIsTheWholeReassignment) {
+    // Rows placed by a pass with the centroids as they are (two passes without a Lloyd step,
+    // so the largest norm is settled too), then a tenth of them moved (coordinates permuted:
+    // norms kept): reassigning only those equals reassigning every row, on 1 and 3 threads,
+    // and moves some of them to other clusters.
+    test_layer layer(5003, 24, 70, 16);
+    ivf_index base;
+    build_ivf_index(base, layer.view(false), 300, 11, best_kernels(), 2);
+    std::vector<uint32_t> all(layer.rows);
+    std::iota(all.begin(), all.end(), 0u);
+    for (int pass = 0; pass < 2; ++pass)
+        reassign_ivf_rows(base, layer.view(false), best_kernels(), all.data(), layer.rows, 2);
+    std::vector<uint32_t> cluster_before(layer.rows);
+    for (uint32_t c = 0; c < base.clusters(); ++c)
+        for (uint32_t i = base.offsets[c]; i < base.offsets[c + 1]; ++i)
+            cluster_before[base.members[i]] = c;
+    rng gen(71);
+    std::vector<uint32_t> moved;
+    for (uint32_t r = 0; r < layer.rows; ++r) {
+        if (gen.below(10) != 0) continue;
+        moved.push_back(r);
+        float* w = layer.weights.data() + size_t(r) * layer.stride;
+        for (uint32_t i = layer.width; i > 1; --i) std::swap(w[i - 1], w[gen.below(i)]);
+    }
+    ivf_index whole = base, some = base, some_threads = base;
+    reassign_ivf_rows(whole, layer.view(false), best_kernels(), all.data(), layer.rows, 2);
+    reassign_ivf_rows(some, layer.view(false), best_kernels(), moved.data(), uint32_t(moved.size()),
+                      1);
+    reassign_ivf_rows(some_threads, layer.view(false), best_kernels(), moved.data(),
+                      uint32_t(moved.size()), 3);
+    expect_partition(some, layer.rows);
+    EXPECT_EQ(some.offsets, whole.offsets);
+    EXPECT_EQ(some.members, whole.members);
+    EXPECT_EQ(some_threads.members, whole.members);
+    EXPECT_EQ(some.centroids, base.centroids);  // no Lloyd step
+    uint32_t changed_cluster = 0;
+    for (uint32_t c = 0; c < some.clusters(); ++c)
+        for (uint32_t i = some.offsets[c]; i < some.offsets[c + 1]; ++i)
+            changed_cluster += cluster_before[some.members[i]] != c;
+    EXPECT_GT(changed_cluster, uint32_t(moved.size()) / 4);
+    EXPECT_LE(changed_cluster, uint32_t(moved.size()));
+}
+
 TEST(IvfIndex, ProbingEveryClusterGivesTheExactTopK) {
     for (const kernel_table* k : tables())
         for (bool in_bf16 : {false, true})

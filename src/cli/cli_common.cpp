@@ -155,9 +155,9 @@ std::vector<CLI::Option*> add_model_options(CLI::App& app, model_options& o) {
         ->check(CLI::PositiveNumber)
         ->capture_default_str();
     app.add_option("--ivf-refresh", o.ivf_refresh,
-                   "--top-k-search ivf: training steps between refreshes of the index (rows "
-                   "reassigned, centroids recomputed; 0: only its rebuilds, on --rebuild's "
-                   "schedule)")
+                   "--top-k-search ivf: training steps between refreshes of the index (every "
+                   "4th: rows reassigned, centroids recomputed; the others: the rows changed "
+                   "since reassigned; 0: only its rebuilds, on --rebuild's schedule)")
         ->capture_default_str();
     app.add_option("--fill-correction", o.fill_correction,
                    "top-k output layers: weight (0..1) of the log-Q correction on the random "

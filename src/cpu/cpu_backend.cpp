@@ -48,6 +48,7 @@ cpu_backend::cpu_backend(model_state initial, const train_config& train, int thr
         groups_[l].slot.assign(model_.layers[l].rows, -1);
         changed_[l].flag.assign(model_.layers[l].rows, 0);
         lsh_[l].stale.flag.assign(model_.layers[l].rows, 0);
+        if (l + 1 == n_layers) ivf_stale_.flag.assign(model_.layers[l].rows, 0);
         if (model_.config.uses_lsh(l)) {
             max_sparse = std::max(max_sparse, model_.neurons(l));
             max_L = std::max<uint32_t>(max_L, model_.config.layers[l].lsh.L);
@@ -461,9 +462,19 @@ step_report cpu_backend::train_batch(const batch_view& batch, float learning_rat
     step_report report;
     const uint32_t refresh = model_.config.layers.back().ivf_refresh;
     if (searches_ivf() && refresh > 0 && model_.adam_step > 0 && model_.adam_step % refresh == 0) {
-        // The rows moved since the index last saw them (refresh_ivf_index says why it matters).
+        // The rows moved since the index last saw them (refresh_ivf_index says why it
+        // matters). Every ivf_lloyd_every-th pass (by step, so a resumed run keeps the
+        // rhythm) is a whole refresh with a Lloyd step; between them only the rows changed
+        // since the last pass are reassigned, a sixth to a third of them (bench/topk.md).
         const auto t0 = clock_type::now();
-        refresh_ivf_index(ivf_, output_rows(), k_, threads_);
+        if (ivf_stale_.all || (model_.adam_step / refresh) % ivf_lloyd_every == 0) {
+            ivf_stale_.take(ivf_stale_rows_);
+            refresh_ivf_index(ivf_, output_rows(), k_, threads_);
+        } else {
+            ivf_stale_.take(ivf_stale_rows_);
+            reassign_ivf_rows(ivf_, output_rows(), k_, ivf_stale_rows_.data(),
+                              uint32_t(ivf_stale_rows_.size()), threads_);
+        }
         report.times.rebuild += seconds_since(t0);
     }
     run_forward_backward(batch, report);

@@ -341,6 +341,11 @@ class cpu_backend final : public backend, public row_transfer {
     // --top-k-search ivf: the output layer's index (rebuilt with the LSH tables) and a chunk's
     // search results.
     ivf_index ivf_;
+    /// Output rows changed since the index's last pass (the steps' Adam, imported rows), and
+    /// a buffer for them; every ivf_lloyd_every-th refresh is a whole one (train_batch).
+    row_marks ivf_stale_;
+    std::vector<uint32_t> ivf_stale_rows_;
+    static constexpr uint32_t ivf_lloyd_every = 4;
     std::vector<uint32_t> ivf_labels_;
     std::vector<float> ivf_scores_;
     // Catch-up Adam: per layer that catches up, the step each row is up to date at (a busy

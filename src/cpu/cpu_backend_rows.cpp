@@ -35,14 +35,17 @@ void cpu_backend::row_marks::take(std::vector<uint32_t>& out) {
 void cpu_backend::mark_updated_rows(size_t l, bool every_row) {
     row_marks& stale = lsh_[l].stale;
     const bool hashed = model_.config.uses_lsh(l);
+    const bool indexed = l + 1 == model_.layers.size() && searches_ivf();
     if (every_row) {
         changed_[l].mark_all();
         if (hashed) stale.mark_all();
+        if (indexed) ivf_stale_.mark_all();
         return;
     }
     for (uint32_t row : groups_[l].touched) {
         changed_[l].mark(row);
         if (hashed) stale.mark(row);
+        if (indexed) ivf_stale_.mark(row);
     }
 }
 
@@ -135,6 +138,8 @@ void cpu_backend::copy_and_refresh_rows(size_t l, const std::vector<uint32_t>& i
     // stale: the next rebuild re-hashes them.
     if (model_.config.uses_lsh(l))
         for (uint32_t r : ids) lsh_[l].stale.mark(r);
+    if (l + 1 == model_.layers.size() && searches_ivf())
+        for (uint32_t r : ids) ivf_stale_.mark(r);
 }
 
 }  // namespace hslide::cpu

@@ -68,6 +68,7 @@ ivf_rows cpu_backend::output_rows() const {
 }
 
 void cpu_backend::build_output_index() {
+    ivf_stale_.take(ivf_stale_rows_);  // the index is built from the rows as they are now
     const layer_config& cfg = model_.config.layers.back();
     build_ivf_index(ivf_, output_rows(), cfg.ivf_clusters,
                     derive_seed(train_.seed ^ 0x1f1dc0deULL, model_.adam_step), k_, threads_);

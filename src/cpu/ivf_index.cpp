@@ -303,55 +303,62 @@ void build_ivf_index(ivf_index& index, const ivf_rows& layer, uint32_t clusters,
     set_members(index, cluster_of, total);
 }
 
-void refresh_ivf_index(ivf_index& index, const ivf_rows& layer, const kernel_table& k,
-                       int threads) {
+namespace {
+
+/// Reassigns rows among their groups' clusters with the centroids as they are: all of them
+/// (ids null), or the n ascending `ids`. With `lloyd` (every row), the centroids become
+/// their new members' sums, normalised (one Lloyd step), an emptied cluster keeping its
+/// centroid. Each row is packed with its norm-equalising value from the largest norm the
+/// index last saw (a row grown past it getting 0) and scored against its group's centroids
+/// 16 at a time; the largest norm seen updates the index's.
+void reassign_rows(ivf_index& index, const ivf_rows& layer, const kernel_table& k,
+                   const uint32_t* ids, uint32_t n, bool lloyd, int threads) {
     HSLIDE_ASSERT(index.rows == layer.rows && index.width == layer.width &&
-                  !index.group_first.empty());
-    // One pass over the rows: each is packed (its norm-equalising value from the largest norm
-    // the index last saw, a row grown past it getting 0), scored against its group's
-    // centroids, and added to its new cluster's sum while it is in cache.
+                  !index.group_first.empty() && (ids == nullptr || !lloyd));
     const uint32_t d = point_dims(layer), width = layer.width;
     const float max_norm2 = index.max_norm2;
     const uint32_t groups = uint32_t(index.group_first.size() - 1);
     std::vector<uint32_t> cluster_of(layer.rows);
     std::vector<float> group_max(groups, 0.0f);
-    // Each group's rows, ascending (the sums' order): a counting sort by group in row order.
-    std::vector<uint32_t> group_of(layer.rows), group_offsets(size_t(groups) + 1, 0);
+    // Each row's cluster and group as the index has them.
+    std::vector<uint32_t> group_of(layer.rows);
     for (uint32_t g = 0; g < groups; ++g)
-        for (uint32_t i = index.offsets[index.group_first[g]];
-             i < index.offsets[index.group_first[g + 1]]; ++i)
-            group_of[index.members[i]] = g;
-    for (uint32_t g : group_of) ++group_offsets[g + 1];
+        for (uint32_t c = index.group_first[g]; c < index.group_first[g + 1]; ++c)
+            for (uint32_t i = index.offsets[c]; i < index.offsets[c + 1]; ++i) {
+                group_of[index.members[i]] = g;
+                cluster_of[index.members[i]] = c;
+            }
+    // Each group's rows to reassign, ascending (the sums' order): a counting sort by group.
+    const uint32_t count = ids ? n : layer.rows;
+    auto row_at = [&](uint32_t i) { return ids ? ids[i] : i; };
+    std::vector<uint32_t> group_offsets(size_t(groups) + 1, 0), group_rows(count);
+    for (uint32_t i = 0; i < count; ++i) ++group_offsets[group_of[row_at(i)] + 1];
     for (uint32_t g = 0; g < groups; ++g) group_offsets[g + 1] += group_offsets[g];
-    std::vector<uint32_t> group_rows(layer.rows);
     {
         std::vector<uint32_t> at(group_offsets.begin(), group_offsets.end() - 1);
-        for (uint32_t r = 0; r < layer.rows; ++r) group_rows[at[group_of[r]]++] = r;
+        for (uint32_t i = 0; i < count; ++i) group_rows[at[group_of[row_at(i)]]++] = row_at(i);
     }
     for_each_group(index.group_first, threads, [&](uint32_t g, bool) {
-        // The group's rows reassigned among its clusters with the centroids as they are; then
-        // the centroids are their new members' sums, normalised (one Lloyd step), an emptied
-        // cluster keeping its centroid.
         const uint32_t first = index.group_first[g], K = index.group_first[g + 1] - first;
-        const std::vector<uint32_t> ids(group_rows.begin() + group_offsets[g],
-                                        group_rows.begin() + group_offsets[g + 1]);
-        if (ids.empty()) return;
+        const uint32_t* rows = group_rows.data() + group_offsets[g];
+        const uint32_t m_rows = group_offsets[g + 1] - group_offsets[g];
+        if (m_rows == 0) return;
         float* centroids = index.centroids.data() + size_t(first) * index.stride;
         std::vector<float> xt(size_t(d) * lanes), out(size_t(K) * lanes), extra(lanes);
-        std::vector<float> sums(size_t(K) * d, 0.0f);
-        std::vector<uint32_t> count(K, 0);
+        std::vector<float> sums(lloyd ? size_t(K) * d : 0, 0.0f);
+        std::vector<uint32_t> members(lloyd ? K : 0, 0);
         float seen_max = 0;
-        for (size_t p0 = 0; p0 < ids.size(); p0 += lanes) {
-            const uint32_t m = uint32_t(std::min<size_t>(lanes, ids.size() - p0));
+        for (uint32_t p0 = 0; p0 < m_rows; p0 += lanes) {
+            const uint32_t m = std::min(lanes, m_rows - p0);
             // A group's rows are scattered over the layer, which the hardware prefetchers do
             // not follow: the next 16 rows are requested while these are scored (the pass is
             // bound by reading the rows: 1.5x faster so).
-            for (size_t j = p0 + lanes; j < std::min(ids.size(), p0 + 2 * lanes); ++j)
-                prefetch_bytes(layer.weights + size_t(ids[j]) * layer.stride,
+            for (uint32_t j = p0 + lanes; j < std::min(m_rows, p0 + 2 * lanes); ++j)
+                prefetch_bytes(layer.weights + size_t(rows[j]) * layer.stride,
                                size_t(width) * sizeof(float));
             std::fill(xt.begin(), xt.end(), 0.0f);
             for (uint32_t j = 0; j < m; ++j) {
-                const uint32_t r = ids[p0 + j];
+                const uint32_t r = rows[p0 + j];
                 const float* w = layer.weights + size_t(r) * layer.stride;
                 const float b = layer.bias[r], n2 = k.dot(w, w, width) + b * b;
                 seen_max = std::max(seen_max, n2);
@@ -363,25 +370,38 @@ void refresh_ivf_index(ivf_index& index, const ivf_rows& layer, const kernel_tab
             k.dots16(centroids, index.stride, d, K, xt.data(), nullptr, out.data());
             for (uint32_t j = 0; j < m; ++j) {
                 const uint32_t best = nearest_centroid(out.data(), K, j);
-                const uint32_t r = ids[p0 + j];
+                const uint32_t r = rows[p0 + j];
+                cluster_of[r] = first + best;
+                if (!lloyd) continue;
                 float* sum = sums.data() + size_t(best) * d;
                 k.axpy(1.0f, layer.weights + size_t(r) * layer.stride, sum, width);
                 sum[width] += layer.bias[r];
                 sum[width + 1] += extra[j];
-                ++count[best];
-                cluster_of[r] = first + best;
+                ++members[best];
             }
         }
-        for (uint32_t c = 0; c < K; ++c) {
-            if (count[c] == 0) continue;
+        for (uint32_t c = 0; lloyd && c < K; ++c) {
+            if (members[c] == 0) continue;
             std::copy_n(sums.data() + size_t(c) * d, d, centroids + size_t(c) * index.stride);
             normalize(centroids + size_t(c) * index.stride, d);
         }
         group_max[g] = seen_max;
     });
-    // The largest norm seen, for the next refresh (a max: the same on any thread count).
+    // The largest norm seen, for the next pass (a max: the same on any thread count).
     for (float m : group_max) index.max_norm2 = std::max(index.max_norm2, m);
     set_members(index, cluster_of, index.clusters());
+}
+
+}  // namespace
+
+void refresh_ivf_index(ivf_index& index, const ivf_rows& layer, const kernel_table& k,
+                       int threads) {
+    reassign_rows(index, layer, k, nullptr, 0, /*lloyd=*/true, threads);
+}
+
+void reassign_ivf_rows(ivf_index& index, const ivf_rows& layer, const kernel_table& k,
+                       const uint32_t* rows, uint32_t n, int threads) {
+    reassign_rows(index, layer, k, rows, n, /*lloyd=*/false, threads);
 }
 
 void ivf_search(const ivf_index& index, const ivf_rows& layer, const kernel_table& k,

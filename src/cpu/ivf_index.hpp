@@ -78,6 +78,14 @@ void build_ivf_index(ivf_index& index, const ivf_rows& layer, uint32_t clusters,
 /// rows (bench/topk.md), and a build costs 3-5 refreshes.
 void refresh_ivf_index(ivf_index& index, const ivf_rows& layer, const kernel_table& k, int threads);
 
+/// Reassigns the n given rows (ascending) among their groups' clusters with the centroids as
+/// they are, the others staying where they are: what refresh_ivf_index does to those rows,
+/// without its Lloyd step, at the cost of those rows only. Between Lloyd steps, the rows a
+/// training step changed are the ones that can have left their clusters (the others were
+/// placed by a pass with centroids at most one Lloyd step older).
+void reassign_ivf_rows(ivf_index& index, const ivf_rows& layer, const kernel_table& k,
+                       const uint32_t* rows, uint32_t n, int threads);
+
 /// For each of the n queries (width floats each): the `top` best rows among the members of its
 /// `probes` best clusters (all clusters when probes >= clusters()), best first, ties to the
 /// smaller id, NaN scores skipped, padded with UINT32_MAX / -inf (select_top_k's contract),
