@@ -169,8 +169,9 @@ std::vector<CLI::Option*> add_model_options(CLI::App& app, model_options& o) {
     app.add_option("--fill-pool", o.fill_pool,
                    "top-k output layers: each step's random fill is drawn from one pool of "
                    "this many rows (0..1) per neuron of the step's sets (x batch x "
-                   "--min-active, at least 4 x --min-active): fewer rows touched and updated a "
-                   "step; 0 = the whole layer")
+                   "--min-active, at least 4 x --min-active; none where a step would touch at "
+                   "most a fifth of the layer): fewer rows touched and updated a step; 0 = the "
+                   "whole layer")
         ->check(CLI::Range(0.0, 1.0))
         ->capture_default_str();
     app.add_option("--hidden-sparsity", o.hidden_sparsity,

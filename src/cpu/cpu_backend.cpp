@@ -465,7 +465,8 @@ step_report cpu_backend::train_batch(const batch_view& batch, float learning_rat
         // The rows moved since the index last saw them (refresh_ivf_index says why it
         // matters). Every ivf_lloyd_every-th pass (by step, so a resumed run keeps the
         // rhythm) is a whole refresh with a Lloyd step; between them only the rows changed
-        // since the last pass are reassigned, a sixth to a third of them (bench/topk.md).
+        // since the last pass are reassigned (about 30% of them at the Amazon-670K shape with
+        // the fill pool; bench/topk.md).
         const auto t0 = clock_type::now();
         if (ivf_stale_.all || (model_.adam_step / refresh) % ivf_lloyd_every == 0) {
             ivf_stale_.take(ivf_stale_rows_);
