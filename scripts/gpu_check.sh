@@ -160,9 +160,10 @@ summary_head() {
     echo "table rebuilds, host-device transfer). $1"
     echo
     echo "dropped: top-k rows, the mean softmax mass outside the sets in the last epoch (issue 19)."
+    echo "rows: the share of the output rows a step's update touched in the last epoch."
     echo
-    echo "| preset | backend | precision | s/epoch | P@1 | hash | sets | fwd | bwd | update | rebuild | transfer | dropped |"
-    echo "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    echo "| preset | backend | precision | s/epoch | P@1 | hash | sets | fwd | bwd | update | rebuild | transfer | dropped | rows |"
+    echo "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
 }
 
 # prepare_preset NAME[@SCALE]: sets preset, preset_scale, data and network, generating the data
@@ -243,9 +244,10 @@ stages = " | ".join(f"{st.get(k, 0):.2f}" for k in
                      "transfer"))
 p1 = ", ".join(f"{r['p@1']:.4f}" for r in rows if "p@1" in r) or "nan"
 dropped = f"{last['dropped_mass']:.4f}" if "dropped_mass" in last else ""
+touched = f"{100 * last['touched_share']:.0f}%" if "touched_share" in last else ""
 print(f"| {sys.argv[2]} | {sys.argv[3]} | {sys.argv[4]} | "
       f"{statistics.median(r['epoch_seconds'] for r in rows):.2f} | "
-      f"{p1} | {stages} | {dropped} |")
+      f"{p1} | {stages} | {dropped} | {touched} |")
 # Hybrid: each worker's share of samples and updates, utilisation and parked time, per epoch.
 for r in rows:
     for w in r.get("workers", []):
@@ -253,7 +255,7 @@ for r in rows:
         print(f"|  | epoch {r['epoch']}: {w['name']} | | "
               f"{w['samples']} samples, {100 * w['update_share']:.0f}% of updates | "
               f"busy {100 * w['utilisation']:.0f}% | "
-              f"parked {100 * w['parked_seconds'] / wall:.0f}% | | | | | | | |")
+              f"parked {100 * w['parked_seconds'] / wall:.0f}% | | | | | | | | |")
 EOF
     fi
     # What is done so far comes back even if the call is cut off at its limit.

@@ -1020,6 +1020,13 @@ void expect_same_training(const char* kind, sparsity_mode output, precision_mode
         EXPECT_NEAR(g.loss_sum, c.loss_sum, loss_tolerance * std::abs(c.loss_sum))
             << "step " << step;
         EXPECT_EQ(g.samples, c.samples);
+        // The share of output rows the update touched, as the CPU counts it (its sets can
+        // differ in the random fill, so within a few rows of 70).
+        EXPECT_EQ(g.steps_counted, 1u) << "step " << step;
+        EXPECT_GT(g.output_touched_share_sum, 0.0) << "step " << step;
+        EXPECT_LE(g.output_touched_share_sum, 1.0) << "step " << step;
+        EXPECT_NEAR(g.output_touched_share_sum, c.output_touched_share_sum, 0.15)
+            << "step " << step;
     }
     model_state from_gpu, from_cpu;
     gpu->export_state(from_gpu, /*with_optimizer=*/true);

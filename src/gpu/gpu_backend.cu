@@ -314,10 +314,11 @@ class gpu_backend final : public backend, public row_transfer {
     device_array<uint8_t> input_touched_;  // --adam input-dense: the step's first-layer rows
     device_array<uint32_t> top_labels_;
     device_array<float> top_scores_;
-    input_catch_up input_catch_up_;        // --adam input-catch-up's schedule and row steps
-    bool rows_behind_ = false;             // input-catch-up: rows may lag the step count
-    pinned_array<float> loss_host_[2];     // per-sample losses, by step parity
-    pinned_array<float> dropped_host_[2];  // top-k: per-sample dropped mass, by step parity
+    input_catch_up input_catch_up_;           // --adam input-catch-up's schedule and row steps
+    bool rows_behind_ = false;                // input-catch-up: rows may lag the step count
+    pinned_array<float> loss_host_[2];        // per-sample losses, by step parity
+    pinned_array<float> dropped_host_[2];     // top-k: per-sample dropped mass, by step parity
+    pinned_array<uint32_t> touched_host_[2];  // output rows the step's update touched, by parity
 
     /// The last step queued, whose report is built once it is done.
     struct pending_step {
@@ -325,7 +326,8 @@ class gpu_backend final : public backend, public row_transfer {
         int parity = 0;
         uint32_t samples = 0;
         uint64_t active_entries = 0;
-        uint32_t labelled = 0;  // top-k: samples with labels (their dropped mass is reported)
+        uint32_t labelled = 0;   // top-k: samples with labels (their dropped mass is reported)
+        bool every_row = false;  // the update moved every output row (a dense output layer)
     };
     pending_step pending_;
     int step_parity_ = 0;
@@ -874,6 +876,8 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
     const adam_corrections corrections = adam_bias_corrections(train_, step);
     const adam_params adam{learning_rate,       train_.adam_beta1, train_.adam_beta2,
                            train_.adam_epsilon, corrections.c1,    corrections.c2};
+    touched_host_[parity].reserve(1, "touched rows");
+    touched_host_[parity].data()[0] = 0;  // read two steps ago at the latest, as the losses
     if (sparse_output()) {
         HSLIDE_CUDA_CHECK(cudaEventRecord(events[6], stream_));
         row_groups& g = output_groups_;
@@ -887,6 +891,8 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
                              g.order.data(), active_.entry_sample.data(), delta_.data(),
                              hidden_.data(), inv_batch, adam, stream_);
             mark_rows(changed_[1].data(), g.unique.data(), g.n_unique.data(), total, stream_);
+            HSLIDE_CUDA_CHECK(cudaMemcpyAsync(touched_host_[parity].data(), g.n_unique.data(), 4,
+                                              cudaMemcpyDeviceToHost, stream_));
         }
     } else {
         dense_backward_and_update(b, inv_batch, adam);  // backward and update in one
@@ -916,7 +922,7 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
     report.times.rebuild += std::exchange(rebuild_seconds_, 0.0);
     uint32_t labelled = 0;
     for (uint32_t s = 0; s < b; ++s) labelled += batch.data->labels(batch.rows[s]).count > 0;
-    pending_ = pending_step{true, parity, b, active_entries, labelled};
+    pending_ = pending_step{true, parity, b, active_entries, labelled, !sparse_output()};
     last_batch_ = b;
     step_parity_ ^= 1;
     return report;
@@ -939,6 +945,10 @@ step_report gpu_backend::finish_pending_step() {
         report.full_softmax_samples = pending_.labelled;
     }
     report.active_per_layer = {uint64_t(b) * layers_[0].width, pending_.active_entries};
+    const double out_rows = double(layers_[1].rows);
+    report.output_touched_share_sum =
+        pending_.every_row ? 1.0 : touched_host_[pending_.parity].data()[0] / out_rows;
+    report.steps_counted = 1;
     auto elapsed = [&](int from, int to) {
         float ms = 0;
         HSLIDE_CUDA_CHECK(cudaEventElapsedTime(&ms, events[from], events[to]));
