@@ -106,6 +106,25 @@ void exact_top_k(const test_layer& layer, const kernel_table& k, bool in_bf16, c
     select_top_k(z.data(), nullptr, layer.rows, top, labels, scores, heap);
 }
 
+/// The share of the queries' exact top `top` rows (fp32) that the index's search returns,
+/// probing `probes` clusters.
+double search_recall(const ivf_index& index, const test_layer& layer,
+                     const std::vector<const float*>& queries, uint32_t probes, uint32_t top) {
+    const uint32_t n = uint32_t(queries.size());
+    std::vector<uint32_t> got(size_t(n) * top), want(top);
+    std::vector<float> got_s(size_t(n) * top), want_s(top);
+    ivf_search(index, layer.view(false), best_kernels(), queries.data(), n, probes, top, got.data(),
+               got_s.data(), 2);
+    double hits = 0;
+    for (uint32_t j = 0; j < n; ++j) {
+        exact_top_k(layer, best_kernels(), false, queries[j], top, want.data(), want_s.data());
+        std::sort(want.begin(), want.end());
+        for (uint32_t i = 0; i < top; ++i)
+            hits += std::binary_search(want.begin(), want.end(), got[size_t(j) * top + i]);
+    }
+    return hits / (double(n) * top);
+}
+
 std::vector<const kernel_table*> tables() {
     std::vector<const kernel_table*> t{&scalar_kernels()};
     if (&best_kernels() != &scalar_kernels()) t.push_back(&best_kernels());
@@ -197,19 +216,7 @@ TEST(IvfIndex, ARefreshFollowsTheRowsOnAnyThreadCount) {
                       want);
         }
         if (rows < 1000) continue;
-        auto recall = [&](const ivf_index& index) {
-            ivf_search(index, after.view(false), best_kernels(), qp.data(), n, 8, top, got.data(),
-                       got_s.data(), 2);
-            double hits = 0;
-            for (uint32_t j = 0; j < n; ++j) {
-                exact_top_k(after, best_kernels(), false, qp[j], top, want.data(), want_s.data());
-                std::sort(want.begin(), want.end());
-                for (uint32_t i = 0; i < top; ++i)
-                    hits += std::binary_search(want.begin(), want.end(), got[size_t(j) * top + i]);
-            }
-            return hits / (double(n) * top);
-        };
-        EXPECT_GT(recall(one), recall(stale));
+        EXPECT_GT(search_recall(one, after, qp, 8, top), search_recall(stale, after, qp, 8, top));
     }
 }
 
@@ -300,30 +307,10 @@ TEST(IvfIndex, FewProbesKeepMostOfTheTopKOfALayerWithStructure) {
     const auto q = random_queries(n, layer.width, 42);
     std::vector<const float*> qp(n);
     for (uint32_t j = 0; j < n; ++j) qp[j] = q[j].data();
-    std::vector<uint32_t> got(size_t(n) * top), want(top);
-    std::vector<float> got_s(size_t(n) * top), want_s(top);
-    ivf_search(index, layer.view(false), best_kernels(), qp.data(), n, 32, top, got.data(),
-               got_s.data(), 2);
-    double hits = 0;
-    for (uint32_t j = 0; j < n; ++j) {
-        exact_top_k(layer, best_kernels(), false, qp[j], top, want.data(), want_s.data());
-        std::sort(want.begin(), want.end());
-        for (uint32_t i = 0; i < top; ++i)
-            hits += std::binary_search(want.begin(), want.end(), got[size_t(j) * top + i]);
-    }
-    const double recall = hits / (double(n) * top);
+    const double recall = search_recall(index, layer, qp, 32, top);
     EXPECT_GT(recall, 0.9);
     // One probe keeps less: the index is not scoring everything.
-    ivf_search(index, layer.view(false), best_kernels(), qp.data(), n, 1, top, got.data(),
-               got_s.data(), 2);
-    double one_hits = 0;
-    for (uint32_t j = 0; j < n; ++j) {
-        exact_top_k(layer, best_kernels(), false, qp[j], top, want.data(), want_s.data());
-        std::sort(want.begin(), want.end());
-        for (uint32_t i = 0; i < top; ++i)
-            one_hits += std::binary_search(want.begin(), want.end(), got[size_t(j) * top + i]);
-    }
-    EXPECT_LT(one_hits / (double(n) * top), recall);
+    EXPECT_LT(search_recall(index, layer, qp, 1, top), recall);
 }
 
 /// input 20 -> 12 (dense) -> 10 (dense) -> 30 (top-k, its search given).

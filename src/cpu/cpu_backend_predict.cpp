@@ -98,11 +98,10 @@ void cpu_backend::predict_ivf(const batch_view& batch, uint32_t k, uint32_t* lab
 template <typename ScoreChunk>
 void cpu_backend::predict_chunks(const batch_view& batch, uint32_t k, uint32_t* labels,
                                  float* scores, ScoreChunk score_chunk) {
-    // The blocked scorers need the output layer's input as a dense vector per sample.
-    HSLIDE_CHECK_KIND(!model_.config.has_active_sets(model_.layers.size() - 2),
-                      error_kind::unsupported,
-                      "scoring every output row or its IVF index needs a dense last hidden "
-                      "layer (this one selects active sets)");
+    // The blocked scorers need the output layer's input as a dense vector per sample: predict
+    // scores exactly per sample after a sparse last hidden layer, and the constructor refuses
+    // a top-k layer (the IVF index's) after one.
+    HSLIDE_ASSERT(!model_.config.has_active_sets(model_.layers.size() - 2));
     const uint32_t chunk = exact_chunk(k);
     const uint64_t seed = predict_seed();
     ensure_buffers(std::min(chunk, batch.size));

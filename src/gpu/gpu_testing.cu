@@ -34,6 +34,54 @@ std::vector<T> to_host(const T* d, size_t n) {
     if (n) HSLIDE_CUDA_CHECK(cudaMemcpy(v.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
     return v;
 }
+
+// A scoring test's layer (weights and bias) and batch of hidden rows on the device, with
+// their bf16 copies where asked.
+struct scoring_inputs {
+    device_array<float> weights, bias, hidden;
+    device_array<__nv_bfloat16> weights16, hidden16;
+    bool bf16;
+    uint32_t rows, width, stride;
+
+    scoring_inputs(const std::vector<float>& w, const std::vector<float>& b,
+                   const std::vector<float>& h, uint32_t rows_, uint32_t width_, uint32_t stride_,
+                   bool bf16_)
+        : weights(to_device(w, "test weights")),
+          bias(to_device(b, "test bias")),
+          hidden(to_device(h, "test hidden")),
+          weights16(std::max<size_t>(w.size(), 1), "test bf16"),
+          hidden16(std::max<size_t>(h.size(), 1), "test bf16"),
+          bf16(bf16_),
+          rows(rows_),
+          width(width_),
+          stride(stride_) {
+        if (!bf16) return;
+        to_bf16(weights.data(), weights16.data(), w.size(), nullptr);
+        to_bf16(hidden.data(), hidden16.data(), h.size(), nullptr);
+    }
+    // The layer as the scoring passes read it (no Adam state).
+    layer_view view() {
+        return layer_view{weights.data(),
+                          nullptr,
+                          nullptr,
+                          bias.data(),
+                          nullptr,
+                          nullptr,
+                          bf16 ? weights16.data() : nullptr,
+                          rows,
+                          width,
+                          stride};
+    }
+};
+
+// A scoring pass's results: each sample's k best ids and scores, and its log-partition.
+void take_top_k(const top_k_workspace& ws, uint32_t batch, uint32_t k,
+                std::vector<uint32_t>& labels, std::vector<float>& top_scores,
+                std::vector<float>& log_partition) {
+    labels = to_host(ws.best_id.data(), size_t(batch) * k);
+    top_scores = to_host(ws.best_score.data(), size_t(batch) * k);
+    log_partition = to_host(ws.log_partition.data(), batch);
+}
 }  // namespace
 
 std::vector<uint32_t> hash_rows(const hash_function_data& functions, const std::vector<float>& rows,
@@ -142,42 +190,20 @@ void top_k_chunked(const std::vector<float>& scores, uint32_t n, uint32_t batch,
     }
     top_k_finish(batch, ws, nullptr);
     HSLIDE_CUDA_CHECK(cudaDeviceSynchronize());
-    labels = to_host(ws.best_id.data(), size_t(batch) * k);
-    top_scores = to_host(ws.best_score.data(), size_t(batch) * k);
-    log_partition = to_host(ws.log_partition.data(), batch);
+    take_top_k(ws, batch, k, labels, top_scores, log_partition);
 }
 
 void score_top_k(const std::vector<float>& weights, const std::vector<float>& bias, uint32_t rows,
                  uint32_t width, uint32_t stride, const std::vector<float>& hidden, uint32_t batch,
                  bool bf16, uint32_t k, uint32_t chunk, std::vector<uint32_t>& labels,
                  std::vector<float>& top_scores, std::vector<float>& log_partition) {
-    auto d_weights = to_device(weights, "test weights");
-    auto d_bias = to_device(bias, "test bias");
-    auto d_hidden = to_device(hidden, "test hidden");
-    device_array<__nv_bfloat16> w16(std::max<size_t>(weights.size(), 1), "test bf16"),
-        h16(std::max<size_t>(hidden.size(), 1), "test bf16");
-    if (bf16) {
-        to_bf16(d_weights.data(), w16.data(), weights.size(), nullptr);
-        to_bf16(d_hidden.data(), h16.data(), hidden.size(), nullptr);
-    }
-    const layer_view out{d_weights.data(),
-                         nullptr,
-                         nullptr,
-                         d_bias.data(),
-                         nullptr,
-                         nullptr,
-                         bf16 ? w16.data() : nullptr,
-                         rows,
-                         width,
-                         stride};
+    scoring_inputs in(weights, bias, hidden, rows, width, stride, bf16);
     const blas_handle blas;
     top_k_workspace ws;
-    score_top_k(out, d_hidden.data(), h16.data(), stride, bf16, batch, k, chunk, blas.handle, ws,
-                nullptr);
+    score_top_k(in.view(), in.hidden.data(), in.hidden16.data(), stride, bf16, batch, k, chunk,
+                blas.handle, ws, nullptr);
     HSLIDE_CUDA_CHECK(cudaDeviceSynchronize());
-    labels = to_host(ws.best_id.data(), size_t(batch) * k);
-    top_scores = to_host(ws.best_score.data(), size_t(batch) * k);
-    log_partition = to_host(ws.log_partition.data(), batch);
+    take_top_k(ws, batch, k, labels, top_scores, log_partition);
 }
 
 std::vector<std::vector<uint32_t>> top_k_sets(const std::vector<uint32_t>& best, uint32_t k,
@@ -371,25 +397,15 @@ bool score_top_k_fused(const std::vector<float>& weights, const std::vector<floa
                        const std::vector<float>& hidden, uint32_t batch, uint32_t k,
                        uint32_t pilot_rows, std::vector<uint32_t>& labels,
                        std::vector<float>& top_scores, std::vector<float>& log_partition) {
-    auto d_weights = to_device(weights, "test weights");
-    auto d_bias = to_device(bias, "test bias");
-    auto d_hidden = to_device(hidden, "test hidden");
-    device_array<__nv_bfloat16> w16(std::max<size_t>(weights.size(), 1), "test bf16"),
-        h16(std::max<size_t>(hidden.size(), 1), "test bf16");
-    to_bf16(d_weights.data(), w16.data(), weights.size(), nullptr);
-    to_bf16(d_hidden.data(), h16.data(), hidden.size(), nullptr);
-    const layer_view out{d_weights.data(), nullptr,    nullptr, d_bias.data(), nullptr,
-                         nullptr,          w16.data(), rows,    width,         stride};
+    scoring_inputs in(weights, bias, hidden, rows, width, stride, /*bf16=*/true);  // its only form
     const blas_handle blas;
     top_k_workspace ws;
-    const bool ran = gpu::score_top_k_fused(out, h16.data(), stride, batch, k, pilot_rows,
-                                            blas.handle, ws, nullptr);
+    const bool ran = gpu::score_top_k_fused(in.view(), in.hidden16.data(), stride, batch, k,
+                                            pilot_rows, blas.handle, ws, nullptr);
     HSLIDE_CUDA_CHECK(cudaDeviceSynchronize());
     labels.clear(), top_scores.clear(), log_partition.clear();
     if (!ran) return false;
-    labels = to_host(ws.best_id.data(), size_t(batch) * k);
-    top_scores = to_host(ws.best_score.data(), size_t(batch) * k);
-    log_partition = to_host(ws.log_partition.data(), batch);
+    take_top_k(ws, batch, k, labels, top_scores, log_partition);
     return true;
 }
 
