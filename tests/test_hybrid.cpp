@@ -759,9 +759,10 @@ TEST(HybridAdaptive, ParksAWorkerThatSlowsTheOthersMoreThanItAdds) {
     expect_same_parameters(merged, counted_model(counted_model(initial, n), 640), "merged model");
 }
 
-TEST(Hybrid, AWorkerAloneMergesOnlyWhenTheModelIsSynchronized) {
+TEST(Hybrid, AWorkerAloneMergesOnlyWhenTheModelIsExported) {
     // One worker has nobody to share its changes with: it trains at its backend's speed, with
-    // no merge until synchronize, and the model is still exact after it.
+    // no merge, not even at synchronize (its replica is the model, and it predicts); the
+    // export merges, and the model is exact after it.
     const model_state initial = integral_model(12);
     const uint32_t n = 2000;
     const dataset data = counting_dataset(n);
@@ -770,14 +771,71 @@ TEST(Hybrid, AWorkerAloneMergesOnlyWhenTheModelIsSynchronized) {
     h.merge_every = 1;  // it would merge after every batch if it had company
     auto hybrid = create_hybrid_backend(h, initial, train_config{});
     EXPECT_EQ(feed(*hybrid, data, n, 64), n);  // feed ends with synchronize
+    std::vector<uint32_t> rows{0}, labels(1);
+    std::vector<float> scores(1);
+    hybrid->predict({&data, rows.data(), 1}, 1, scoring_mode::exact, labels.data(), scores.data());
+    EXPECT_EQ(devices[0]->predictions, 1);
     const auto stats = hybrid->take_worker_stats();
     ASSERT_EQ(stats.size(), 1u);
     EXPECT_GT(stats[0].batches, 10u);
-    EXPECT_EQ(stats[0].merges, 1u) << "only synchronize's";
+    EXPECT_EQ(stats[0].merges, 0u);
+    EXPECT_EQ(devices[0]->exports, 0) << "no rows left the replica";
     model_state merged;
     hybrid->export_state(merged, false);
+    EXPECT_EQ(hybrid->take_worker_stats()[0].merges, 1u) << "the export's";
     expect_same_parameters(merged, counted_model(initial, n), "merged model");
     expect_same_parameters(devices[0]->model(), counted_model(initial, n), "replica");
+}
+
+TEST(HybridAdaptive, BesideParkedWorkersTheLoneTrainerHoldsTheModel) {
+    // While worker 1 is parked, worker 0 trains alone: an epoch's synchronize and the
+    // predictions after it merge nothing and send the parked replica nothing (a GPU beside a
+    // parked CPU would export an epoch of its changes and the CPU import them, for nothing);
+    // worker 0 predicts. The first synchronize after worker 1 rests may merge (its last rows
+    // went into the shared model when it was parked), the following ones must not. When it
+    // trains again it takes everything, and the export is exact.
+    const model_state initial = integral_model(16);
+    const uint32_t n = 60000, round = 640;
+    const dataset data = counting_dataset(n);
+    std::vector<counting_backend*> devices;
+    auto hybrid = adaptive_with_short_windows({2e-5, 1e-3}, initial, devices);
+    contention c;
+    c.slowdown = 1.0;
+    devices[0]->set_contention(&c, false);
+    devices[1]->set_contention(&c, true);
+    EXPECT_EQ(feed(*hybrid, data, n, 64), n);
+    hybrid->take_worker_stats();
+    std::vector<uint32_t> rows{0}, labels(1);
+    std::vector<float> scores(1);
+    int lazy_rounds = 0, rounds = 0;
+    bool parked_before = false;
+    for (; rounds < 200 && lazy_rounds < 3; ++rounds) {
+        const int imports = devices[1]->row_imports + devices[1]->full_imports;
+        const int predictions = devices[0]->predictions;
+        EXPECT_EQ(feed(*hybrid, data, round, 64), round);
+        hybrid->predict({&data, rows.data(), 1}, 1, scoring_mode::exact, labels.data(),
+                        scores.data());
+        const auto stats = hybrid->take_worker_stats();
+        ASSERT_EQ(stats.size(), 2u);
+        const bool parked =
+            stats[1].samples == 0 && stats[1].parked_seconds >= stats[1].wall_seconds - 1e-6;
+        if (parked && parked_before) {
+            ++lazy_rounds;
+            EXPECT_EQ(stats[0].merges, 0u) << "round " << rounds;
+            EXPECT_EQ(stats[1].merges, 0u) << "round " << rounds;
+            EXPECT_EQ(devices[1]->row_imports + devices[1]->full_imports, imports)
+                << "round " << rounds;
+            EXPECT_EQ(devices[0]->predictions, predictions + 1) << "round " << rounds;
+        }
+        parked_before = parked;
+    }
+    EXPECT_EQ(lazy_rounds, 3) << "worker 1 was never parked through two rounds in " << rounds;
+    model_state merged;
+    hybrid->export_state(merged, false);
+    model_state want = counted_model(initial, n);
+    for (int r = 0; r < rounds; ++r) want = counted_model(want, round);
+    expect_same_parameters(merged, want, "merged model");
+    expect_same_parameters(devices[1]->model(), want, "the parked replica, after the export");
 }
 
 TEST(Hybrid, UtilisationLeavesOutTheCallersTimeBetweenWindows) {

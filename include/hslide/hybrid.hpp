@@ -29,7 +29,9 @@
 // worker's work is dropped however the merges interleave; a worker's staleness is the number
 // of other merges between its sync and its merge. Merges are per worker and asynchronous: no
 // worker waits for another (except for the lock, for the length of one merge).
-// synchronize() merges every worker once more, so after it all replicas equal the shared model.
+// synchronize() merges every worker once more, so after it all replicas equal the shared model
+// (exports too; predictions synchronize as synchronize() does), except where one worker trains
+// alone (below).
 // The first layer (the input features' rows) takes part in every `first_layer_merge_every`-th
 // merge of a worker only (default 2), and in every merge of synchronize() and of parking: its
 // rows' changes wait in the replica meanwhile (replica - base keeps them), and so do the other
@@ -44,7 +46,11 @@
 // A worker that trains alone (the only one, or every other one parked) skips its periodic
 // merges: nobody would take its changes, so it runs at its own backend's speed (a GPU beside a
 // parked CPU pays no merges) until another worker trains again, which makes it merge after
-// its batch in flight, or until synchronize().
+// its batch in flight, or until an export. Its replica is the model meanwhile: if it has
+// taken every merge so far and the parked workers have nothing unmerged, synchronize() and
+// the predictions merge nothing (the lone worker predicts), so a GPU beside a parked CPU
+// pays no merges at an epoch's end either; the parked replicas take the changes when they
+// train again.
 //
 // Row-sparse merges. A merge moves rows, not models (a row: an input feature's layer-0
 // weights, or a neuron's weights and bias; layer 0's bias vector goes with every merge):

@@ -341,7 +341,7 @@ step_report hybrid_backend::train_batch(const batch_view& batch, float learning_
 }
 
 step_report hybrid_backend::synchronize() {
-    synchronize_models();
+    synchronize_models(/*lazy=*/true);
     std::lock_guard<std::mutex> lock(mu_);
     return std::exchange(pending_, step_report{});
 }
@@ -356,7 +356,10 @@ void hybrid_backend::rebuild_tables(bool new_functions) {
 
 void hybrid_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scoring,
                              uint32_t* labels, float* scores) {
-    synchronize_models();
+    if (worker* sole = synchronize_models(/*lazy=*/true)) {
+        sole->device->predict(batch, k, scoring, labels, scores);  // its replica is the model
+        return;
+    }
     // Every replica is the shared model now: the fastest trainer (per sample, over all it
     // trained: the last batches may be an epoch's small remainder) predicts, so a GPU worker
     // scores where there is one (exact scoring of a large output layer is a GEMM there, a
@@ -377,7 +380,7 @@ void hybrid_backend::predict(const batch_view& batch, uint32_t k, scoring_mode s
 
 void hybrid_backend::export_state(model_state& out, bool with_optimizer) const {
     // Exporting reads the model, but the model is only defined once the workers are merged.
-    const_cast<hybrid_backend*>(this)->synchronize_models();
+    const_cast<hybrid_backend*>(this)->synchronize_models(/*lazy=*/false);
     // The first worker's replica is the shared model now, with its own Adam moments.
     workers_.front()->device->export_state(out, with_optimizer);
     out.config = config_;

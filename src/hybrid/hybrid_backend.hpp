@@ -111,8 +111,16 @@ class hybrid_backend final : public backend, public worker_stats_source {
     void merge_first_layer_bias_locked(worker& w, const layer_state& mine, layer_state* replica);
     /// Waits until the queue is empty and every worker idle; rethrows a worker's failure.
     void drain(std::unique_lock<std::mutex>& lock);
-    /// drain, then merge every worker: all replicas equal the shared model.
-    void synchronize_models();
+    /// drain, and every worker's held-back report; then, unless `lazy` finds the model in one
+    /// replica, merge every worker: all replicas equal the shared model. The model is one
+    /// replica's when its worker alone trained since it last took every merge and the others
+    /// are parked with nothing of theirs unmerged (a GPU beside a parked CPU): the merges wait
+    /// (for another worker to train again, for an export) and that worker is returned; else
+    /// nullptr.
+    worker* synchronize_models(bool lazy);
+    /// After drain: the worker whose replica is the model, as synchronize_models(true) defines
+    /// it, or nullptr. `caught_up`: per worker, whether the sync just moved deferred rows.
+    worker* sole_trainer(const std::vector<char>& caught_up);
     void choose_batch_sizes();
     /// Under mu_, after a batch: the usefulness probe's step; true when it unparked a worker
     /// (the caller wakes the workers).

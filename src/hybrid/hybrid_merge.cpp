@@ -327,7 +327,7 @@ void hybrid_backend::pull_locked(worker& w) {
     std::fill(w.synced.begin(), w.synced.end(), version_);
 }
 
-void hybrid_backend::synchronize_models() {
+hybrid_backend::worker* hybrid_backend::synchronize_models(bool lazy) {
     {
         std::unique_lock<std::mutex> lock(mu_);
         drain(lock);
@@ -343,6 +343,8 @@ void hybrid_backend::synchronize_models() {
         std::lock_guard<std::mutex> lock(mu_);
         pending_ += last;
     }
+    if (lazy)
+        if (worker* sole = sole_trainer(caught_up)) return sole;
     // Every worker is idle: merge each that trained since its last merge, then give every
     // worker the rows changed since its sync, so that all replicas equal the shared model.
     // The merges have every worker's threads (a worker that trained alone, deferring its
@@ -366,6 +368,36 @@ void hybrid_backend::synchronize_models() {
         // replica's own hash functions and step count.
         w->rows->import_rows(w->base, w->pulled);
     }
+    return nullptr;
+}
+
+hybrid_backend::worker* hybrid_backend::sole_trainer(const std::vector<char>& caught_up) {
+    // Merging an epoch of a lone GPU worker's changes and sending them to a parked CPU replica
+    // (most rows of a big output layer, device to host and into the CPU's copy: 0.3-1 s an
+    // epoch at Amazon-670K) makes copies nobody reads before the parked worker trains again,
+    // and it takes the shared model then anyway (resync_pending; merge_pending for the other).
+    worker* sole = nullptr;
+    {
+        // The probe only changes after a batch, and every worker is idle: this holds until the
+        // next one.
+        std::lock_guard<std::mutex> lock(mu_);
+        for (const auto& w : workers_) {
+            const bool unmerged =
+                w->since_merge > 0 || !w->first_layer_waiting.empty() || caught_up[w->index];
+            if (probe_.parked(w->index)) {
+                if (unmerged) return nullptr;
+            } else {
+                if (sole) return nullptr;  // two train
+                sole = w.get();
+            }
+        }
+    }
+    // Rows it caught up with nothing trained since its last merge would count for no merge.
+    if (!sole || (sole->since_merge == 0 && caught_up[sole->index])) return nullptr;
+    std::lock_guard<std::mutex> lock(shared_mu_);
+    const bool has_every_merge = std::all_of(sole->synced.begin(), sole->synced.end(),
+                                             [&](uint64_t v) { return v == version_; });
+    return has_every_merge ? sole : nullptr;
 }
 
 }  // namespace detail
