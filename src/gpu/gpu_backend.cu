@@ -217,10 +217,12 @@ class gpu_backend final : public backend, public row_transfer {
     /// Top-k active sets of the batch (exact scoring, gpu_topk.cuh) into active_; the loss's
     /// log-partition in topk_.log_partition. Returns the number of entries.
     uint32_t select_top_k_sets(uint32_t batch, const batch_csr& csr, uint32_t max_labels);
-    /// logits (batch rows of ld >= n_out floats) = hidden . W^T, fp32 or bf16 tensor cores.
-    void dense_logits(uint32_t batch, float* logits, uint32_t ld);
-    /// The dense step's loss, output deltas (delta_, or delta16_ in bf16) and bias gradient
-    /// from logits_ (rows of dense_leading_dimension floats): gpu_dense.cuh.
+    /// logits (batch rows of ld >= n_out values of `type`) = hidden . W^T, bias not added:
+    /// fp32 (sgemm) or, in bf16, the tensor cores' products written as `type` (fp32 for
+    /// predictions, bf16 for a dense training step: gpu_dense.cuh).
+    void dense_logits(uint32_t batch, void* logits, cudaDataType_t type, uint32_t ld);
+    /// The dense step's loss, output deltas and bias gradient from its logits (rows of
+    /// dense_leading_dimension values: logits_ and delta_, or logits16_ and delta16_ in bf16).
     void dense_softmax(uint32_t batch, const batch_csr& csr, float inv_batch);
     void dense_backward_and_update(uint32_t batch, float inv_batch, const adam_params& adam);
     /// Allocates what first_layer_update needs, before any update of the step is queued: an
@@ -303,6 +305,7 @@ class gpu_backend final : public backend, public row_transfer {
     // Work arrays, grown to the largest batch.
     device_array<float> hidden_, d_hidden_, loss_;
     device_array<__nv_bfloat16> hidden16_, delta16_;
+    device_array<__nv_bfloat16> logits16_, dense_gradient16_;  // a dense bf16 step's
     device_array<uint32_t> codes_;
     active_sets active_;
     top_k_workspace topk_;
@@ -657,37 +660,44 @@ void gpu_backend::ensure_work(uint32_t batch) {
     if (lsh_output()) codes_.reserve(size_t(batch) * shape_.config.layers[1].lsh.L, "LSH codes");
 }
 
-void gpu_backend::dense_logits(uint32_t batch, float* logits, uint32_t ld) {
+void gpu_backend::dense_logits(uint32_t batch, void* logits, cudaDataType_t type, uint32_t ld) {
     const device_layer& out = layers_[1];
     const float one = 1.0f, zero = 0.0f;
-    // Row-major logits (batch rows of ld floats) are column-major (rows x batch, leading
+    // Row-major logits (batch rows of ld values) are column-major (rows x batch, leading
     // dimension ld) = W . hidden^T; columns rows..ld - 1 are not written.
-    if (use_bf16())
+    if (use_bf16()) {
         HSLIDE_CUBLAS_CHECK(cublas().gemm_ex(
             blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(out.rows), int(batch), int(out.width), &one,
             out.weights16.data(), CUDA_R_16BF, int(out.stride), hidden16_.data(), CUDA_R_16BF,
-            int(layers_[0].stride), &zero, logits, CUDA_R_32F, int(ld), CUBLAS_COMPUTE_32F,
+            int(layers_[0].stride), &zero, logits, type, int(ld), CUBLAS_COMPUTE_32F,
             CUBLAS_GEMM_DEFAULT));
-    else
+    } else {
+        HSLIDE_ASSERT(type == CUDA_R_32F);
         HSLIDE_CUBLAS_CHECK(cublas().sgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(out.rows),
                                            int(batch), int(out.width), &one, out.weights.data(),
                                            int(out.stride), hidden_.data(), int(layers_[0].stride),
-                                           &zero, logits, int(ld)));
+                                           &zero, static_cast<float*>(logits), int(ld)));
+    }
 }
 
 void gpu_backend::dense_softmax(uint32_t batch, const batch_csr& csr, float inv_batch) {
     const device_layer& out = layers_[1];
     const uint32_t ld = dense_leading_dimension(out.rows);
-    // The gradient in the precision the backward products consume, the bias gradient with it.
-    if (use_bf16())
-        delta16_.reserve(size_t(batch) * ld, "bf16 output gradients");
-    else
-        delta_.reserve(size_t(batch) * ld, "dense output gradients");
+    // The gradient in the precision of the logits, which the backward products consume; the
+    // bias gradient with it.
     bias_gradient_.reserve(out.rows, "dense output gradient");
     dense_softmax_work_.reserve(dense_softmax_work_floats(batch, out.rows), "dense softmax");
-    dense_softmax_loss(logits_.data(), out.bias.data(), out.rows, ld, csr, inv_batch,
-                       use_bf16() ? nullptr : delta_.data(), use_bf16() ? delta16_.data() : nullptr,
-                       bias_gradient_.data(), loss_.data(), dense_softmax_work_.data(), stream_);
+    if (use_bf16()) {
+        delta16_.reserve(size_t(batch) * ld, "bf16 output gradients");
+        dense_softmax_loss(logits16_.data(), out.bias.data(), out.rows, ld, csr, inv_batch,
+                           delta16_.data(), bias_gradient_.data(), loss_.data(),
+                           dense_softmax_work_.data(), stream_);
+    } else {
+        delta_.reserve(size_t(batch) * ld, "dense output gradients");
+        dense_softmax_loss(logits_.data(), out.bias.data(), out.rows, ld, csr, inv_batch,
+                           delta_.data(), bias_gradient_.data(), loss_.data(),
+                           dense_softmax_work_.data(), stream_);
+    }
 }
 
 void gpu_backend::dense_backward_and_update(uint32_t batch, float inv_batch,
@@ -697,25 +707,32 @@ void gpu_backend::dense_backward_and_update(uint32_t batch, float inv_batch,
     const int rows = int(out.rows), width = int(out.width), stride = int(out.stride);
     const int hstride = int(layers_[0].stride), b = int(batch);
     const int ld = int(dense_leading_dimension(out.rows));  // of the deltas (dense_softmax)
+    const size_t value_bytes = use_bf16() ? 2 : 4;          // of the deltas and the weight gradient
     // d_hidden (column-major stride x batch) = W^T . delta; the padding rows stay zero.
     d_hidden_.zero(stream_);
-    dense_gradient_.reserve(size_t(out.rows) * out.stride, "dense output gradient");
+    void* gradient = nullptr;  // dW, column-major stride x rows
     if (use_bf16()) {
         // Mixed precision as AMP training does it: all three products on the tensor cores,
-        // with the output deltas rounded to bf16 too (dense_softmax wrote them so). The CPU's
-        // bf16 path keeps deltas and the weight gradient in fp32, so here the two differ by
-        // about 2^-9 per term (the dense GPU path is the baseline the LSH path is timed
+        // the logits and deltas in bf16 (dense_softmax wrote them so), and the weight gradient
+        // written in bf16 for Adam, as autocast's linear layers produce theirs (half the bytes
+        // of an fp32 one, written and read once a step: 2 x 171 MB at Amazon-670K). The CPU's
+        // bf16 path keeps logits, deltas and gradients in fp32, so here the two differ by
+        // about 2^-9 per term (the dense GPU path is the baseline the sparse paths are timed
         // against, not a reference).
+        dense_gradient16_.reserve(size_t(out.rows) * out.stride, "dense output gradient");
+        gradient = dense_gradient16_.data();
         HSLIDE_CUBLAS_CHECK(cublas().gemm_ex(
             blas_, CUBLAS_OP_N, CUBLAS_OP_N, width, b, rows, &one, out.weights16.data(),
             CUDA_R_16BF, stride, delta16_.data(), CUDA_R_16BF, ld, &zero, d_hidden_.data(),
             CUDA_R_32F, hstride, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-        // dW (column-major stride x rows) = hidden^T . delta, scaled to the batch mean.
+        // dW = hidden^T . delta, scaled to the batch mean.
         HSLIDE_CUBLAS_CHECK(cublas().gemm_ex(
             blas_, CUBLAS_OP_N, CUBLAS_OP_T, width, rows, b, &inv_batch, hidden16_.data(),
-            CUDA_R_16BF, hstride, delta16_.data(), CUDA_R_16BF, ld, &zero, dense_gradient_.data(),
-            CUDA_R_32F, stride, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+            CUDA_R_16BF, hstride, delta16_.data(), CUDA_R_16BF, ld, &zero, gradient, CUDA_R_16BF,
+            stride, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     } else {
+        dense_gradient_.reserve(size_t(out.rows) * out.stride, "dense output gradient");
+        gradient = dense_gradient_.data();
         HSLIDE_CUBLAS_CHECK(cublas().sgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, width, b, rows, &one,
                                            out.weights.data(), stride, delta_.data(), ld, &zero,
                                            d_hidden_.data(), hstride));
@@ -725,10 +742,14 @@ void gpu_backend::dense_backward_and_update(uint32_t batch, float inv_batch,
     }
     relu_backward(hidden_.data(), batch, layers_[0].stride, d_hidden_.data(), stream_);
     if (width != stride)  // the gradient's padding columns were not written: keep them zero
-        HSLIDE_CUDA_CHECK(cudaMemset2DAsync(dense_gradient_.data() + width, size_t(stride) * 4, 0,
-                                            size_t(stride - width) * 4, size_t(rows), stream_));
+        HSLIDE_CUDA_CHECK(cudaMemset2DAsync(
+            static_cast<char*>(gradient) + width * value_bytes, size_t(stride) * value_bytes, 0,
+            size_t(stride - width) * value_bytes, size_t(rows), stream_));
     // The bias gradient came with the deltas (dense_softmax).
-    dense_adam(out.view(), dense_gradient_.data(), bias_gradient_.data(), adam, stream_);
+    if (use_bf16())
+        dense_adam(out.view(), dense_gradient16_.data(), bias_gradient_.data(), adam, stream_);
+    else
+        dense_adam(out.view(), dense_gradient_.data(), bias_gradient_.data(), adam, stream_);
 }
 
 void gpu_backend::first_layer_update(uint32_t batch, uint32_t nnz, float inv_batch,
@@ -862,8 +883,14 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
                                delta_.data(), hidden_.data(), b, d_hidden_.data(), stream_);
     } else {
         for (int e = 2; e <= 4; ++e) HSLIDE_CUDA_CHECK(cudaEventRecord(events[e], stream_));
-        logits_.reserve(size_t(b) * dense_leading_dimension(out.rows), "dense logits");
-        dense_logits(b, logits_.data(), dense_leading_dimension(out.rows));
+        const uint32_t ld = dense_leading_dimension(out.rows);
+        if (use_bf16()) {
+            logits16_.reserve(size_t(b) * ld, "dense bf16 logits");
+            dense_logits(b, logits16_.data(), CUDA_R_16BF, ld);
+        } else {
+            logits_.reserve(size_t(b) * ld, "dense logits");
+            dense_logits(b, logits_.data(), CUDA_R_32F, ld);
+        }
         dense_softmax(b, csr, inv_batch);
         HSLIDE_CUDA_CHECK(cudaEventRecord(events[5], stream_));
     }
@@ -1011,7 +1038,7 @@ void gpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scor
                 HSLIDE_CUBLAS_CHECK(cublas().set_stream(blas_, stream_));
             }
             logits_.reserve(size_t(b) * out.rows, "exact scores");
-            dense_logits(b, logits_.data(), out.rows);
+            dense_logits(b, logits_.data(), CUDA_R_32F, out.rows);
             top_k(logits_.data(), nullptr, nullptr, out.rows, b, k, top_labels_.data(),
                   top_scores_.data(), stream_, out.bias.data());
         } else {

@@ -4,6 +4,7 @@
 #include "gpu_dense.cuh"
 #include "hslide/error.hpp"
 #include "launch.cuh"
+#include "load4.cuh"
 #include "online_softmax.hpp"
 
 #include <cfloat>
@@ -35,6 +36,13 @@ __device__ float get(const float4& v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
+__device__ float to_float(float x) {
+    return x;
+}
+__device__ float to_float(__nv_bfloat16 x) {
+    return __bfloat162float(x);
+}
+
 // bias[col..col + 3] (0 past `rows`); col is a multiple of 4 and bias 16-byte aligned.
 __device__ float4 load_bias4(const float* bias, uint32_t col, uint32_t rows) {
     if (col + 4 <= rows) return __ldg(reinterpret_cast<const float4*>(bias + col));
@@ -45,20 +53,21 @@ __device__ float4 load_bias4(const float* bias, uint32_t col, uint32_t rows) {
 }
 
 // One block per (chunk, sample): the chunk's max_sum pair of logit + bias.
-__global__ void dense_partials_kernel(const float* logits, const float* bias, uint32_t rows,
+template <class T>
+__global__ void dense_partials_kernel(const T* logits, const float* bias, uint32_t rows,
                                       uint32_t ld, const uint32_t* label_offsets, uint32_t n_chunks,
                                       float* part_max, float* part_sum) {
     __shared__ float scratch[64];
     const uint32_t c = blockIdx.x, s = blockIdx.y;
     if (label_offsets[s + 1] == label_offsets[s]) return;  // not trained: never combined
-    const float* row = logits + size_t(s) * ld;
+    const T* row = logits + size_t(s) * ld;
     const uint32_t q0 = c * (partial_columns / 4) + threadIdx.x;
     float4 v[partial_loads];
 #pragma unroll
     for (int k = 0; k < partial_loads; ++k) {
         const uint32_t col = 4 * (q0 + k * partial_threads);
         // ld is a multiple of 8: a float4 starting inside the row ends inside it.
-        v[k] = col < ld ? reinterpret_cast<const float4*>(row)[col / 4] : make_float4(0, 0, 0, 0);
+        v[k] = col < ld ? load4(row, col / 4) : make_float4(0, 0, 0, 0);
     }
     max_sum ms;
 #pragma unroll
@@ -78,7 +87,8 @@ __global__ void dense_partials_kernel(const float* logits, const float* bias, ui
 }
 
 // One block per sample: its chunks' pairs combined, its maximum and 1 / Z kept, its loss.
-__global__ void dense_combine_kernel(const float* logits, const float* bias, uint32_t ld,
+template <class T>
+__global__ void dense_combine_kernel(const T* logits, const float* bias, uint32_t ld,
                                      batch_csr batch, uint32_t n_chunks, const float* part_max,
                                      const float* part_sum, float* sample_max,
                                      float* sample_inv_sum, float* loss) {
@@ -109,7 +119,7 @@ __global__ void dense_combine_kernel(const float* logits, const float* bias, uin
     float sample_loss = 0.0f;
     for (uint32_t i = threadIdx.x; i < n_labels; i += blockDim.x) {
         const uint32_t j = batch.label_ids[label_begin + i];
-        sample_loss -= target * (logits[size_t(s) * ld + j] + bias[j] - log_partition);
+        sample_loss -= target * (to_float(logits[size_t(s) * ld + j]) + bias[j] - log_partition);
     }
     sample_loss = block_sum(sample_loss, scratch);  // synchronizes before reusing scratch
     if (threadIdx.x == 0) {
@@ -134,11 +144,11 @@ __device__ void store4(__nv_bfloat16* out, float4 d) {
 // A sample's label columns inside the block are marked in shared memory (a count per column:
 // a label listed twice is subtracted twice, as in softmax_loss) by a scan of its labels, and
 // cleared by the thread owning the column once applied.
-template <class D>
+template <class T>
 __global__ void __launch_bounds__(gradient_threads, gradient_blocks_per_sm)
-    dense_gradient_kernel(const float* logits, const float* bias, uint32_t rows, uint32_t ld,
+    dense_gradient_kernel(const T* logits, const float* bias, uint32_t rows, uint32_t ld,
                           batch_csr batch, const float* sample_max, const float* sample_inv_sum,
-                          float inv_batch, D* delta, float* bias_gradient) {
+                          float inv_batch, T* delta, float* bias_gradient) {
     __shared__ int marks[gradient_group][gradient_columns];
     const uint32_t c0 = blockIdx.x * gradient_columns, local = 4 * threadIdx.x;
     const uint32_t col = c0 + local;
@@ -152,9 +162,8 @@ __global__ void __launch_bounds__(gradient_threads, gradient_blocks_per_sm)
         float4 l[gradient_group];
 #pragma unroll
         for (int g = 0; g < gradient_group; ++g)
-            l[g] = in_row && s0 + g < batch.size
-                       ? *reinterpret_cast<const float4*>(logits + size_t(s0 + g) * ld + col)
-                       : make_float4(0, 0, 0, 0);
+            l[g] = in_row && s0 + g < batch.size ? load4(logits + size_t(s0 + g) * ld, col / 4)
+                                                 : make_float4(0, 0, 0, 0);
         __syncthreads();  // the marks are clear (zeroed above, or by their owners below)
 #pragma unroll
         for (int g = 0; g < gradient_group; ++g) {
@@ -198,14 +207,15 @@ size_t dense_softmax_work_floats(uint32_t batch, uint32_t rows) {
     return 2 * size_t(batch) * blocks_for(rows, partial_columns) + 2 * size_t(batch);
 }
 
-void dense_softmax_loss(const float* logits, const float* bias, uint32_t rows, uint32_t ld,
-                        const batch_csr& batch, float inv_batch, float* delta,
-                        __nv_bfloat16* delta16, float* bias_gradient, float* loss, float* work,
-                        cudaStream_t stream) {
+template <class T>
+void dense_softmax_loss(const T* logits, const float* bias, uint32_t rows, uint32_t ld,
+                        const batch_csr& batch, float inv_batch, T* delta, float* bias_gradient,
+                        float* loss, float* work, cudaStream_t stream) {
     if (batch.size == 0) return;
-    HSLIDE_ASSERT((delta == nullptr) != (delta16 == nullptr));
     HSLIDE_ASSERT(rows > 0 && ld >= rows && ld % 8 == 0);
     HSLIDE_ASSERT(reinterpret_cast<uintptr_t>(bias) % 16 == 0);
+    HSLIDE_ASSERT(reinterpret_cast<uintptr_t>(logits) % 16 == 0 &&
+                  reinterpret_cast<uintptr_t>(delta) % 16 == 0);
     HSLIDE_CHECK(batch.size <= 65535, "a dense-output batch of {} samples is above 65,535",
                  batch.size);
     const uint32_t n_chunks = blocks_for(rows, partial_columns);
@@ -219,16 +229,15 @@ void dense_softmax_loss(const float* logits, const float* bias, uint32_t rows, u
     dense_combine_kernel<<<batch.size, combine_threads, 0, stream>>>(
         logits, bias, ld, batch, n_chunks, part_max, part_sum, sample_max, sample_inv_sum, loss);
     HSLIDE_CUDA_LAUNCH();
-    const uint32_t blocks = blocks_for(ld, gradient_columns);
-    if (delta16)
-        dense_gradient_kernel<<<blocks, gradient_threads, 0, stream>>>(
-            logits, bias, rows, ld, batch, sample_max, sample_inv_sum, inv_batch, delta16,
-            bias_gradient);
-    else
-        dense_gradient_kernel<<<blocks, gradient_threads, 0, stream>>>(
-            logits, bias, rows, ld, batch, sample_max, sample_inv_sum, inv_batch, delta,
-            bias_gradient);
+    dense_gradient_kernel<<<blocks_for(ld, gradient_columns), gradient_threads, 0, stream>>>(
+        logits, bias, rows, ld, batch, sample_max, sample_inv_sum, inv_batch, delta, bias_gradient);
     HSLIDE_CUDA_LAUNCH();
 }
+
+template void dense_softmax_loss(const float*, const float*, uint32_t, uint32_t, const batch_csr&,
+                                 float, float*, float*, float*, float*, cudaStream_t);
+template void dense_softmax_loss(const __nv_bfloat16*, const float*, uint32_t, uint32_t,
+                                 const batch_csr&, float, __nv_bfloat16*, float*, float*, float*,
+                                 cudaStream_t);
 
 }  // namespace hslide::gpu

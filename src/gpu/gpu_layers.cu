@@ -2,6 +2,7 @@
 #include "block_reduce.cuh"
 #include "gpu_layers.cuh"
 #include "launch.cuh"
+#include "load4.cuh"
 #include "online_softmax.hpp"
 
 #include <algorithm>
@@ -16,16 +17,6 @@ constexpr int warps_per_block = block_threads / 32;
 // Hidden rows of up to 1024 floats: 256 float4 chunks, 8 per lane of a warp.
 constexpr int max_chunks_per_lane = 8;
 
-// Four weights of a row as floats: fp32 master or bf16 copy.
-__device__ float4 load4(const float* row, uint32_t q) {
-    return reinterpret_cast<const float4*>(row)[q];
-}
-__device__ float4 load4(const __nv_bfloat16* row, uint32_t q) {
-    const uint2 raw = reinterpret_cast<const uint2*>(row)[q];
-    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
-    const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
-    return make_float4(a.x, a.y, b.x, b.y);
-}
 __device__ float dot4(float4 a, float4 b) {
     return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
 }
@@ -420,11 +411,12 @@ __global__ void first_layer_bias_adam_kernel(layer_view layer, const float* d_hi
     adam_element(layer.bias[c], layer.bias_m[c], layer.bias_v[c], g, adam);
 }
 
-__global__ void dense_adam_kernel(layer_view layer, const float* gradient,
-                                  const float* bias_gradient, adam_params adam) {
+template <class G>
+__global__ void dense_adam_kernel(layer_view layer, const G* gradient, const float* bias_gradient,
+                                  adam_params adam) {
     const size_t q = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
     const size_t n4 = size_t(layer.rows) * layer.stride / 4;
-    if (q < n4) adam4(layer, 4 * q, reinterpret_cast<const float4*>(gradient)[q], adam);
+    if (q < n4) adam4(layer, 4 * q, load4(gradient, q), adam);
     if (q < layer.rows)
         adam_element(layer.bias[q], layer.bias_m[q], layer.bias_v[q], bias_gradient[q], adam);
 }
@@ -776,13 +768,18 @@ void first_layer_bias_adam(const layer_view& layer, const float* d_hidden, uint3
     HSLIDE_CUDA_LAUNCH();
 }
 
-void dense_adam(const layer_view& layer, const float* gradient, const float* bias_gradient,
+template <class G>
+void dense_adam(const layer_view& layer, const G* gradient, const float* bias_gradient,
                 const adam_params& adam, cudaStream_t stream) {
     const size_t n = std::max<size_t>(size_t(layer.rows) * layer.stride / 4, layer.rows);
     dense_adam_kernel<<<blocks_for(n, block_threads), block_threads, 0, stream>>>(
         layer, gradient, bias_gradient, adam);
     HSLIDE_CUDA_LAUNCH();
 }
+template void dense_adam(const layer_view&, const float*, const float*, const adam_params&,
+                         cudaStream_t);
+template void dense_adam(const layer_view&, const __nv_bfloat16*, const float*, const adam_params&,
+                         cudaStream_t);
 
 void column_sums(const float* delta, uint32_t batch, uint32_t n, float inv_batch,
                  float* bias_gradient, cudaStream_t stream) {

@@ -108,9 +108,10 @@ void untouched_rows_adam(const layer_view& layer, const uint8_t* touched, const 
 void first_layer_bias_adam(const layer_view& layer, const float* d_hidden, uint32_t batch,
                            float inv_batch, const adam_params& adam, cudaStream_t stream);
 
-/// Adam on every row of a dense layer from a full gradient (rows x stride) and a bias
-/// gradient; refreshes the bf16 copy.
-void dense_adam(const layer_view& layer, const float* gradient, const float* bias_gradient,
+/// Adam on every row of a dense layer from a full gradient (rows x stride, G = float or
+/// __nv_bfloat16) and a bias gradient; refreshes the bf16 copy.
+template <class G>
+void dense_adam(const layer_view& layer, const G* gradient, const float* bias_gradient,
                 const adam_params& adam, cudaStream_t stream);
 
 /// bias_gradient[j] = inv_batch * sum_s delta[s * n + j].

@@ -342,13 +342,10 @@ void dense_softmax_loss(const std::vector<float>& logits, const std::vector<floa
     HSLIDE_CHECK(logits.size() == size_t(batch) * ld && bias.size() == rows &&
                      label_offsets.size() == size_t(batch) + 1,
                  "dense_softmax_loss: inconsistent test inputs");
-    const auto d_logits = to_device(logits, "test logits");
     const auto d_bias = to_device(bias, "test bias");
     const auto d_offsets = to_device(label_offsets, "test labels");
     const auto d_labels = to_device(label_ids, "test labels");
     const size_t n = size_t(batch) * ld;
-    device_array<float> d_delta(bf16 ? 1 : n, "test deltas");
-    device_array<__nv_bfloat16> d_delta16(bf16 ? n : 1, "test deltas");
     device_array<float> d_bias_gradient(rows, "test bias gradient");
     device_array<float> d_loss(batch, "test losses");
     device_array<float> work(dense_softmax_work_floats(batch, rows), "test work");
@@ -356,15 +353,25 @@ void dense_softmax_loss(const std::vector<float>& logits, const std::vector<floa
     csr.label_offsets = d_offsets.data();
     csr.label_ids = d_labels.data();
     csr.size = batch;
-    dense_softmax_loss(d_logits.data(), d_bias.data(), rows, ld, csr, 1.0f / float(batch),
-                       bf16 ? nullptr : d_delta.data(), bf16 ? d_delta16.data() : nullptr,
-                       d_bias_gradient.data(), d_loss.data(), work.data(), nullptr);
-    HSLIDE_CUDA_CHECK(cudaDeviceSynchronize());
     if (bf16) {
-        const auto d16 = to_host(d_delta16.data(), n);
+        std::vector<__nv_bfloat16> l16(n);
+        for (size_t i = 0; i < n; ++i) l16[i] = __float2bfloat16_rn(logits[i]);
+        const auto d_logits = to_device(l16, "test logits");
+        device_array<__nv_bfloat16> d_delta(n, "test deltas");
+        dense_softmax_loss(d_logits.data(), d_bias.data(), rows, ld, csr, 1.0f / float(batch),
+                           d_delta.data(), d_bias_gradient.data(), d_loss.data(), work.data(),
+                           nullptr);
+        HSLIDE_CUDA_CHECK(cudaDeviceSynchronize());
+        const auto d16 = to_host(d_delta.data(), n);
         delta.resize(n);
         for (size_t i = 0; i < n; ++i) delta[i] = __bfloat162float(d16[i]);
     } else {
+        const auto d_logits = to_device(logits, "test logits");
+        device_array<float> d_delta(n, "test deltas");
+        dense_softmax_loss(d_logits.data(), d_bias.data(), rows, ld, csr, 1.0f / float(batch),
+                           d_delta.data(), d_bias_gradient.data(), d_loss.data(), work.data(),
+                           nullptr);
+        HSLIDE_CUDA_CHECK(cudaDeviceSynchronize());
         delta = to_host(d_delta.data(), n);
     }
     bias_gradient = to_host(d_bias_gradient.data(), rows);

@@ -106,9 +106,10 @@ std::vector<float> sparse_output_backward(const host_layer& layer, bool bf16,
 
 /// The dense output layer's fused softmax (gpu_dense.cuh) on host inputs: logits are batch
 /// rows of dense_ld(rows) floats (the padding columns are never read: fill them with NaN),
-/// bias rows floats; the labels in CSR form (batch + 1 offsets). Returns delta as written
-/// (batch x dense_ld(rows), bf16 values widened when `bf16`), the bias gradient (rows, the
-/// batch mean of delta) and the per-sample losses.
+/// rounded to bf16 when `bf16` (the bf16 step's logits: give values that are bf16 already to
+/// compare exactly), bias rows floats; the labels in CSR form (batch + 1 offsets). Returns
+/// delta as written (batch x dense_ld(rows), bf16 values widened when `bf16`), the bias
+/// gradient (rows, the batch mean of delta) and the per-sample losses.
 uint32_t dense_ld(uint32_t rows);
 void dense_softmax_loss(const std::vector<float>& logits, const std::vector<float>& bias,
                         uint32_t rows, uint32_t batch, const std::vector<uint32_t>& label_offsets,

@@ -18,14 +18,15 @@
 //  - output forward and backward: the union's rows once a pass (U H w; today's kernels read a
 //    sample's rows per sample, B A H w: the gap is row reuse across samples), the logits and
 //    deltas (B A 4), 2 B A H FLOPs forward, 4 B A H backward. Dense: GEMMs reading the weights
-//    once, the forward writing the B x R logits (fp32, the loss's input, as gpu_dense.cuh
-//    builds it: 4 bytes; 2 with dense_fp32_logits off, a bf16-logit design), the backward
-//    reading the gradient (w) twice and writing the fp32 weight gradient.
+//    once, the forward writing the B x R logits (w: bf16 in a bf16 step, as gpu_dense.cuh
+//    builds it), the backward reading the gradient (w) twice and writing the weight gradient
+//    (w).
 //  - softmax: the logits read and their gradient written (B A 4 each). Dense (gpu_dense.cuh):
-//    the logits read twice (once for the maximum and partition sum, once for the gradient),
+//    the logits (w) read twice (once for the maximum and partition sum, once for the gradient),
 //    the gradient written once in w, the bias gradient (R 4) with it.
 //  - output Adam: U rows (dense: R), each value's weight and two moments read and written (24
-//    bytes), its gradient read (4) and its bf16 copy written (2): U H 30 bytes.
+//    bytes), its gradient read (4; dense: w) and its bf16 copy written (2): U H 30 bytes (dense
+//    bf16: R H 28).
 //  - input Adam: input-dense moves every input row (D H 24 bytes), the sparse modes the batch's
 //    features (at most B F rows); plus the batch's gradient rows (B F H 4).
 //  - input catch-up (input-catch-up, gpu_catch_up.cuh): the batch's rows brought up to date
@@ -57,7 +58,6 @@ struct step_shape {
     bool bf16 = true;               ///< the products read bf16 weights
     bool input_dense = true;        ///< Adam moves every input row (input-dense)
     bool input_catch_up = false;    ///< input-catch-up (the GPU's default): overrides input_dense
-    bool dense_fp32_logits = true;  ///< dense: the logits materialised in fp32 (as built)
     double fill_pool_entries = 0;   ///< top-k: the step's fill pool (0: the whole layer)
 };
 
@@ -98,16 +98,15 @@ inline std::vector<kernel_floor> step_floor(const step_shape& s, const device_ra
     if (s.selection == floor_selection::top_k)
         add("top-k scoring GEMM", R * H * w + B * H * w, 2 * B * R * H);
     if (dense) {
-        const double l = s.dense_fp32_logits ? 4.0 : w;  // bytes of a logit
-        add("output forward", R * H * w + B * H * w + B * R * l, 2 * B * R * H);
-        add("softmax", 2 * B * R * l + B * R * w + R * 4, 5 * B * R);
-        add("output backward", R * H * w + 2 * B * R * w + R * H * 4 + B * H * 4, 4 * B * R * H);
+        add("output forward", R * H * w + B * H * w + B * R * w, 2 * B * R * H);
+        add("softmax", 3 * B * R * w + R * 4, 5 * B * R);
+        add("output backward", R * H * w + 2 * B * R * w + R * H * w + B * H * 4, 4 * B * R * H);
     } else {
         add("output forward", union_rows * H * w + B * A * 4, 2 * B * A * H);
         add("softmax", 2 * B * A * 4, 5 * B * A);
         add("output backward", union_rows * H * w + B * A * 4 + B * H * 4, 4 * B * A * H);
     }
-    add("output Adam", union_rows * H * 30.0, 10 * union_rows * H);
+    add("output Adam", union_rows * H * (26.0 + (dense ? w : 4.0)), 10 * union_rows * H);
     const double batch_rows = std::min(double(s.input_rows), B * F);
     if (s.input_catch_up) add("input catch-up", batch_rows * H * 26.0, 6 * batch_rows * H);
     const double input_rows =
