@@ -56,8 +56,8 @@ usefulness_settings one_second_windows() {
 }
 
 TEST(UsefulnessProbe, ParksAWorkerThatSlowsTheOthersMoreThanItAdds) {
-    // Worker 1 trains 2% of worker 0's samples and costs it a third of its speed.
-    simulation sim{{100, 2}, {0, 1.0 / 3}};
+    // Worker 1 trains 8% of worker 0's samples and costs it a third of its speed.
+    simulation sim{{100, 8}, {0, 1.0 / 3}};
     usefulness_probe probe(one_second_windows(), 2);
     sim.run(probe, 2.05);  // one together window, then the candidate sits out
     EXPECT_TRUE(probe.parked(1));
@@ -67,8 +67,8 @@ TEST(UsefulnessProbe, ParksAWorkerThatSlowsTheOthersMoreThanItAdds) {
     const usefulness_verdict v = sim.verdicts[0];
     EXPECT_EQ(v.worker, 1u);
     EXPECT_FALSE(v.helps);
-    // Together: (100 * 2/3 + 2) per 0.1 s; without: 100 per 0.1 s.
-    EXPECT_NEAR(v.rate_all, 10 * (100.0 * 2 / 3 + 2), 15);
+    // Together: (100 * 2/3 + 8) per 0.1 s; without: 100 per 0.1 s.
+    EXPECT_NEAR(v.rate_all, 10 * (100.0 * 2 / 3 + 8), 15);
     EXPECT_NEAR(v.rate_without, 1000, 1);
     EXPECT_DOUBLE_EQ(v.parked_for_seconds, 4.0);
     EXPECT_FALSE(probe.parked(0));  // the last active worker is never parked
@@ -86,9 +86,39 @@ TEST(UsefulnessProbe, ParksAWorkerThatSlowsTheOthersMoreThanItAdds) {
 
     // Its share of samples is near zero, and parked time is reported.
     sim.run(probe, 60);
-    EXPECT_LT(sim.trained[1] / (sim.trained[0] + sim.trained[1]), 0.005);
+    EXPECT_LT(sim.trained[1] / (sim.trained[0] + sim.trained[1]), 0.01);
     EXPECT_GT(probe.take_parked_seconds(1, sim.t), 0.8 * sim.t);
     EXPECT_EQ(probe.take_parked_seconds(0, sim.t), 0.0);
+}
+
+TEST(UsefulnessProbe, ParksAtOnceAWorkerThatCannotAddTheGain) {
+    // Worker 1 trains 3% of worker 0's samples and harms nobody: even so it cannot add the 5%
+    // asked, so the first together window parks it for the longest rest (16 windows), with
+    // no window measured without it. Then it trains one together window and is parked again.
+    simulation sim{{100, 3}, {0, 0}};
+    usefulness_probe probe(one_second_windows(), 2);
+    sim.run(probe, 1.15);  // the first window opens at the first tick
+    ASSERT_EQ(sim.verdicts.size(), 1u);
+    const usefulness_verdict v = sim.verdicts[0];
+    EXPECT_EQ(v.worker, 1u);
+    EXPECT_TRUE(v.bounded);
+    EXPECT_FALSE(v.helps);
+    EXPECT_NEAR(v.rate_all, 1030, 1);
+    EXPECT_NEAR(v.rate_without, 1000, 1);  // the others' rate beside it
+    EXPECT_DOUBLE_EQ(v.parked_for_seconds, 16.0);
+    EXPECT_TRUE(probe.parked(1));
+    sim.run(probe, 15.8);
+    EXPECT_TRUE(probe.parked(1));
+    EXPECT_EQ(sim.verdicts.size(), 1u);
+    sim.run(probe, 0.3);
+    EXPECT_FALSE(probe.parked(1));  // its together window
+    sim.run(probe, 1.0);
+    ASSERT_EQ(sim.verdicts.size(), 2u);
+    EXPECT_TRUE(sim.verdicts[1].bounded);
+    EXPECT_DOUBLE_EQ(sim.verdicts[1].parked_for_seconds, 16.0);
+    EXPECT_TRUE(probe.parked(1));
+    // Parked for all but two of the 18 seconds or so.
+    EXPECT_NEAR(probe.take_parked_seconds(1, sim.t), sim.t - 2.0, 0.35);
 }
 
 TEST(UsefulnessProbe, KeepsASlowWorkerThatAddsEnough) {
@@ -142,11 +172,11 @@ TEST(UsefulnessProbe, TheWindowWithoutWaitsForTheCandidatesBatchAndSkipsIdleTime
     usefulness_probe probe(one_second_windows(), 2);
     const std::vector<bool> none{false, false}, candidate_busy{false, true};
     double t = 0;
-    // A together window: worker 1 trains 1 sample a tick to worker 0's 100.
+    // A together window: worker 1 trains 8 samples a tick to worker 0's 90.
     for (int i = 0; i < 20 && !probe.parked(1); ++i) {
         t += 0.1;
-        probe.on_batch(0, 100, t);
-        probe.on_batch(1, 1, t);
+        probe.on_batch(0, 90, t);
+        probe.on_batch(1, 8, t);
         probe.update(t, candidate_busy);
     }
     ASSERT_TRUE(probe.parked(1));
@@ -170,7 +200,8 @@ TEST(UsefulnessProbe, TheWindowWithoutWaitsForTheCandidatesBatchAndSkipsIdleTime
     const auto verdicts = probe.take_verdicts();
     ASSERT_EQ(verdicts.size(), 1u);
     EXPECT_NEAR(verdicts[0].rate_without, 1000, 1);  // neither the busy ticks nor the pause
-    EXPECT_FALSE(verdicts[0].helps);                 // 1010 < 1.05 x 1000
+    EXPECT_FALSE(verdicts[0].bounded);
+    EXPECT_FALSE(verdicts[0].helps);  // 980 < 1.05 x 1000
 }
 
 }  // namespace

@@ -16,8 +16,10 @@
 //    all workers together are compared, in windows of wall time, with those of the others
 //    while it sits out; unless it adds at least `park_min_gain` of their rate it is parked
 //    (no batches: a share of zero) for a while that doubles at each such verdict, then it is
-//    tried again (src/hybrid/usefulness_probe.hpp). A parked worker merges what it trained
-//    before it rests, and takes the shared model before its next batch.
+//    tried again (src/hybrid/usefulness_probe.hpp). One that trains fewer than
+//    `park_min_gain` of the others' samples cannot add that much: it is parked at once, for
+//    the longest rest (a CPU beside a GPU 100x faster). A parked worker merges what it
+//    trained before it rests, and takes the shared model before its next batch.
 //  - learning rate: a worker with batch b uses lr * sqrt(b / reference_batch) (the square-root
 //    rule, which keeps the noise scale of Adam's steps constant across batch sizes).
 //

@@ -264,7 +264,13 @@ bool hybrid_backend::run_probe() {
     }
     for (const detail::usefulness_verdict& v : probe_.take_verdicts()) {
         const std::string& name = workers_[v.worker]->name;
-        if (v.helps)
+        if (v.bounded)
+            spdlog::info(
+                "hybrid: {} cannot help: it trains {:.0f} samples/s beside the others' {:.0f}, "
+                "less than {:.0f}% of them; parked for {:.0f} s",
+                name, v.rate_all - v.rate_without, v.rate_without, 100 * options_.park_min_gain,
+                v.parked_for_seconds);
+        else if (v.helps)
             spdlog::info("hybrid: {} helps: {:.0f} samples/s with it, {:.0f} without; kept", name,
                          v.rate_all, v.rate_without);
         else

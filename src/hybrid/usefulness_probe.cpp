@@ -111,6 +111,21 @@ bool usefulness_probe::update(double t, const std::vector<bool>& busy) {
             start_window(t);
             return false;
         }
+        const uint64_t others = total - window_samples_[slowest];
+        if (double(window_samples_[slowest]) < settings_.min_gain * double(others)) {
+            usefulness_verdict v;
+            v.worker = slowest;
+            v.rate_all = rate;
+            v.rate_without = double(others) / elapsed;
+            v.bounded = true;
+            park_windows_[slowest] = settings_.park_windows_max;
+            v.parked_for_seconds = settings_.park_windows_max * settings_.window_seconds;
+            park_until_[slowest] = t + v.parked_for_seconds;
+            set_parked(slowest, true, t);
+            verdicts_.push_back(v);
+            start_window(t);
+            return true;
+        }
         candidate_ = slowest;
         set_parked(candidate_, true, t);
         phase_ = phase::without;

@@ -14,6 +14,11 @@
 //    again after `recheck_windows` windows. Otherwise it stays parked, first for
 //    `park_windows_first` windows, doubling at every verdict of the kind up to
 //    `park_windows_max`, then it trains one together window and is checked again.
+//  - a candidate whose own samples in the together window are fewer than `min_gain` of the
+//    others' cannot help, whatever it costs them (the others alone run at least as fast as
+//    beside it): it is parked at once, for `park_windows_max` windows, without a window to
+//    measure (a CPU beside a GPU that trains 100x faster: its trial windows and their merges
+//    are what the hybrid would cost the GPU).
 // A parked worker gets no batches: its share of samples and updates is zero. A window is
 // complete when it has lasted `window_seconds` and every counted worker finished
 // `window_batches` batches (or after 10 x window_seconds regardless). Time in which no
@@ -46,6 +51,9 @@ struct usefulness_verdict {
     bool helps = false;
     double rate_all = 0, rate_without = 0;  ///< samples per second
     double parked_for_seconds = 0;          ///< when it does not help
+    /// It trained too little to add min_gain (no window without it was measured:
+    /// rate_without is the others' rate beside it).
+    bool bounded = false;
 };
 
 class usefulness_probe {
