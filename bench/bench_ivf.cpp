@@ -1,7 +1,9 @@
 // Benchmarks of the IVF index behind --top-k-search ivf (src/cpu/ivf_index.hpp) on an
-// Amazon-670K-sized output layer of --hidden 128 (random rows): building it (two-level
-// spherical k-means, the automatic 409 clusters), refreshing it, and searching a chunk of 256 ReLU
-// queries for their top 64 with a few probe counts. bench/topk.md has the numbers.
+// Amazon-670K-sized output layer of --hidden 128 (the preset network) or 256 (the default run),
+// random rows in the model's storage: building it (two-level spherical k-means, the automatic
+// 409 clusters), refreshing it (a whole pass with its Lloyd step, or a third of the rows
+// reassigned), and searching a chunk of 256 ReLU queries for their top 64 with a few probe
+// counts. bench/topk.md has the numbers.
 //
 // Run: build/bench_ivf --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
 #include "cpu/ivf_index.hpp"
@@ -18,14 +20,19 @@ using namespace hslide::cpu;
 
 namespace {
 
-constexpr uint32_t width = 128, rows = 670091, chunk = 256, top = 64;
+constexpr uint32_t rows = 670091, chunk = 256, top = 64;
 
+/// The layer's rows in the model's own storage (huge pages where the kernel allows: a cluster's
+/// members are scattered over the layer, and on 4-KiB pages nearly every row read would miss
+/// the TLB, which training does not see).
 struct layer {
-    std::vector<float> weights, bias;
+    aligned_array<float> weights;
+    std::vector<float> bias;
     ivf_rows view;
-    layer() : weights(size_t(rows) * padded_stride(width)), bias(rows, 0.0f) {
+    explicit layer(uint32_t width)
+        : weights(size_t(rows) * padded_stride(width)), bias(rows, 0.0f) {
         rng gen(1);
-        for (float& v : weights) v = float(gen.normal()) * 0.05f;
+        for (size_t i = 0; i < weights.size(); ++i) weights[i] = float(gen.normal()) * 0.05f;
         view.weights = weights.data();
         view.stride = padded_stride(width);
         view.bias = bias.data();
@@ -34,29 +41,48 @@ struct layer {
     }
 };
 
-const layer& the_layer() {
-    static const layer l;
-    return l;
+/// The layer of the preset network (hidden 128) or the default run's (hidden 256).
+const layer& the_layer(uint32_t width) {
+    static const layer narrow(128);
+    if (width == 128) return narrow;
+    static const layer wide(256);
+    return wide;
 }
 
 void build(benchmark::State& state) {
     ivf_index index;
-    the_layer();  // made before the clock starts
+    const layer& l = the_layer(uint32_t(state.range(0)));  // made before the clock starts
     for (auto _ : state)
-        build_ivf_index(index, the_layer().view, 0, 7, best_kernels(), omp_get_max_threads());
+        build_ivf_index(index, l.view, 0, 7, best_kernels(), omp_get_max_threads());
     state.counters["clusters"] = index.clusters();
 }
 
 void refresh(benchmark::State& state) {
     ivf_index index;
-    build_ivf_index(index, the_layer().view, 0, 7, best_kernels(), omp_get_max_threads());
+    const layer& l = the_layer(uint32_t(state.range(0)));
+    build_ivf_index(index, l.view, 0, 7, best_kernels(), omp_get_max_threads());
+    for (auto _ : state) refresh_ivf_index(index, l.view, best_kernels(), omp_get_max_threads());
+}
+
+/// The partial refresh between Lloyd steps: a third of the rows (what a few steps change at
+/// the Amazon-670K shape with the fill pool), scattered.
+void reassign(benchmark::State& state) {
+    ivf_index index;
+    const layer& l = the_layer(uint32_t(state.range(0)));
+    build_ivf_index(index, l.view, 0, 7, best_kernels(), omp_get_max_threads());
+    std::vector<uint32_t> moved;
+    for (uint32_t r = 0; r < rows; ++r)
+        if (derive_seed(3, r) % 3 == 0) moved.push_back(r);
     for (auto _ : state)
-        refresh_ivf_index(index, the_layer().view, best_kernels(), omp_get_max_threads());
+        reassign_ivf_rows(index, l.view, best_kernels(), moved.data(), uint32_t(moved.size()),
+                          omp_get_max_threads());
 }
 
 void search(benchmark::State& state) {
     ivf_index index;
-    build_ivf_index(index, the_layer().view, 0, 7, best_kernels(), omp_get_max_threads());
+    const uint32_t width = uint32_t(state.range(1));
+    const layer& l = the_layer(width);
+    build_ivf_index(index, l.view, 0, 7, best_kernels(), omp_get_max_threads());
     rng gen(2);
     std::vector<std::vector<float>> q(chunk, std::vector<float>(width));
     std::vector<const float*> qp;
@@ -67,15 +93,21 @@ void search(benchmark::State& state) {
     std::vector<uint32_t> labels(size_t(chunk) * top);
     std::vector<float> scores(size_t(chunk) * top);
     for (auto _ : state)
-        ivf_search(index, the_layer().view, best_kernels(), qp.data(), chunk,
-                   uint32_t(state.range(0)), top, labels.data(), scores.data(),
-                   omp_get_max_threads());
+        ivf_search(index, l.view, best_kernels(), qp.data(), chunk, uint32_t(state.range(0)), top,
+                   labels.data(), scores.data(), omp_get_max_threads());
     state.SetItemsProcessed(int64_t(state.iterations()) * chunk);
 }
 
-BENCHMARK(build)->Unit(benchmark::kMillisecond);
-BENCHMARK(refresh)->Unit(benchmark::kMillisecond);
-BENCHMARK(search)->Arg(16)->Arg(48)->Arg(96)->Unit(benchmark::kMillisecond);
+BENCHMARK(build)->ArgName("width")->Arg(128)->Unit(benchmark::kMillisecond);
+BENCHMARK(refresh)->ArgName("width")->Arg(128)->Arg(256)->Unit(benchmark::kMillisecond);
+BENCHMARK(reassign)->ArgName("width")->Arg(128)->Arg(256)->Unit(benchmark::kMillisecond);
+BENCHMARK(search)
+    ->ArgNames({"probes", "width"})
+    ->Args({16, 128})
+    ->Args({48, 128})
+    ->Args({96, 128})
+    ->Args({48, 256})
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

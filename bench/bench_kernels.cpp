@@ -217,7 +217,7 @@ void dots16_small(benchmark::State& state, const kernel_table& k) {
     const auto xt = random_floats(size_t(inputs) * width, 0.0f, 1.0f, 37);
     std::vector<float> out(size_t(inputs) * small_rows);
     for (auto _ : state) {
-        k.dots16(wf.data(), stride, width, small_rows, xt.data(), bias.data(), out.data());
+        k.dots16(wf.data(), stride, width, nullptr, small_rows, xt.data(), bias.data(), out.data());
         benchmark::DoNotOptimize(out.data());
         benchmark::ClobberMemory();
     }

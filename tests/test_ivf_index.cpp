@@ -98,8 +98,8 @@ void exact_top_k(const test_layer& layer, const kernel_table& k, bool in_bf16, c
     } else {
         std::vector<float> xt(size_t(w) * 16, 0.0f);
         for (uint32_t e = 0; e < w; ++e) xt[size_t(e) * 16] = query[e];
-        k.dots16(layer.weights.data(), layer.stride, w, layer.rows, xt.data(), layer.bias.data(),
-                 out.data());
+        k.dots16(layer.weights.data(), layer.stride, w, nullptr, layer.rows, xt.data(),
+                 layer.bias.data(), out.data());
         for (uint32_t r = 0; r < layer.rows; ++r) z[r] = out[size_t(r) * 16];
     }
     std::vector<scored_label> heap;

@@ -601,27 +601,47 @@ TEST_P(kernel_level, weighted_row_sum) {
 
 TEST_P(kernel_level, dots16) {
     // 16 inputs stored transposed against rows with NaN in their padding (a read past `width`
-    // poisons the sums); every level against the scalar definition.
+    // poisons the sums), the rows in place or by id (scattered, some twice: an IVF cluster's
+    // members read where they are); every level against the scalar definition.
     rng g = gen(14);
     for (uint32_t width : test_sizes) {
         for (uint32_t n : {0u, 1u, 3u, 7u, 8u, 9u, 17u, 100u}) {
             SCOPED_TRACE("width = " + std::to_string(width) + ", n = " + std::to_string(n));
-            const rows_block<float> block = random_rows(n + 1, width, g);
+            const uint32_t stored = 2 * n + 1;
+            const rows_block<float> block = random_rows(stored, width, g);
             const auto xt = random_vector(size_t(width) * 16, g, nan_f);
             const auto bias = random_vector(n + 1, g, nan_f);
-            for (int use_bias = 0; use_bias < 2; ++use_bias) {
-                const float* b = use_bias ? bias.data() : nullptr;
+            std::vector<uint32_t> ids(n);
+            for (uint32_t& id : ids) id = uint32_t(g.below(stored));
+            for (int mode = 0; mode < 4; ++mode) {
+                const float* b = mode & 1 ? bias.data() : nullptr;
+                const uint32_t* by_id = mode & 2 ? ids.data() : nullptr;
+                SCOPED_TRACE(std::string(b ? "bias" : "no bias") + (by_id ? ", by id" : ""));
                 guarded<float> got(size_t(n) * 16, canary_f), want(size_t(n) * 16, canary_f);
-                k().dots16(block.data.data(), block.stride, width, n, xt.data(), b, got.data());
-                ref().dots16(block.data.data(), block.stride, width, n, xt.data(), b, want.data());
+                k().dots16(block.data.data(), block.stride, width, by_id, n, xt.data(), b,
+                           got.data());
+                ref().dots16(block.data.data(), block.stride, width, by_id, n, xt.data(), b,
+                             want.data());
                 EXPECT_TRUE(all_close(got.data(), want.data(), got.size(), [&](size_t e) {
                     const size_t a = e / 16, j = e % 16;
-                    double mag = use_bias ? std::fabs(bias[a]) : 0.0;
+                    const float* row = block.row(by_id ? by_id[a] : uint32_t(a));
+                    double mag = b ? std::fabs(bias[a]) : 0.0;
                     for (uint32_t i = 0; i < width; ++i)
-                        mag += std::fabs(double(block.row(a)[i]) * xt[size_t(i) * 16 + j]);
+                        mag += std::fabs(double(row[i]) * xt[size_t(i) * 16 + j]);
                     return reduction_bound(mag);
                 }));
                 EXPECT_TRUE(got.guards_intact());
+            }
+            // By id, the product is the in-place one of the same rows, bit for bit.
+            if (n > 0) {
+                std::vector<float> in_place(size_t(n) * 16), by_id(size_t(n) * 16);
+                std::vector<uint32_t> first(n);
+                std::iota(first.begin(), first.end(), 0u);
+                k().dots16(block.data.data(), block.stride, width, nullptr, n, xt.data(),
+                           bias.data(), in_place.data());
+                k().dots16(block.data.data(), block.stride, width, first.data(), n, xt.data(),
+                           bias.data(), by_id.data());
+                EXPECT_EQ(in_place, by_id);
             }
         }
     }

@@ -421,7 +421,7 @@ void cpu_backend::score_output_exactly(uint32_t first, uint32_t n, uint32_t k,
                                             layer.bias.data() + r0,
                                             logits.data() + size_t(j) * block_rows);
                 } else {
-                    k_.dots16(layer.row(r0), layer.stride, width, nb,
+                    k_.dots16(layer.row(r0), layer.stride, width, nullptr, nb,
                               hidden_matrix_.data() + size_t(s0) * width, layer.bias.data() + r0,
                               logits.data());
                     row_step = inputs;

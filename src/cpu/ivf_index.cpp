@@ -100,7 +100,7 @@ void assign_points(const ivf_rows& layer, const float* extra, const kernel_table
                 prefetch_bytes(layer.weights + size_t(ids[j]) * layer.stride,
                                size_t(layer.width) * sizeof(float));
             pack_points(layer, extra, ids + p0, m, xt.data());
-            k.dots16(centroids, cstride, d, K, xt.data(), nullptr, out.data());
+            k.dots16(centroids, cstride, d, nullptr, K, xt.data(), nullptr, out.data());
             for (uint32_t j = 0; j < m; ++j) {
                 assign[p0 + j] = nearest_centroid(out.data(), K, j);
             }
@@ -367,7 +367,7 @@ void reassign_rows(ivf_index& index, const ivf_rows& layer, const kernel_table& 
                 xt[size_t(width) * lanes + j] = b;
                 xt[size_t(width + 1) * lanes + j] = extra[j];
             }
-            k.dots16(centroids, index.stride, d, K, xt.data(), nullptr, out.data());
+            k.dots16(centroids, index.stride, d, nullptr, K, xt.data(), nullptr, out.data());
             for (uint32_t j = 0; j < m; ++j) {
                 const uint32_t best = nearest_centroid(out.data(), K, j);
                 const uint32_t r = rows[p0 + j];
@@ -437,7 +437,7 @@ void ivf_search(const ivf_index& index, const ivf_rows& layer, const kernel_tabl
                 for (uint32_t i = 0; i < width; ++i) x[size_t(i) * lanes + j] = queries[q0 + j][i];
                 x[size_t(width) * lanes + j] = 1.0f;  // the bias's; the last value stays 0
             }
-            k.dots16(index.centroids.data(), index.stride, d, C, x, nullptr, cs.data());
+            k.dots16(index.centroids.data(), index.stride, d, nullptr, C, x, nullptr, cs.data());
             for (uint32_t j = 0; j < m; ++j) {
                 for (uint32_t c = 0; c < C; ++c) column[c] = cs[size_t(c) * lanes + j];
                 select_top_k(column.data(), nullptr, C, P, probe.data() + size_t(q0 + j) * P,
@@ -471,7 +471,7 @@ void ivf_search(const ivf_index& index, const ivf_rows& layer, const kernel_tabl
         counts.assign(n, 0);
         // A cluster's rows gathered into a block (as exact scoring reads a block in place),
         // its biases, a group of its queries packed as exact scoring packs them, the scores.
-        std::vector<float> block, block_bias, qx(size_t(width) * lanes), out;
+        std::vector<float> block_bias, qx, out;
         std::vector<bf16> block16, qx16(size_t(pairs) * 32), one16(width);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t i = 0; i < int64_t(probed.size()); ++i) {
@@ -492,15 +492,38 @@ void ivf_search(const ivf_index& index, const ivf_rows& layer, const kernel_tabl
                     std::copy_n(layer.weights16 + size_t(ids[a]) * layer.stride16, layer.stride16,
                                 block16.data() + size_t(a) * layer.stride16);
                 }
-            } else if (!use_bf16) {
-                block.resize(size_t(nb) * width);
-                for (uint32_t a = 0; a < nb; ++a) {
-                    if (a + 8 < nb)
-                        prefetch_bytes(layer.weights + size_t(ids[a + 8]) * layer.stride,
-                                       size_t(width) * sizeof(float));
-                    std::copy_n(layer.weights + size_t(ids[a]) * layer.stride, width,
-                                block.data() + size_t(a) * width);
+            }
+            if (!use_bf16) {
+                // fp32: the members are scored where they are (dots16 by id), 64 at a time
+                // against every query group while they are in cache: each row is read from
+                // memory once a chunk, not copied into a block first (the batch's probes cover
+                // nearly every cluster, so the copies were a second pass over the layer).
+                const uint32_t n_groups = (nq + lanes - 1) / lanes;
+                qx.assign(size_t(n_groups) * width * lanes, 0.0f);
+                for (uint32_t j = 0; j < nq; ++j) {
+                    float* x = qx.data() + size_t(j / lanes) * width * lanes;
+                    for (uint32_t e = 0; e < width; ++e)
+                        x[size_t(e) * lanes + j % lanes] = queries[qs[j]][e];
                 }
+                constexpr uint32_t rows_in_cache = 64;
+                out.resize(size_t(rows_in_cache) * lanes);
+                for (uint32_t a0 = 0; a0 < nb; a0 += rows_in_cache) {
+                    const uint32_t na = std::min(rows_in_cache, nb - a0);
+                    for (uint32_t grp = 0; grp < n_groups; ++grp) {
+                        k.dots16(layer.weights, layer.stride, width, ids + a0, na,
+                                 qx.data() + size_t(grp) * width * lanes, block_bias.data() + a0,
+                                 out.data());
+                        const uint32_t q0 = grp * lanes, m = std::min(lanes, nq - q0);
+                        for (uint32_t j = 0; j < m; ++j) {
+                            const uint32_t q = qs[q0 + j];
+                            scored_label* heap_q = heaps.data() + size_t(q) * kept;
+                            for (uint32_t a = 0; a < na; ++a)
+                                offer_top_k(heap_q, counts[q], kept,
+                                            {out[size_t(a) * lanes + j], ids[a0 + a]});
+                        }
+                    }
+                }
+                continue;
             }
             out.resize(size_t(nb) * lanes);
             for (uint32_t q0 = 0; q0 < nq; q0 += lanes) {
@@ -517,7 +540,7 @@ void ivf_search(const ivf_index& index, const ivf_rows& layer, const kernel_tabl
                     }
                     k.dots16_bf16(block16.data(), layer.stride16, width, nb, qx16.data(),
                                   block_bias.data(), out.data());
-                } else if (use_bf16) {
+                } else {
                     row_step = 1;
                     col_step = nb;
                     for (uint32_t j = 0; j < m; ++j) {
@@ -525,13 +548,6 @@ void ivf_search(const ivf_index& index, const ivf_rows& layer, const kernel_tabl
                         k.active_dots_bf16(layer.weights16, layer.stride16, width, ids, nb,
                                            one16.data(), layer.bias, out.data() + size_t(j) * nb);
                     }
-                } else {
-                    std::fill(qx.begin(), qx.end(), 0.0f);
-                    for (uint32_t j = 0; j < m; ++j)
-                        for (uint32_t e = 0; e < width; ++e)
-                            qx[size_t(e) * lanes + j] = queries[qs[q0 + j]][e];
-                    k.dots16(block.data(), width, width, nb, qx.data(), block_bias.data(),
-                             out.data());
                 }
                 for (uint32_t j = 0; j < m; ++j) {
                     const uint32_t q = qs[q0 + j];

@@ -71,12 +71,15 @@ struct kernel_table {
     /// (bias == nullptr: no bias). Prefetches the rows a few ahead.
     void (*active_dots)(const float* rows, size_t stride, uint32_t width, const uint32_t* ids,
                         uint32_t n, const float* x, const float* bias, float* out);
-    /// Rows 0..n-1 times 16 inputs stored transposed (xt[i * 16 + j] is input j's element i):
-    /// out[a * 16 + j] = bias[a] + <row a, input j> (bias == nullptr: no bias), each sum in
-    /// order i = 0..width-1. Exact scoring's product: a row element is broadcast against 16
-    /// inputs at once, so no horizontal sums and no reloads of the row per input.
-    void (*dots16)(const float* rows, size_t stride, uint32_t width, uint32_t n, const float* xt,
-                   const float* bias, float* out);
+    /// Rows r_0..r_{n-1} (r_a = ids[a], or a when ids == nullptr) times 16 inputs stored
+    /// transposed (xt[i * 16 + j] is input j's element i): out[a * 16 + j] = bias[a] +
+    /// <row r_a, input j> (bias == nullptr: no bias; indexed by position, not row), each sum
+    /// in order i = 0..width-1. Exact scoring's product: a row element is broadcast against 16
+    /// inputs at once, so no horizontal sums and no reloads of the row per input; with ids, the
+    /// rows are read where they are (an IVF cluster's members: no gathering copy), prefetched
+    /// a few ahead.
+    void (*dots16)(const float* rows, size_t stride, uint32_t width, const uint32_t* ids,
+                   uint32_t n, const float* xt, const float* bias, float* out);
     /// Weighted row sum: out[0..width) += sum_i coef[i] * row ids[i]. The sparse-input layer's
     /// forward (rows = feature rows, coef = feature values) and the backward of a layer
     /// (rows = active neurons' weights, coef = their deltas).

@@ -99,14 +99,16 @@ void active_dots_scalar(const float* rows, size_t stride, uint32_t width, const 
     active_dots_impl(rows, stride, width, ids, n, x, bias, out, identity);
 }
 
-void dots16_scalar(const float* rows, size_t stride, uint32_t width, uint32_t n, const float* xt,
-                   const float* bias, float* out) {
-    for (uint32_t a = 0; a < n; ++a)
+void dots16_scalar(const float* rows, size_t stride, uint32_t width, const uint32_t* ids,
+                   uint32_t n, const float* xt, const float* bias, float* out) {
+    for (uint32_t a = 0; a < n; ++a) {
+        const float* row = rows + size_t(ids ? ids[a] : a) * stride;
         for (uint32_t j = 0; j < 16; ++j) {
             float s = 0.0f;
-            for (uint32_t i = 0; i < width; ++i) s += rows[a * stride + i] * xt[i * 16 + j];
+            for (uint32_t i = 0; i < width; ++i) s += row[i] * xt[i * 16 + j];
             out[a * 16 + j] = bias ? s + bias[a] : s;
         }
+    }
 }
 
 void weighted_row_sum_scalar(const float* rows, size_t stride, uint32_t width, const uint32_t* ids,

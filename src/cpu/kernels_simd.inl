@@ -9,6 +9,8 @@
 // scatter_fmadd. A `_n` operation touches only the first n < lanes elements.
 #pragma once
 
+#include <type_traits>
+
 namespace hslide::cpu {
 namespace {
 
@@ -183,18 +185,17 @@ void active_dots_simd(const T* rows, size_t stride, uint32_t width, const uint32
 // R rows at a time against the 16 inputs (16 / lanes vectors): per element, one load of the
 // inputs' vectors and R broadcasts of row elements feed R * 16 / lanes FMAs.
 template <class V, uint32_t R>
-inline void dots16_rows(const float* rows, size_t stride, uint32_t width, uint32_t a,
-                        const float* xt, const float* bias, float* out) {
+inline void dots16_rows(const float* const* w, uint32_t width, uint32_t a, const float* xt,
+                        const float* bias, float* out) {
     constexpr uint32_t L = V::lanes, NV = 16 / L;
     typename V::vec acc[R][NV];
     for (uint32_t r = 0; r < R; ++r)
         for (uint32_t v = 0; v < NV; ++v) acc[r][v] = V::zero();
-    const float* w = rows + size_t(a) * stride;
     for (uint32_t i = 0; i < width; ++i) {
         typename V::vec x[NV];
         for (uint32_t v = 0; v < NV; ++v) x[v] = V::load(xt + size_t(i) * 16 + v * L);
         for (uint32_t r = 0; r < R; ++r) {
-            const auto wb = V::set1(w[r * stride + i]);
+            const auto wb = V::set1(w[r][i]);
             for (uint32_t v = 0; v < NV; ++v) acc[r][v] = V::fmadd(wb, x[v], acc[r][v]);
         }
     }
@@ -206,13 +207,33 @@ inline void dots16_rows(const float* rows, size_t stride, uint32_t width, uint32
 }
 
 template <class V>
-void dots16_simd(const float* rows, size_t stride, uint32_t width, uint32_t n, const float* xt,
-                 const float* bias, float* out) {
+void dots16_simd(const float* rows, size_t stride, uint32_t width, const uint32_t* ids, uint32_t n,
+                 const float* xt, const float* bias, float* out) {
     // 8 accumulators: enough independent FMA chains to cover the FMA latency on two ports.
     constexpr uint32_t R = V::lanes == 16 ? 8 : 4;
+    auto row_at = [&](uint32_t a) { return rows + size_t(ids ? ids[a] : a) * stride; };
+    const float* w[R];
     uint32_t a = 0;
-    for (; a + R <= n; a += R) dots16_rows<V, R>(rows, stride, width, a, xt, bias, out);
-    for (; a < n; ++a) dots16_rows<V, 1>(rows, stride, width, a, xt, bias, out);
+    for (; a + R <= n; a += R) {
+        // Rows by id are scattered: the next block's are requested while this one is summed.
+        if (ids)
+            for (uint32_t r = 0; r < R && a + R + r < n; ++r)
+                prefetch_span(row_at(a + R + r), width);
+        for (uint32_t r = 0; r < R; ++r) w[r] = row_at(a + r);
+        dots16_rows<V, R>(w, width, a, xt, bias, out);
+    }
+    // The tail in halving blocks: a row alone is one chain of dependent FMAs, bound by their
+    // latency (an IVF group of 20 centroids leaves 4 rows after two blocks of 8).
+    auto tail = [&](auto rows_at_once) {
+        constexpr uint32_t T = decltype(rows_at_once)::value;
+        for (; a + T <= n; a += T) {
+            for (uint32_t r = 0; r < T; ++r) w[r] = row_at(a + r);
+            dots16_rows<V, T>(w, width, a, xt, bias, out);
+        }
+    };
+    tail(std::integral_constant<uint32_t, R / 2>{});
+    tail(std::integral_constant<uint32_t, R / 4>{});
+    tail(std::integral_constant<uint32_t, 1>{});
 }
 
 // out[0..width) += sum_k coef[k] * row_at(k)[0..width). The output is held in registers, 8
