@@ -332,6 +332,46 @@ void adam_row_l1(benchmark::State& state, const kernel_table& k) {
     report(state, double(width) * 28, double(width) * 14);
 }
 
+// adam_rows_big with bf16 moments (--adam-moments bf16): w read and written (8 bytes), m and v
+// (4 each), g read (4): 20 bytes per element.
+void adam_bf16_moments_rows_big(benchmark::State& state, const kernel_table& k) {
+    blocks& b = big();
+    static aligned_array<bf16> m16(size_t(amazon_items) * stride), v16(m16.size());
+    adam_state& a = adam_big();
+    id_pool pool(amazon_items, 61);
+    uint32_t seed = 1;
+    for (auto _ : state) {
+        const uint32_t* ids = pool.batch(adam_rows);
+        for (uint32_t i = 0; i < adam_rows; ++i) {
+            const size_t off = size_t(ids[i]) * stride;
+            k.adam_bf16_moments(b.out_w.data() + off, m16.data() + off, v16.data() + off,
+                                a.g.data() + size_t(i) * stride, width, adam_constants, seed++);
+        }
+        benchmark::ClobberMemory();
+    }
+    const double elems = double(adam_rows) * width;
+    report(state, elems * 20, elems * 14);
+}
+
+// adam_row_l1 with bf16 moments: the kernel's arithmetic and its stochastic rounding's hashes.
+void adam_bf16_moments_row_l1(benchmark::State& state, const kernel_table& k) {
+    auto w = random_floats(width, -0.05f, 0.05f, 71);
+    std::vector<bf16> m(width), v(width);
+    const auto m32 = random_floats(width, -1e-3f, 1e-3f, 72);
+    const auto v32 = random_floats(width, 1e-8f, 1e-6f, 73);
+    for (uint32_t i = 0; i < width; ++i) {
+        m[i] = cpu::float_to_bf16(m32[i]);
+        v[i] = cpu::float_to_bf16(v32[i]);
+    }
+    const auto g = random_floats(width, -1e-2f, 1e-2f, 74);
+    uint32_t seed = 1;
+    for (auto _ : state) {
+        k.adam_bf16_moments(w.data(), m.data(), v.data(), g.data(), width, adam_constants, seed++);
+        benchmark::ClobberMemory();
+    }
+    report(state, double(width) * 20, double(width) * 14);
+}
+
 // --- vector primitives (in cache) --------------------------------------------------------------
 
 void dot_bench(benchmark::State& state, const kernel_table& k, uint32_t n) {
@@ -569,6 +609,9 @@ void register_all() {
 
     each_level("adam", "rows:670091/active:100000/width:256", adam_rows_big);
     each_level("adam", "rows:1/width:256", adam_row_l1);
+    each_level("adam_bf16_moments", "rows:670091/active:100000/width:256",
+               adam_bf16_moments_rows_big);
+    each_level("adam_bf16_moments", "rows:1/width:256", adam_bf16_moments_row_l1);
 
     each_level("dot", "n:256",
                [](benchmark::State& s, const kernel_table& k) { dot_bench(s, k, 256); });

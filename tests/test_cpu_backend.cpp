@@ -612,6 +612,75 @@ TEST(CpuBackend, CatchUpAdamGivesTheSameModelOnAnyThreadCount) {
                                    random_dataset(200, 20, 30, 22), 16, 3, 7, tc);
 }
 
+TEST(CpuBackend, Bf16MomentsDoNotDependOnTheThreadCount) {
+    // The stochastic roundings draw from the step and the row, not from the thread.
+    train_config tc;
+    tc.adam_moments = moment_storage::bf16;
+    expect_thread_count_invariance(small_config(sparsity_mode::dense, sparsity_mode::topk),
+                                   random_dataset(200, 20, 30, 24), 16, 3, 7, tc);
+}
+
+TEST(CpuBackend, Bf16MomentsTrainLikeFp32AndRoundTripThroughExports) {
+    // The same batches with fp32 and bf16 moments: the models stay close (a moment differs by
+    // at most a bf16 unit per step, and Adam's step is a ratio of the two); the bf16 ones
+    // export as floats that bf16 holds exactly (the output layer's; the input layer's and the
+    // biases' stay fp32), and an import of the export exports the same state again.
+    const model_config config = small_config(sparsity_mode::dense, sparsity_mode::topk);
+    const model_state initial = model_state::create(config, 31);
+    train_config fp32_tc, bf16_tc;
+    bf16_tc.adam_moments = moment_storage::bf16;
+    cpu::cpu_backend fp32(initial, fp32_tc, 2), bf16(initial, bf16_tc, 2);
+    const dataset data = random_dataset(160, 20, 30, 25);
+    std::vector<uint32_t> rows(data.size());
+    std::iota(rows.begin(), rows.end(), 0u);
+    for (uint32_t b = 0; b + 16 <= rows.size(); b += 16) {
+        fp32.train_batch({&data, rows.data() + b, 16}, 0.01f);
+        bf16.train_batch({&data, rows.data() + b, 16}, 0.01f);
+    }
+    model_state a, b;
+    fp32.export_state(a, true);
+    bf16.export_state(b, true);
+    ASSERT_EQ(b.layers.back().adam_m.size(), a.layers.back().adam_m.size());
+    double worst = 0;
+    for (size_t l = 0; l < a.layers.size(); ++l)
+        for (size_t i = 0; i < a.layers[l].weights.size(); ++i)
+            worst =
+                std::max(worst, double(std::fabs(a.layers[l].weights[i] - b.layers[l].weights[i])));
+    EXPECT_LT(worst, 0.02) << "10 steps of at most 0.01 each";
+    EXPECT_GT(worst, 0.0) << "the roundings changed nothing";
+    const layer_state& out = b.layers.back();
+    bool moved = false;
+    for (size_t i = 0; i < out.adam_m.size(); ++i) {
+        ASSERT_EQ(cpu::bf16_to_float(cpu::float_to_bf16(out.adam_m[i])), out.adam_m[i]) << i;
+        ASSERT_EQ(cpu::bf16_to_float(cpu::float_to_bf16(out.adam_v[i])), out.adam_v[i]) << i;
+        moved = moved || out.adam_v[i] > 0;
+    }
+    EXPECT_TRUE(moved);
+    cpu::cpu_backend resumed(initial, bf16_tc, 1);
+    resumed.import_state(b, true);
+    model_state c;
+    resumed.export_state(c, true);
+    EXPECT_TRUE(same_parameters(b, c));
+    auto same = [](const aligned_floats& x, const aligned_floats& y) {
+        return x.size() == y.size() && std::equal(x.data(), x.data() + x.size(), y.data());
+    };
+    EXPECT_TRUE(same(c.layers.back().adam_m, out.adam_m));
+    EXPECT_TRUE(same(c.layers.back().adam_v, out.adam_v));
+    EXPECT_TRUE(same(c.layers[0].adam_m, b.layers[0].adam_m));  // the input layer's: fp32
+}
+
+TEST(CpuBackend, Bf16MomentsRefuseCatchUpAdam) {
+    train_config tc;
+    tc.adam_moments = moment_storage::bf16;
+    tc.adam = adam_mode::catch_up;
+    try {
+        validate(tc);
+        FAIL() << "accepted";
+    } catch (const hslide::error& e) {
+        EXPECT_NE(std::string(e.what()).find("--adam-moments bf16"), std::string::npos) << e.what();
+    }
+}
+
 TEST(CpuBackend, LargeBatchesGroupRowsInParallelWithTheSameResult) {
     // Batches with tens of thousands of (sample, row) entries: the update's row grouping then
     // splits the rows between threads, at a thread count that does not divide them evenly.

@@ -348,6 +348,20 @@ TEST(DenseBackend, CreatedByKindWithInfo) {
     ASSERT_NE(be->host_state(), nullptr);
 }
 
+TEST(DenseBackend, Bf16MomentsAreRejected) {
+    backend_options bo;
+    bo.kind = backend_kind::cpu_dense;
+    train_config tc;
+    tc.adam_moments = moment_storage::bf16;
+    try {
+        create_backend(bo, model_state::create(dense_config(), 5), tc);
+        FAIL() << "bf16 moments accepted";
+    } catch (const hslide::error& e) {
+        EXPECT_NE(std::string(e.what()).find("--adam-moments bf16"), std::string::npos) << e.what();
+        EXPECT_EQ(e.kind(), error_kind::unsupported);
+    }
+}
+
 TEST(DenseBackend, Bf16IsRejected) {
     backend_options bo;
     bo.kind = backend_kind::cpu_dense;

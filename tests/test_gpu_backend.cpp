@@ -1659,6 +1659,15 @@ TEST(GpuBackend, UnsupportedShapesAreClearErrors) {
         EXPECT_EQ(e.kind(), error_kind::unsupported);
         EXPECT_NE(std::string(e.what()).find("--adam dense"), std::string::npos) << e.what();
     }
+    train_config bf16_moments;
+    bf16_moments.adam_moments = moment_storage::bf16;
+    try {
+        make_gpu(model_state::create(two_layer_config(sparsity_mode::lsh), 1), bf16_moments, "gpu");
+        FAIL() << "--adam-moments bf16 was accepted";
+    } catch (const error& e) {
+        EXPECT_EQ(e.kind(), error_kind::unsupported);
+        EXPECT_NE(std::string(e.what()).find("--adam-moments bf16"), std::string::npos) << e.what();
+    }
 }
 
 TEST(GpuBackend, BibtexP1WithinOneHundredthOfTheCpu) {

@@ -473,6 +473,113 @@ TEST_P(kernel_level, adam) {
     }
 }
 
+TEST_P(kernel_level, adam_bf16_moments) {
+    // bf16 moments, stochastically rounded: every level against the scalar definition on the
+    // same states. The new fp32 moments may differ in their last bit (a fused multiply-add),
+    // which can move a stochastic rounding by one bf16 unit; the weights agree as adam's do.
+    rng g = gen(16);
+    const float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+    for (uint32_t n : test_sizes) {
+        SCOPED_TRACE("n = " + std::to_string(n));
+        auto w = random_vector(n, g, canary_f);
+        guarded<bf16> m(n, nan_bf16), v(n, nan_bf16);
+        for (uint32_t i = 0; i < n; ++i) {
+            const float mi = normal(g, 0.1f);
+            m[i] = float_to_bf16(mi);
+            v[i] = float_to_bf16(mi * mi + 0.01f * std::pow(normal(g), 2.0f));
+        }
+        for (int t = 3; t <= 6; ++t) {
+            SCOPED_TRACE("t = " + std::to_string(t));
+            const adam_step step{lr,
+                                 beta1,
+                                 beta2,
+                                 eps,
+                                 float(1.0 / (1.0 - std::pow(double(beta1), t))),
+                                 float(1.0 / (1.0 - std::pow(double(beta2), t)))};
+            const auto grad = random_vector(n, g, nan_f);
+            const uint32_t seed = uint32_t(g());
+            auto w_got = copy_of(w), w_want = copy_of(w);
+            auto m_got = copy_of(m), m_want = copy_of(m), v_got = copy_of(v), v_want = copy_of(v);
+            k().adam_bf16_moments(w_got.data(), m_got.data(), v_got.data(), grad.data(), n, step,
+                                  seed);
+            ref().adam_bf16_moments(w_want.data(), m_want.data(), v_want.data(), grad.data(), n,
+                                    step, seed);
+            for (uint32_t i = 0; i < n; ++i) {
+                ASSERT_LE(std::abs(int(m_got[i]) - int(m_want[i])), 1) << "m " << i;
+                ASSERT_LE(std::abs(int(v_got[i]) - int(v_want[i])), 1) << "v " << i;
+            }
+            EXPECT_TRUE(all_close(w_got.data(), w_want.data(), n, [&](size_t i) {
+                return elementwise_bound(std::fabs(w[i]) + std::fabs(double(w[i]) - w_want[i]));
+            })) << "w";
+            // The same steps as fp32 Adam's from the widened moments.
+            auto w_fp32 = copy_of(w);
+            guarded<float> m32(n, canary_f), v32(n, canary_f);
+            for (uint32_t i = 0; i < n; ++i) {
+                m32[i] = bf16_to_float(m[i]);
+                v32[i] = bf16_to_float(v[i]);
+            }
+            ref().adam(w_fp32.data(), m32.data(), v32.data(), grad.data(), n, step);
+            for (uint32_t i = 0; i < n; ++i) {
+                EXPECT_EQ(w_fp32[i], w_want[i]) << "w " << i;
+                // Rounded to one of the two bf16 values around the fp32 moment.
+                EXPECT_LE(std::fabs(bf16_to_float(m_want[i]) - m32[i]),
+                          std::ldexp(std::fabs(m32[i]), -7))
+                    << "m " << i;
+                EXPECT_LE(std::fabs(bf16_to_float(v_want[i]) - v32[i]), std::ldexp(v32[i], -7))
+                    << "v " << i;
+            }
+            EXPECT_TRUE(w_got.guards_intact());
+            EXPECT_TRUE(m_got.guards_intact());
+            EXPECT_TRUE(v_got.guards_intact());
+            w = w_want;
+            m = m_want;
+            v = v_want;
+        }
+    }
+}
+
+TEST_P(kernel_level, adam_bf16_moments_keep_a_slowly_growing_v) {
+    // beta2 = 0.999 moves v by 0.1% a step, under half a bf16 unit (0.2%): rounded to nearest,
+    // v from 0 under a constant gradient would stop far below g^2; rounded stochastically it
+    // follows (1 - beta2^t) g^2 in expectation. 3,000 steps over 64 elements.
+    const uint32_t n = 64;
+    std::vector<float> w(n, 0.0f), grad(n, 0.5f);
+    std::vector<bf16> m(n, 0), v(n, 0);
+    const float beta1 = 0.9f, beta2 = 0.999f;
+    const int steps = 3000;
+    for (int t = 1; t <= steps; ++t) {
+        const adam_step step{1e-3f, beta1, beta2, 1e-8f, 1.0f, 1.0f};
+        k().adam_bf16_moments(w.data(), m.data(), v.data(), grad.data(), n, step,
+                              uint32_t(derive_seed(17, uint64_t(t))));
+    }
+    double mean_v = 0;
+    for (bf16 x : v) mean_v += bf16_to_float(x) / n;
+    const double want = (1.0 - std::pow(double(beta2), steps)) * 0.25;
+    EXPECT_NEAR(mean_v, want, 0.02 * want);
+    // m converges to g within bf16 rounding.
+    for (bf16 x : m) EXPECT_NEAR(bf16_to_float(x), 0.5f, 0.01f);
+}
+
+TEST(StochasticRounding, IsUnbiasedAndPicksANeighbour) {
+    // Between two bf16 neighbours, the rounding lands on one of them, up with probability
+    // (x - lower) / (upper - lower): the mean over 2^16 draws is x within a few parts in 10^5.
+    for (const float x : {1.0f + 0.3f / 128, -3.7e-5f, 2.5e-9f, 1234.56f}) {
+        double sum = 0;
+        for (uint32_t i = 0; i < 65536; ++i) {
+            const float r =
+                bf16_to_float(float_to_bf16_stochastic(x, stochastic_hash(99, i) >> 16));
+            const bool neighbour = r == bf16_to_float(float_to_bf16_stochastic(x, 0)) ||
+                                   r == bf16_to_float(float_to_bf16_stochastic(x, 0xffff));
+            ASSERT_TRUE(neighbour) << x << " rounded to " << r;
+            sum += r;
+        }
+        EXPECT_NEAR(sum / 65536, x, 3e-5 * std::fabs(x)) << x;
+    }
+    // NaN stays NaN; a value bf16 holds exactly stays as it is.
+    EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16_stochastic(std::nanf(""), 0xffff))));
+    EXPECT_EQ(float_to_bf16_stochastic(1.5f, 0xffff), float_to_bf16(1.5f));
+}
+
 TEST_P(kernel_level, softmax) {
     rng g = gen(6);
     for (int very_negative = 0; very_negative < 2; ++very_negative) {

@@ -101,8 +101,11 @@ struct model_state {
     std::vector<uint64_t> hash_seeds;  ///< per layer: the seed of its current hash functions
 
     /// Allocates every layer for `config` and initialises the weights from `seed`
-    /// (He-normal for ReLU layers, a smaller normal for the softmax layer; biases zero).
-    static model_state create(const model_config& config, uint64_t seed);
+    /// (He-normal for ReLU layers, a smaller normal for the softmax layer; biases zero). With
+    /// bf16 `moments` the layers past the input one get no fp32 Adam moments (the CPU backend
+    /// keeps them in bf16 and starts them at zero), so they never take memory.
+    static model_state create(const model_config& config, uint64_t seed,
+                              moment_storage moments = moment_storage::fp32);
 
     /// The shapes of every layer for `config` (rows, width, stride) with nothing allocated:
     /// for loaders that fill the buffers themselves (a checkpoint), so a large model is

@@ -64,7 +64,7 @@ int run_train(int argc, char** argv) {
 
     train_config tc;
     std::string backend_name = to_string(backend_kind::cpu), adam = to_string(tc.adam),
-                scoring = "exact";
+                adam_moments = to_string(tc.adam_moments), scoring = "exact";
     add_backend_option(app, backend_name, [](const backend_entry&) { return true; });
     app.add_option("--threads", tc.threads, "CPU threads (0 = all)")
         ->check(CLI::NonNegativeNumber)
@@ -108,6 +108,11 @@ int run_train(int argc, char** argv) {
                    "catch-up: dense's result at sparse cost (CPU backends); input-catch-up: "
                    "input-dense's result at sparse cost")
         ->check(CLI::IsMember({"sparse", "dense", "input-dense", "catch-up", "input-catch-up"}))
+        ->capture_default_str();
+    app.add_option("--adam-moments", adam_moments,
+                   "Adam's moments of the layers past the input one: fp32, or bf16 rounded "
+                   "stochastically (half their memory, 30% less update traffic; cpu backend)")
+        ->check(CLI::IsMember({"fp32", "bf16"}))
         ->capture_default_str();
     app.add_option("--rebuild", tc.rebuild_every, "samples between LSH table rebuilds (initially)")
         ->check(CLI::PositiveNumber)
@@ -189,6 +194,7 @@ int run_train(int argc, char** argv) {
     const bool show_progress = apply_output_options(oo);
     data.show_progress = show_progress;
     tc.adam = parse_adam_mode(adam);
+    tc.adam_moments = parse_moment_storage(adam_moments);
     tc.schedule = parse_lr_schedule(schedule);
     tc.lr_scaling = parse_lr_batch_scaling(lr_scaling);
     to.eval.scoring = parse_scoring(scoring);
@@ -263,7 +269,7 @@ int run_train(int argc, char** argv) {
     } else {
         initial = model_state::create(
             make_model_config(mopt, uint32_t(d.train.n_features), uint32_t(d.train.n_labels)),
-            tc.seed);
+            tc.seed, tc.adam_moments);
     }
     const model_config& mc = initial.config;
     normalize_inputs(d.train, mc);

@@ -65,6 +65,7 @@ cpu_backend::cpu_backend(model_state initial, const train_config& train, int thr
         weights16_.resize(n_layers);
         for (size_t l = 0; l < n_layers; ++l) refresh_bf16_layer(l);
     }
+    if (train_.adam_moments == moment_storage::bf16) take_moments();
     for (size_t l = 0; l < n_layers; ++l)
         if (model_.config.uses_lsh(l)) build_layer_tables(l);
     if (searches_ivf()) build_output_index();
@@ -76,6 +77,41 @@ cpu_backend::cpu_backend(model_state initial, const train_config& train, int thr
             if (catches_up(l))
                 row_step_[l] = std::make_unique<std::atomic<uint64_t>[]>(model_.layers[l].rows);
         restart_catch_up();
+    }
+}
+
+void cpu_backend::take_moments() {
+    moments16_.resize(model_.layers.size());
+    for (size_t l = 1; l < model_.layers.size(); ++l) {
+        layer_state& layer = model_.layers[l];
+        const size_t n = size_t(layer.rows) * layer.stride;
+        HSLIDE_ASSERT(n < (size_t{1} << 32));
+        auto take = [&](aligned_floats& fp32, aligned_array<bf16>& out) {
+            // A new model's moments are zeros: freed before the bf16 ones are made, so taking
+            // them never raises the peak. Others (a resumed run's) are rounded first.
+            const bool zeros = fp32.size() != n || std::all_of(fp32.data(), fp32.data() + n,
+                                                               [](float x) { return x == 0.0f; });
+            if (zeros) fp32.resize(0);
+            out.resize(n);  // zeros
+            if (!zeros) k_.to_bf16(fp32.data(), out.data(), uint32_t(n));
+            fp32.resize(0);  // the fp32 copy is what the option saves
+        };
+        take(layer.adam_m, moments16_[l].m);
+        take(layer.adam_v, moments16_[l].v);
+    }
+}
+
+void cpu_backend::widen_moments(model_state& out) const {
+    for (size_t l = 1; l < moments16_.size(); ++l) {
+        const bf16_moments_of_layer& b = moments16_[l];
+        layer_state& layer = out.layers[l];
+        layer.adam_m.resize(b.m.size());
+        layer.adam_v.resize(b.v.size());
+#pragma omp parallel for schedule(static) num_threads(threads_)
+        for (int64_t i = 0; i < int64_t(b.m.size()); ++i) {
+            layer.adam_m[size_t(i)] = bf16_to_float(b.m[size_t(i)]);
+            layer.adam_v[size_t(i)] = bf16_to_float(b.v[size_t(i)]);
+        }
     }
 }
 
@@ -390,8 +426,9 @@ void cpu_backend::group_rows(const batch_view& batch, size_t l) {
     }
 }
 
-template <class Visit>
-void cpu_backend::for_each_row_gradient(const batch_view& batch, size_t l, Visit&& visit) {
+template <class Visit, class Prefetch>
+void cpu_backend::for_each_row_gradient(const batch_view& batch, size_t l, Visit&& visit,
+                                        Prefetch&& prefetch) {
     const layer_state& layer = model_.layers[l];
     const float inv_batch = 1.0f / float(batch.size);
     const bool all_rows = !model_.config.has_active_sets(l) && l > 0;
@@ -415,6 +452,9 @@ void cpu_backend::for_each_row_gradient(const batch_view& batch, size_t l, Visit
         for (int64_t t = 0; t < n_rows; ++t) {
             std::fill(grad, grad + layer.stride, 0.0f);
             const uint32_t row = all_rows ? uint32_t(t) : g.touched[t];
+            // The update's rows are scattered (a sixth of the output layer a step): their
+            // weights and moments are requested while this row's gradient is summed.
+            if (t + 2 < n_rows) prefetch(all_rows ? uint32_t(t + 2) : g.touched[t + 2]);
             const size_t entries = all_rows ? batch.size : g.offsets[t + 1] - g.offsets[t];
             if (scratch.entry_vectors.size() < entries) {
                 scratch.entry_vectors.resize(entries);
@@ -489,6 +529,10 @@ step_report cpu_backend::train_batch(const batch_view& batch, float learning_rat
         const bool dense_adam = adam_moves_untouched_rows(train_.adam, l);
         layer_state& layer = model_.layers[l];
         std::atomic<uint64_t>* row_step = row_step_.empty() ? nullptr : row_step_[l].get();
+        bf16_moments_of_layer* moments16 = bf16_moments(l) ? &moments16_[l] : nullptr;
+        // The stochastic roundings' draws: a function of the step and the row only.
+        const uint64_t moment_seed =
+            derive_seed(derive_seed(train_.seed ^ 0xada3b16ULL, model_.adam_step), l);
         // Adam on one row's weights and (past layer 0, whose bias is a vector) its bias.
         auto adam_row = [&](uint32_t row, const float* grad, float bias_grad) {
             if (row_step) {
@@ -498,16 +542,37 @@ step_report cpu_backend::train_batch(const batch_view& batch, float learning_rat
                 row_step[row].store(model_.adam_step, std::memory_order_relaxed);
             }
             const size_t off = size_t(row) * layer.stride;
-            k_.adam(layer.weights.data() + off, layer.adam_m.data() + off,
-                    layer.adam_v.data() + off, grad, layer.width, step);
+            if (moments16)
+                k_.adam_bf16_moments(layer.weights.data() + off, moments16->m.data() + off,
+                                     moments16->v.data() + off, grad, layer.width, step,
+                                     uint32_t(derive_seed(moment_seed, row)));
+            else
+                k_.adam(layer.weights.data() + off, layer.adam_m.data() + off,
+                        layer.adam_v.data() + off, grad, layer.width, step);
             if (use_bf16()) k_.to_bf16(layer.row(row), weights16_[l].row(row), layer.width);
             if (l > 0)
                 k_.adam(&layer.bias[row], &layer.bias_m[row], &layer.bias_v[row], &bias_grad, 1,
                         step);
         };
+        auto prefetch_row = [&](uint32_t row) {
+            const size_t off = size_t(row) * layer.stride;
+            auto request = [](const void* p, size_t bytes) {
+                for (size_t b = 0; b < bytes; b += 64)
+                    __builtin_prefetch(static_cast<const char*>(p) + b, 1);
+            };
+            const size_t width = layer.width;
+            request(layer.weights.data() + off, width * 4);
+            if (moments16) {
+                request(moments16->m.data() + off, width * 2);
+                request(moments16->v.data() + off, width * 2);
+            } else {
+                request(layer.adam_m.data() + off, width * 4);
+                request(layer.adam_v.data() + off, width * 4);
+            }
+        };
         const bool all_rows = !model_.config.has_active_sets(l) && l > 0;
         if (!all_rows) group_rows(batch, l);
-        for_each_row_gradient(batch, l, adam_row);
+        for_each_row_gradient(batch, l, adam_row, prefetch_row);
         mark_updated_rows(l, all_rows || dense_adam);
         row_groups& g = groups_[l];
         if (dense_adam && !all_rows) {
@@ -561,10 +626,13 @@ double cpu_backend::compute_gradient(const batch_view& batch, model_state& gradi
         dst.bias.assign(src.bias.size(), 0.0f);
         const bool all_rows = !model_.config.has_active_sets(l) && l > 0;
         if (!all_rows) group_rows(batch, l);
-        for_each_row_gradient(batch, l, [&](uint32_t row, const float* grad, float bias_grad) {
-            std::memcpy(dst.row(row), grad, src.width * sizeof(float));
-            if (l > 0) dst.bias[row] = bias_grad;
-        });
+        for_each_row_gradient(
+            batch, l,
+            [&](uint32_t row, const float* grad, float bias_grad) {
+                std::memcpy(dst.row(row), grad, src.width * sizeof(float));
+                if (l > 0) dst.bias[row] = bias_grad;
+            },
+            [](uint32_t) {});
         for (uint32_t row : groups_[l].touched) groups_[l].slot[row] = -1;
         groups_[l].touched.clear();
     }

@@ -278,9 +278,11 @@ class cpu_backend final : public backend, public row_transfer {
     void run_forward_backward(const batch_view& batch, step_report& report);
     void group_rows(const batch_view& batch, size_t l);
     /// Calls visit(row, grad_row, bias_grad) for every row of layer l the batch touched,
-    /// in parallel, with the batch-mean gradient (bias_grad unused for layer 0).
-    template <class Visit>
-    void for_each_row_gradient(const batch_view& batch, size_t l, Visit&& visit);
+    /// in parallel, with the batch-mean gradient (bias_grad unused for layer 0); and, while a
+    /// row's gradient is summed, prefetch(r) for the row visited two after it.
+    template <class Visit, class Prefetch>
+    void for_each_row_gradient(const batch_view& batch, size_t l, Visit&& visit,
+                               Prefetch&& prefetch);
     /// Re-hashes the stale rows of sparse layer l (all of them after new hash functions) and
     /// rebuilds its tables from the codes.
     void build_layer_tables(size_t l);
@@ -290,6 +292,13 @@ class cpu_backend final : public backend, public row_transfer {
     void add_layer0_bias_gradient(const batch_view& batch, float* out) const;
     /// Rounds the bf16 copy of every row of layer l (bf16 precision only).
     void refresh_bf16_layer(size_t l);
+    /// --adam-moments bf16: whether layer l's moments live in moments16_ (every layer past the
+    /// input one), and the moves between them and model_'s fp32 arrays: take_moments rounds
+    /// model_'s (to nearest even) into moments16_ and empties model_'s; widen_moments writes
+    /// them into `out` (an export's copy of model_).
+    bool bf16_moments(size_t l) const { return l < moments16_.size() && moments16_[l].m.size(); }
+    void take_moments();
+    void widen_moments(model_state& out) const;
     /// Throws unless every id is a row of layer l.
     void check_row_ids(size_t l, const std::vector<uint32_t>& ids) const;
     /// Copies rows `ids` of layer l from `src` (none: they were written in place), re-rounds
@@ -327,7 +336,11 @@ class cpu_backend final : public backend, public row_transfer {
     const kernel_table& k_;
     precision_mode precision_;
     std::vector<bf16_weights> weights16_;  // per layer; empty in fp32 precision
-    std::vector<sparse_layer> lsh_;        // per layer; hash == nullptr for dense layers
+    struct bf16_moments_of_layer {
+        aligned_array<bf16> m, v;  // rows * stride each, as model_'s adam_m / adam_v
+    };
+    std::vector<bf16_moments_of_layer> moments16_;  // per layer; empty with fp32 moments
+    std::vector<sparse_layer> lsh_;                 // per layer; hash == nullptr for dense layers
     std::vector<thread_scratch> scratch_;
     std::vector<sample_buffers> samples_;
     std::vector<row_groups> groups_;  // per layer

@@ -52,10 +52,12 @@ void cpu_backend::mark_updated_rows(size_t l, bool every_row) {
 void cpu_backend::export_state(model_state& out, bool with_optimizer) const {
     const model_state& model = *host_state();  // every row up to date
     out = with_optimizer ? model : model.parameters();
+    if (with_optimizer) widen_moments(out);
 }
 
 void cpu_backend::import_state(const model_state& in, bool with_optimizer) {
     model_.assign(in, with_optimizer);
+    if (with_optimizer && !moments16_.empty()) take_moments();
     std::vector<uint32_t> discard;
     for (size_t l = 0; l < model_.layers.size(); ++l) {
         changed_[l].take(discard);  // a new starting point for take_changed_rows

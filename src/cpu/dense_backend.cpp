@@ -89,6 +89,10 @@ dense_backend::dense_backend(model_state initial, const train_config& train, int
                  "--precision {}: the cpu-dense backend computes in fp32 only (its GEMMs are "
                  "BLAS sgemm); use --precision fp32, or --backend cpu for bf16",
                  to_string(precision));
+    HSLIDE_CHECK_KIND(train.adam_moments == moment_storage::fp32, error_kind::unsupported,
+                      "--adam-moments {}: the cpu-dense backend keeps fp32 moments (use "
+                      "--backend cpu)",
+                      to_string(train.adam_moments));
     validate(model_.config);
     const size_t n_layers = model_.layers.size();
     HSLIDE_ASSERT(n_layers >= 2);  // validate: a hidden layer and the output layer

@@ -38,6 +38,28 @@ inline float bf16_to_float(bf16 h) {
     return x;
 }
 
+/// The random bits of stochastic rounding for element i of the stream `seed`: a 32-bit
+/// integer hash (lowbias32) of seed ^ i, which every kernel level computes lane by lane, so
+/// all draw the same bits. Each half rounds one value (16 bits are added below a bf16's kept
+/// bits).
+inline uint32_t stochastic_hash(uint32_t seed, uint32_t i) {
+    uint32_t x = seed ^ i;
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    return x;
+}
+/// float -> bf16 rounded stochastically with `random16` (0..0xffff): up with probability (the
+/// dropped bits) / 2^16, so the expected result is x; NaN as float_to_bf16.
+inline bf16 float_to_bf16_stochastic(float x, uint32_t random16) {
+    uint32_t u;
+    __builtin_memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<bf16>((u >> 16) | 0x0040u);
+    return static_cast<bf16>((u + random16) >> 16);
+}
+
 /// Adam constants for one step: w -= lr * (m * c1) / (sqrt(v * c2) + eps),
 /// with c1 = 1 / (1 - beta1^t) and c2 = 1 / (1 - beta2^t).
 struct adam_step {
@@ -61,6 +83,11 @@ struct kernel_table {
                          uint32_t n);
     /// Adam on n weights with gradient g (moments m, v updated in place).
     void (*adam)(float* w, float* m, float* v, const float* g, uint32_t n, const adam_step& step);
+    /// adam with bf16 moments (--adam-moments bf16): m and v are read as floats, the weight
+    /// steps with the new fp32 moments, and they are stored rounded stochastically, element i
+    /// of m with the high half of stochastic_hash(seed, i), of v with its low half.
+    void (*adam_bf16_moments)(float* w, bf16* m, bf16* v, const float* g, uint32_t n,
+                              const adam_step& step, uint32_t seed);
     /// probs[i] = exp(logits[i] - max) / sum_j exp(logits[j] - max); returns log sum_j
     /// exp(logits[j]) (the log-partition, for the loss). n >= 1; logits finite. probs may be
     /// logits (in place): every variant reads logits[i] before it writes probs[i].

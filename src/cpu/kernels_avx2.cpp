@@ -67,6 +67,40 @@ struct avx2_ops {
         for (uint32_t i = 0; i < n; ++i) p[i] = part[i];
     }
 
+    using ivec = __m256i;
+    // stochastic_hash(seed, index0 + lane) for the 8 lanes (kernels.hpp's hash).
+    static ivec stochastic_hash(uint32_t seed, uint32_t index0) {
+        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        __m256i x = _mm256_xor_si256(_mm256_set1_epi32(int(seed)),
+                                     _mm256_add_epi32(_mm256_set1_epi32(int(index0)), lane));
+        x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+        x = _mm256_mullo_epi32(x, _mm256_set1_epi32(0x7feb352d));
+        x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
+        x = _mm256_mullo_epi32(x, _mm256_set1_epi32(int(0x846ca68bu)));
+        return _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+    }
+    static ivec high_half(ivec r) { return _mm256_srli_epi32(r, 16); }
+    static ivec low_half(ivec r) { return _mm256_and_si256(r, _mm256_set1_epi32(0xffff)); }
+    // float_to_bf16_stochastic on the first n lanes, lane l adding random16's lane l.
+    static void store_bf16_stochastic(bf16* p, vec x, ivec random16, uint32_t n) {
+        const __m256i u = _mm256_castps_si256(x);
+        const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, random16), 16);
+        // Both sides are below 2^31, so the signed compare is the unsigned one.
+        const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                               _mm256_set1_epi32(0x7f800000));
+        const __m256i bits = _mm256_blendv_epi8(
+            rounded, _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40)), nan);
+        const __m128i packed =
+            _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1));
+        if (n == lanes) {
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+        } else {
+            alignas(16) bf16 part[8];
+            _mm_store_si128(reinterpret_cast<__m128i*>(part), packed);
+            for (uint32_t i = 0; i < n; ++i) p[i] = part[i];
+        }
+    }
+
     static vec fmadd(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
     static vec add(vec a, vec b) { return _mm256_add_ps(a, b); }
     static vec sub(vec a, vec b) { return _mm256_sub_ps(a, b); }

@@ -58,6 +58,36 @@ struct avx512_ops {
         _mm256_mask_storeu_epi16(p, mask(n), narrow_bf16(x));
     }
 
+    using ivec = __m512i;
+    // stochastic_hash(seed, index0 + lane) for the 16 lanes (kernels.hpp's hash).
+    static ivec stochastic_hash(uint32_t seed, uint32_t index0) {
+        const __m512i lane =
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        __m512i x = _mm512_xor_si512(_mm512_set1_epi32(int(seed)),
+                                     _mm512_add_epi32(_mm512_set1_epi32(int(index0)), lane));
+        x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+        x = _mm512_mullo_epi32(x, _mm512_set1_epi32(0x7feb352d));
+        x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 15));
+        x = _mm512_mullo_epi32(x, _mm512_set1_epi32(int(0x846ca68bu)));
+        return _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+    }
+    static ivec high_half(ivec r) { return _mm512_srli_epi32(r, 16); }
+    static ivec low_half(ivec r) { return _mm512_and_si512(r, _mm512_set1_epi32(0xffff)); }
+    // float_to_bf16_stochastic on the first n lanes, lane l adding random16's lane l.
+    static void store_bf16_stochastic(bf16* p, vec x, ivec random16, uint32_t n) {
+        const __m512i u = _mm512_castps_si512(x);
+        const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, random16), 16);
+        const __mmask16 nan = _mm512_cmpgt_epu32_mask(
+            _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+        const __m512i bits = _mm512_mask_mov_epi32(
+            rounded, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+        const __m256i h = _mm512_cvtepi32_epi16(bits);
+        if (n == lanes)
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), h);
+        else
+            _mm256_mask_storeu_epi16(p, mask(n), h);
+    }
+
     static vec fmadd(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
     static vec add(vec a, vec b) { return _mm512_add_ps(a, b); }
     static vec sub(vec a, vec b) { return _mm512_sub_ps(a, b); }

@@ -50,6 +50,18 @@ void adam_scalar(float* w, float* m, float* v, const float* g, uint32_t n, const
     }
 }
 
+void adam_bf16_moments_scalar(float* w, bf16* m, bf16* v, const float* g, uint32_t n,
+                              const adam_step& s, uint32_t seed) {
+    for (uint32_t i = 0; i < n; ++i) {
+        const float mi = s.beta1 * bf16_to_float(m[i]) + (1.0f - s.beta1) * g[i];
+        const float vi = s.beta2 * bf16_to_float(v[i]) + (1.0f - s.beta2) * g[i] * g[i];
+        const uint32_t r = stochastic_hash(seed, i);
+        m[i] = float_to_bf16_stochastic(mi, r >> 16);
+        v[i] = float_to_bf16_stochastic(vi, r & 0xffffu);
+        w[i] -= s.lr * (mi * s.c1) / (std::sqrt(vi * s.c2) + s.eps);
+    }
+}
+
 double softmax_scalar(const float* logits, float* probs, uint32_t n) {
     float max_logit = logits[0];
     for (uint32_t i = 1; i < n; ++i) max_logit = logits[i] > max_logit ? logits[i] : max_logit;
@@ -152,6 +164,7 @@ const kernel_table& scalar_kernels() {
                                     axpy_scalar,
                                     scatter_axpy_scalar,
                                     adam_scalar,
+                                    adam_bf16_moments_scalar,
                                     softmax_scalar,
                                     active_dots_scalar,
                                     dots16_scalar,

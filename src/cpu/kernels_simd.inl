@@ -4,7 +4,8 @@
 // linkage keeps the linker from swapping one level's copy of a function for another's.
 //
 // V provides: vec, lanes, zero, set1, load/load_n (float and bf16 sources), load_n_fill,
-// store/store_n, store_bf16/store_bf16_n, fmadd, add, sub, mul, div, sqrt, max, round,
+// store/store_n, store_bf16/store_bf16_n, ivec with stochastic_hash, high_half, low_half and
+// store_bf16_stochastic, fmadd, add, sub, mul, div, sqrt, max, round,
 // scale2 (x * 2^n for integral n), reduce_add, reduce_max, gather/gather_n, has_scatter and
 // scatter_fmadd. A `_n` operation touches only the first n < lanes elements.
 #pragma once
@@ -102,6 +103,33 @@ inline void adam_vec(float* w, float* m, float* v, const float* g, uint32_t coun
     store(v, vi);
     const auto step = V::div(V::mul(lr, V::mul(mi, c1)), V::add(V::sqrt(V::mul(vi, c2)), eps));
     store(w, V::sub(load(w), step));
+}
+
+template <class V>
+void adam_bf16_moments_simd(float* w, bf16* m, bf16* v, const float* g, uint32_t n,
+                            const adam_step& s, uint32_t seed) {
+    constexpr uint32_t L = V::lanes;
+    const auto b1 = V::set1(s.beta1), b2 = V::set1(s.beta2);
+    const auto omb1 = V::set1(1.0f - s.beta1), omb2 = V::set1(1.0f - s.beta2);
+    const auto lr = V::set1(s.lr), c1 = V::set1(s.c1), c2 = V::set1(s.c2), eps = V::set1(s.eps);
+    for (uint32_t i = 0; i < n; i += L) {
+        const uint32_t count = n - i < L ? n - i : L;
+        const bool full = count == L;
+        const auto gi = full ? V::load(g + i) : V::load_n(g + i, count);
+        const auto mi =
+            V::fmadd(b1, full ? V::load(m + i) : V::load_n(m + i, count), V::mul(omb1, gi));
+        const auto vi = V::fmadd(b2, full ? V::load(v + i) : V::load_n(v + i, count),
+                                 V::mul(omb2, V::mul(gi, gi)));
+        const auto r = V::stochastic_hash(seed, i);
+        V::store_bf16_stochastic(m + i, mi, V::high_half(r), count);
+        V::store_bf16_stochastic(v + i, vi, V::low_half(r), count);
+        const auto step = V::div(V::mul(lr, V::mul(mi, c1)), V::add(V::sqrt(V::mul(vi, c2)), eps));
+        const auto wi = full ? V::load(w + i) : V::load_n(w + i, count);
+        if (full)
+            V::store(w + i, V::sub(wi, step));
+        else
+            V::store_n(w + i, V::sub(wi, step), count);
+    }
 }
 
 template <class V>
@@ -304,6 +332,7 @@ constexpr kernel_table make_table(const char* name, isa_level level,
                         axpy_simd<V>,
                         scatter_axpy_simd<V>,
                         adam_simd<V>,
+                        adam_bf16_moments_simd<V>,
                         softmax_simd<V>,
                         active_dots_simd<V, float>,
                         dots16_simd<V>,

@@ -359,6 +359,9 @@ gpu_backend::gpu_backend(model_state initial, const train_config& train, int dev
     HSLIDE_CHECK_KIND(initial.layers[0].stride <= 1024, error_kind::unsupported,
                       "the GPU backend supports hidden layers of at most 1024 neurons, got {}",
                       initial.layers[0].width);
+    HSLIDE_CHECK_KIND(train.adam_moments == moment_storage::fp32, error_kind::unsupported,
+                      "--adam-moments {} is CPU-only so far; the GPU backend keeps fp32 moments",
+                      to_string(train.adam_moments));
     HSLIDE_CHECK_KIND(train.adam != adam_mode::dense && train.adam != adam_mode::catch_up,
                       error_kind::unsupported,
                       "--adam {} is CPU-only so far; the GPU backend takes sparse, input-dense "

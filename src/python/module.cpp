@@ -191,6 +191,10 @@ const std::map<std::string, setter>& option_table() {
         {"adam_eps", [](options& o, py::handle v) { o.train.adam_epsilon = v.cast<float>(); }},
         {"adam",
          [](options& o, py::handle v) { o.train.adam = parse_adam_mode(v.cast<std::string>()); }},
+        {"adam_moments",
+         [](options& o, py::handle v) {
+             o.train.adam_moments = parse_moment_storage(v.cast<std::string>());
+         }},
         {"rebuild", [](options& o, py::handle v) { o.train.rebuild_every = v.cast<uint64_t>(); }},
         {"rebuild_decay",
          [](options& o, py::handle v) { o.train.rebuild_decay = v.cast<double>(); }},
@@ -309,7 +313,7 @@ class model {
                         options_.eval.scoring);
         backend_options bo = options_.device;
         bo.threads = tc.threads;
-        engine_ = create_backend(bo, model_state::create(config, tc.seed), tc);
+        engine_ = create_backend(bo, model_state::create(config, tc.seed, tc.adam_moments), tc);
         config_ = config;
 
         trainer_options to;

@@ -42,7 +42,16 @@ const std::pair<const char*, input_normalization> normalization_names[] = {
     {"none", input_normalization::none}, {"l2", input_normalization::l2}};
 const std::pair<const char*, precision_mode> precision_names[] = {{"fp32", precision_mode::fp32},
                                                                   {"bf16", precision_mode::bf16}};
+const std::pair<const char*, moment_storage> moment_names[] = {{"fp32", moment_storage::fp32},
+                                                               {"bf16", moment_storage::bf16}};
 }  // namespace
+
+moment_storage parse_moment_storage(const std::string& name) {
+    return parse_named(name, "moment storage", moment_names);
+}
+const char* to_string(moment_storage storage) {
+    return name_of(storage, moment_names);
+}
 
 precision_mode parse_precision(const std::string& name) {
     return parse_named(name, "precision", precision_names);
@@ -186,6 +195,10 @@ void validate(const train_config& train) {
     HSLIDE_CHECK(train.rebuild_every > 0, "rebuild must be a positive number of samples");
     HSLIDE_CHECK(train.rebuild_decay >= 0, "rebuild-decay must not be negative");
     HSLIDE_CHECK(train.threads >= 0, "threads must not be negative");
+    // Catch-up applies a row's skipped momentum steps in closed form from its fp32 moments.
+    HSLIDE_CHECK(train.adam_moments == moment_storage::fp32 || train.adam != adam_mode::catch_up,
+                 "--adam-moments bf16 needs Adam stepping the layers past the input one "
+                 "(--adam sparse, dense, input-dense or input-catch-up), not --adam catch-up");
 }
 
 }  // namespace hslide

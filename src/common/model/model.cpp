@@ -86,7 +86,7 @@ uint64_t model_allocation_bytes(const model_state& m, bool with_optimizer) {
     return floats * sizeof(float) * (with_optimizer ? 3 : 1);
 }
 
-model_state model_state::create(const model_config& config, uint64_t seed) {
+model_state model_state::create(const model_config& config, uint64_t seed, moment_storage moments) {
     model_state m = layout(config);
     const std::string what = describe_model_allocation(m, true);
     check_host_allocation(what, model_allocation_bytes(m, true));
@@ -99,8 +99,10 @@ model_state model_state::create(const model_config& config, uint64_t seed) {
                                      layer.rows, layer.stride),
                          uint64_t(total) * 3 * sizeof(float), [&] {
                              layer.weights.resize(total);
-                             layer.adam_m.resize(total);
-                             layer.adam_v.resize(total);
+                             if (l == 0 || moments == moment_storage::fp32) {
+                                 layer.adam_m.resize(total);
+                                 layer.adam_v.resize(total);
+                             }
                              layer.bias.assign(neurons, 0.0f);
                              layer.bias_m.assign(neurons, 0.0f);
                              layer.bias_v.assign(neurons, 0.0f);
