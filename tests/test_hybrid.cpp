@@ -724,6 +724,19 @@ std::unique_ptr<backend> adaptive_with_short_windows(const std::vector<double>& 
     return create_hybrid_backend(h, initial, train_config{});
 }
 
+/// adaptive_with_short_windows of a fast worker 0 (2e-5 s a sample) and a worker 1 50x slower
+/// that halves worker 0's speed while it trains (CPU threads contending with a GPU's feeding
+/// thread); `c` holds the contention.
+std::unique_ptr<backend> fast_beside_harmful(const model_state& initial,
+                                             std::vector<counting_backend*>& devices,
+                                             contention& c) {
+    auto hybrid = adaptive_with_short_windows({2e-5, 1e-3}, initial, devices);
+    c.slowdown = 1.0;
+    devices[0]->set_contention(&c, false);
+    devices[1]->set_contention(&c, true);
+    return hybrid;
+}
+
 TEST(HybridAdaptive, ParksAWorkerThatSlowsTheOthersMoreThanItAdds) {
     // Worker 1 is 50x slower per sample, and while it trains worker 0 runs at half speed (as
     // CPU threads contending with a GPU's feeding thread would make it): the adaptive policy
@@ -732,11 +745,8 @@ TEST(HybridAdaptive, ParksAWorkerThatSlowsTheOthersMoreThanItAdds) {
     const uint32_t n = 60000;
     const dataset data = counting_dataset(n);
     std::vector<counting_backend*> devices;
-    auto hybrid = adaptive_with_short_windows({2e-5, 1e-3}, initial, devices);
     contention c;
-    c.slowdown = 1.0;
-    devices[0]->set_contention(&c, false);
-    devices[1]->set_contention(&c, true);
+    auto hybrid = fast_beside_harmful(initial, devices, c);
     EXPECT_EQ(feed(*hybrid, data, n, 64), n);
     const auto stats = hybrid->take_worker_stats();
     ASSERT_EQ(stats.size(), 2u);
@@ -798,11 +808,8 @@ TEST(HybridAdaptive, BesideParkedWorkersTheLoneTrainerHoldsTheModel) {
     const uint32_t n = 60000, round = 640;
     const dataset data = counting_dataset(n);
     std::vector<counting_backend*> devices;
-    auto hybrid = adaptive_with_short_windows({2e-5, 1e-3}, initial, devices);
     contention c;
-    c.slowdown = 1.0;
-    devices[0]->set_contention(&c, false);
-    devices[1]->set_contention(&c, true);
+    auto hybrid = fast_beside_harmful(initial, devices, c);
     EXPECT_EQ(feed(*hybrid, data, n, 64), n);
     hybrid->take_worker_stats();
     std::vector<uint32_t> rows{0}, labels(1);

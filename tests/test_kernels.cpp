@@ -425,6 +425,16 @@ TEST_P(kernel_level, scatter_axpy) {
     }
 }
 
+/// Adam's constants at step t, with the bias corrections of step t.
+adam_step adam_step_at(int t, float lr, float beta1, float beta2, float eps) {
+    return {lr,
+            beta1,
+            beta2,
+            eps,
+            float(1.0 / (1.0 - std::pow(double(beta1), t))),
+            float(1.0 / (1.0 - std::pow(double(beta2), t)))};
+}
+
 TEST_P(kernel_level, adam) {
     rng g = gen(5);
     const float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
@@ -439,12 +449,7 @@ TEST_P(kernel_level, adam) {
         // identical inputs (the reference's state carries on), with fresh gradients.
         for (int t = 3; t <= 6; ++t) {
             SCOPED_TRACE("t = " + std::to_string(t));
-            const adam_step step{lr,
-                                 beta1,
-                                 beta2,
-                                 eps,
-                                 float(1.0 / (1.0 - std::pow(double(beta1), t))),
-                                 float(1.0 / (1.0 - std::pow(double(beta2), t)))};
+            const adam_step step = adam_step_at(t, lr, beta1, beta2, eps);
             const auto grad = random_vector(n, g, nan_f);
             auto w_got = copy_of(w), m_got = copy_of(m), v_got = copy_of(v);
             auto w_want = copy_of(w), m_want = copy_of(m), v_want = copy_of(v);
@@ -490,12 +495,7 @@ TEST_P(kernel_level, adam_bf16_moments) {
         }
         for (int t = 3; t <= 6; ++t) {
             SCOPED_TRACE("t = " + std::to_string(t));
-            const adam_step step{lr,
-                                 beta1,
-                                 beta2,
-                                 eps,
-                                 float(1.0 / (1.0 - std::pow(double(beta1), t))),
-                                 float(1.0 / (1.0 - std::pow(double(beta2), t)))};
+            const adam_step step = adam_step_at(t, lr, beta1, beta2, eps);
             const auto grad = random_vector(n, g, nan_f);
             const uint32_t seed = uint32_t(g());
             auto w_got = copy_of(w), w_want = copy_of(w);
