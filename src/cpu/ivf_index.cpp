@@ -516,10 +516,8 @@ void ivf_search(const ivf_index& index, const ivf_rows& layer, const kernel_tabl
                         const uint32_t q0 = grp * lanes, m = std::min(lanes, nq - q0);
                         for (uint32_t j = 0; j < m; ++j) {
                             const uint32_t q = qs[q0 + j];
-                            scored_label* heap_q = heaps.data() + size_t(q) * kept;
-                            for (uint32_t a = 0; a < na; ++a)
-                                offer_top_k(heap_q, counts[q], kept,
-                                            {out[size_t(a) * lanes + j], ids[a0 + a]});
+                            offer_scores_top_k(heaps.data() + size_t(q) * kept, counts[q], kept,
+                                               out.data() + j, lanes, ids + a0, na);
                         }
                     }
                 }
@@ -551,10 +549,8 @@ void ivf_search(const ivf_index& index, const ivf_rows& layer, const kernel_tabl
                 }
                 for (uint32_t j = 0; j < m; ++j) {
                     const uint32_t q = qs[q0 + j];
-                    scored_label* heap_q = heaps.data() + size_t(q) * kept;
-                    for (uint32_t a = 0; a < nb; ++a)
-                        offer_top_k(heap_q, counts[q], kept,
-                                    {out[size_t(a) * row_step + size_t(j) * col_step], ids[a]});
+                    offer_scores_top_k(heaps.data() + size_t(q) * kept, counts[q], kept,
+                                       out.data() + size_t(j) * col_step, row_step, ids, nb);
                 }
             }
         }

@@ -33,6 +33,21 @@ inline void offer_top_k(scored_label* heap, uint32_t& count, uint32_t k, const s
     }
 }
 
+/// offer_top_k of n scores, scores[a * stride] with id ids[a] (a itself when ids == nullptr):
+/// the same heap, but a score below the worst kept (most of them, once the heap is full) is
+/// passed over with one comparison, before the pair is built and the heap read. NaN fails it.
+inline void offer_scores_top_k(scored_label* heap, uint32_t& count, uint32_t k, const float* scores,
+                               size_t stride, const uint32_t* ids, uint32_t n) {
+    if (k == 0) return;
+    float floor = count < k ? -std::numeric_limits<float>::infinity() : heap[0].first;
+    for (uint32_t a = 0; a < n; ++a) {
+        const float s = scores[size_t(a) * stride];
+        if (!(s >= floor)) continue;  // an equal score may still win on its id
+        offer_top_k(heap, count, k, {s, ids ? ids[a] : a});
+        if (count == k) floor = heap[0].first;
+    }
+}
+
 /// Writes the k best (score, id) pairs of scores[0..n), best first, ties to the smaller id;
 /// ids[i] is entry i's label (ids == nullptr: i itself). NaN scores are skipped. Slots past
 /// the scored count get UINT32_MAX / -inf. `heap` is scratch (kept by the caller, so a loop
@@ -42,8 +57,7 @@ inline void select_top_k(const float* scores, const uint32_t* ids, uint32_t n, u
     // A min-heap of the best k so far: O(n log k), and exact scoring over 670k labels stays cheap.
     heap.resize(std::min(n, k));
     uint32_t count = 0;
-    for (uint32_t i = 0; i < n; ++i)
-        offer_top_k(heap.data(), count, k, {scores[i], ids ? ids[i] : i});
+    offer_scores_top_k(heap.data(), count, k, scores, 1, ids, n);
     heap.resize(count);
     std::sort_heap(heap.begin(), heap.end(), ranks_above);
     for (uint32_t i = 0; i < k; ++i) {
