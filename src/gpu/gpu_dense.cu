@@ -14,15 +14,15 @@ namespace hslide::gpu {
 
 namespace {
 
-// Partials: 256 threads, 8 float4 each, all loaded before any is used (8 x 16 bytes in flight
-// per thread): 8,192 columns a block, 82 blocks a sample at Amazon-670K.
+// Partials: 256 threads, 8 loads of 4 logits each (16 bytes in fp32, 8 in bf16), all issued
+// before any is used: 8,192 columns a block, 82 blocks a sample at Amazon-670K.
 constexpr int partial_threads = 256;
 constexpr int partial_loads = 8;
 constexpr uint32_t partial_columns = partial_threads * partial_loads * 4;
 
-// Gradient: 256 threads of 4 columns each walk every sample in groups of 4 (4 float4 loads in
-// flight per thread, issued before the group's label scan): 655 blocks at Amazon-670K, about
-// 10 MB of loads in flight on the whole card, while the column sums stay in registers.
+// Gradient: 256 threads of 4 columns each walk every sample in groups of 4 (4 loads of 4 logits
+// in flight per thread, issued before the group's label scan): 655 blocks at Amazon-670K, 5-10
+// MB of loads in flight on the whole card, while the column sums stay in registers.
 constexpr int gradient_threads = 256;
 constexpr uint32_t gradient_columns = gradient_threads * 4;
 constexpr int gradient_group = 4;
