@@ -469,8 +469,8 @@ void ivf_search(const ivf_index& index, const ivf_rows& layer, const kernel_tabl
         std::vector<uint32_t>& counts = best_count[size_t(thread)];
         heaps.resize(size_t(n) * kept);
         counts.assign(n, 0);
-        // A cluster's rows gathered into a block (as exact scoring reads a block in place),
-        // its biases, a group of its queries packed as exact scoring packs them, the scores.
+        // A cluster's biases, its queries packed as exact scoring packs them, the scores; in
+        // bf16, its rows gathered into a block too (as exact scoring reads a block in place).
         std::vector<float> block_bias, qx, out;
         std::vector<bf16> block16, qx16(size_t(pairs) * 32), one16(width);
 #pragma omp for schedule(dynamic, 1)
