@@ -133,6 +133,18 @@ TEST(Cli, ResumedTrainingEqualsUninterruptedTraining) {
     r = run_hslide("train" + common + "--epochs 2 --save " + dir.file("again.ckpt"));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     expect_same_model(dir.file("straight.ckpt"), dir.file("again.ckpt"));
+    // With bf16 moments too: the checkpoint holds them as floats bf16 holds exactly, and the
+    // stochastic roundings draw from the step and the row, so the resumed run goes on as the
+    // uninterrupted one.
+    const std::string bf16 = common + "--adam-moments bf16 ";
+    r = run_hslide("train" + bf16 + "--epochs 2 --save " + dir.file("bf16-straight.ckpt"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = run_hslide("train" + bf16 + "--epochs 1 --save " + dir.file("bf16-half.ckpt"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = run_hslide("train" + bf16 + "--epochs 2 --resume " + dir.file("bf16-half.ckpt") +
+                   " --save " + dir.file("bf16-resumed.ckpt"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    expect_same_model(dir.file("bf16-straight.ckpt"), dir.file("bf16-resumed.ckpt"));
 }
 
 TEST(Cli, AResumedRunTakesProbesAndSaysWhichModelFlagsItIgnores) {

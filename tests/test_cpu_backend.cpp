@@ -656,6 +656,14 @@ TEST(CpuBackend, Bf16MomentsTrainLikeFp32AndRoundTripThroughExports) {
         moved = moved || out.adam_v[i] > 0;
     }
     EXPECT_TRUE(moved);
+    // Checkpoints read the replica in place: its moments are widened there for them, and
+    // dropped at the next step (the training after it is unchanged: see the CLI test).
+    const model_state* held = bf16.host_state();
+    ASSERT_NE(held, nullptr);
+    EXPECT_TRUE(same_parameters(*held, b));
+    ASSERT_EQ(held->layers.back().adam_m.size(), out.adam_m.size());
+    EXPECT_TRUE(std::equal(out.adam_m.data(), out.adam_m.data() + out.adam_m.size(),
+                           held->layers.back().adam_m.data()));
     cpu::cpu_backend resumed(initial, bf16_tc, 1);
     resumed.import_state(b, true);
     model_state c;

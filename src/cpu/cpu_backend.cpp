@@ -101,6 +101,13 @@ void cpu_backend::take_moments() {
     }
 }
 
+void cpu_backend::drop_widened_moments() {
+    for (size_t l = 1; l < moments16_.size(); ++l) {
+        model_.layers[l].adam_m.resize(0);
+        model_.layers[l].adam_v.resize(0);
+    }
+}
+
 void cpu_backend::widen_moments(model_state& out) const {
     for (size_t l = 1; l < moments16_.size(); ++l) {
         const bf16_moments_of_layer& b = moments16_[l];
@@ -500,6 +507,7 @@ step_report cpu_backend::train_batch(const batch_view& batch, float learning_rat
     HSLIDE_CHECK(batch.size > 0 && batch.data, "empty batch");
     const auto t_start = clock_type::now();
     step_report report;
+    drop_widened_moments();  // a host_state() reader's copies: the bf16 moments move on
     const uint32_t refresh = model_.config.layers.back().ivf_refresh;
     if (searches_ivf() && refresh > 0 && model_.adam_step > 0 && model_.adam_step % refresh == 0) {
         // The rows moved since the index last saw them (refresh_ivf_index says why it

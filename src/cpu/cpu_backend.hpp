@@ -295,10 +295,12 @@ class cpu_backend final : public backend, public row_transfer {
     /// --adam-moments bf16: whether layer l's moments live in moments16_ (every layer past the
     /// input one), and the moves between them and model_'s fp32 arrays: take_moments rounds
     /// model_'s (to nearest even) into moments16_ and empties model_'s; widen_moments writes
-    /// them into `out` (an export's copy of model_).
+    /// them into `out` (an export's copy of model_, or model_ itself for host_state(), until
+    /// drop_widened_moments at the next step).
     bool bf16_moments(size_t l) const { return l < moments16_.size() && moments16_[l].m.size(); }
     void take_moments();
     void widen_moments(model_state& out) const;
+    void drop_widened_moments();
     /// Throws unless every id is a row of layer l.
     void check_row_ids(size_t l, const std::vector<uint32_t>& ids) const;
     /// Copies rows `ids` of layer l from `src` (none: they were written in place), re-rounds

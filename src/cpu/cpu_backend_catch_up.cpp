@@ -131,6 +131,10 @@ bool cpu_backend::complete_deferred_updates() {
 }
 
 const model_state* cpu_backend::host_state() const {
+    // With bf16 moments model_ keeps none past the input layer: they are widened into it for
+    // the reader (a checkpoint, written without a copy of the whole model) and dropped again
+    // at the next step.
+    if (!moments16_.empty()) widen_moments(const_cast<cpu_backend*>(this)->model_);
     // Logically const: the model is the one with every row up to date; bringing the rows
     // there changes when the deferred steps are applied, not what the model is.
     const_cast<cpu_backend*>(this)->complete_deferred_updates();

@@ -50,8 +50,8 @@ void cpu_backend::mark_updated_rows(size_t l, bool every_row) {
 }
 
 void cpu_backend::export_state(model_state& out, bool with_optimizer) const {
-    const model_state& model = *host_state();  // every row up to date
-    out = with_optimizer ? model : model.parameters();
+    const_cast<cpu_backend*>(this)->complete_deferred_updates();  // every row up to date
+    out = with_optimizer ? model_ : model_.parameters();
     if (with_optimizer) widen_moments(out);
 }
 
