@@ -516,11 +516,11 @@ step_report cpu_backend::train_batch(const batch_view& batch, float learning_rat
         // since the last pass are reassigned (about 30% of them at the Amazon-670K shape with
         // the fill pool; bench/topk.md).
         const auto t0 = clock_type::now();
-        if (ivf_stale_.all || (model_.adam_step / refresh) % ivf_lloyd_every == 0) {
-            ivf_stale_.take(ivf_stale_rows_);
+        const bool whole = ivf_stale_.all || (model_.adam_step / refresh) % ivf_lloyd_every == 0;
+        ivf_stale_.take(ivf_stale_rows_);
+        if (whole) {
             refresh_ivf_index(ivf_, output_rows(), k_, threads_);
         } else {
-            ivf_stale_.take(ivf_stale_rows_);
             reassign_ivf_rows(ivf_, output_rows(), k_, ivf_stale_rows_.data(),
                               uint32_t(ivf_stale_rows_.size()), threads_);
         }
@@ -562,20 +562,15 @@ step_report cpu_backend::train_batch(const batch_view& batch, float learning_rat
                 k_.adam(&layer.bias[row], &layer.bias_m[row], &layer.bias_v[row], &bias_grad, 1,
                         step);
         };
-        auto prefetch_row = [&](uint32_t row) {
-            const size_t off = size_t(row) * layer.stride;
-            auto request = [](const void* p, size_t bytes) {
-                for (size_t b = 0; b < bytes; b += 64)
-                    __builtin_prefetch(static_cast<const char*>(p) + b, 1);
-            };
-            const size_t width = layer.width;
-            request(layer.weights.data() + off, width * 4);
+        auto prefetch_row = [&](uint32_t row) {  // for the update's writes
+            const size_t off = size_t(row) * layer.stride, width = layer.width;
+            prefetch_bytes<true>(layer.weights.data() + off, width * 4);
             if (moments16) {
-                request(moments16->m.data() + off, width * 2);
-                request(moments16->v.data() + off, width * 2);
+                prefetch_bytes<true>(moments16->m.data() + off, width * 2);
+                prefetch_bytes<true>(moments16->v.data() + off, width * 2);
             } else {
-                request(layer.adam_m.data() + off, width * 4);
-                request(layer.adam_v.data() + off, width * 4);
+                prefetch_bytes<true>(layer.adam_m.data() + off, width * 4);
+                prefetch_bytes<true>(layer.adam_v.data() + off, width * 4);
             }
         };
         const bool all_rows = !model_.config.has_active_sets(l) && l > 0;

@@ -29,13 +29,6 @@ uint32_t padded16(uint32_t n) {
     return (n + 15) / 16 * 16;
 }
 
-/// Requests `bytes` from `p` into the cache: rows gathered by id are scattered over the
-/// layer, which the hardware prefetchers do not follow.
-inline void prefetch_bytes(const void* p, size_t bytes) {
-    const char* c = static_cast<const char*>(p);
-    for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b);
-}
-
 /// The values a point has: the row's width, its bias, the norm-equalising coordinate.
 uint32_t point_dims(const ivf_rows& layer) {
     return layer.width + 2;

@@ -60,6 +60,14 @@ inline bf16 float_to_bf16_stochastic(float x, uint32_t random16) {
     return static_cast<bf16>((u + random16) >> 16);
 }
 
+/// Requests `bytes` from `p` into the cache, a line at a time (for writing when `for_write`):
+/// rows read by id are scattered over a layer, which the hardware prefetchers do not follow.
+template <bool for_write = false>
+inline void prefetch_bytes(const void* p, size_t bytes) {
+    const char* c = static_cast<const char*>(p);
+    for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, for_write ? 1 : 0);
+}
+
 /// Adam constants for one step: w -= lr * (m * c1) / (sqrt(v * c2) + eps),
 /// with c1 = 1 / (1 - beta1^t) and c2 = 1 / (1 - beta2^t).
 struct adam_step {

@@ -52,13 +52,13 @@ void adam_scalar(float* w, float* m, float* v, const float* g, uint32_t n, const
 
 void adam_bf16_moments_scalar(float* w, bf16* m, bf16* v, const float* g, uint32_t n,
                               const adam_step& s, uint32_t seed) {
+    // adam's step on the widened moments, then the new ones rounded.
     for (uint32_t i = 0; i < n; ++i) {
-        const float mi = s.beta1 * bf16_to_float(m[i]) + (1.0f - s.beta1) * g[i];
-        const float vi = s.beta2 * bf16_to_float(v[i]) + (1.0f - s.beta2) * g[i] * g[i];
+        float mi = bf16_to_float(m[i]), vi = bf16_to_float(v[i]);
+        adam_scalar(w + i, &mi, &vi, g + i, 1, s);
         const uint32_t r = stochastic_hash(seed, i);
         m[i] = float_to_bf16_stochastic(mi, r >> 16);
         v[i] = float_to_bf16_stochastic(vi, r & 0xffffu);
-        w[i] -= s.lr * (mi * s.c1) / (std::sqrt(vi * s.c2) + s.eps);
     }
 }
 

@@ -81,13 +81,16 @@ void scatter_axpy_simd(float alpha, const uint32_t* ids, const float* values, fl
     for (; i < n; ++i) y[ids[i]] += alpha * values[i];
 }
 
-template <class V>
-inline void adam_vec(float* w, float* m, float* v, const float* g, uint32_t count,
-                     const adam_step& s) {
+// Adam on `count` elements (one vector or less). Moments M are fp32, or bf16 stored rounded
+// stochastically with the bits of stochastic_hash(seed, first + lane) (high half for m, low
+// half for v); the weight steps with the new fp32 moments either way.
+template <class V, class M>
+inline void adam_vec(float* w, M* m, M* v, const float* g, uint32_t count, const adam_step& s,
+                     uint32_t seed = 0, uint32_t first = 0) {
     const auto b1 = V::set1(s.beta1), b2 = V::set1(s.beta2);
     const auto omb1 = V::set1(1.0f - s.beta1), omb2 = V::set1(1.0f - s.beta2);
     const auto lr = V::set1(s.lr), c1 = V::set1(s.c1), c2 = V::set1(s.c2), eps = V::set1(s.eps);
-    auto load = [count](const float* p) {
+    auto load = [count](const auto* p) {
         return count == V::lanes ? V::load(p) : V::load_n(p, count);
     };
     auto store = [count](float* p, typename V::vec x) {
@@ -99,37 +102,16 @@ inline void adam_vec(float* w, float* m, float* v, const float* g, uint32_t coun
     const auto gi = load(g);
     const auto mi = V::fmadd(b1, load(m), V::mul(omb1, gi));
     const auto vi = V::fmadd(b2, load(v), V::mul(omb2, V::mul(gi, gi)));
-    store(m, mi);
-    store(v, vi);
+    if constexpr (std::is_same_v<M, float>) {
+        store(m, mi);
+        store(v, vi);
+    } else {
+        const auto r = V::stochastic_hash(seed, first);
+        V::store_bf16_stochastic(m, mi, V::high_half(r), count);
+        V::store_bf16_stochastic(v, vi, V::low_half(r), count);
+    }
     const auto step = V::div(V::mul(lr, V::mul(mi, c1)), V::add(V::sqrt(V::mul(vi, c2)), eps));
     store(w, V::sub(load(w), step));
-}
-
-template <class V>
-void adam_bf16_moments_simd(float* w, bf16* m, bf16* v, const float* g, uint32_t n,
-                            const adam_step& s, uint32_t seed) {
-    constexpr uint32_t L = V::lanes;
-    const auto b1 = V::set1(s.beta1), b2 = V::set1(s.beta2);
-    const auto omb1 = V::set1(1.0f - s.beta1), omb2 = V::set1(1.0f - s.beta2);
-    const auto lr = V::set1(s.lr), c1 = V::set1(s.c1), c2 = V::set1(s.c2), eps = V::set1(s.eps);
-    for (uint32_t i = 0; i < n; i += L) {
-        const uint32_t count = n - i < L ? n - i : L;
-        const bool full = count == L;
-        const auto gi = full ? V::load(g + i) : V::load_n(g + i, count);
-        const auto mi =
-            V::fmadd(b1, full ? V::load(m + i) : V::load_n(m + i, count), V::mul(omb1, gi));
-        const auto vi = V::fmadd(b2, full ? V::load(v + i) : V::load_n(v + i, count),
-                                 V::mul(omb2, V::mul(gi, gi)));
-        const auto r = V::stochastic_hash(seed, i);
-        V::store_bf16_stochastic(m + i, mi, V::high_half(r), count);
-        V::store_bf16_stochastic(v + i, vi, V::low_half(r), count);
-        const auto step = V::div(V::mul(lr, V::mul(mi, c1)), V::add(V::sqrt(V::mul(vi, c2)), eps));
-        const auto wi = full ? V::load(w + i) : V::load_n(w + i, count);
-        if (full)
-            V::store(w + i, V::sub(wi, step));
-        else
-            V::store_n(w + i, V::sub(wi, step), count);
-    }
 }
 
 template <class V>
@@ -138,6 +120,14 @@ void adam_simd(float* w, float* m, float* v, const float* g, uint32_t n, const a
     uint32_t i = 0;
     for (; i + L <= n; i += L) adam_vec<V>(w + i, m + i, v + i, g + i, L, s);
     if (i < n) adam_vec<V>(w + i, m + i, v + i, g + i, n - i, s);
+}
+
+template <class V>
+void adam_bf16_moments_simd(float* w, bf16* m, bf16* v, const float* g, uint32_t n,
+                            const adam_step& s, uint32_t seed) {
+    constexpr uint32_t L = V::lanes;
+    for (uint32_t i = 0; i < n; i += L)
+        adam_vec<V>(w + i, m + i, v + i, g + i, n - i < L ? n - i : L, s, seed, i);
 }
 
 // exp(x) for x <= 0 as in softmax: n = round(x / ln 2), r = x - n ln 2 (in two parts, so r is

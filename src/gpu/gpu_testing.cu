@@ -353,27 +353,25 @@ void dense_softmax_loss(const std::vector<float>& logits, const std::vector<floa
     csr.label_offsets = d_offsets.data();
     csr.label_ids = d_labels.data();
     csr.size = batch;
-    if (bf16) {
-        std::vector<__nv_bfloat16> l16(n);
-        for (size_t i = 0; i < n; ++i) l16[i] = __float2bfloat16_rn(logits[i]);
-        const auto d_logits = to_device(l16, "test logits");
-        device_array<__nv_bfloat16> d_delta(n, "test deltas");
+    // Logits and deltas of type T (bf16: the logits rounded to nearest, the deltas widened).
+    auto run = [&](auto type) {
+        using T = decltype(type);
+        std::vector<T> typed(n);
+        for (size_t i = 0; i < n; ++i) typed[i] = T(logits[i]);
+        const auto d_logits = to_device(typed, "test logits");
+        device_array<T> d_delta(n, "test deltas");
         dense_softmax_loss(d_logits.data(), d_bias.data(), rows, ld, csr, 1.0f / float(batch),
                            d_delta.data(), d_bias_gradient.data(), d_loss.data(), work.data(),
                            nullptr);
         HSLIDE_CUDA_CHECK(cudaDeviceSynchronize());
-        const auto d16 = to_host(d_delta.data(), n);
-        delta.resize(n);
-        for (size_t i = 0; i < n; ++i) delta[i] = __bfloat162float(d16[i]);
-    } else {
-        const auto d_logits = to_device(logits, "test logits");
-        device_array<float> d_delta(n, "test deltas");
-        dense_softmax_loss(d_logits.data(), d_bias.data(), rows, ld, csr, 1.0f / float(batch),
-                           d_delta.data(), d_bias_gradient.data(), d_loss.data(), work.data(),
-                           nullptr);
-        HSLIDE_CUDA_CHECK(cudaDeviceSynchronize());
-        delta = to_host(d_delta.data(), n);
-    }
+        const auto out = to_host(d_delta.data(), n);
+        delta.assign(n, 0.0f);
+        for (size_t i = 0; i < n; ++i) delta[i] = float(out[i]);
+    };
+    if (bf16)
+        run(__nv_bfloat16{});
+    else
+        run(float{});
     bias_gradient = to_host(d_bias_gradient.data(), rows);
     loss = to_host(d_loss.data(), batch);
 }

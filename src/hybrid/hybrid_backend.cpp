@@ -205,8 +205,7 @@ void hybrid_backend::run_worker(worker& w) {
                     woke = run_probe();
                     choose_batch_sizes();
                 }
-                parked_with_changes =
-                    probe_.parked(w.index) && (w.since_merge > 0 || !w.first_layer_waiting.empty());
+                parked_with_changes = probe_.parked(w.index) && w.unmerged();
             }
             // A parked worker's changes reach the others now, not when it is back.
             if (parked_with_changes) merge(w, /*full=*/true);
@@ -233,7 +232,7 @@ bool hybrid_backend::should_merge(worker& w, bool& full) {
     full = false;
     if (std::exchange(w.merge_pending, false)) {
         full = true;
-        return w.since_merge > 0 || !w.first_layer_waiting.empty();
+        return w.unmerged();
     }
     if (w.since_merge < w.merge_interval) return false;
     // Alone (the only worker, or every other one parked), nobody would take its changes: its

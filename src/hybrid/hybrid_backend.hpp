@@ -85,6 +85,10 @@ class hybrid_backend final : public backend, public worker_stats_source {
         worker_stats window;
         double staleness_sum = 0;
         std::thread thread;
+
+        /// Whether its replica holds changes the shared model lacks (trained or deferred since
+        /// its last merge).
+        bool unmerged() const { return since_merge > 0 || !first_layer_waiting.empty(); }
     };
 
     void run_worker(worker& w);

@@ -353,8 +353,7 @@ hybrid_backend::worker* hybrid_backend::synchronize_models(bool lazy) {
     for (const auto& w : workers_) threads += w->merge_threads;
     for (size_t i = 0; i < workers_.size(); ++i) {
         worker& w = *workers_[i];
-        if (w.since_merge > 0 || !w.first_layer_waiting.empty() || caught_up[i])
-            merge(w, /*full=*/true, threads);
+        if (w.unmerged() || caught_up[i]) merge(w, /*full=*/true, threads);
     }
     for (auto& w : workers_) {
         {
@@ -382,10 +381,8 @@ hybrid_backend::worker* hybrid_backend::sole_trainer(const std::vector<char>& ca
         // next one.
         std::lock_guard<std::mutex> lock(mu_);
         for (const auto& w : workers_) {
-            const bool unmerged =
-                w->since_merge > 0 || !w->first_layer_waiting.empty() || caught_up[w->index];
             if (probe_.parked(w->index)) {
-                if (unmerged) return nullptr;
+                if (w->unmerged() || caught_up[w->index]) return nullptr;
             } else {
                 if (sole) return nullptr;  // two train
                 sole = w.get();
