@@ -298,7 +298,8 @@ void cpu_backend::run_forward_backward(const batch_view& batch, step_report& rep
     for (auto& s : scratch_) s.times = {};
     const dataset& data = *batch.data;
     const size_t n_layers = model_.layers.size();
-    const uint64_t step_seed = derive_seed(train_.seed ^ 0x5eedf111ULL, model_.adam_step);
+    const uint64_t sample_seed =
+        step_seed(train_.seed, seed_stream::train_sample, model_.adam_step);
     // Layer by layer over the batch: each layer's active sets are chosen for the whole batch
     // (select_active_sets, the one seam for every selection), then its products computed.
     // Every sample draws its random fills, layer after layer, from its own generator.
@@ -307,7 +308,7 @@ void cpu_backend::run_forward_backward(const batch_view& batch, step_report& rep
         thread_scratch& scratch = scratch_[omp_get_thread_num()];
 #pragma omp for schedule(dynamic, 2)
         for (int64_t s = 0; s < int64_t(batch.size); ++s) {
-            samples_[s].gen.reseed(derive_seed(step_seed, uint64_t(s)));
+            samples_[s].gen.reseed(derive_seed(sample_seed, uint64_t(s)));
             forward_input_layer(data, batch.rows[s], uint32_t(s), scratch);
         }
     }
@@ -540,7 +541,7 @@ step_report cpu_backend::train_batch(const batch_view& batch, float learning_rat
         bf16_moments_of_layer* moments16 = bf16_moments(l) ? &moments16_[l] : nullptr;
         // The stochastic roundings' draws: a function of the step and the row only.
         const uint64_t moment_seed =
-            derive_seed(derive_seed(train_.seed ^ 0xada3b16ULL, model_.adam_step), l);
+            derive_seed(step_seed(train_.seed, seed_stream::bf16_moments, model_.adam_step), l);
         // Adam on one row's weights and (past layer 0, whose bias is a vector) its bias.
         auto adam_row = [&](uint32_t row, const float* grad, float bias_grad) {
             if (row_step) {

@@ -51,6 +51,7 @@
 #include "hslide/rng.hpp"
 #include "hslide/row_transfer.hpp"
 #include "hslide/selection_quality.hpp"
+#include "hslide/seed_streams.hpp"
 #include "ivf_index.hpp"
 #include "kernels.hpp"
 #include "top_k.hpp"
@@ -329,7 +330,7 @@ class cpu_backend final : public backend, public row_transfer {
     /// The seed of predict's random draws (active-set fills), point i drawing from
     /// derive_seed(predict_seed(), i).
     uint64_t predict_seed() const {
-        return derive_seed(train_.seed ^ 0x9e3d1c7ULL, model_.adam_step);
+        return step_seed(train_.seed, seed_stream::predict, model_.adam_step);
     }
 
     model_state model_;

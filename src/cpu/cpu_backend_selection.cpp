@@ -71,7 +71,7 @@ void cpu_backend::build_output_index() {
     ivf_stale_.take(ivf_stale_rows_);  // the index is built from the rows as they are now
     const layer_config& cfg = model_.config.layers.back();
     build_ivf_index(ivf_, output_rows(), cfg.ivf_clusters,
-                    derive_seed(train_.seed ^ 0x1f1dc0deULL, model_.adam_step), k_, threads_);
+                    step_seed(train_.seed, seed_stream::ivf_build, model_.adam_step), k_, threads_);
 }
 
 void cpu_backend::search_output_ivf(uint32_t first, uint32_t n, uint32_t k) {
@@ -179,7 +179,7 @@ void cpu_backend::select_top_k_sets(const batch_view& batch) {
 fill_pool cpu_backend::step_fill_pool(uint32_t batch) const {
     const layer_config& cfg = model_.config.layers.back();
     const uint32_t rows = model_.layers.back().rows;
-    return {derive_seed(train_.seed ^ 0xf111b001ULL, model_.adam_step),
+    return {step_seed(train_.seed, seed_stream::fill_pool, model_.adam_step),
             fill_pool_size(cfg.fill_pool, rows, std::min(cfg.active.min_active, rows), batch)};
 }
 
@@ -215,7 +215,7 @@ selection_quality cpu_backend::measure_selection(const batch_view& batch, uint32
     const fill_pool pool = step_fill_pool(train_.batch_size);
     const uint32_t k = selection == neuron_selection::top_k ? std::max(q.top, top_k) : q.top;
     const uint32_t chunk = exact_chunk(k);
-    const uint64_t seed = derive_seed(train_.seed ^ 0x5e1ec7ULL, model_.adam_step);
+    const uint64_t seed = step_seed(train_.seed, seed_stream::selection_probe, model_.adam_step);
     ensure_buffers(std::min(chunk, batch.size));
     // Per point: top recall, label recall (-1: no labels), set size; summed in point order.
     std::vector<double> top_hits(batch.size), label_hits(batch.size), set_size(batch.size);

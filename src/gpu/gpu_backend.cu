@@ -38,6 +38,7 @@
 #include "hslide/lsh.hpp"
 #include "hslide/rng.hpp"
 #include "hslide/row_transfer.hpp"
+#include "hslide/seed_streams.hpp"
 
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_run_length_encode.cuh>
@@ -808,10 +809,10 @@ uint32_t gpu_backend::select_top_k_sets(uint32_t batch, const batch_csr& csr, ui
                     layers_[0].stride, use_bf16(), batch, k, /*chunk=*/0, blas_, topk_, stream_);
     // The fill's seed as LSH's (the CPU draws other ids: only the seed decides them); the
     // pool's as the CPU's, so both draw from the same rows.
-    const fill_pool pool{derive_seed(train_.seed ^ 0xf111b001ULL, shape_.adam_step),
+    const fill_pool pool{step_seed(train_.seed, seed_stream::fill_pool, shape_.adam_step),
                          fill_pool_size(cfg.fill_pool, out.rows, fill, batch)};
     return build_top_k_sets(batch, k, csr.label_offsets, csr.label_ids, max_labels, fill, out.rows,
-                            derive_seed(train_.seed ^ 0x5eedf111ULL, shape_.adam_step), pool, topk_,
+                            step_seed(train_.seed, seed_stream::train_sample, shape_.adam_step), pool, topk_,
                             active_, stream_);
 }
 
@@ -855,7 +856,7 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
                 tables_[front_].view(), codes_.data(), b, csr.label_offsets, csr.label_ids,
                 max_labels,
                 output_active_params(true,
-                                     derive_seed(train_.seed ^ 0x5eedf111ULL, shape_.adam_step)),
+                                     step_seed(train_.seed, seed_stream::train_sample, shape_.adam_step)),
                 active_, stream_);
         }
         active_entries = total;
@@ -1048,7 +1049,7 @@ void gpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scor
             const layer_config& cfg = shape_.config.layers[1];
             device_hash_.hash_rows(hidden_.data(), layers_[0].stride, b, codes_.data(), stream_);
             const uint64_t seed =
-                derive_seed(derive_seed(train_.seed ^ 0x9e3d1c7ULL, shape_.adam_step), begin);
+                derive_seed(step_seed(train_.seed, seed_stream::predict, shape_.adam_step), begin);
             const uint32_t total =
                 build_active_sets(tables_[front_].view(), codes_.data(), b, nullptr, nullptr, 0,
                                   output_active_params(false, seed), active_, stream_);
