@@ -582,8 +582,8 @@ uint64_t expect_thread_count_invariance(const model_config& config, const datase
         EXPECT_EQ(r1.loss_sum, rn.loss_sum);
         fewest = std::min(fewest, r1.active_per_layer.back());
         if (b / batch + 1 == rebuild_after) {
-            one.rebuild_tables(true);
-            many.rebuild_tables(true);
+            one.refresh_selections(true);
+            many.refresh_selections(true);
         }
     }
     model_state a, b;

@@ -1494,8 +1494,8 @@ TEST(GpuBackend, AsyncTableRebuildsBuildTheSameTablesAndOverlapTraining) {
         std::iota(all[l].begin(), all[l].end(), 0u);
     }
     for (auto* b : {sync.get(), stale.get(), async.get()}) b->rows()->import_rows(after, all);
-    sync->rebuild_tables(false);
-    async->rebuild_tables(false);
+    sync->refresh_selections(false);
+    async->refresh_selections(false);
     gpu::finish_table_rebuild(*async);
     const auto rebuilt = lsh_top(*sync);
     ASSERT_NE(lsh_top(*stale), rebuilt) << "the tables must matter for this test to say anything";
@@ -1511,7 +1511,7 @@ TEST(GpuBackend, AsyncTableRebuildsBuildTheSameTablesAndOverlapTraining) {
         EXPECT_TRUE(std::isfinite(r.loss_sum)) << "step " << step;
         samples += r.samples;
         rebuild_seconds += r.times.rebuild;
-        async->rebuild_tables(false);
+        async->refresh_selections(false);
     }
     gpu::finish_table_rebuild(*async);
     const step_report last = async->synchronize();
@@ -1524,7 +1524,7 @@ TEST(GpuBackend, AsyncTableRebuildsBuildTheSameTablesAndOverlapTraining) {
     model_state trained;
     async->export_state(trained, true);
     sync->import_state(trained, true);
-    async->rebuild_tables(false);  // at the same step count as the import's rebuild
+    async->refresh_selections(false);  // at the same step count as the import's rebuild
     gpu::finish_table_rebuild(*async);
     EXPECT_EQ(lsh_top(*async), lsh_top(*sync));
 }

@@ -100,7 +100,7 @@ class counting_backend final : public backend, public row_transfer {
         r.active_per_layer = {8, 24};
         return r;
     }
-    void rebuild_tables(bool) override { ++rebuilds; }
+    void refresh_selections(bool) override { ++rebuilds; }
     void predict(const batch_view&, uint32_t, scoring_mode, uint32_t*, float*) override {
         ++predictions;
     }
@@ -648,7 +648,7 @@ TEST(CpuBackendRows, ImportedRowsActLikeAWholeImport) {
     EXPECT_EQ(by_rows.model().adam_step, 0u);  // its own step count stays
     cpu::cpu_backend whole(initial, train_config{}, 1, k, precision_mode::bf16);
     whole.import_state(params, false);
-    by_rows.rebuild_tables(false);
+    by_rows.refresh_selections(false);
     expect_same_step(by_rows, whole, data, iota_rows(64, 32));
 
     // The same rows written in place (as a merge writes them) and reported with rows_written.
@@ -658,7 +658,7 @@ TEST(CpuBackendRows, ImportedRowsActLikeAWholeImport) {
     replica->copy_rows(params, changed);
     in_place.rows_written(changed);
     expect_same_parameters(in_place.model(), params, "rows written in place");
-    in_place.rebuild_tables(false);
+    in_place.refresh_selections(false);
     cpu::cpu_backend whole_again(initial, train_config{}, 1, k, precision_mode::bf16);
     whole_again.import_state(params, false);
     expect_same_step(in_place, whole_again, data, iota_rows(64, 32));
@@ -682,7 +682,7 @@ TEST(CpuBackendRows, RebuildFromCachedCodesEqualsAFullRehash) {
     // them for re-hashing), so both hold the same model.
     model_state trained;
     be.export_state(trained, true);
-    be.rebuild_tables(false);
+    be.refresh_selections(false);
     cpu::cpu_backend fresh(model_state::create(config, 99), train_config{}, 1);
     fresh.import_state(trained, true);
     expect_same_step(be, fresh, data, iota_rows(64, 32));
@@ -960,7 +960,7 @@ TEST(Hybrid, RebuildRequestsReachEveryWorker) {
     const dataset data = counting_dataset(64);
     std::vector<counting_backend*> devices;
     auto hybrid = create_hybrid_backend(counting_workers({0, 0}, devices), initial, train_config{});
-    hybrid->rebuild_tables(false);
+    hybrid->refresh_selections(false);
     feed(*hybrid, data, 64, 8);
     // Each worker rebuilt before its next batch (the idle one when it next trains).
     int rebuilt = 0;

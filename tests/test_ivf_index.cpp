@@ -355,8 +355,8 @@ TEST(IvfTopK, ProbingEveryClusterTrainsAsExactTopK) {
             for (uint32_t s = 0; s < 16; ++s)
                 ASSERT_EQ(exact.last_active(s, 2), ivf.last_active(s, 2)) << "sample " << s;
             if (b == 48) {
-                exact.rebuild_tables(true);
-                ivf.rebuild_tables(true);
+                exact.refresh_selections(true);
+                ivf.refresh_selections(true);
             }
         }
         EXPECT_EQ(hslide::testing::max_parameter_difference(exact.model(), ivf.model()), 0.0);
@@ -378,8 +378,8 @@ TEST(IvfTopK, TrainingDoesNotDependOnTheThreadCount) {
         const auto rn = many.train_batch({&data, rows.data() + b, 16}, 0.01f);
         EXPECT_EQ(r1.loss_sum, rn.loss_sum);
         if (b / 16 + 1 == 7) {
-            one.rebuild_tables(false);
-            many.rebuild_tables(false);
+            one.refresh_selections(false);
+            many.refresh_selections(false);
         }
     }
     EXPECT_EQ(hslide::testing::max_parameter_difference(one.model(), many.model()), 0.0);

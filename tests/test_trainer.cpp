@@ -58,7 +58,7 @@ class recording_backend final : public backend {
         q.mean_set_size = 7;
         return q;
     }
-    void rebuild_tables(bool new_functions) override {
+    void refresh_selections(bool new_functions) override {
         rebuilds.push_back({samples, new_functions});
     }
     void predict(const batch_view&, uint32_t, scoring_mode, uint32_t*, float*) override {}
@@ -307,7 +307,7 @@ class scripted_backend final : public backend {
         r.active_per_layer = {1, 1};
         return r;
     }
-    void rebuild_tables(bool) override {}
+    void refresh_selections(bool) override {}
     void predict(const batch_view& batch, uint32_t k, scoring_mode, uint32_t* labels,
                  float* scores) override {
         const int q = quality_.at(size_t(epoch() - 1));

@@ -57,10 +57,13 @@ class backend {
     /// One SGD step on the batch: sparse forward, backward, Adam update of the touched rows.
     virtual step_report train_batch(const batch_view& batch, float learning_rate) = 0;
 
-    /// Recomputes every sparse layer's tables; with `new_functions`, first draws new hash
-    /// functions (from the seed stream it was created with). A backend may rebuild in the
-    /// background (the GPU's gpu_async_rebuild): lookups use the old tables until then.
-    virtual void rebuild_tables(bool new_functions) = 0;
+    /// Refreshes every sparse layer's neuron selection from the weights as they are now: an
+    /// LSH layer rebuilds its tables (with `new_functions`, first drawing new hash functions
+    /// from the seed stream it was created with), a top-k layer searched by IVF rebuilds its
+    /// index; exact top-k and dense layers have nothing to refresh. The trainer calls it on
+    /// the --rebuild schedule. A backend may refresh in the background (the GPU's
+    /// gpu_async_rebuild): selections use the old state until then.
+    virtual void refresh_selections(bool new_functions) = 0;
 
     /// Top-k labels per sample: labels[s*k + i], scores[s*k + i], best first; padded with
     /// UINT32_MAX / -inf when fewer than k are scored.

@@ -84,9 +84,9 @@
 //    whole-model transfers: all its rows count as changed, and it imports the whole model.
 //
 // Tables. A row import does not rebuild the replica's LSH tables: the CPU backend re-hashes
-// the imported rows at its next rebuild_tables (it keeps every row's codes and re-hashes only
+// the imported rows at its next refresh_selections (it keeps every row's codes and re-hashes only
 // rows changed or imported since), and rebuilds come on the trainer's schedule, passed to
-// every worker (rebuild_tables sets a flag each worker acts on before its next batch). This is
+// every worker (refresh_selections sets a flag each worker acts on before its next batch). This is
 // the freshness single-backend training has: tables are an index for choosing candidate
 // neurons, built from the weights of the last rebuild, while the update itself moves rows
 // every batch; the rows other workers changed are such updates too. Forward and backward

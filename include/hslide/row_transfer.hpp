@@ -35,7 +35,7 @@ class row_transfer {
     /// Overwrites the weights and biases of `rows` with those of `in` (shaped like this
     /// model), keeping Adam state, hash functions and the step count. Derived copies (a bf16
     /// copy) follow at once; LSH tables may keep the imported neurons in their old buckets
-    /// until the next rebuild_tables (a backend's own updates leave them stale the same way).
+    /// until the next refresh_selections (a backend's own updates leave them stale the same way).
     virtual void import_rows(const model_state& in, const row_sets& rows) = 0;
 
     /// The replica's parameters, writable in place, where it lives in host memory and a

@@ -114,7 +114,9 @@ int run_train(int argc, char** argv) {
                    "stochastically (half their memory, 30% less update traffic; cpu backend)")
         ->check(CLI::IsMember({"fp32", "bf16"}))
         ->capture_default_str();
-    app.add_option("--rebuild", tc.rebuild_every, "samples between LSH table rebuilds (initially)")
+    app.add_option("--rebuild", tc.rebuild_every,
+                   "samples between refreshes of the sparse layers' selections (LSH tables, IVF "
+                   "index), initially")
         ->check(CLI::PositiveNumber)
         ->capture_default_str();
     app.add_option("--rebuild-decay", tc.rebuild_decay,

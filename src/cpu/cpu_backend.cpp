@@ -8,7 +8,7 @@
 #include "hslide/rng.hpp"
 #include "hslide/system_info.hpp"
 
-#include "cpu_backend_clock.hpp"
+#include "hslide/clock.hpp"
 
 #include <omp.h>
 

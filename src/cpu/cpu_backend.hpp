@@ -71,7 +71,7 @@ class cpu_backend final : public backend, public row_transfer {
                 precision_mode precision = precision_mode::fp32);
 
     step_report train_batch(const batch_view& batch, float learning_rate) override;
-    void rebuild_tables(bool new_functions) override;
+    void refresh_selections(bool new_functions) override;
     void predict(const batch_view& batch, uint32_t k, scoring_mode scoring, uint32_t* labels,
                  float* scores) override;
     void export_state(model_state& out, bool with_optimizer) const override;
@@ -85,7 +85,7 @@ class cpu_backend final : public backend, public row_transfer {
     bool take_changed_rows(row_sets& rows) override;
     void export_rows(const row_sets& rows, model_state& out) const override;
     /// Copies the rows and re-rounds their bf16 copy; the tables keep the imported neurons
-    /// in their old buckets until the next rebuild_tables, which re-hashes just those rows.
+    /// in their old buckets until the next refresh_selections, which re-hashes just those rows.
     void import_rows(const model_state& in, const row_sets& rows) override;
     model_state* writable_host_state() override { return &model_; }
     void rows_written(const row_sets& rows) override;

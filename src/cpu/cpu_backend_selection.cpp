@@ -2,7 +2,7 @@
 // chosen for a batch (config.hpp's neuron_selection): every neuron, LSH (with its tables'
 // rebuilds), or exact top-k over the blocked exact scoring that prediction uses too.
 #include "cpu_backend.hpp"
-#include "cpu_backend_clock.hpp"
+#include "hslide/clock.hpp"
 
 #include "hslide/error.hpp"
 
@@ -41,7 +41,7 @@ void cpu_backend::build_layer_tables(size_t l) {
     sl.tables.build(codes, n, derive_seed(model_.hash_seeds[l], model_.adam_step));
 }
 
-void cpu_backend::rebuild_tables(bool new_functions) {
+void cpu_backend::refresh_selections(bool new_functions) {
     for (size_t l = 0; l < model_.layers.size(); ++l) {
         if (!model_.config.uses_lsh(l)) continue;
         if (new_functions)

@@ -4,6 +4,7 @@
 #include "top_k.hpp"
 
 #include "hslide/backend_registry.hpp"
+#include "hslide/clock.hpp"
 #include "hslide/error.hpp"
 #include "hslide/isa.hpp"
 #include "hslide/system_info.hpp"
@@ -32,10 +33,6 @@ char* openblas_get_corename(void);
 namespace hslide::cpu {
 
 namespace {
-using clock_type = std::chrono::steady_clock;
-double seconds_since(clock_type::time_point t0) {
-    return std::chrono::duration<double>(clock_type::now() - t0).count();
-}
 
 /// Floats in one block of a weight gradient (1 MiB, per thread): the dW SGEMM of a block writes
 /// it and the Adam pass reads it back from cache, and no gradient as large as the layer is held

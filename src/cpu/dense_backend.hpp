@@ -44,7 +44,7 @@ class dense_backend final : public backend {
 
     step_report train_batch(const batch_view& batch, float learning_rate) override;
     /// Nothing to do: there are no tables.
-    void rebuild_tables(bool new_functions) override {}
+    void refresh_selections(bool new_functions) override {}
     /// Exact scores of every output neuron whatever `scoring` asks (there are no LSH tables).
     void predict(const batch_view& batch, uint32_t k, scoring_mode scoring, uint32_t* labels,
                  float* scores) override;

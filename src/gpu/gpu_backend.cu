@@ -144,7 +144,7 @@ class gpu_backend final : public backend, public row_transfer {
 
     step_report train_batch(const batch_view& batch, float learning_rate) override;
     step_report synchronize() override;
-    void rebuild_tables(bool new_functions) override;
+    void refresh_selections(bool new_functions) override;
     void predict(const batch_view& batch, uint32_t k, scoring_mode scoring, uint32_t* labels,
                  float* scores) override;
     void export_state(model_state& out, bool with_optimizer) const override;
@@ -572,7 +572,7 @@ active_set_params gpu_backend::output_active_params(bool training, uint64_t seed
     return active_set_params::of(layers_[1].rows, cfg.lsh, cfg.active, training, seed);
 }
 
-void gpu_backend::rebuild_tables(bool new_functions) {
+void gpu_backend::refresh_selections(bool new_functions) {
     if (!lsh_output()) return;
     activate();
     if (new_functions)

@@ -157,7 +157,7 @@ void hybrid_backend::run_worker(worker& w) {
             if (resync) merge(w, /*full=*/true);
             if (rebuild || rehash) {
                 const auto tr = clock_type::now();
-                w.device->rebuild_tables(rehash);
+                w.device->refresh_selections(rehash);
                 report.times.rebuild += seconds_since(tr);
             }
             const float scale = std::sqrt(float(rows.size()) / float(options_.reference_batch));
@@ -351,7 +351,7 @@ step_report hybrid_backend::synchronize() {
     return std::exchange(pending_, step_report{});
 }
 
-void hybrid_backend::rebuild_tables(bool new_functions) {
+void hybrid_backend::refresh_selections(bool new_functions) {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& w : workers_) {
         w->rebuild_pending = true;

@@ -3,6 +3,7 @@
 // everyone else makes one with create_hybrid_backend.
 #pragma once
 
+#include "hslide/clock.hpp"
 #include "hslide/hybrid.hpp"
 #include "hslide/row_transfer.hpp"
 #include "hslide/worker_stats.hpp"
@@ -21,10 +22,6 @@
 
 namespace hslide::detail {
 
-using clock_type = std::chrono::steady_clock;
-inline double seconds_since(clock_type::time_point t0) {
-    return std::chrono::duration<double>(clock_type::now() - t0).count();
-}
 /// CPU seconds the calling thread has run.
 inline double thread_cpu_seconds() {
     timespec ts{};
@@ -41,7 +38,7 @@ class hybrid_backend final : public backend, public worker_stats_source {
     ~hybrid_backend() override;
 
     step_report train_batch(const batch_view& batch, float learning_rate) override;
-    void rebuild_tables(bool new_functions) override;
+    void refresh_selections(bool new_functions) override;
     void predict(const batch_view& batch, uint32_t k, scoring_mode scoring, uint32_t* labels,
                  float* scores) override;
     void export_state(model_state& out, bool with_optimizer) const override;

@@ -1,5 +1,6 @@
 // The shared training loop (see trainer.hpp).
 #include "hslide/trainer.hpp"
+#include "hslide/clock.hpp"
 
 #include "hslide/checkpoint.hpp"
 #include "hslide/error.hpp"
@@ -19,10 +20,6 @@
 namespace hslide {
 
 namespace {
-using clock_type = std::chrono::steady_clock;
-double seconds_since(clock_type::time_point t0) {
-    return std::chrono::duration<double>(clock_type::now() - t0).count();
-}
 
 /// p@k, ndcg@k and (when computed) psp@k for k = 1..k_max, as keys of `j`.
 void add_metrics(nlohmann::json& j, const metrics_result& m) {
@@ -131,7 +128,7 @@ epoch_record trainer::run_epoch(bool synchronize_at_end) {
         // Tables are rebuilt from the current weights at every epoch start, so a run resumed
         // from an end-of-epoch checkpoint continues exactly as an uninterrupted one.
         const auto t0 = clock_type::now();
-        backend_.rebuild_tables(false);
+        backend_.refresh_selections(false);
         record.times.rebuild += seconds_since(t0);
     }
     progress bar(fmt::format("epoch {}/{}", record.epoch, tc.epochs), order.size(), "samples",
@@ -167,7 +164,7 @@ epoch_record trainer::run_epoch(bool synchronize_at_end) {
             const bool rehash = tc.rehash_every > 0 && state_.samples_seen >= state_.next_rehash;
             if (rehash) state_.next_rehash = state_.samples_seen + tc.rehash_every;
             const auto t0 = clock_type::now();
-            backend_.rebuild_tables(rehash);
+            backend_.refresh_selections(rehash);
             record.times.rebuild += seconds_since(t0);
             state_.rebuild_period *= std::exp(tc.rebuild_decay);
             state_.next_rebuild =
