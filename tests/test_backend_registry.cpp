@@ -1,5 +1,6 @@
 // Tests of the backend registry: one table of kinds, names, factories and capabilities, read
-// by the CLI's help and checks and by the hybrid's worker parsing.
+// by the CLI's help and checks and by the hybrid's worker parsing; and the rooms around it
+// (includes run downwards, only the registry includes both backends).
 #include "hslide/backend_registry.hpp"
 #include "hslide/error.hpp"
 #include "hslide/row_transfer.hpp"
@@ -7,7 +8,10 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -160,6 +164,64 @@ TEST(BackendRegistry, TheCliRefusesADeepNetworkOnTheGpuBeforeTraining) {
         run_hslide("train --preset tiny -q --epochs 1 --backend hybrid --workers cpu,tpu");
     EXPECT_EQ(w.exit_code, 2) << w.output;
     EXPECT_NE(w.output.find("unknown worker 'tpu' (cpu, gpu)"), std::string::npos) << w.output;
+}
+
+/// The source tree (HSLIDE_SHARED_DATA_DIR is "<source>/../shared/data").
+std::filesystem::path source_dir() {
+    const std::string data = HSLIDE_SHARED_DATA_DIR, suffix = "/../shared/data";
+    EXPECT_GT(data.size(), suffix.size());
+    return data.substr(0, data.size() - suffix.size());
+}
+
+/// The `#include "..."` targets of a file.
+std::vector<std::string> includes_of(const std::filesystem::path& file) {
+    std::ifstream in(file);
+    std::vector<std::string> out;
+    for (std::string line; std::getline(in, line);) {
+        const size_t at = line.find("#include \"");
+        if (at == std::string::npos) continue;
+        const size_t begin = at + 10, end = line.find('"', begin);
+        if (end != std::string::npos) out.push_back(line.substr(begin, end - begin));
+    }
+    return out;
+}
+
+bool starts_with(const std::string& text, const std::string& prefix) {
+    return text.rfind(prefix, 0) == 0;
+}
+
+TEST(BackendRegistry, IncludesRunDownwardsAndOnlyTheRegistryIncludesBothBackends) {
+    namespace fs = std::filesystem;
+    const fs::path root = source_dir();
+    ASSERT_TRUE(fs::exists(root / "src/backends/registry.cpp")) << root;
+    int checked = 0;
+    // Below the backends: src/common and the public headers.
+    for (const char* room : {"src/common", "include/hslide"})
+        for (const auto& entry : fs::recursive_directory_iterator(root / room)) {
+            if (!entry.is_regular_file()) continue;
+            for (const std::string& target : includes_of(entry.path()))
+                for (const char* above : {"cpu/", "gpu/", "hybrid/", "backends/", "cli/"})
+                    EXPECT_FALSE(starts_with(target, above))
+                        << entry.path() << " includes " << target;
+            ++checked;
+        }
+    EXPECT_GT(checked, 40);
+    // The trainer takes the backend's name from the backend, not from the registry.
+    for (const char* file : {"include/hslide/trainer.hpp", "src/common/train/trainer.cpp"})
+        for (const std::string& target : includes_of(root / file))
+            EXPECT_NE(target, "hslide/backend_registry.hpp") << file;
+    // One file includes both backends.
+    std::vector<std::string> both;
+    for (const auto& entry : fs::recursive_directory_iterator(root / "src")) {
+        if (!entry.is_regular_file()) continue;
+        bool cpu = false, gpu = false;
+        for (const std::string& target : includes_of(entry.path())) {
+            cpu = cpu || starts_with(target, "cpu/");
+            gpu = gpu || starts_with(target, "gpu/");
+        }
+        if (cpu && gpu) both.push_back(fs::relative(entry.path(), root).string());
+    }
+    EXPECT_EQ(both, std::vector<std::string>{"src/backends/registry.cpp"});
 }
 
 }  // namespace

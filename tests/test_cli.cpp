@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -100,6 +101,7 @@ TEST(Cli, TrainEvalPredictOnSyntheticData) {
     r = run_hslide("predict --model " + model + " --data " + tiny_data_dir() +
                    "/test.txt --no-cache -q --topk 3 --out " + preds);
     ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("--topk is deprecated"), std::string::npos) << r.output;
     std::ifstream p(preds);
     int lines = 0;
     while (std::getline(p, line)) {
@@ -114,13 +116,27 @@ TEST(Cli, TrainEvalPredictOnSyntheticData) {
         ++lines;
     }
     EXPECT_EQ(lines, 500);  // the tiny preset's test points
+
+    // --labels-per-point, and --topk, its deprecated spelling (easily read as --top-k), say
+    // the same.
+    const std::string renamed = dir.file("renamed.txt");
+    r = run_hslide("predict --model " + model + " --data " + tiny_data_dir() +
+                   "/test.txt --no-cache -q --labels-per-point 3 --out " + renamed);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(r.output.find("deprecated"), std::string::npos) << r.output;
+    std::ifstream a(preds), b(renamed);
+    std::stringstream text_a, text_b;
+    text_a << a.rdbuf();
+    text_b << b.rdbuf();
+    const std::string written = text_b.str();
+    EXPECT_EQ(text_a.str(), written);
+    EXPECT_EQ(std::count(written.begin(), written.end(), '\n'), 500);
 }
 
 TEST(Cli, ResumedTrainingEqualsUninterruptedTraining) {
     temp_dir dir;
     const std::string common =
-        tiny_args() +
-        "--deterministic --output-sparsity lsh --min-active 32 --rebuild 300 --rehash 900 -q ";
+        tiny_args() + "--output-sparsity lsh --min-active 32 --rebuild 300 --rehash 900 -q ";
     auto r = run_hslide("train" + common + "--epochs 2 --save " + dir.file("straight.ckpt"));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     r = run_hslide("train" + common + "--epochs 1 --save " + dir.file("half.ckpt"));
@@ -155,8 +171,9 @@ TEST(Cli, AResumedRunTakesProbesAndSaysWhichModelFlagsItIgnores) {
     r = run_hslide("train" + common + "--epochs 2 --resume " + dir.file("half.ckpt") +
                    " --probes 3 --K 3 --hidden 16 --save " + dir.file("resumed.ckpt"));
     ASSERT_EQ(r.exit_code, 0) << r.output;
+    // In --help's order.
     const size_t warning =
-        r.output.find("ignoring --hidden, --output-sparsity, --K, --min-active\n");
+        r.output.find("ignoring --hidden, --output-sparsity, --min-active, --K\n");
     EXPECT_NE(warning, std::string::npos) << r.output;
     const auto half = hslide::checkpoint_reader(dir.file("half.ckpt")).get_json("meta")["model"];
     const auto resumed =
@@ -186,6 +203,63 @@ TEST(Cli, ConfigFileMirrorsFlagsAndFlagsOverrideIt) {
     hslide::testing::write_text(dir.file("bad.toml"), "epoch = 3\n");
     r = run_hslide("train --config " + dir.file("bad.toml") + " --print-config");
     EXPECT_NE(r.exit_code, 0) << r.output;
+}
+
+TEST(Cli, TrainHelpIsInGroupsWithTheEssentialsFirst) {
+    const auto r = run_hslide("train --help");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    // CLI11 heads each group with its name and a colon, alone on a line.
+    std::vector<std::string> groups;
+    std::istringstream lines(r.output);
+    for (std::string line; std::getline(lines, line);)
+        if (!line.empty() && line[0] != ' ' && line.back() == ':' && line.rfind("Usage", 0) != 0 &&
+            line.rfind("Backends", 0) != 0)
+            groups.push_back(line);
+    ASSERT_GE(groups.size(), 5u) << r.output;
+    EXPECT_EQ(groups[0], "Essentials:") << r.output;
+    // The essentials' options are in the first group, the research knobs after it.
+    const size_t second = r.output.find(groups[1]);
+    for (const char* flag : {"--help", "--train ", "--hidden ", "--epochs ", "--batch-size ",
+                             "--lr ", "--backend ", "--threads ", "--gpu ", "--precision ",
+                             "--save ", "--resume ", "--valid ", "--metrics-out "})
+        EXPECT_LT(r.output.find(flag), second) << flag;
+    for (const char* flag :
+         {"--top-k ", "--K ", "--beta1 ", "--workers ", "--scoring ", "--selection-probe "})
+        EXPECT_GT(r.output.find(flag), second) << flag;
+    // The choices come from the enum name tables.
+    EXPECT_NE(r.output.find("--adam TEXT:{sparse,dense,input-dense,catch-up,input-catch-up}"),
+              std::string::npos)
+        << r.output;
+    EXPECT_EQ(r.output.find("--deterministic"), std::string::npos) << "parsed and never read";
+}
+
+TEST(Cli, AnUnknownOptionNamesTheNearestOnes) {
+    auto r = run_hslide("train --hiden 64");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("hslide train: error: unknown option 'hiden' (did you mean 'hidden'?)"),
+              std::string::npos)
+        << r.output;
+    r = run_hslide("train --top-kk=3");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("unknown option 'top-kk' (did you mean 'top-k'"), std::string::npos)
+        << r.output;
+    r = run_hslide("train --deterministic");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("unknown option 'deterministic'"), std::string::npos) << r.output;
+}
+
+TEST(Cli, AListOptionIsGivenOnceAndTheCommandLineReplacesTheConfigFiles) {
+    // Appended, --hidden 8 --hidden 8,8 made three hidden layers.
+    auto r = run_hslide("train --hidden 8 --hidden 8,8 --print-config");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("--hidden is given more than once"), std::string::npos) << r.output;
+    r = run_hslide("train --K 2 --K=3 --print-config");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    temp_dir dir;
+    hslide::testing::write_text(dir.file("c.toml"), "hidden = [64, 32]\n");
+    r = run_hslide("train --config " + dir.file("c.toml") + " --hidden 16 --print-config");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("hidden=16\n"), std::string::npos) << r.output;
 }
 
 TEST(Cli, LshSettingsTakeOneValueOrOnePerSparseLayer) {

@@ -16,10 +16,14 @@ namespace hslide {
 /// Whether a layer computes all its neurons or only an active set, and how it chooses it (the
 /// setting; model_config::selection says what it resolves to for a layer).
 enum class sparsity_mode {
-    automatic,  ///< LSH when the layer has more than `auto_sparse_min` neurons, else dense
-    lsh,        ///< always LSH-sparse
-    dense,      ///< always every neuron
-    topk,       ///< exact top-k: the sample's labels plus the `top_k` highest logits (output only)
+    /// sparse when the layer has more than `auto_sparse_min` neurons (top-k for the output
+    /// layer, LSH for a hidden one: model_config::selection), else dense
+    automatic,
+    lsh,    ///< always LSH-sparse
+    dense,  ///< always every neuron
+    /// top-k: the sample's labels plus the `top_k` highest logits, found as
+    /// layer_config::search says (the output layer only)
+    topk,
 };
 sparsity_mode parse_sparsity(const std::string& name);
 const char* to_string(sparsity_mode mode);
@@ -40,12 +44,13 @@ enum class neuron_selection {
     /// the union of the sample's LSH buckets (SLIDE), random fill up to min_active; the softmax
     /// is normalised over the set
     lsh,
-    /// the `top_k` neurons with the highest logits, found exactly by scoring every row (a GEMM
-    /// over the batch), plus the labels, then random fill up to min_active (layer_config::
-    /// fill_correction weighs it); the gradient is the softmax over the set
-    /// (its hardest negatives), the loss reported is the full-softmax cross-entropy (through the
-    /// exact log-partition over every neuron), and the probability mass of the rows left out is
-    /// reported (`dropped_mass`)
+    /// the `top_k` neurons with the highest logits, found as layer_config::search says (exact:
+    /// every row scored, a GEMM over the batch; ivf: an inverted-file index), plus the labels,
+    /// then random fill up to active.min_active (layer_config::fill_correction weighs it); the
+    /// gradient is the softmax over the set (its hardest negatives). Searched exactly, the loss
+    /// reported is the full-softmax cross-entropy (through the exact log-partition over every
+    /// neuron) and the probability mass of the rows left out is reported (`dropped_mass`); by
+    /// IVF, the loss is the set's, as LSH's
     top_k,
 };
 const char* to_string(neuron_selection selection);
@@ -72,9 +77,11 @@ const char* to_string(top_k_search search);
 struct layer_config {
     uint32_t size = 0;
     sparsity_mode sparsity = sparsity_mode::dense;
-    lsh_config lsh;            ///< used when the layer selects with LSH
-    active_set_config active;  ///< used when the layer selects with LSH
-    uint32_t top_k = 64;       ///< neurons a sample keeps besides its labels (top-k selection)
+    lsh_config lsh;  ///< used when the layer selects with LSH
+    /// LSH layers: all of it (the fill, the cap, the hit threshold, the probes); top-k layers:
+    /// min_active, the size their random fill tops a set up to
+    active_set_config active;
+    uint32_t top_k = 64;  ///< neurons a sample keeps besides its labels (top-k selection)
     /// How top-k selection finds them (the library's default: exact; hslide train's and the
     /// Python module's: automatic).
     top_k_search search = top_k_search::exact;
@@ -114,7 +121,9 @@ struct layer_config {
 struct model_config {
     uint32_t input_dim = 0;
     std::vector<layer_config> layers;
-    uint32_t auto_sparse_min = 4096;  ///< `automatic` layers with more neurons use LSH
+    /// `automatic` layers with more neurons are sparse: top-k for the output layer, LSH for a
+    /// hidden one (selection())
+    uint32_t auto_sparse_min = 4096;
     /// Part of the model, so evaluation and prediction scale inputs as training did. Backends
     /// take inputs already scaled: callers apply it with normalize_inputs (dataset.hpp).
     input_normalization input_norm = input_normalization::l2;
@@ -240,8 +249,9 @@ struct train_config {
     /// Samples between draws of new hash functions (0 = never).
     uint64_t rehash_every = 128000;
     int threads = 0;  ///< 0 = all OpenMP threads
+    /// Initialisation, shuffles and sampling. The CPU backend gives bit-identical runs for a
+    /// seed at any thread count.
     uint64_t seed = 1;
-    bool deterministic = false;  ///< bit-identical runs (fixed thread count, ordered reductions)
 };
 
 /// Adam's bias corrections after `t` steps (t >= 1): c1 = 1 / (1 - beta1^t) and
@@ -253,6 +263,18 @@ adam_corrections adam_bias_corrections(const train_config& train, uint64_t t);
 
 /// The learning rate at the start of the schedule: learning_rate under the batch-size rule.
 float scaled_learning_rate(const train_config& train);
+
+/// Every name an enum setting takes, in its table's order (the choices the CLI and its help
+/// list; the argument only picks the overload).
+std::vector<std::string> names_of(sparsity_mode);
+std::vector<std::string> names_of(input_normalization);
+std::vector<std::string> names_of(top_k_search);
+std::vector<std::string> names_of(adam_mode);
+std::vector<std::string> names_of(scoring_mode);
+std::vector<std::string> names_of(precision_mode);
+std::vector<std::string> names_of(moment_storage);
+std::vector<std::string> names_of(lr_schedule);
+std::vector<std::string> names_of(lr_batch_scaling);
 
 /// Throws hslide::error naming the setting when a configuration cannot work.
 void validate(const model_config& model);

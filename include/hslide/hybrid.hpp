@@ -114,6 +114,8 @@ enum class schedule_policy {
 };
 schedule_policy parse_schedule_policy(const std::string& name);
 const char* to_string(schedule_policy policy);
+/// Every policy's name (the argument only picks the overload).
+std::vector<std::string> names_of(schedule_policy);
 
 /// One worker of a hybrid backend.
 struct hybrid_worker_options {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace hslide {
 
@@ -23,6 +24,8 @@ enum class isa_level {
 const char* to_string(isa_level level);
 /// Parses a level name; throws hslide::error listing the names otherwise.
 isa_level parse_isa(const std::string& name);
+/// Every level's name, lowest first (the argument only picks the overload).
+std::vector<std::string> names_of(isa_level);
 
 /// The best level this CPU and OS support (CPUID and XCR0; scalar off x86).
 isa_level detected_isa();

@@ -48,6 +48,8 @@ enum class hash_kind { dwta, wta, simhash, minhash };
 /// Parses "dwta" | "wta" | "simhash" | "minhash" (throws hslide::error on anything else).
 hash_kind parse_hash_kind(const std::string& name);
 const char* to_string(hash_kind kind);
+/// Every family's name (the argument only picks the overload; config.hpp has the others).
+std::vector<std::string> names_of(hash_kind);
 
 /// How a full bucket takes a new item.
 enum class insertion_policy {
@@ -56,6 +58,7 @@ enum class insertion_policy {
 };
 insertion_policy parse_insertion_policy(const std::string& name);
 const char* to_string(insertion_policy policy);
+std::vector<std::string> names_of(insertion_policy);
 
 /// Parameters of one layer's LSH.
 struct lsh_config {

@@ -3,7 +3,6 @@
 #pragma once
 
 #include "hslide/backend.hpp"
-#include "hslide/backend_registry.hpp"
 #include "hslide/config.hpp"
 #include "hslide/dataset.hpp"
 #include "hslide/metrics.hpp"
@@ -87,7 +86,6 @@ struct trainer_options {
     /// Where a resumed run starts (from its checkpoint; the backend already holds the
     /// checkpoint's model). Unset: a fresh start.
     std::optional<trainer_state> resume;
-    backend_kind backend = backend_kind::cpu;  ///< what trains (for the metrics records)
     /// Training points on which the active sets are measured after every epoch (0 = never),
     /// and how many exact top logits their recall is against.
     uint32_t selection_probe_points = 256;

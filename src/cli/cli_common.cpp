@@ -16,38 +16,10 @@
 #include <chrono>
 #include <cstdio>
 #include <sstream>
+#include <type_traits>
+#include <variant>
 
 namespace hslide::cli {
-
-void add_data_options(CLI::App& app, data_options& o, bool with_train) {
-    if (with_train) {
-        app.add_option("--train", o.train,
-                       "training data file (XC or LibSVM); none: synthetic data");
-        app.add_option("--train-split", o.train_split,
-                       "XC split file selecting the training rows of --train");
-        app.add_option("--preset", o.preset, "synthetic preset when no --train is given")
-            ->capture_default_str();
-        app.add_option("--scale", o.scale, "synthetic: multiplies the preset's point counts")
-            ->check(CLI::PositiveNumber)
-            ->capture_default_str();
-        app.add_option("--labels", o.labels, "synthetic: number of labels (0 = the preset's)");
-        app.add_option("--features", o.features,
-                       "synthetic: number of features (0 = the preset's)");
-        app.add_option("--data-seed", o.data_seed, "synthetic: generator seed")
-            ->capture_default_str();
-    }
-    app.add_option("--test", o.test,
-                   with_train ? "test data file (default with --test-split: the --train file)"
-                              : "data file to evaluate on");
-    app.add_option("--test-split", o.test_split, "XC split file selecting the test rows");
-    app.add_option("--split-column", o.split_column, "which column (1-based) of the split files")
-        ->check(CLI::PositiveNumber)
-        ->capture_default_str();
-    app.add_option("--format", o.format, "input format")
-        ->check(CLI::IsMember({"auto", "xc", "libsvm"}))
-        ->capture_default_str();
-    app.add_flag("--no-cache", o.no_cache, "do not read or write the binary cache of parsed files");
-}
 
 dataset load_file(const data_options& o, const std::string& path) {
     load_options lo;
@@ -117,141 +89,85 @@ template <class T>
 std::string list_text(const std::vector<T>& values) {
     return fmt::format("{}", fmt::join(values, ","));
 }
+
+template <class T>
+struct is_list : std::false_type {};
+template <class T>
+struct is_list<std::vector<T>> : std::true_type {};
+template <class T>
+struct element_of {
+    using type = T;
+};
+template <class T>
+struct element_of<std::vector<T>> {
+    using type = T;
+};
+
+CLI::Option* add_table_option(CLI::App& app, const option_spec& o, train_settings& s) {
+    const std::string flags = (o.short_name.empty() ? "" : o.short_name + ",") + "--" + o.name;
+    CLI::Option* option = std::visit(
+        [&](auto* target) {
+            using T = std::remove_pointer_t<decltype(target)>;
+            CLI::Option* added = nullptr;
+            if constexpr (std::is_same_v<T, bool>) {
+                added = app.add_flag(flags, *target, o.help);
+            } else if constexpr (is_list<T>::value) {
+                added = app.add_option(flags, *target, o.help)
+                            ->delimiter(',')
+                            ->default_str(list_text(*target));
+            } else {
+                added = app.add_option(flags, *target, o.help)->capture_default_str();
+            }
+            if (o.check.which == option_check::kind::range) {
+                using number = typename element_of<T>::type;
+                if constexpr (std::is_arithmetic_v<number>)
+                    added->check(CLI::Range(number(o.check.low), number(o.check.high)));
+            }
+            return added;
+        },
+        o.target(s));
+    option->group(title(o.group));
+    if (!o.choices.empty()) option->check(CLI::IsMember(o.choices));
+    if (o.check.which == option_check::kind::positive) option->check(CLI::PositiveNumber);
+    if (o.check.which == option_check::kind::non_negative) option->check(CLI::NonNegativeNumber);
+    return option;
+}
+
+/// The table's entries that fill model_options (the network), by the setting's address.
+bool fills_model(const option_spec& o) {
+    train_settings probe;
+    const auto* begin = reinterpret_cast<const char*>(&probe.model);
+    const auto* end = begin + sizeof(probe.model);
+    return std::visit(
+        [&](auto* target) {
+            const auto* at = reinterpret_cast<const char*>(target);
+            return at >= begin && at < end;
+        },
+        o.target(probe));
+}
 }  // namespace
 
-std::vector<CLI::Option*> add_model_options(CLI::App& app, model_options& o) {
-    const size_t before = app.get_options().size();
-    app.add_option("--hidden", o.hidden, "hidden layer sizes, e.g. 128 or 256,128")
-        ->delimiter(',')
-        ->default_str(list_text(o.hidden));
-    app.add_option("--normalize", o.normalize, "input scaling per point: l2 (unit norm) or none")
-        ->check(CLI::IsMember({"l2", "none"}))
-        ->capture_default_str();
-    app.add_option("--output-sparsity", o.output_sparsity,
-                   "output layer: topk (each sample's labels, its --top-k highest logits, found "
-                   "as --top-k-search says, and random neurons up to --min-active), lsh (SLIDE's "
-                   "hash tables), dense, or auto (topk above --auto-sparse-min neurons, else "
-                   "dense)")
-        ->check(CLI::IsMember({"auto", "lsh", "dense", "topk"}))
-        ->capture_default_str();
-    app.add_option("--top-k", o.top_k,
-                   "top-k output layers: output neurons a training sample keeps besides its "
-                   "labels")
-        ->check(CLI::PositiveNumber)
-        ->capture_default_str();
-    app.add_option("--top-k-search", o.top_k_search,
-                   "top-k output layers: how the top-k is found: exact (every output row "
-                   "scored; the full-softmax loss), ivf (an inverted-file index: the rows "
-                   "clustered, a sample scores the rows of its --ivf-probes best clusters; CPU "
-                   "only, the loss over the set as LSH's) or auto (ivf on the CPU, exact on "
-                   "the GPU)")
-        ->check(CLI::IsMember({"exact", "ivf", "auto"}))
-        ->capture_default_str();
-    app.add_option("--ivf-clusters", o.ivf_clusters,
-                   "--top-k-search ivf: clusters of output rows (0: about sqrt(rows) / 2)")
-        ->capture_default_str();
-    app.add_option("--ivf-probes", o.ivf_probes,
-                   "--top-k-search ivf: clusters whose rows a sample's search scores")
-        ->check(CLI::PositiveNumber)
-        ->capture_default_str();
-    app.add_option("--ivf-refresh", o.ivf_refresh,
-                   "--top-k-search ivf: training steps between refreshes of the index (every "
-                   "4th: rows reassigned, centroids recomputed; the others: the rows changed "
-                   "since reassigned; 0: only its rebuilds, on --rebuild's schedule)")
-        ->capture_default_str();
-    app.add_option("--fill-correction", o.fill_correction,
-                   "top-k output layers: weight (0..1) of the log-Q correction on the random "
-                   "fill: 1 lets each random neuron stand for the rows outside the set it was "
-                   "drawn from (needed where labels are rare, e.g. Amazon-3M), 0 is the plain "
-                   "set softmax")
-        ->check(CLI::Range(0.0, 1.0))
-        ->capture_default_str();
-    app.add_option("--fill-pool", o.fill_pool,
-                   "top-k output layers: each step's random fill is drawn from one pool of "
-                   "this many rows (0..1) per neuron of the step's sets (x batch x "
-                   "--min-active, at least 4 x --min-active; none where a step would touch at "
-                   "most a fifth of the layer): fewer rows touched and updated a step; 0 = the "
-                   "whole layer")
-        ->check(CLI::Range(0.0, 1.0))
-        ->capture_default_str();
-    app.add_option("--hidden-sparsity", o.hidden_sparsity,
-                   "hidden layers after the first: auto, lsh or dense")
-        ->check(CLI::IsMember({"auto", "lsh", "dense"}))
-        ->capture_default_str();
-    app.add_option(
-           "--auto-sparse-min", o.auto_sparse_min,
-           "'auto' layers with more neurons than this are sparse: top-k for the output layer, LSH "
-           "for a hidden one")
-        ->capture_default_str();
-    // The LSH and active-set options take one value, or one per layer after the first.
-    app.add_option("--hash", o.hash, "LSH family (one, or one per layer after the first)")
-        ->check(CLI::IsMember({"dwta", "wta", "simhash", "minhash"}))
-        ->delimiter(',')
-        ->default_str(list_text(o.hash));
-    app.add_option("--K", o.K, "hashes per bucket code")
-        ->check(CLI::Range(1, 32))
-        ->delimiter(',')
-        ->default_str(list_text(o.K));
-    app.add_option("--L", o.L, "hash tables")
-        ->check(CLI::Range(1, 4096))
-        ->delimiter(',')
-        ->default_str(list_text(o.L));
-    app.add_option("--bits", o.bits, "bits per hash (DWTA/WTA bins hold 2^bits coordinates)")
-        ->check(CLI::Range(1, 16))
-        ->delimiter(',')
-        ->default_str(list_text(o.bits));
-    app.add_option("--bucket-capacity", o.bucket_capacity, "neurons kept per bucket")
-        ->check(CLI::PositiveNumber)
-        ->delimiter(',')
-        ->default_str(list_text(o.bucket_capacity));
-    app.add_option("--insertion", o.insertion, "policy of a full bucket")
-        ->check(CLI::IsMember({"fifo", "reservoir"}))
-        ->delimiter(',')
-        ->default_str(list_text(o.insertion));
-    app.add_option("--min-active", o.min_active,
-                   "random fill of an active set up to this many neurons")
-        ->delimiter(',')
-        ->default_str(list_text(o.min_active));
-    app.add_option("--max-active", o.max_active,
-                   "cap of an active set (0 = none; labels always kept)")
-        ->delimiter(',')
-        ->default_str(list_text(o.max_active));
-    app.add_option("--hit-threshold", o.hit_threshold,
-                   "keep neurons found in at least this many tables")
-        ->check(CLI::PositiveNumber)
-        ->delimiter(',')
-        ->default_str(list_text(o.hit_threshold));
-    add_probes_option(app, o.probes);
-    const std::vector<CLI::Option*> all = app.get_options();
-    return {all.begin() + ptrdiff_t(before), all.end()};
+std::vector<CLI::Option*> add_table_options(CLI::App& app, train_settings& s,
+                                            const std::vector<std::string>& names) {
+    std::vector<CLI::Option*> added;
+    for (const std::string& name : names)
+        HSLIDE_ASSERT(find_option(name) != nullptr);  // a typo in a command's list
+    for (const option_spec& o : train_option_table()) {
+        if (names.empty() ? o.surface == option_surface::python
+                          : std::find(names.begin(), names.end(), o.name) == names.end())
+            continue;
+        added.push_back(add_table_option(app, o, s));
+    }
+    return added;
 }
 
-void add_probes_option(CLI::App& app, std::vector<uint32_t>& probes) {
-    app.add_option("--probes", probes,
-                   "LSH queries at prediction: each table also looks in this many nearby buckets "
-                   "(multi-probe; DWTA and WTA; more recall for more time; training never probes)")
-        ->check(CLI::Range(0, 64))
-        ->delimiter(',')
-        ->default_str(list_text(probes));
-}
-
-void add_compute_options(CLI::App& app, compute_options& o) {
-    app.add_option("--isa", o.isa,
-                   "CPU kernel level: auto (the best this CPU has, or $HSLIDE_ISA), scalar, "
-                   "avx2, avx512, avx512bf16")
-        ->check(CLI::IsMember({"auto", "scalar", "avx2", "avx512", "avx512bf16"}))
-        ->capture_default_str();
-    app.add_option("--precision", o.precision,
-                   "fp32, or bf16: bf16 weights and layer inputs in the products (fp32 master "
-                   "weights, gradients and Adam state)")
-        ->check(CLI::IsMember({"fp32", "bf16"}))
-        ->capture_default_str();
-    app.add_option("--gpu", o.gpu, "GPU index for --backend gpu/gpu-dense and hybrid gpu workers")
-        ->check(CLI::NonNegativeNumber)
-        ->capture_default_str();
-    app.add_flag("--gpu-async-rebuild", o.gpu_async_rebuild,
-                 "GPU: rebuild the LSH tables on a side stream while training goes on with the "
-                 "old ones, swapped in when done (default: the next step waits for them)");
+std::vector<CLI::Option*> model_flags(const std::vector<CLI::Option*>& options) {
+    std::vector<CLI::Option*> out;
+    for (CLI::Option* option : options) {
+        const option_spec* o = find_option(option->get_single_name());
+        if (o && fills_model(*o)) out.push_back(option);
+    }
+    return out;
 }
 
 void apply_compute_options(const compute_options& o, backend_options& backend) {
@@ -261,65 +177,12 @@ void apply_compute_options(const compute_options& o, backend_options& backend) {
     backend.gpu_async_rebuild = o.gpu_async_rebuild;
 }
 
-void add_hybrid_options(CLI::App& app, hybrid_cli& o) {
-    app.add_option("--schedule", o.policy,
-                   "hybrid: hogbatch (fixed --worker-batch sizes) or adaptive (sizes from "
-                   "measured throughput, to meet --update-share)")
-        ->check(CLI::IsMember({"hogbatch", "adaptive"}))
-        ->capture_default_str();
-    app.add_option("--workers", o.workers,
-                   "hybrid: the workers, e.g. cpu,gpu or cpu,cpu (kinds: " +
-                       join_names(backend_names(
-                           [](const backend_entry& e) { return e.caps.hybrid_worker; })) +
-                       ")")
-        ->capture_default_str();
-    app.add_option("--worker-threads", o.threads,
-                   "hybrid: CPU threads per CPU worker (one value, or one per worker; 0 = the "
-                   "cores left after the other workers' explicit counts and one core per GPU "
-                   "worker, shared evenly)")
-        ->capture_default_str();
-    app.add_option("--worker-batch", o.batch,
-                   "hybrid: batch size per worker (hogbatch: fixed; adaptive: the start); auto: "
-                   "--batch-size for a CPU worker (a quarter of it beside a GPU worker, the "
-                   "Hogbatch split), 8 x --batch-size for a GPU worker")
-        ->capture_default_str();
-    app.add_option("--update-share", o.share,
-                   "hybrid, adaptive: relative share of model updates per worker")
-        ->capture_default_str();
-    app.add_option("--worker-output-sparsity", o.output_sparsity,
-                   "hybrid: each worker's choice of output neurons, e.g. topk,lsh (model: the "
-                   "model's --output-sparsity; one value, or one per worker)")
-        ->capture_default_str();
-    app.add_option(
-           "--merge-every", o.merge_every,
-           "hybrid: samples a worker trains between merges into the shared model (0 = "
-           "automatic: after training twice as long as its last merge took; 1 = after every "
-           "batch)")
-        ->capture_default_str();
-    app.add_option("--first-layer-merge-every", o.first_layer_merge_every,
-                   "hybrid: the first layer's rows take part in every N-th merge of a worker "
-                   "(and in those before evaluations, checkpoints and parking); they wait in "
-                   "the replica meanwhile, never dropped (1 = every merge)")
-        ->check(CLI::PositiveNumber)
-        ->capture_default_str();
-    app.add_option("--merge-threads", o.merge_threads,
-                   "hybrid: threads of a worker's merge passes (0 = a CPU worker's own threads, "
-                   "1 for a GPU worker); merges before evaluations and checkpoints use every "
-                   "worker's")
-        ->check(CLI::NonNegativeNumber)
-        ->capture_default_str();
-    app.add_option("--min-batch", o.min_batch, "hybrid, adaptive: smallest batch size")
-        ->check(CLI::PositiveNumber)
-        ->capture_default_str();
-    app.add_option("--max-batch", o.max_batch, "hybrid, adaptive: largest batch size")
-        ->check(CLI::PositiveNumber)
-        ->capture_default_str();
-    app.add_option("--park-below-share", o.park_below_share,
-                   "hybrid, adaptive: while the slowest worker trains less than this share of "
-                   "the samples, measure whether the others are as fast without it, and if so "
-                   "park it (no batches) for a while (0 = never)")
-        ->check(CLI::Range(0.0, 1.0))
-        ->capture_default_str();
+void add_hybrid_worker_help(CLI::App& app) {
+    CLI::Option* workers = app.get_option("--workers");
+    workers->description(
+        workers->get_description() + " (kinds: " +
+        join_names(backend_names([](const backend_entry& e) { return e.caps.hybrid_worker; })) +
+        ")");
 }
 
 std::string join_names(const std::vector<std::string>& names) {
@@ -328,15 +191,12 @@ std::string join_names(const std::vector<std::string>& names) {
     return out;
 }
 
-CLI::Option* add_backend_option(CLI::App& app, std::string& name,
-                                bool (*keep)(const backend_entry&)) {
+void restrict_backends(CLI::App& app, bool (*keep)(const backend_entry&)) {
     const std::vector<std::string> names = backend_names(keep);
     app.footer("Backends, and what each supports:\n" + describe_backends());
-    return app
-        .add_option("--backend", name,
-                    "where to compute: " + join_names(names) + " (see Backends below)")
-        ->check(CLI::IsMember(names))
-        ->capture_default_str();
+    CLI::Option* backend = app.get_option("--backend");
+    backend->description("where to compute: " + join_names(names) + " (see Backends below)");
+    backend->check(CLI::IsMember(names));
 }
 
 hybrid_options make_hybrid_options(const hybrid_cli& o, const backend_options& device,
@@ -421,20 +281,39 @@ hybrid_options make_hybrid_options(const hybrid_cli& o, const backend_options& d
     return h;
 }
 
-void add_output_options(CLI::App& app, output_options& o) {
-    app.add_flag("-q,--quiet", o.quiet, "only warnings and errors on stderr");
-    app.add_flag("--no-progress", o.no_progress, "no progress bars or progress lines");
-    app.add_option("--log-level", o.log_level, "trace, debug, info, warn, error")
-        ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
-        ->capture_default_str();
-}
-
 void add_config_option(CLI::App& app, const std::string& help) {
     app.set_config("--config", "", help);
     app.allow_config_extras(CLI::config_extras_mode::error);
 }
 
-std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
+namespace {
+/// The first list option (one with a delimiter) given more than once on the command line:
+/// CLI11 would append the second's values to the first's (--hidden 8 --hidden 8,8: three
+/// layers).
+const CLI::Option* repeated_list(const CLI::App& app, int argc, char** argv) {
+    for (const CLI::Option* option : app.get_options()) {
+        if (option->get_delimiter() == '\0') continue;
+        int seen = 0;
+        for (int i = 1; i < argc; ++i) {
+            const std::string arg = argv[i];
+            if (arg == "--") break;
+            for (const std::string& name : option->get_lnames())
+                if (arg == "--" + name || arg.rfind("--" + name + "=", 0) == 0) ++seen;
+        }
+        if (seen > 1) return option;
+    }
+    return nullptr;
+}
+}  // namespace
+
+std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv, bool train_table) {
+    if (const CLI::Option* twice = repeated_list(app, argc, argv)) {
+        std::fprintf(
+            stderr,
+            "%s: error: %s is given more than once; a list is one value (e.g. %s 256,128)\n",
+            app.get_name().c_str(), twice->get_name().c_str(), twice->get_name().c_str());
+        return 2;
+    }
     try {
         app.parse(argc, argv);
         return std::nullopt;
@@ -445,6 +324,15 @@ std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
         std::fprintf(stderr, "%s: error: %s%s (config keys are the long flag names; see --help)\n",
                      app.get_name().c_str(), path.empty() ? "" : (path + ": ").c_str(), e.what());
         return 2;
+    } catch (const CLI::ExtrasError& e) {
+        for (const std::string& extra : app.remaining()) {
+            if (!train_table || extra.rfind("--", 0) != 0 || extra.size() < 3) continue;
+            const std::string name = extra.substr(2, extra.find('=') - 2);
+            std::fprintf(stderr, "%s: error: %s; see --help\n", app.get_name().c_str(),
+                         unknown_option_message(name, option_surface::cli, '-').c_str());
+            return 2;
+        }
+        return app.exit(e) == 0 ? 0 : 2;
     } catch (const CLI::ParseError& e) {
         return app.exit(e) == 0 ? 0 : 2;
     }

@@ -22,31 +22,29 @@ namespace hslide::cli {
 
 namespace {
 
+/// The options eval and predict share: the model, how and where it scores (the table's
+/// entries, their settings in a train_settings).
 struct scoring_options {
     std::string model_path;
-    std::string scoring = "exact";
-    std::string backend = to_string(backend_kind::cpu);
-    int threads = 0;
-    compute_options compute;
-    std::vector<uint32_t> probes;  // empty: the model's own
+    train_settings settings;
 };
 
-void add_scoring_options(CLI::App& app, scoring_options& o) {
+void add_scoring_options(CLI::App& app, scoring_options& o, std::vector<std::string> table_names) {
     app.add_option("--model", o.model_path, "checkpoint written by `hslide train --save`")
         ->required();
-    app.add_option("--scoring", o.scoring,
-                   "exact (every label), lsh (the LSH active set only), ivf (a top-k layer's "
-                   "IVF index: the rows of the --ivf-probes best clusters; CPU), or auto (the "
-                   "output layer's own index: lsh for LSH layers, ivf for top-k layers searched "
-                   "by IVF, else exact)")
-        ->check(CLI::IsMember({"auto", "exact", "lsh", "ivf"}))
-        ->capture_default_str();
-    app.add_option("--threads", o.threads, "CPU threads (0 = all)")->check(CLI::NonNegativeNumber);
-    // Any kind that is made alone (a hybrid trains; a checkpoint is scored on one device).
-    add_backend_option(app, o.backend, [](const backend_entry& e) { return e.create != nullptr; });
-    add_compute_options(app, o.compute);
-    add_probes_option(app, o.probes);
+    o.settings.model.probes.clear();  // the model's own unless given
+    for (const char* name : {"scoring", "threads", "backend", "isa", "precision", "gpu",
+                             "gpu-async-rebuild", "probes", "quiet", "no-progress", "log-level"})
+        table_names.push_back(name);
+    add_table_options(app, o.settings, table_names);
+    app.get_option("--scoring")
+        ->description(
+            "exact (every label), lsh (the LSH active set only), ivf (a top-k layer's IVF index: "
+            "the rows of the --ivf-probes best clusters; CPU), or auto (the output layer's own "
+            "index: lsh for LSH layers, ivf for top-k layers searched by IVF, else exact)");
     app.get_option("--probes")->default_str("the model's");
+    // Any kind that is made alone (a hybrid trains; a checkpoint is scored on one device).
+    restrict_backends(app, [](const backend_entry& e) { return e.create != nullptr; });
 }
 
 /// The checkpoint's model on the --backend, checked against the data's dimensions;
@@ -60,15 +58,16 @@ std::unique_ptr<backend> open_backend(const scoring_options& o, dataset& data,
     HSLIDE_CHECK(data.n_labels <= ck.model.config.output_dim(),
                  "{} has {} labels but the model {} has {}", data.source, data.n_labels,
                  o.model_path, ck.model.config.output_dim());
-    if (o.threads > 0) omp_set_num_threads(o.threads);
+    const train_settings& s = o.settings;
+    if (s.train.threads > 0) omp_set_num_threads(s.train.threads);
     backend_options bo;
-    bo.kind = parse_backend_kind(o.backend);
-    bo.threads = o.threads;
-    apply_compute_options(o.compute, bo);
-    if (!o.probes.empty()) set_probes(ck.model.config, o.probes);
+    bo.kind = parse_backend_kind(s.backend);
+    bo.threads = s.train.threads;
+    apply_compute_options(s.compute, bo);
+    if (!s.model.probes.empty()) set_probes(ck.model.config, s.model.probes);
     train_config scoring_only;
     scoring_only.adam = adam_mode::sparse;  // no training: every backend takes its Adam mode
-    check_supported(bo.kind, ck.model.config, scoring_only, bo.precision, parse_scoring(o.scoring));
+    check_supported(bo.kind, ck.model.config, scoring_only, bo.precision, parse_scoring(s.scoring));
     train_config tc;
     normalize_inputs(data, ck.model.config);
     return create_backend(bo, std::move(ck.model), tc);
@@ -80,24 +79,19 @@ int run_eval(int argc, char** argv) {
     CLI::App app{"Evaluate a saved model: P@k, nDCG@k and PSP@k (k = 1..5).", "hslide eval"};
     add_config_option(app);
     scoring_options so;
-    add_scoring_options(app, so);
-    data_options data;
-    add_data_options(app, data, false);
-    evaluation_options eo;
-    std::string metrics_out;
-    app.add_option("--eval-max", eo.max_points, "evaluate on at most this many points (0 = all)");
-    app.add_option("--propensity-a", eo.metrics.propensity_a, "PSP@k propensity A")
-        ->capture_default_str();
-    app.add_option("--propensity-b", eo.metrics.propensity_b, "PSP@k propensity B")
-        ->capture_default_str();
-    app.add_option("--metrics-out", metrics_out,
-                   "append the result as one JSON record to this file");
-    output_options oo;
-    add_output_options(app, oo);
+    add_scoring_options(app, so,
+                        {"test", "test-split", "split-column", "format", "no-cache", "eval-max",
+                         "propensity-a", "propensity-b", "metrics-out"});
+    app.get_option("--test")->description("data file to evaluate on");
+    app.get_option("--metrics-out")
+        ->description("append the result as one JSON record to this file");
     if (const auto exit_code = parse_command_line(app, argc, argv)) return *exit_code;
-    eo.show_progress = apply_output_options(oo);
+    data_options& data = so.settings.data;
+    evaluation_options eo = so.settings.trainer.eval;
+    const std::string& metrics_out = so.settings.trainer.metrics_out;
+    eo.show_progress = apply_output_options(so.settings.output);
     data.show_progress = eo.show_progress;
-    eo.scoring = parse_scoring(so.scoring);
+    eo.scoring = parse_scoring(so.settings.scoring);
     HSLIDE_CHECK(!data.test.empty(), "hslide eval needs --test FILE");
     dataset file = load_file(data, data.test);
     dataset test = data.test_split.empty()
@@ -130,29 +124,39 @@ int run_predict(int argc, char** argv) {
         "hslide predict"};
     add_config_option(app);
     scoring_options so;
-    add_scoring_options(app, so);
-    data_options data;
+    add_scoring_options(app, so, {"format", "no-cache"});
+    app.get_option("--no-cache")->description("do not use the binary cache");
     std::string input, out_path;
-    uint32_t topk = 5;
+    uint32_t labels_per_point = 5;
     app.add_option("--data", input, "data file to predict for (XC or LibSVM; labels are ignored)")
         ->required();
-    app.add_option("--format", data.format, "input format")
-        ->check(CLI::IsMember({"auto", "xc", "libsvm"}))
-        ->capture_default_str();
-    app.add_flag("--no-cache", data.no_cache, "do not use the binary cache");
-    app.add_option("--topk", topk, "labels per point")
+    app.add_option("--labels-per-point", labels_per_point, "labels written per point, best first")
         ->check(CLI::PositiveNumber)
         ->capture_default_str();
+    // The old spelling, easily read as train's --top-k (the selection): hidden, still taken.
+    uint32_t deprecated_topk = 0;
+    CLI::Option* topk_alias =
+        app.add_option("--topk", deprecated_topk, "deprecated: --labels-per-point")
+            ->check(CLI::PositiveNumber)
+            ->group("");
     app.add_option("--out", out_path, "output file")->required();
-    output_options oo;
-    add_output_options(app, oo);
     if (const auto exit_code = parse_command_line(app, argc, argv)) return *exit_code;
-    const bool show_progress = apply_output_options(oo);
+    data_options& data = so.settings.data;
+    const bool show_progress = apply_output_options(so.settings.output);
     data.show_progress = show_progress;
+    if (topk_alias->count() > 0) {
+        HSLIDE_CHECK(app.get_option("--labels-per-point")->count() == 0,
+                     "give --labels-per-point, not also its deprecated spelling --topk");
+        spdlog::warn(
+            "--topk is deprecated (it reads like train's --top-k): use "
+            "--labels-per-point");
+        labels_per_point = deprecated_topk;
+    }
+    const uint32_t topk = labels_per_point;
     dataset points = load_file(data, input);
     checkpoint_contents ck;
     auto engine = open_backend(so, points, ck);
-    const scoring_mode scoring = parse_scoring(so.scoring);
+    const scoring_mode scoring = parse_scoring(so.settings.scoring);
 
     const std::string tmp = out_path + ".tmp";
     std::FILE* out = std::fopen(tmp.c_str(), "wb");

@@ -36,10 +36,10 @@ int run_gen(int argc, char** argv) {
     app.add_option("--seed", sc.seed, "generator seed")->capture_default_str();
     app.add_option("--out", out_dir, "output folder")->required();
     app.add_option("--threads", threads, "threads (0 = all)")->check(CLI::NonNegativeNumber);
-    output_options oo;
-    add_output_options(app, oo);
+    train_settings settings;
+    add_table_options(app, settings, {"quiet", "no-progress", "log-level"});
     if (const auto exit_code = parse_command_line(app, argc, argv)) return *exit_code;
-    const bool show_progress = apply_output_options(oo);
+    const bool show_progress = apply_output_options(settings.output);
     if (threads > 0) omp_set_num_threads(threads);
     const auto t0 = std::chrono::steady_clock::now();
     generate_synthetic_files(sc, out_dir, show_progress);

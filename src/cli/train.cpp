@@ -51,140 +51,22 @@ void print_worker(const worker_stats& w, bool whole_run) {
 int run_train(int argc, char** argv) {
     CLI::App app{"Train a model. With no --train, trains on the built-in synthetic data.",
                  "hslide train"};
+    // --help's first group is the essentials: --help and --config join it.
+    app.get_help_ptr()->group(title(option_group::essentials));
     add_config_option(app,
                       "TOML-style config file whose keys mirror these flags (flags override it)");
+    app.get_config_ptr()->group(title(option_group::essentials));
+    train_settings settings;
+    const std::vector<CLI::Option*> options = add_table_options(app, settings);
+    const std::vector<CLI::Option*> network_flags = model_flags(options);
+    restrict_backends(app, [](const backend_entry&) { return true; });
+    add_hybrid_worker_help(app);
     bool print_config = false;
     app.add_flag("--print-config", print_config, "print the effective configuration and exit")
-        ->configurable(false);
-
-    data_options data;
-    add_data_options(app, data, true);
-    model_options mopt;
-    const std::vector<CLI::Option*> model_flags = add_model_options(app, mopt);
-
-    train_config tc;
-    std::string backend_name = to_string(backend_kind::cpu), adam = to_string(tc.adam),
-                adam_moments = to_string(tc.adam_moments), scoring = "exact";
-    add_backend_option(app, backend_name, [](const backend_entry&) { return true; });
-    app.add_option("--threads", tc.threads, "CPU threads (0 = all)")
-        ->check(CLI::NonNegativeNumber)
-        ->capture_default_str();
-    compute_options compute;
-    add_compute_options(app, compute);
-    hybrid_cli hybrid;
-    add_hybrid_options(app, hybrid);
-    app.add_option("--epochs", tc.epochs, "epochs to train (in total, when resuming)")
-        ->capture_default_str();
-    app.add_option("--batch-size", tc.batch_size, "samples per step")
-        ->check(CLI::PositiveNumber)
-        ->capture_default_str();
-    std::string schedule = "constant";
-    app.add_option("--lr-schedule", schedule,
-                   "constant, or linear: decay to 0 over the run (from --lr at the start)")
-        ->check(CLI::IsMember({"constant", "linear"}))
-        ->capture_default_str();
-    std::string lr_scaling = to_string(tc.lr_scaling);
-    app.add_option("--lr-scaling", lr_scaling,
-                   "large-batch rule: none, sqrt (--lr x sqrt(batch / --lr-base-batch), for "
-                   "Adam) or linear (x batch / --lr-base-batch)")
-        ->check(CLI::IsMember({"none", "sqrt", "linear"}))
-        ->capture_default_str();
-    app.add_option("--lr-base-batch", tc.lr_base_batch,
-                   "the batch size --lr is tuned for (--lr-scaling)")
-        ->check(CLI::PositiveNumber)
-        ->capture_default_str();
-    app.add_option("--warmup", tc.warmup_samples,
-                   "samples over which the learning rate ramps up from 0 at the start (0 = none)")
-        ->capture_default_str();
-    app.add_option("--lr", tc.learning_rate, "Adam learning rate")
-        ->check(CLI::PositiveNumber)
-        ->capture_default_str();
-    app.add_option("--beta1", tc.adam_beta1, "Adam beta1")->capture_default_str();
-    app.add_option("--beta2", tc.adam_beta2, "Adam beta2")->capture_default_str();
-    app.add_option("--adam-eps", tc.adam_epsilon, "Adam epsilon")->capture_default_str();
-    app.add_option("--adam", adam,
-                   "sparse: update only touched rows; dense: every row every step (SLIDE); "
-                   "input-dense: every input-layer row, the touched rows of the others; "
-                   "catch-up: dense's result at sparse cost (CPU backends); input-catch-up: "
-                   "input-dense's result at sparse cost")
-        ->check(CLI::IsMember({"sparse", "dense", "input-dense", "catch-up", "input-catch-up"}))
-        ->capture_default_str();
-    app.add_option("--adam-moments", adam_moments,
-                   "Adam's moments of the layers past the input one: fp32, or bf16 rounded "
-                   "stochastically (half their memory, 30% less update traffic; cpu backend)")
-        ->check(CLI::IsMember({"fp32", "bf16"}))
-        ->capture_default_str();
-    app.add_option("--rebuild", tc.rebuild_every,
-                   "samples between refreshes of the sparse layers' selections (LSH tables, IVF "
-                   "index), initially")
-        ->check(CLI::PositiveNumber)
-        ->capture_default_str();
-    app.add_option("--rebuild-decay", tc.rebuild_decay,
-                   "the rebuild period grows by exp(this) after each rebuild")
-        ->capture_default_str();
-    app.add_option("--rehash", tc.rehash_every, "samples between new hash functions (0 = never)")
-        ->capture_default_str();
-    app.add_option("--seed", tc.seed, "seed of initialisation, shuffles and sampling")
-        ->capture_default_str();
-    app.add_flag("--deterministic", tc.deterministic,
-                 "bit-identical runs for a given seed and thread count");
-
-    trainer_options to;
-    app.add_option("--eval-every", to.eval_every, "evaluate every N epochs (0 = only at the end)")
-        ->capture_default_str();
-    app.add_option("--scoring", scoring,
-                   "evaluation scoring: exact (every label), lsh (the LSH active set only), ivf "
-                   "(a top-k layer's IVF index: the rows of the --ivf-probes best clusters; "
-                   "CPU), or auto (the output layer's own index: lsh for LSH layers, ivf for "
-                   "top-k layers searched by IVF, else exact)")
-        ->check(CLI::IsMember({"auto", "exact", "lsh", "ivf"}))
-        ->capture_default_str();
-    app.add_option("--selection-probe", to.selection_probe_points,
-                   "after each evaluated epoch, score this many training points exactly and report "
-                   "how well the output layer's active sets (labels not forced) hold their top "
-                   "--selection-top logits and their labels (0 = never)")
-        ->capture_default_str();
-    app.add_option("--selection-top", to.selection_probe_top,
-                   "the exact top logits the selection probe's recall is against")
-        ->check(CLI::PositiveNumber)
-        ->capture_default_str();
-    app.add_option("--eval-max", to.eval.max_points,
-                   "evaluate on at most this many test points (0 = all)")
-        ->capture_default_str();
-    app.add_option("--propensity-a", to.eval.metrics.propensity_a, "PSP@k propensity A")
-        ->capture_default_str();
-    app.add_option("--propensity-b", to.eval.metrics.propensity_b, "PSP@k propensity B")
-        ->capture_default_str();
-    app.add_option("--metrics-out", to.metrics_out,
-                   "append one JSON record per epoch to this JSONL file");
-    app.add_option("--save", to.save_path,
-                   "write a checkpoint here after every epoch (atomically); with --keep-best it "
-                   "holds the best epoch's at the end");
-    std::string valid_path, valid_split, keep_best;
-    double valid_fraction = 0;
-    app.add_option("--valid", valid_path,
-                   "validation data file, evaluated after every epoch (for --keep-best and "
-                   "--patience)");
-    app.add_option("--valid-split", valid_split,
-                   "XC split file selecting the validation rows of --train");
-    app.add_option("--valid-fraction", valid_fraction,
-                   "hold out this fraction of the training points (drawn with --seed) for "
-                   "validation")
-        ->check(CLI::Range(0.0, 1.0));
-    app.add_option("--keep-best", keep_best,
-                   "end with the model of the epoch best on the validation set by this metric: "
-                   "p@1, p@3, p@5, ndcg@k or psp@k (k = 1..5)");
-    app.add_option("--patience", to.validation.patience,
-                   "stop after this many epochs without improvement on the validation set (by "
-                   "--keep-best's metric, else p@1; 0 = never)")
-        ->capture_default_str();
-    std::string resume_path;
-    app.add_option("--resume", resume_path,
-                   "resume from this checkpoint (its model replaces the model flags)");
-
-    output_options oo;
-    add_output_options(app, oo);
-    if (const auto exit_code = parse_command_line(app, argc, argv)) return *exit_code;
+        ->configurable(false)
+        ->group(title(option_group::diagnostics));
+    if (const auto exit_code = parse_command_line(app, argc, argv, /*train_table=*/true))
+        return *exit_code;
     if (print_config) {
         // Unset paths print as `key=""`, which would read back as a path named "": leave them out.
         std::istringstream all(app.config_to_str(true, false));
@@ -193,17 +75,21 @@ int run_train(int argc, char** argv) {
                 std::cout << line << '\n';
         return 0;
     }
-    const bool show_progress = apply_output_options(oo);
+    data_options& data = settings.data;
+    model_options& mopt = settings.model;
+    train_config& tc = settings.train;
+    trainer_options& to = settings.trainer;
+    const compute_options& compute = settings.compute;
+    const std::string& backend_name = settings.backend;
+    const std::string &valid_path = settings.valid, &valid_split = settings.valid_split,
+                      &keep_best = settings.keep_best, &resume_path = settings.resume;
+    const double valid_fraction = settings.valid_fraction;
+    const bool show_progress = apply_output_options(settings.output);
     data.show_progress = show_progress;
-    tc.adam = parse_adam_mode(adam);
-    tc.adam_moments = parse_moment_storage(adam_moments);
-    tc.schedule = parse_lr_schedule(schedule);
-    tc.lr_scaling = parse_lr_batch_scaling(lr_scaling);
-    to.eval.scoring = parse_scoring(scoring);
+    settings.apply_names();
     to.eval.show_progress = show_progress;
     to.show_progress = show_progress;
     const backend_kind kind = parse_backend_kind(backend_name);
-    to.backend = kind;
     validate(tc);
 
     if (tc.threads > 0) omp_set_num_threads(tc.threads);
@@ -212,10 +98,6 @@ int run_train(int argc, char** argv) {
         int(!valid_path.empty()) + int(!valid_split.empty()) + int(valid_fraction > 0) <= 1,
         "give one of --valid, --valid-split and --valid-fraction");
     HSLIDE_CHECK(valid_split.empty() || !data.train.empty(), "--valid-split needs --train");
-    if (!keep_best.empty()) {
-        to.validation.metric = parse_selection_metric(keep_best);
-        to.validation.keep_best = true;
-    }
     loaded_data d = load_data(data);
     dataset valid;
     if (!valid_path.empty()) {
@@ -259,7 +141,7 @@ int run_train(int argc, char** argv) {
         spdlog::info("resuming from {}", resume_path);
         // The checkpoint fixes the network; --probes only steers its evaluation, so it applies.
         std::string ignored;
-        for (const CLI::Option* flag : model_flags) {
+        for (const CLI::Option* flag : network_flags) {
             if (flag->count() == 0) continue;
             if (flag->get_name() == "--probes")
                 set_probes(initial.config, mopt.probes);
@@ -336,7 +218,7 @@ int run_train(int argc, char** argv) {
     apply_compute_options(compute, bo);
     std::unique_ptr<backend> engine;
     if (kind == backend_kind::hybrid) {
-        const hybrid_options ho = make_hybrid_options(hybrid, bo, tc);
+        const hybrid_options ho = make_hybrid_options(settings.hybrid, bo, tc);
         for (const hybrid_worker_options& w : ho.workers)
             check_supported(w.device.kind, mc, tc, bo.precision, eval_scoring);
         engine = create_hybrid_backend(ho, initial, tc);

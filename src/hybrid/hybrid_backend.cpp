@@ -458,6 +458,9 @@ schedule_policy parse_schedule_policy(const std::string& name) {
 const char* to_string(schedule_policy policy) {
     return detail::name_of(policy, detail::policy_names);
 }
+std::vector<std::string> names_of(schedule_policy) {
+    return detail::names_in(detail::policy_names);
+}
 
 std::vector<int> split_worker_threads(const std::vector<backend_kind>& kinds,
                                       const std::vector<int>& requested, int cores) {

@@ -18,6 +18,8 @@
 #include "hslide/trainer.hpp"
 #include "hslide/validation.hpp"
 
+#include "cli/option_table.hpp"
+
 #include <pybind11/functional.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -32,6 +34,8 @@
 #include <numeric>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <variant>
 #include <vector>
 
 namespace py = pybind11;
@@ -93,23 +97,21 @@ py::tuple dataset_arrays(const dataset& d) {
                           copy(d.label_offsets), copy(d.label_ids));
 }
 
-/// Every option of hslide.Model: the CLI's long flag names with '_' for '-', its defaults
-/// (the library's structs).
+/// Every option of hslide.Model: the entries of `hslide train`'s option table that Python
+/// takes (cli/option_table.hpp), by their long flag names with '_' for '-', with the same
+/// defaults (but log_level "warn" and no progress bars), parsed and checked as the CLI does.
 struct options {
-    model_options model;
-    train_config train;
-    evaluation_options eval;
-    backend_options device;
-    std::string isa = "auto";
-    std::optional<std::string> keep_best;
-    uint32_t patience = 0;
-    double valid_fraction = 0;
-    uint32_t selection_probe = trainer_options{}.selection_probe_points;
-    uint32_t selection_top = trainer_options{}.selection_probe_top;
-    bool progress = false;
-    std::string log_level = "warn";
+    cli::train_settings settings;
+    backend_options device;  ///< from settings: backend, threads, precision, gpu
 
-    options() { eval.show_progress = false; }
+    options() {
+        settings.output.log_level = "warn";
+        settings.trainer.eval.show_progress = false;
+    }
+    const model_options& model() const { return settings.model; }
+    const train_config& train() const { return settings.train; }
+    const evaluation_options& eval() const { return settings.trainer.eval; }
+    const std::string& isa() const { return settings.compute.isa; }
 };
 
 template <class T>
@@ -119,141 +121,70 @@ std::vector<T> list_of(py::handle value) {
     return {value.cast<T>()};
 }
 
-using setter = std::function<void(options&, py::handle)>;
+/// Sets the setting `target` points at to `value`: a list setting takes one value or a
+/// list of them, a text setting whose default is empty (a path, keep_best) takes None.
+void set_option(const cli::option_target& target, py::handle value) {
+    std::visit(
+        [&](auto* field) {
+            using T = std::remove_pointer_t<decltype(field)>;
+            if constexpr (std::is_same_v<T, std::vector<uint32_t>> ||
+                          std::is_same_v<T, std::vector<int>> ||
+                          std::is_same_v<T, std::vector<std::string>>) {
+                *field = list_of<typename T::value_type>(value);
+            } else if constexpr (std::is_same_v<T, std::string>) {
+                if (!value.is_none()) {
+                    *field = value.cast<std::string>();
+                } else if (!field->empty()) {
+                    throw py::cast_error("None for a setting that has a value");
+                }
+            } else {
+                *field = value.cast<T>();
+            }
+        },
+        target);
+}
 
-const std::map<std::string, setter>& option_table() {
-    static const std::map<std::string, setter> table = {
-        // the network (hslide train's model flags)
-        {"hidden", [](options& o, py::handle v) { o.model.hidden = list_of<uint32_t>(v); }},
-        {"normalize", [](options& o, py::handle v) { o.model.normalize = v.cast<std::string>(); }},
-        {"output_sparsity",
-         [](options& o, py::handle v) { o.model.output_sparsity = v.cast<std::string>(); }},
-        {"hidden_sparsity",
-         [](options& o, py::handle v) { o.model.hidden_sparsity = v.cast<std::string>(); }},
-        {"top_k", [](options& o, py::handle v) { o.model.top_k = v.cast<uint32_t>(); }},
-        {"top_k_search",
-         [](options& o, py::handle v) { o.model.top_k_search = v.cast<std::string>(); }},
-        {"ivf_clusters",
-         [](options& o, py::handle v) { o.model.ivf_clusters = v.cast<uint32_t>(); }},
-        {"ivf_probes", [](options& o, py::handle v) { o.model.ivf_probes = v.cast<uint32_t>(); }},
-        {"ivf_refresh",
-         [](options& o, py::handle v) { o.model.ivf_refresh = v.cast<uint32_t>(); }},
-        {"fill_correction",
-         [](options& o, py::handle v) { o.model.fill_correction = v.cast<float>(); }},
-        {"fill_pool", [](options& o, py::handle v) { o.model.fill_pool = v.cast<float>(); }},
-        {"auto_sparse_min",
-         [](options& o, py::handle v) { o.model.auto_sparse_min = v.cast<uint32_t>(); }},
-        {"hash", [](options& o, py::handle v) { o.model.hash = list_of<std::string>(v); }},
-        {"K", [](options& o, py::handle v) { o.model.K = list_of<int>(v); }},
-        {"L", [](options& o, py::handle v) { o.model.L = list_of<int>(v); }},
-        {"bits", [](options& o, py::handle v) { o.model.bits = list_of<int>(v); }},
-        {"bucket_capacity",
-         [](options& o, py::handle v) { o.model.bucket_capacity = list_of<int>(v); }},
-        {"insertion",
-         [](options& o, py::handle v) { o.model.insertion = list_of<std::string>(v); }},
-        {"min_active",
-         [](options& o, py::handle v) { o.model.min_active = list_of<uint32_t>(v); }},
-        {"max_active",
-         [](options& o, py::handle v) { o.model.max_active = list_of<uint32_t>(v); }},
-        {"hit_threshold",
-         [](options& o, py::handle v) { o.model.hit_threshold = list_of<uint32_t>(v); }},
-        {"probes", [](options& o, py::handle v) { o.model.probes = list_of<uint32_t>(v); }},
-        // where it computes
-        {"backend",
-         [](options& o, py::handle v) { o.device.kind = parse_backend_kind(v.cast<std::string>()); }},
-        {"threads",
-         [](options& o, py::handle v) { o.device.threads = o.train.threads = v.cast<int>(); }},
-        {"isa", [](options& o, py::handle v) { o.isa = v.cast<std::string>(); }},
-        {"precision",
-         [](options& o, py::handle v) {
-             o.device.precision = parse_precision(v.cast<std::string>());
-         }},
-        {"gpu", [](options& o, py::handle v) { o.device.device = v.cast<int>(); }},
-        {"gpu_async_rebuild",
-         [](options& o, py::handle v) { o.device.gpu_async_rebuild = v.cast<bool>(); }},
-        // training
-        {"epochs", [](options& o, py::handle v) { o.train.epochs = v.cast<uint32_t>(); }},
-        {"batch_size", [](options& o, py::handle v) { o.train.batch_size = v.cast<uint32_t>(); }},
-        {"lr_schedule",
-         [](options& o, py::handle v) {
-             o.train.schedule = parse_lr_schedule(v.cast<std::string>());
-         }},
-        {"lr", [](options& o, py::handle v) { o.train.learning_rate = v.cast<float>(); }},
-        {"lr_scaling",
-         [](options& o, py::handle v) {
-             o.train.lr_scaling = parse_lr_batch_scaling(v.cast<std::string>());
-         }},
-        {"lr_base_batch",
-         [](options& o, py::handle v) { o.train.lr_base_batch = v.cast<uint32_t>(); }},
-        {"warmup", [](options& o, py::handle v) { o.train.warmup_samples = v.cast<uint64_t>(); }},
-        {"beta1", [](options& o, py::handle v) { o.train.adam_beta1 = v.cast<float>(); }},
-        {"beta2", [](options& o, py::handle v) { o.train.adam_beta2 = v.cast<float>(); }},
-        {"adam_eps", [](options& o, py::handle v) { o.train.adam_epsilon = v.cast<float>(); }},
-        {"adam",
-         [](options& o, py::handle v) { o.train.adam = parse_adam_mode(v.cast<std::string>()); }},
-        {"adam_moments",
-         [](options& o, py::handle v) {
-             o.train.adam_moments = parse_moment_storage(v.cast<std::string>());
-         }},
-        {"rebuild", [](options& o, py::handle v) { o.train.rebuild_every = v.cast<uint64_t>(); }},
-        {"rebuild_decay",
-         [](options& o, py::handle v) { o.train.rebuild_decay = v.cast<double>(); }},
-        {"rehash", [](options& o, py::handle v) { o.train.rehash_every = v.cast<uint64_t>(); }},
-        {"seed", [](options& o, py::handle v) { o.train.seed = v.cast<uint64_t>(); }},
-        {"deterministic",
-         [](options& o, py::handle v) { o.train.deterministic = v.cast<bool>(); }},
-        // evaluation
-        {"scoring",
-         [](options& o, py::handle v) { o.eval.scoring = parse_scoring(v.cast<std::string>()); }},
-        {"eval_max", [](options& o, py::handle v) { o.eval.max_points = v.cast<size_t>(); }},
-        {"propensity_a",
-         [](options& o, py::handle v) { o.eval.metrics.propensity_a = v.cast<double>(); }},
-        {"propensity_b",
-         [](options& o, py::handle v) { o.eval.metrics.propensity_b = v.cast<double>(); }},
-        {"selection_probe",
-         [](options& o, py::handle v) { o.selection_probe = v.cast<uint32_t>(); }},
-        {"selection_top", [](options& o, py::handle v) { o.selection_top = v.cast<uint32_t>(); }},
-        // validation-driven training
-        {"keep_best",
-         [](options& o, py::handle v) {
-             if (v.is_none()) {
-                 o.keep_best.reset();
-                 return;
-             }
-             o.keep_best = v.cast<std::string>();
-             parse_selection_metric(*o.keep_best);  // checked now
-         }},
-        {"patience", [](options& o, py::handle v) { o.patience = v.cast<uint32_t>(); }},
-        {"valid_fraction", [](options& o, py::handle v) { o.valid_fraction = v.cast<double>(); }},
-        // output
-        {"progress", [](options& o, py::handle v) { o.progress = v.cast<bool>(); }},
-        {"log_level", [](options& o, py::handle v) { o.log_level = v.cast<std::string>(); }},
-    };
-    return table;
+std::vector<std::string> option_names() {
+    std::vector<std::string> names;
+    for (const cli::option_spec& o : cli::train_option_table()) {
+        if (o.surface == cli::option_surface::cli) continue;
+        std::string name = o.name;
+        std::replace(name.begin(), name.end(), '-', '_');
+        names.push_back(name);
+    }
+    std::sort(names.begin(), names.end());
+    return names;
 }
 
 options parse_options(const py::dict& given) {
     options o;
-    const auto& table = option_table();
     for (const auto& item : given) {
         const std::string name = item.first.cast<std::string>();
-        const auto it = table.find(name);
-        if (it == table.end()) {
-            std::string known;
-            for (const auto& entry : table) known += (known.empty() ? "" : ", ") + entry.first;
+        std::string flag = name;  // the table's spelling
+        std::replace(flag.begin(), flag.end(), '_', '-');
+        const cli::option_spec* spec =
+            name.find('-') == std::string::npos ? cli::find_option(flag) : nullptr;
+        if (!spec || spec->surface == cli::option_surface::cli)
             throw py::type_error(
-                fmt::format("hslide.Model: unknown option '{}' (options: {})", name, known));
-        }
+                fmt::format("hslide.Model: {}",
+                            cli::unknown_option_message(flag, cli::option_surface::python, '_')));
         try {
-            it->second(o, item.second);
+            set_option(spec->target(o.settings), item.second);
         } catch (const py::cast_error&) {
             throw py::type_error(fmt::format("hslide.Model: option '{}' has the wrong type ({})",
                                              name, std::string(py::str(item.second.get_type()))));
         }
     }
+    cli::train_settings& s = o.settings;
+    s.apply_names();
+    o.device.kind = parse_backend_kind(s.backend);
+    o.device.threads = s.train.threads;
+    o.device.precision = parse_precision(s.compute.precision);
+    o.device.device = s.compute.gpu;
+    o.device.gpu_async_rebuild = s.compute.gpu_async_rebuild;
     HSLIDE_CHECK(o.device.kind != backend_kind::hybrid,
                  "backend 'hybrid' is offered by the command line only (hslide train)");
-    validate(o.train);
+    validate(s.train);
     return o;
 }
 
@@ -261,7 +192,7 @@ options parse_options(const py::dict& given) {
 class model {
   public:
     explicit model(const py::dict& given) : options_(parse_options(given)) {
-        setup_logging(options_.log_level, false);
+        setup_logging(options_.settings.output.log_level, false);
     }
 
     static std::unique_ptr<model> load(const std::string& path, const py::dict& given) {
@@ -276,14 +207,14 @@ class model {
 
     py::list fit(const dataset& train_in, const dataset* valid_in, std::optional<uint32_t> epochs,
                  py::object callback) {
-        train_config tc = options_.train;
+        train_config tc = options_.train();
         if (epochs) tc.epochs = *epochs;
         validate(tc);
         dataset train = train_in, valid;
         if (valid_in) valid = *valid_in;
-        if (options_.valid_fraction > 0) {
+        if (options_.settings.valid_fraction > 0) {
             HSLIDE_CHECK(!valid_in, "give X_valid/Y_valid or the option valid_fraction, not both");
-            auto parts = hold_out(train, options_.valid_fraction, tc.seed);
+            auto parts = hold_out(train, options_.settings.valid_fraction, tc.seed);
             train = std::move(parts.first);
             valid = std::move(parts.second);
         }
@@ -292,25 +223,20 @@ class model {
         HSLIDE_CHECK(n_features > 0 && n_labels > 0, "the training data has no labels or features");
         train.n_features = valid.n_features = n_features;
         train.n_labels = valid.n_labels = n_labels;
-        validation_options vo;
-        if (options_.keep_best) {
-            vo.keep_best = true;
-            vo.metric = parse_selection_metric(*options_.keep_best);
-        }
-        vo.patience = options_.patience;
+        validation_options vo = options_.settings.trainer.validation;
         HSLIDE_CHECK(valid.size() > 0 || (!vo.keep_best && vo.patience == 0),
                      "keep_best and patience need a validation set: X_valid/Y_valid or "
                      "valid_fraction");
-        if (options_.isa != "auto") set_active_isa(parse_isa(options_.isa));
+        if (options_.isa() != "auto") set_active_isa(parse_isa(options_.isa()));
         if (tc.threads > 0) omp_set_num_threads(tc.threads);
 
         engine_.reset();
         const model_config config =
-            make_model_config(options_.model, uint32_t(n_features), uint32_t(n_labels));
+            make_model_config(options_.model(), uint32_t(n_features), uint32_t(n_labels));
         normalize_inputs(train, config);
         normalize_inputs(valid, config);
         check_supported(options_.device.kind, config, tc, options_.device.precision,
-                        options_.eval.scoring);
+                        options_.eval().scoring);
         backend_options bo = options_.device;
         bo.threads = tc.threads;
         engine_ = create_backend(bo, model_state::create(config, tc.seed, tc.adam_moments), tc);
@@ -318,12 +244,11 @@ class model {
 
         trainer_options to;
         to.train = tc;
-        to.eval = options_.eval;
-        to.eval.show_progress = options_.progress;
-        to.show_progress = options_.progress;
-        to.backend = options_.device.kind;
-        to.selection_probe_points = options_.selection_probe;
-        to.selection_probe_top = options_.selection_top;
+        to.eval = options_.eval();
+        to.eval.show_progress = options_.settings.progress;
+        to.show_progress = options_.settings.progress;
+        to.selection_probe_points = options_.settings.trainer.selection_probe_points;
+        to.selection_probe_top = options_.settings.trainer.selection_probe_top;
         vo.valid = valid.size() > 0 ? &valid : nullptr;
         to.validation = vo;
         trainer run(*engine_, train, nullptr, to);
@@ -374,8 +299,8 @@ class model {
                 const uint32_t size = uint32_t(std::min<size_t>(batch, n - begin));
                 rows.resize(size);
                 std::iota(rows.begin(), rows.end(), uint32_t(begin));
-                engine_->predict({&points, rows.data(), size}, k, options_.eval.scoring, top.data(),
-                                 out_scores + begin * k);
+                engine_->predict({&points, rows.data(), size}, k, options_.eval().scoring,
+                                 top.data(), out_scores + begin * k);
                 for (size_t i = 0; i < size_t(size) * k; ++i)
                     out_labels[begin * k + i] = top[i] == UINT32_MAX ? -1 : int64_t(top[i]);
             }
@@ -386,7 +311,7 @@ class model {
     py::dict evaluate(const dataset& test_in, int k) {
         HSLIDE_CHECK(k >= 1, "k must be at least 1, got {}", k);
         dataset test = checked_input(test_in, true);
-        evaluation_options eo = options_.eval;
+        evaluation_options eo = options_.eval();
         eo.metrics.max_k = k;
         eo.show_progress = false;
         std::vector<double> inv_prop;
@@ -448,13 +373,13 @@ class model {
     }
 
     void open(model_state state) {
-        if (options_.isa != "auto") set_active_isa(parse_isa(options_.isa));
-        if (options_.train.threads > 0) omp_set_num_threads(options_.train.threads);
+        if (options_.isa() != "auto") set_active_isa(parse_isa(options_.isa()));
+        if (options_.train().threads > 0) omp_set_num_threads(options_.train().threads);
         config_ = state.config;
         train_config scoring_only;
         scoring_only.adam = adam_mode::sparse;
         check_supported(options_.device.kind, config_, scoring_only, options_.device.precision,
-                        options_.eval.scoring);
+                        options_.eval().scoring);
         engine_ = create_backend(options_.device, std::move(state), scoring_only);
     }
 
@@ -546,11 +471,7 @@ PYBIND11_MODULE(_core, m) {
         },
         py::arg("preset"), py::arg("scale"), py::arg("labels"), py::arg("features"),
         py::arg("seed"));
-    m.def("option_names", [] {
-        std::vector<std::string> names;
-        for (const auto& entry : option_table()) names.push_back(entry.first);
-        return names;
-    });
+    m.def("option_names", &option_names);
 
     py::class_<model>(m, "Model")
         .def(py::init<const py::dict&>(), py::arg("options"))

@@ -86,6 +86,39 @@ def test_bad_inputs(tiny):
         hslide.load(__file__)  # not a checkpoint
 
 
+def test_unknown_option_message_is_the_clis(cli):
+    """hslide.Model and `hslide train` refuse an unknown option with one message, made from
+    the same table (the nearest names spelled as each front end takes them)."""
+    for keyword, flag, near in (("hiden", "hiden", "hidden"), ("top_kk", "top-kk", "top_k"),
+                                ("deterministic", "deterministic", None)):
+        with pytest.raises(TypeError) as caught:
+            hslide.Model(**{keyword: 1})
+        python = str(caught.value)
+        result = subprocess.run([cli, "train", f"--{flag}", "1"], capture_output=True, text=True)
+        assert result.returncode == 2
+        message = result.stderr.split("error: ", 1)[1].split("; see --help")[0]
+        assert message.startswith(f"unknown option '{flag}'"), result.stderr
+        assert python == "hslide.Model: " + message.replace("-", "_"), (python, message)
+        if near:
+            assert f"did you mean '{near}'" in python, python
+        else:
+            assert "did you mean" not in python, python  # --deterministic is gone
+
+
+def test_option_names_are_the_tables():
+    names = hslide.option_names()
+    # The network, the run, where it runs: as `hslide train` names them, '_' for '-'.
+    for name in ("hidden", "top_k", "top_k_search", "K", "L", "batch_size", "lr", "adam",
+                 "adam_moments", "backend", "threads", "precision", "scoring", "keep_best",
+                 "patience", "valid_fraction", "log_level", "progress"):
+        assert name in names, name
+    # The command line's own (files, checkpoints, the hybrid, terminal output) are not.
+    for name in ("train", "save", "resume", "workers", "quiet", "deterministic"):
+        assert name not in names, name
+    # Every name is taken, with its default value type.
+    hslide.Model(**{"top_k": 8, "hash": ["dwta"], "K": [2], "keep_best": None, "lr": 0.01})
+
+
 def test_callback_stops_training(tiny):
     X, Y, _, _ = tiny
     seen = []
@@ -153,7 +186,7 @@ def test_checkpoints_across_python_and_cli(tiny, tmp_path, cli):
         assert ours[name] == pytest.approx(theirs[name], abs=1e-12), name
     # hslide train --save -> Python, and a Python save of a loaded model.
     run_cli(cli, "train", "--train", train, "--test", test, "--hidden", 32, "--epochs", 2,
-            "--threads", 2, "--seed", 3, "--deterministic", "--min-active", 64, "--no-cache",
+            "--threads", 2, "--seed", 3, "--min-active", 64, "--no-cache",
             "-q", "--save", tmp_path / "cli.ckpt", "--metrics-out", tmp_path / "train.jsonl")
     loaded = hslide.load(tmp_path / "cli.ckpt")
     assert loaded.epochs_done == 2
@@ -170,12 +203,12 @@ def test_bibtex_same_p1_as_cli(bibtex, tmp_path, cli):
     X, Y = hslide.read_xc(data)
     train = hslide.read_split(train_split, X.shape[0])
     test = hslide.read_split(test_split, X.shape[0])
-    options = dict(hidden=64, epochs=2, threads=2, seed=5, deterministic=True)
+    options = dict(hidden=64, epochs=2, threads=2, seed=5)
     model = hslide.Model(**options).fit(X[train], Y[train])
     ours = model.evaluate(X[test], Y[test])
     run_cli(cli, "train", "--train", data, "--train-split", train_split, "--test-split",
             test_split, "--hidden", 64, "--epochs", 2, "--threads", 2, "--seed", 5,
-            "--deterministic", "--eval-every", 0, "-q", "--metrics-out",
+            "--eval-every", 0, "-q", "--metrics-out",
             tmp_path / "bibtex.jsonl")
     theirs = last_json(tmp_path / "bibtex.jsonl")
     assert ours["p@1"] == theirs["p@1"] and ours["p@5"] == theirs["p@5"]

@@ -43,6 +43,12 @@ insertion_policy parse_insertion_policy(const std::string& name) {
 const char* to_string(insertion_policy policy) {
     return name_of(policy, policy_names);
 }
+std::vector<std::string> names_of(hash_kind) {
+    return detail::names_in(hash_kind_names);
+}
+std::vector<std::string> names_of(insertion_policy) {
+    return detail::names_in(policy_names);
+}
 
 void validate(const lsh_config& config) {
     HSLIDE_CHECK(config.K >= 1, "LSH K (hashes per table) must be at least 1, got {}", config.K);

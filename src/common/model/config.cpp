@@ -46,6 +46,34 @@ const std::pair<const char*, moment_storage> moment_names[] = {{"fp32", moment_s
                                                                {"bf16", moment_storage::bf16}};
 }  // namespace
 
+std::vector<std::string> names_of(sparsity_mode) {
+    return detail::names_in(sparsity_names);
+}
+std::vector<std::string> names_of(input_normalization) {
+    return detail::names_in(normalization_names);
+}
+std::vector<std::string> names_of(top_k_search) {
+    return detail::names_in(search_names);
+}
+std::vector<std::string> names_of(adam_mode) {
+    return detail::names_in(adam_names);
+}
+std::vector<std::string> names_of(scoring_mode) {
+    return detail::names_in(scoring_names);
+}
+std::vector<std::string> names_of(precision_mode) {
+    return detail::names_in(precision_names);
+}
+std::vector<std::string> names_of(moment_storage) {
+    return detail::names_in(moment_names);
+}
+std::vector<std::string> names_of(lr_schedule) {
+    return detail::names_in(schedule_names);
+}
+std::vector<std::string> names_of(lr_batch_scaling) {
+    return detail::names_in(scaling_names);
+}
+
 moment_storage parse_moment_storage(const std::string& name) {
     return parse_named(name, "moment storage", moment_names);
 }

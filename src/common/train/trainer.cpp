@@ -206,7 +206,7 @@ std::string trainer::record_json(const epoch_record& r) const {
                           {"label_recall", r.selection->label_recall},
                           {"mean_set_size", r.selection->mean_set_size},
                           {"seconds", r.selection_seconds}};
-    j["backend"] = to_string(options_.backend);
+    j["backend"] = backend_.info().kind;  // its name in the registry
     j["peak_rss_bytes"] = peak_rss_bytes();
     j["stage_seconds"] = {{"hashing", r.times.hashing},  {"active_sets", r.times.active_sets},
                           {"forward", r.times.forward},  {"backward", r.times.backward},

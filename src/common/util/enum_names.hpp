@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace hslide::detail {
 
@@ -22,6 +23,14 @@ Enum parse_named(const std::string& name, const char* what,
     }
     throw error(error_kind::invalid_argument,
                 fmt::format("unknown {} '{}' (valid: {})", what, name, valid));
+}
+
+/// Every name in `table`, in its order.
+template <class Enum, size_t N>
+std::vector<std::string> names_in(const std::pair<const char*, Enum> (&table)[N]) {
+    std::vector<std::string> names;
+    for (const auto& entry : table) names.emplace_back(entry.first);
+    return names;
 }
 
 /// The name of `value` in `table` ("?" when it has none).

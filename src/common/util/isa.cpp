@@ -33,6 +33,10 @@ const char* to_string(isa_level level) {
     return detail::name_of(level, isa_names);
 }
 
+std::vector<std::string> names_of(isa_level) {
+    return detail::names_in(isa_names);
+}
+
 isa_level parse_isa(const std::string& name) {
     return detail::parse_named(name, "ISA level", isa_names);
 }

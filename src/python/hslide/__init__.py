@@ -107,10 +107,12 @@ def _matrices(d):
 class Model:
     """A network trained by hslide's shared trainer.
 
-    Options are the `hslide train` flags with '_' for '-' and the same defaults: hidden,
-    backend, K, L, output_sparsity, top_k, min_active, lr, batch_size, epochs, threads, seed,
-    deterministic, scoring, keep_best ('p@1', 'ndcg@3', ...), patience, valid_fraction, ...
-    (hslide.option_names() lists them). An unknown name is a TypeError.
+    Options are the `hslide train` flags with '_' for '-' and the same defaults, from the one
+    table of options the command line is made from: hidden, backend, K, L, output_sparsity,
+    top_k, min_active, lr, batch_size, epochs, threads, seed, scoring, keep_best ('p@1',
+    'ndcg@3', ...), patience, valid_fraction, ... (hslide.option_names() lists them); also
+    progress (False) and log_level ('warn'). An unknown name is a TypeError with the message
+    `hslide train` gives for the flag (naming the nearest options).
     """
 
     def __init__(self, **options):
