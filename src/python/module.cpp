@@ -166,7 +166,7 @@ options parse_options(const py::dict& given) {
             name.find('-') == std::string::npos ? cli::find_option(flag) : nullptr;
         if (!spec || spec->surface == cli::option_surface::cli)
             throw py::type_error(
-                fmt::format("hslide.Model: {}",
+                fmt::format("hslide.Model: {}; hslide.option_names() lists the options",
                             cli::unknown_option_message(flag, cli::option_surface::python, '_')));
         try {
             set_option(spec->target(o.settings), item.second);

@@ -98,7 +98,8 @@ def test_unknown_option_message_is_the_clis(cli):
         assert result.returncode == 2
         message = result.stderr.split("error: ", 1)[1].split("; see --help")[0]
         assert message.startswith(f"unknown option '{flag}'"), result.stderr
-        assert python == "hslide.Model: " + message.replace("-", "_"), (python, message)
+        assert python == ("hslide.Model: " + message.replace("-", "_") +
+                          "; hslide.option_names() lists the options"), (python, message)
         if near:
             assert f"did you mean '{near}'" in python, python
         else:
