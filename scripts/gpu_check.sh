@@ -79,7 +79,7 @@ source scripts/presets.sh
 
 pack_file=gpu-pack/hslide-gpu.tar.gz
 # The GPU test binaries (tests/test_gpu_*.cpp and the device hash's host-device test).
-gpu_tests="test_device_hash test_gpu_kernels test_gpu_topk test_gpu_backend test_gpu_catch_up test_gpu_hybrid"
+gpu_tests="test_device_hash test_gpu_fill test_gpu_kernels test_gpu_topk test_gpu_backend test_gpu_catch_up test_gpu_hybrid"
 mode=${1:-}
 
 usage() {

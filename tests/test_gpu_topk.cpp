@@ -2,6 +2,8 @@
 // chunked selection and its scoring pass, the sets (labels, top-k, fill) and their loss, and
 // the fused scoring pass. Every test skips (GTEST_SKIP) without a usable GPU or without CUDA.
 #include "cpu/cpu_backend.hpp"
+#include "gpu/device_rng.hpp"
+#include "gpu/fill_draw.hpp"
 #include "gpu_test_util.hpp"
 #include "hslide/backend.hpp"
 #include "hslide/backend_registry.hpp"
@@ -326,6 +328,23 @@ TEST(GpuTopK, Bf16ScoringPassMatchesExactScoresOfTheRoundedValues) {
     expect_scoring_pass(/*bf16=*/true);
 }
 
+// The fill the CPU backend draws after a set's first `drawn_from` ids (fill_draw.hpp run on
+// the host), sorted: what the GPU's sets kernel must have drawn from the same seed.
+std::vector<uint32_t> host_fill(const std::vector<uint32_t>& set, uint32_t drawn_from,
+                                uint32_t fill, uint32_t n_items, uint64_t seed, uint32_t s,
+                                const fill_pool& pool = {}) {
+    std::set<uint32_t> member(set.begin(), set.begin() + drawn_from);
+    std::vector<uint32_t> ours;
+    gpu::device_rng gen(derive_seed(seed, s));
+    gpu::draw_fill(gen, pool, n_items, drawn_from, std::min(fill, n_items), [&](uint32_t r) {
+        if (!member.insert(r).second) return false;
+        ours.push_back(r);
+        return true;
+    });
+    std::sort(ours.begin(), ours.end());
+    return ours;
+}
+
 TEST(GpuTopK, FillDrawsOnlyFromThePoolAsTheCpuDefinesIt) {
     // A pool of 600 entries over 50,000 rows (fill_pool.hpp): every sample's fill lies in the
     // rows the CPU's fill_pool_row names, the batch's fills cover most of the pool, and
@@ -351,6 +370,10 @@ TEST(GpuTopK, FillDrawsOnlyFromThePoolAsTheCpuDefinesIt) {
         std::set<uint32_t> drawn;
         for (uint32_t s = 0; s < batch; ++s) {
             ASSERT_EQ(sets[s].size(), fill) << "sample " << s;
+            EXPECT_EQ(
+                std::vector<uint32_t>(sets[s].begin() + drawn_from[s], sets[s].end()),
+                host_fill(sets[s], drawn_from[s], fill, n_items, 5, s, pooled ? pool : fill_pool{}))
+                << "sample " << s << ": not the CPU's fill";
             for (size_t i = drawn_from[s]; i < sets[s].size(); ++i) {
                 drawn.insert(sets[s][i]);
                 if (pooled) EXPECT_TRUE(in_pool.count(sets[s][i])) << "row " << sets[s][i];
@@ -457,6 +480,9 @@ TEST(GpuTopK, SetsAreLabelsThenTheTopKThenARandomFillSortedByIdAndDependOnlyOnTh
                 EXPECT_FALSE(std::binary_search(y.begin(), y.end(), id)) << "a label twice";
             }
             if (y.size() + deterministic.size() >= fill) EXPECT_EQ(tail, deterministic);
+            EXPECT_EQ(std::vector<uint32_t>(set.begin() + drawn_from[s], set.end()),
+                      host_fill(set, drawn_from[s], fill, n_items, 5, s))
+                << "sample " << s << ": not the CPU's fill";
         }
         if (fill == 100)
             EXPECT_NE(sets, gpu::testing::top_k_sets(best, k, batch, offsets, label_ids, fill,

@@ -2,11 +2,10 @@
 // the selection's k best (labels first, the fill after), the fill's log-Q correction and the
 // full softmax's loss through the exact log-partition.
 #include "block_reduce.cuh"
+#include "fill_draw.hpp"
 #include "gpu_topk.cuh"
 #include "launch.cuh"
 #include "top_k_order.cuh"
-
-#include <cub/block/block_scan.cuh>
 
 #include <algorithm>
 
@@ -17,7 +16,6 @@ namespace {
 constexpr uint32_t select_threads = 256;
 constexpr uint32_t none = top_k_none;
 constexpr uint32_t empty_slot = 0xffffffffu;
-constexpr uint32_t taken = 0xffffffffu;     // a slot's claim once its id is in the set
 constexpr uint32_t fill_bit = 0x80000000u;  // marks a fill id in the sets' sort
 
 uint32_t next_pow2(uint64_t n) {
@@ -27,9 +25,9 @@ uint32_t next_pow2(uint64_t n) {
     return p;
 }
 
+// A sample's set as a hash set of ids (linear probing, in global memory: one block's own).
 struct set_view {
     uint32_t* ids;
-    uint32_t* hits;
     uint32_t mask;
     uint32_t shift;
 };
@@ -46,22 +44,13 @@ __device__ uint32_t set_find_or_insert(const set_view& set, uint32_t id, bool* i
     }
 }
 
-__device__ uint32_t gcd(uint32_t a, uint32_t b) {
-    while (b) {
-        const uint32_t r = a % b;
-        a = b;
-        b = r;
-    }
-    return a;
-}
-
 // One block per sample. Dynamic shared memory: `sort_size` ids (the part after the labels).
 __global__ void top_k_sets_kernel(const uint32_t* best_id, uint32_t k,
                                   const uint32_t* label_offsets, const uint32_t* label_ids,
                                   uint32_t fill, uint32_t n_items, uint64_t seed, fill_pool pool,
-                                  uint32_t slots, uint32_t* global_ids, uint32_t* global_hits,
-                                  uint32_t max_per_sample, uint32_t sort_size, uint32_t* padded,
-                                  uint32_t* counts, uint32_t* drawn_from) {
+                                  uint32_t slots, uint32_t* global_ids, uint32_t max_per_sample,
+                                  uint32_t sort_size, uint32_t* padded, uint32_t* counts,
+                                  uint32_t* drawn_from) {
     extern __shared__ uint32_t tail[];
     __shared__ uint32_t n_out;
     const uint32_t s = blockIdx.x;
@@ -72,17 +61,15 @@ __global__ void top_k_sets_kernel(const uint32_t* best_id, uint32_t k,
         if (threadIdx.x == 0) counts[s] = 0, drawn_from[s] = 0;
         return;
     }
-    set_view set{global_ids + size_t(s) * slots, global_hits + size_t(s) * slots, slots - 1,
-                 32 - uint32_t(__ffs(int(slots)) - 1)};
+    set_view set{global_ids + size_t(s) * slots, slots - 1, 32 - uint32_t(__ffs(int(slots)) - 1)};
     uint32_t* out = padded + size_t(s) * max_per_sample;
-    for (uint32_t i = threadIdx.x; i < slots; i += blockDim.x)
-        set.ids[i] = empty_slot, set.hits[i] = 0;
+    for (uint32_t i = threadIdx.x; i < slots; i += blockDim.x) set.ids[i] = empty_slot;
     if (threadIdx.x == 0) n_out = n_labels;
     __syncthreads();
     for (uint32_t i = threadIdx.x; i < n_labels; i += blockDim.x) {
         const uint32_t label = label_ids[label_begin + i];
         out[i] = label;
-        set.hits[set_find_or_insert(set, label, nullptr)] = taken;
+        set_find_or_insert(set, label, nullptr);
     }
     __syncthreads();
     // The top-k ids that are not labels (ids are unique: only a label is found present).
@@ -90,64 +77,24 @@ __global__ void top_k_sets_kernel(const uint32_t* best_id, uint32_t k,
         const uint32_t id = best_id[size_t(s) * k + i];
         if (id == none) continue;
         bool inserted = false;
-        const uint32_t slot = set_find_or_insert(set, id, &inserted);
-        if (!inserted) continue;
-        set.hits[slot] = taken;
-        out[atomicAdd(&n_out, 1u)] = id;
+        set_find_or_insert(set, id, &inserted);
+        if (inserted) out[atomicAdd(&n_out, 1u)] = id;
     }
     __syncthreads();
     const uint32_t chosen = n_out;
     const uint32_t target = min(fill, n_items);
-    if (chosen < target) {
-        // As gpu_lsh.cu's fill: every thread calls take() together, a twice-drawn id goes to
-        // the lower thread, and the round that reaches the target keeps its claims in thread
-        // order, so the set depends only on the seed.
-        using block_scan = cub::BlockScan<uint32_t, select_threads>;
-        __shared__ typename block_scan::TempStorage scan_storage;
-        auto take = [&](uint32_t id, bool valid) {
-            const uint32_t bid = 0x80000000u + (blockDim.x - 1 - threadIdx.x);
-            uint32_t slot = 0;
-            if (valid) {
-                slot = set_find_or_insert(set, id, nullptr);
-                atomicMax(&set.hits[slot], bid);  // a taken id stays taken
-            }
-            __syncthreads();
-            // A volatile read: the set lives in global memory, where the atomics went to L2.
-            const uint32_t won =
-                valid && *static_cast<volatile uint32_t*>(&set.hits[slot]) == bid ? 1u : 0u;
-            __syncthreads();
-            if (won) set.hits[slot] = taken;
-            uint32_t rank = 0, total = 0;
-            block_scan(scan_storage).ExclusiveSum(won, rank, total);
-            if (won && n_out + rank < target) out[n_out + rank] = id;
-            __syncthreads();
-            if (threadIdx.x == 0) n_out = min(n_out + total, target);
-        };
-        auto have_target = [&]() {
-            __syncthreads();
-            const uint32_t have = n_out;
-            __syncthreads();
-            return have >= target;
-        };
-        const uint32_t need = target - chosen, free_ids = n_items - chosen;
-        const uint32_t max_rounds = 2 * need <= free_ids ? 16 + 4 * need / blockDim.x : 0;
-        // A pool (fill_pool.hpp) narrows the draws to its entries; the sweep below, reached
-        // only when the draws fall short, takes any row.
-        const uint32_t range = pool.size ? pool.size : n_items;
-        for (uint32_t round = 0; round < max_rounds && !have_target(); ++round) {
-            const uint64_t draw = splitmix64(seed ^ (uint64_t(s) << 40) ^
-                                             (uint64_t(round) * blockDim.x + threadIdx.x));
-            const uint32_t pick = uint32_t(((draw >> 32) * range) >> 32);
-            take(pool.size ? fill_pool_row(pool.seed, pick, n_items) : pick, true);
-        }
-        const uint64_t mix = splitmix64(seed ^ (uint64_t(s) << 40) ^ 0xf111f111f111ULL);
-        uint32_t a = uint32_t(mix % n_items) | 1u;
-        while (gcd(a, n_items) != 1) a = a + 1 < n_items ? a + 1 : 1;
-        const uint64_t b = (mix >> 32) % n_items;
-        for (uint32_t base = 0; base < n_items && !have_target(); base += blockDim.x) {
-            const uint32_t i = base + threadIdx.x;
-            take(uint32_t((uint64_t(a) * i + b) % n_items), i < n_items);
-        }
+    if (chosen < target && threadIdx.x == 0) {
+        // The CPU's draws (fill_draw.hpp), one thread: each draw's acceptance depends on the
+        // ones before. The set is per block, so its atomics meet no other thread.
+        device_rng gen(derive_seed(seed, s));
+        uint32_t n = chosen;
+        draw_fill(gen, pool, n_items, chosen, target, [&](uint32_t id) {
+            bool inserted = false;
+            set_find_or_insert(set, id, &inserted);
+            if (inserted) out[n++] = id;
+            return inserted;
+        });
+        n_out = n;
     }
     __syncthreads();
     // The part after the labels: the top-k ids, then the fill, each sorted by id (one sort: the
@@ -215,7 +162,7 @@ uint32_t build_top_k_sets(uint32_t batch, uint32_t k, const uint32_t* label_offs
                  "a batch of {} samples with up to {} active neurons each has too many entries "
                  "for the GPU backend's 32-bit offsets: use a smaller batch or --min-active",
                  batch, out.max_per_sample);
-    const uint32_t slots = next_pow2(2 * (labels + k + fill) + 2 * select_threads);
+    const uint32_t slots = next_pow2(2 * (labels + k + fill) + 2);  // at most half full
     const uint32_t sort_size = next_pow2(std::max<uint32_t>(std::max(k, fill), 2));
     int device = 0, shared_limit = 0;
     HSLIDE_CUDA_CHECK(cudaGetDevice(&device));
@@ -237,7 +184,6 @@ uint32_t build_top_k_sets(uint32_t batch, uint32_t k, const uint32_t* label_offs
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            shared_limit - static_shared));
     ws.set_ids.reserve(size_t(batch) * slots, "top-k set hash sets");
-    ws.set_hits.reserve(size_t(batch) * slots, "top-k set hash sets");
     out.padded.reserve(size_t(batch) * out.max_per_sample, "active sets");
     out.counts.reserve(batch + 1, "active-set sizes");
     ws.drawn_from.reserve(batch, "top-k set fill starts");
@@ -245,8 +191,8 @@ uint32_t build_top_k_sets(uint32_t batch, uint32_t k, const uint32_t* label_offs
     HSLIDE_CUDA_CHECK(cudaMemsetAsync(out.counts.data() + batch, 0, 4, stream));
     top_k_sets_kernel<<<batch, select_threads, shared, stream>>>(
         ws.best_id.data(), k, label_offsets, label_ids, fill, n_items, seed, pool, slots,
-        ws.set_ids.data(), ws.set_hits.data(), out.max_per_sample, sort_size, out.padded.data(),
-        out.counts.data(), ws.drawn_from.data());
+        ws.set_ids.data(), out.max_per_sample, sort_size, out.padded.data(), out.counts.data(),
+        ws.drawn_from.data());
     HSLIDE_CUDA_LAUNCH();
     return compact_active_sets(batch, out, stream);
 }
