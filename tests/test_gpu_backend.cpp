@@ -27,6 +27,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <numeric>
 #include <set>
 #include <vector>
@@ -501,7 +502,7 @@ TEST(GpuBackend, ExactPredictionsAndExportImportMatchTheCpu) {
     gpu->export_state(trained, true);
     cpu::cpu_backend cpu(trained, tc, 1);
     const batch_view all{&data, rows.data(), uint32_t(data.size())};
-    // k = 40 takes the k-pass top-k kernel (more than 32 per sample).
+    // Exact prediction is the chunked selection of training (score_top_k), at two k.
     for (const uint32_t top : {40u, 5u}) {
         std::vector<uint32_t> g(data.size() * top), c(data.size() * top);
         std::vector<float> g_scores(g.size()), c_scores(c.size());
@@ -534,6 +535,69 @@ TEST(GpuBackend, ExactPredictionsAndExportImportMatchTheCpu) {
     // LSH scoring returns k labels drawn from the active sets (every neuron here).
     again->predict(all, k, scoring_mode::lsh, al.data(), as.data());
     for (size_t i = 0; i < al.size(); ++i) EXPECT_LT(al[i], 70u);
+}
+
+TEST(GpuBackend, ExactPredictionAllocatesNoBatchByRowsBlockAndMatchesTheCpu) {
+    // Exact prediction scores through training's chunked selection: 1,100 points (a chunk of
+    // 1,024 and a partial one) over 300,001 rows (not a multiple of 4: the last row chunk
+    // takes scalar loads) and a hidden layer of 33, k 7: the CPU's exact top-k, while no single
+    // GPU allocation comes near batch x rows floats (1.3 GB; the path before took ~1 GiB
+    // blocks of scores). Then k above a small layer: every row, the rest padded.
+    HSLIDE_REQUIRE_GPU();
+    const uint32_t n_rows = 300001, k = 7, points = 1100;
+    model_config config = hslide::testing::two_layer_model(50, 33, n_rows, sparsity_mode::topk);
+    config.layers[1].top_k = 16;
+    const model_state initial = model_state::create(config, 3);
+    train_config tc;
+    tc.seed = 4;
+    std::unique_ptr<backend> gpu;
+    try {
+        gpu = make_gpu(initial, tc, "gpu");
+    } catch (const error& e) {
+        if (std::string(e.what()).find("cuBLAS") != std::string::npos) HSLIDE_GPU_SKIP(e.what());
+        throw;
+    }
+    cpu::cpu_backend cpu(initial, tc, 8, cpu::scalar_kernels(), precision_mode::fp32);
+    const dataset data = random_dataset(points, 50, n_rows, 6);
+    std::vector<uint32_t> rows(data.size());
+    std::iota(rows.begin(), rows.end(), 0u);
+    const batch_view all{&data, rows.data(), points};
+    std::vector<uint32_t> g(size_t(points) * k), c(g.size());
+    std::vector<float> g_scores(g.size()), c_scores(g.size());
+#if HSLIDE_HAVE_CUDA  // (without CUDA the test has skipped before this)
+    gpu::testing::reset_largest_device_allocation();
+    gpu->predict(all, k, scoring_mode::exact, g.data(), g_scores.data());
+    EXPECT_LT(gpu::testing::largest_device_allocation(), size_t(points) * n_rows * 4 / 16)
+        << "a prediction allocated a block of about batch x rows scores";
+#endif
+    cpu.predict(all, k, scoring_mode::exact, c.data(), c_scores.data());
+    size_t same = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+        ASSERT_LT(g[i], n_rows) << "entry " << i;
+        EXPECT_NEAR(g_scores[i], c_scores[i], 1e-4) << "entry " << i;
+        if (g[i] != c[i]) EXPECT_NEAR(g_scores[i], c_scores[i], 1e-5) << "entry " << i;
+        same += g[i] == c[i];
+    }
+    EXPECT_GE(double(same), 0.99 * double(g.size()));
+    // k = 75 over 70 rows: the 70 rows best first, then 5 empty entries.
+    auto small = make_gpu(model_state::create(two_layer_config(sparsity_mode::topk), 5), tc, "gpu");
+    const dataset few = random_dataset(9, 50, 70, 7);
+    const batch_view nine{&few, rows.data(), 9};
+    std::vector<uint32_t> labels(9 * 75);
+    std::vector<float> scores(labels.size());
+    small->predict(nine, 75, scoring_mode::exact, labels.data(), scores.data());
+    for (uint32_t p = 0; p < 9; ++p) {
+        std::vector<uint32_t> got(labels.begin() + p * 75, labels.begin() + p * 75 + 70);
+        EXPECT_TRUE(std::is_sorted(scores.begin() + p * 75, scores.begin() + p * 75 + 70,
+                                   std::greater<float>()))
+            << "point " << p;
+        std::sort(got.begin(), got.end());
+        for (uint32_t i = 0; i < 70; ++i) EXPECT_EQ(got[i], i) << "point " << p;
+        for (uint32_t j = 70; j < 75; ++j) {
+            EXPECT_EQ(labels[p * 75 + j], UINT32_MAX) << "point " << p;
+            EXPECT_EQ(scores[p * 75 + j], -INFINITY) << "point " << p;
+        }
+    }
 }
 
 #if HSLIDE_HAVE_CUDA

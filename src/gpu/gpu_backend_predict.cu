@@ -1,5 +1,6 @@
-// The CUDA backend's prediction (design in gpu_backend_impl.cuh): exact or LSH scoring of
-// a batch in chunks, the k best labels of each point.
+// The CUDA backend's prediction (design in gpu_backend_impl.cuh): the k best labels of each
+// point of a batch, by exact scoring through training's chunked top-k selection (gpu_topk.cuh:
+// memory O(batch x (k + chunk)), no batch x rows matrix) or by LSH scoring of active sets.
 #include "gpu_backend_impl.cuh"
 
 namespace hslide::gpu {
@@ -20,9 +21,13 @@ void gpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scor
     // (evaluations are rare: waiting costs little, and they do not depend on timing).
     if (!exact) finish_table_rebuild();
     const device_layer& out = layers_[1];
-    // Exact scores of every label are batch x rows floats: score in chunks of at most 1 GiB.
-    const uint32_t chunk =
-        exact ? uint32_t(std::clamp<uint64_t>((uint64_t{1} << 28) / out.rows, 1, 1024)) : 1024;
+    // Exact scoring is training's chunked selection (score_top_k): batch x (k + chunk) floats,
+    // never batch x rows. k above the layer keeps every row (the rest padded, as top_k does).
+    const uint32_t kept = std::min(k, out.rows);
+    HSLIDE_CHECK_KIND(!exact || kept <= top_k_max, error_kind::unsupported,
+                      "exact prediction on the GPU keeps at most {} labels a point, not {}",
+                      top_k_max, k);
+    const uint32_t chunk = 1024;
     for (uint32_t begin = 0; begin < batch.size; begin += chunk) {
         const uint32_t b = std::min(chunk, batch.size - begin);
         const batch_view part{batch.data, batch.rows + begin, b};
@@ -31,41 +36,49 @@ void gpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scor
         const batch_csr csr = device_batch(b);
         first_layer_forward(layers_[0].view(), csr, hidden_.data(),
                             use_bf16() ? hidden16_.data() : nullptr, stream_);
-        top_labels_.reserve(size_t(b) * k, "top-k labels");
-        top_scores_.reserve(size_t(b) * k, "top-k scores");
         if (exact) {
             if (!blas_) {
                 HSLIDE_CUBLAS_CHECK(cublas().create(&blas_));
                 HSLIDE_CUBLAS_CHECK(cublas().set_stream(blas_, stream_));
             }
-            logits_.reserve(size_t(b) * out.rows, "exact scores");
-            dense_logits(b, logits_.data(), CUDA_R_32F, out.rows);
-            top_k(logits_.data(), nullptr, nullptr, out.rows, b, k, top_labels_.data(),
-                  top_scores_.data(), stream_, out.bias.data());
-        } else {
-            const layer_config& cfg = shape_.config.layers[1];
-            device_hash_.hash_rows(hidden_.data(), layers_[0].stride, b, codes_.data(), stream_);
-            const uint64_t seed =
-                derive_seed(step_seed(train_.seed, seed_stream::predict, shape_.adam_step), begin);
-            const uint32_t total =
-                build_active_sets(tables_[front_].view(), codes_.data(), b, nullptr, nullptr, 0,
-                                  output_active_params(false, seed), active_, stream_);
-            logits_.reserve(std::max(total, 1u), "active logits");
-            sparse_output_forward(out.view(), hidden_.data(), hidden16_.data(), use_bf16(),
-                                  active_.ids.data(), active_.entry_sample.data(), total,
-                                  logits_.data(), stream_);
-            top_k(logits_.data(), active_.offsets.data(), active_.ids.data(), 0, b, k,
-                  top_labels_.data(), top_scores_.data(), stream_, nullptr);
+            score_top_k(out.view(), hidden_.data(), use_bf16() ? hidden16_.data() : nullptr,
+                        layers_[0].stride, use_bf16(), b, kept, /*chunk=*/0, blas_, topk_, stream_);
+            // Rows of `kept` into rows of k; the columns past the layer are padded below.
+            HSLIDE_CUDA_CHECK(cudaMemcpy2DAsync(
+                labels + size_t(begin) * k, size_t(k) * 4, topk_.best_id.data(), size_t(kept) * 4,
+                size_t(kept) * 4, b, cudaMemcpyDeviceToHost, stream_));
+            HSLIDE_CUDA_CHECK(cudaMemcpy2DAsync(
+                scores + size_t(begin) * k, size_t(k) * 4, topk_.best_score.data(),
+                size_t(kept) * 4, size_t(kept) * 4, b, cudaMemcpyDeviceToHost, stream_));
+            HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+            for (uint32_t s = 0; s < b; ++s)
+                for (uint32_t j = kept; j < k; ++j) {
+                    labels[size_t(begin + s) * k + j] = UINT32_MAX;
+                    scores[size_t(begin + s) * k + j] = -INFINITY;
+                }
+            continue;
         }
+        // LSH: the sample's active set scored, then its k best.
+        top_labels_.reserve(size_t(b) * k, "top-k labels");
+        top_scores_.reserve(size_t(b) * k, "top-k scores");
+        device_hash_.hash_rows(hidden_.data(), layers_[0].stride, b, codes_.data(), stream_);
+        const uint64_t seed =
+            derive_seed(step_seed(train_.seed, seed_stream::predict, shape_.adam_step), begin);
+        const uint32_t total =
+            build_active_sets(tables_[front_].view(), codes_.data(), b, nullptr, nullptr, 0,
+                              output_active_params(false, seed), active_, stream_);
+        logits_.reserve(std::max(total, 1u), "active logits");
+        sparse_output_forward(out.view(), hidden_.data(), hidden16_.data(), use_bf16(),
+                              active_.ids.data(), active_.entry_sample.data(), total,
+                              logits_.data(), stream_);
+        top_k(logits_.data(), active_.offsets.data(), active_.ids.data(), 0, b, k,
+              top_labels_.data(), top_scores_.data(), stream_, nullptr);
         HSLIDE_CUDA_CHECK(cudaMemcpyAsync(labels + size_t(begin) * k, top_labels_.data(),
                                           size_t(b) * k * 4, cudaMemcpyDeviceToHost, stream_));
         HSLIDE_CUDA_CHECK(cudaMemcpyAsync(scores + size_t(begin) * k, top_scores_.data(),
                                           size_t(b) * k * 4, cudaMemcpyDeviceToHost, stream_));
         HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream_));
     }
-    // Exact scores took up to 1 GiB that LSH training, which needs a batch's active logits,
-    // would otherwise keep from the rest of the model.
-    if (exact && sparse_output()) logits_.resize(0, "exact scores");
 }
 
 }  // namespace hslide::gpu
