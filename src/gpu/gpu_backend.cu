@@ -25,12 +25,12 @@ gpu_backend::gpu_backend(model_state initial, const train_config& train, int dev
                       "--adam {} is CPU-only so far; the GPU backend takes sparse, input-dense "
                       "and input-catch-up",
                       to_string(train.adam));
-    topk_output_ = !dense_output && config.selection(1) == neuron_selection::top_k;
-    dense_output_ = dense_output || (!config.uses_lsh(1) && !topk_output_);
-    // k is clamped to the layer (as the CPU's and select_top_k_sets' k): --top-k above the
+    const bool top_k = !dense_output && config.selection(1) == neuron_selection::top_k;
+    dense_output_ = dense_output || (!config.uses_lsh(1) && !top_k);
+    // k is clamped to the layer (as the CPU's and the top-k selection's k): --top-k above the
     // layer's size takes every neuron, and only the clamped k has to fit the merge buffer.
     HSLIDE_CHECK_KIND(
-        !topk_output_ || std::min(config.layers[1].top_k, config.layers[1].size) <= top_k_max,
+        !top_k || std::min(config.layers[1].top_k, config.layers[1].size) <= top_k_max,
         error_kind::unsupported, "the GPU backend selects at most {} neurons by top-k (--top-k {})",
         top_k_max, config.layers[1].top_k);
 
@@ -55,18 +55,7 @@ gpu_backend::gpu_backend(model_state initial, const train_config& train, int dev
         for (auto& e : set) HSLIDE_CUDA_CHECK(cudaEventCreate(&e));
     for (auto& e : handles_.staged)
         HSLIDE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    if (async_rebuild_ && lsh_output()) {
-        // The lowest priority: the steps' kernels go first where both wait for the SMs.
-        int least = 0, greatest = 0;
-        HSLIDE_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-        HSLIDE_CUDA_CHECK(
-            cudaStreamCreateWithPriority(&handles_.side, cudaStreamNonBlocking, least));
-        HSLIDE_CUDA_CHECK(
-            cudaEventCreateWithFlags(&handles_.weights_ready, cudaEventDisableTiming));
-        HSLIDE_CUDA_CHECK(cudaEventCreate(&handles_.rebuild_begin));
-        HSLIDE_CUDA_CHECK(cudaEventCreate(&handles_.rebuild_end));
-    }
-    if (dense_output_ || topk_output_) {
+    if (dense_output_ || top_k) {
         HSLIDE_CUBLAS_CHECK(cublas().create(&blas_));
         HSLIDE_CUBLAS_CHECK(cublas().set_stream(blas_, stream_));
     }
@@ -81,12 +70,13 @@ gpu_backend::gpu_backend(model_state initial, const train_config& train, int dev
     if (catches_up_inputs())
         input_catch_up_.start(train_.adam_beta1, train_.adam_beta2, train_.adam_epsilon,
                               layers_[0].rows, shape_.adam_step, stream_);
-    if (lsh_output()) {
-        rebuild_output_tables();
-        // The spare set is allocated (and filled) now: an out-of-memory error comes at
-        // creation, not from a rebuild in the middle of training.
-        if (async_rebuild_) build_output_tables(tables_[front_ ^ 1], stream_);
-    }
+    // The output layer's selection (none for a dense layer): LSH builds its tables now.
+    const layer_config& output = shape_.config.layers[1];
+    if (top_k)
+        selection_ = make_top_k_selection(layers_[1].rows, output, use_bf16(), blas_);
+    else if (!dense_output_)
+        selection_ = make_lsh_selection(layers_[1].view(), output, shape_.hash_seeds[1],
+                                        shape_.adam_step, async_rebuild_, stream_);
     HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
@@ -94,7 +84,7 @@ gpu_backend::~gpu_backend() {
     // Work in flight may still read the device arrays, which are freed before handles_.
     cudaSetDevice(device_);
     if (stream_) cudaStreamSynchronize(stream_);
-    if (handles_.side) cudaStreamSynchronize(handles_.side);
+    selection_.reset();  // waits for its own side stream, if any
 }
 
 void gpu_backend::upload_layer(size_t l, const layer_state& src, bool with_optimizer) {
@@ -153,7 +143,6 @@ void gpu_backend::ensure_work(uint32_t batch) {
     d_hidden_.reserve(hidden, "hidden gradients");
     if (use_bf16()) hidden16_.reserve(hidden, "bf16 hidden activations");
     loss_.reserve(batch, "losses");
-    if (lsh_output()) codes_.reserve(size_t(batch) * shape_.config.layers[1].lsh.L, "LSH codes");
 }
 
 void gpu_backend::export_state(model_state& out, bool with_optimizer) const {
@@ -196,27 +185,32 @@ void gpu_backend::import_state(const model_state& in, bool with_optimizer) {
         input_catch_up_.restart(shape_.adam_step, stream_);
         rows_behind_ = false;
     }
-    shape_.hash_seeds = in.hash_seeds;
-    if (lsh_output()) rebuild_output_tables();
+    // In place: the LSH selection reads the output layer's seed where it is.
+    HSLIDE_CHECK(in.hash_seeds.size() == shape_.hash_seeds.size(),
+                 "imported model has {} hash seeds, expected {}", in.hash_seeds.size(),
+                 shape_.hash_seeds.size());
+    std::copy(in.hash_seeds.begin(), in.hash_seeds.end(), shape_.hash_seeds.begin());
+    if (selection_) selection_->rows_changed(layers_[1].view());
     reset_changed_rows();
     HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void gpu_backend::refresh_selections(bool new_functions) {
+    if (!selection_) return;
+    activate();
+    selection_->refresh(new_functions, layers_[1].view());
 }
 
 backend_info gpu_backend::info() const {
     backend_info bi;
     bi.kind = to_string(backend_kind::gpu);
-    bi.device = device_name_ + (dense_output_  ? " (dense output, cuBLAS)"
-                                : topk_output_ ? (top_k_fused_requested() && use_bf16()
-                                                      ? " (top-k output, fused scoring)"
-                                                      : " (top-k output, cuBLAS scoring)")
-                                               : " (LSH output)");
+    bi.device = device_name_ + (selection_ ? selection_->describe() : " (dense output, cuBLAS)");
     bi.precision = to_string(precision_);
     for (const device_layer& l : layers_)
         bi.memory_bytes += l.weights.bytes() + l.adam_m.bytes() + l.adam_v.bytes() +
                            l.bias.bytes() * 3 + l.weights16.bytes();
-    bi.memory_bytes += topk_.memory_bytes() + input_catch_up_.memory_bytes();
-    bi.memory_bytes += tables_[0].memory_bytes() + tables_[1].memory_bytes() +
-                       table_scratch_.memory_bytes() + table_codes_.bytes();
+    bi.memory_bytes += exact_.memory_bytes() + input_catch_up_.memory_bytes();
+    if (selection_) bi.memory_bytes += selection_->memory_bytes();
     activate();
     bi.free_memory_bytes = device_memory_info().first;
     return bi;

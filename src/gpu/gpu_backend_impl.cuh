@@ -1,15 +1,17 @@
 // The CUDA backend's class (see gpu_backend.hpp for its factory), shared by its stages:
 // gpu_backend.cu (creation, whole-state transfers, info), gpu_backend_step.cu (a training
-// step), gpu_backend_tables.cu (the LSH tables and their asynchronous rebuild),
-// gpu_backend_predict.cu (prediction) and gpu_backend_rows.cu (row traffic for hybrid
-// merges, deferred updates).
+// step), gpu_backend_predict.cu (prediction) and gpu_backend_rows.cu (row traffic for hybrid
+// merges, deferred updates). The output layer's active sets come from its selection object
+// (gpu_selection.cuh: LSH with its tables and asynchronous rebuild, or exact top-k with its
+// scoring buffers); a dense output layer has none.
 //
 // One step on the GPU.
 //
 // A training step, all on one stream:
 //  1. the batch goes to the device as one CSR block (features, labels) from pinned memory;
 //  2. first layer: each sample's feature rows summed, ReLU;
-//  3. output layer (LSH): bucket codes of the hidden vectors, active sets (labels first),
+//  3. output layer (a selection's sets; LSH): bucket codes of the hidden vectors, active
+//     sets (labels first),
 //     one warp per active neuron for the logits, one block per sample for the fused
 //     softmax + loss + gradient, and one block per sample for W^T delta;
 //     (top-k): the same, with the active sets from exact scoring of every row in chunked
@@ -39,6 +41,7 @@
 #include "gpu_layers.cuh"
 #include "gpu_lsh.cuh"
 #include "gpu_rows.cuh"
+#include "gpu_selection.cuh"
 #include "gpu_topk.cuh"
 #include "hslide/backend_registry.hpp"
 #include "hslide/error.hpp"
@@ -161,21 +164,18 @@ class gpu_backend final : public backend, public row_transfer {
     bool complete_deferred_updates() override;
     backend_info info() const override;
 
-    /// Waits for the table rebuilds asked for so far and puts the last one in use.
+    /// Waits for the selection's refreshes asked for so far (LSH's table rebuilds) and puts
+    /// the last one in use.
     void finish_table_rebuild() {
         activate();
-        adopt_rebuilt_tables(/*wait=*/true);
-        if (rebuild_wanted_) {
-            start_async_rebuild();
-            adopt_rebuilt_tables(/*wait=*/true);
-        }
+        if (selection_) selection_->finish_refresh(layers_[1].view());
     }
 
     /// The output layer's active sets of the last step (tests): per sample, as built.
     std::vector<std::vector<uint32_t>> last_active_sets() {
         activate();
         std::vector<std::vector<uint32_t>> sets;
-        if (dense_output_ || last_batch_ == 0) return sets;
+        if (!selection_ || last_batch_ == 0) return sets;
         HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream_));
         std::vector<uint32_t> offsets(size_t(last_batch_) + 1);
         HSLIDE_CUDA_CHECK(cudaMemcpy(offsets.data(), active_.offsets.data(), offsets.size() * 4,
@@ -203,27 +203,11 @@ class gpu_backend final : public backend, public row_transfer {
     void ensure_work(uint32_t batch);
     void upload_layer(size_t l, const layer_state& src, bool with_optimizer);
     void refresh_bf16(size_t l);
-    /// Rebuilds the tables in use on the main stream (new hash functions first if the seed
-    /// changed), after any rebuild still running on the side stream.
-    void rebuild_output_tables();
-    /// Hashes the output layer's rows and builds `tables` from them on `stream`.
-    void build_output_tables(device_tables& tables, cudaStream_t stream);
-    /// Starts a rebuild into the spare tables on the side stream, after the work queued so
-    /// far; the steps go on with the tables in use until it lands.
-    void start_async_rebuild();
-    /// Puts a rebuild from the side stream in use once it is done (with `wait`: waits for it).
-    /// A rebuild asked for meanwhile (rebuild_wanted_) is the caller's to start.
-    void adopt_rebuilt_tables(bool wait);
     bool use_bf16() const { return precision_ == precision_mode::bf16; }
     /// --adam input-catch-up: the first layer's untouched rows catch up when next read.
     bool catches_up_inputs() const { return adam_catches_up_rows(train_.adam, 0); }
-    /// The output layer's active sets come from LSH tables (rebuilt as training goes).
-    bool lsh_output() const { return !dense_output_ && !topk_output_; }
-    /// The output layer trains on active sets (LSH or top-k), not on every neuron.
-    bool sparse_output() const { return !dense_output_; }
-    /// Top-k active sets of the batch (exact scoring, gpu_topk.cuh) into active_; the loss's
-    /// log-partition in topk_.log_partition. Returns the number of entries.
-    uint32_t select_top_k_sets(uint32_t batch, const batch_csr& csr, uint32_t max_labels);
+    /// The output layer trains on active sets (LSH or top-k: a selection), not on every neuron.
+    bool sparse_output() const { return selection_ != nullptr; }
     /// logits (batch rows of ld >= n_out values of `type`) = hidden . W^T, bias not added:
     /// fp32 (sgemm) or, in bf16, the tensor cores' products written as `type` (fp32 for
     /// predictions, bf16 for a dense training step: gpu_dense.cuh).
@@ -237,8 +221,6 @@ class gpu_backend final : public backend, public row_transfer {
     void reserve_first_layer_update(uint32_t nnz);
     void first_layer_update(uint32_t batch, uint32_t nnz, float inv_batch, const adam_params& adam);
     void activate() const { HSLIDE_CUDA_CHECK(cudaSetDevice(device_)); }
-    /// The output layer's active-set settings; `training` forces the labels in.
-    active_set_params output_active_params(bool training, uint64_t seed) const;
     /// No row changed since now (creation, a whole import, a take).
     void reset_changed_rows();
     /// Calls chunk(ids, n) for consecutive chunks of layer l's `rows`, each checked against
@@ -254,8 +236,7 @@ class gpu_backend final : public backend, public row_transfer {
     int device_;
     std::string device_name_;
     precision_mode precision_;
-    bool dense_output_;
-    bool topk_output_ = false;  // exact top-k output sets (neuron_selection::top_k)
+    bool dense_output_;  // every output neuron, through cuBLAS (no selection)
     bool async_rebuild_;
     /// The stream, cuBLAS handle and timing events, released by their own destructor so that
     /// a constructor that throws part-way (out of memory) leaks none of them.
@@ -265,24 +246,16 @@ class gpu_backend final : public backend, public row_transfer {
         cublasHandle_t blas = nullptr;
         cudaEvent_t events[2][8] = {};  // a step's stage boundaries, by step parity
         cudaEvent_t staged[2] = {};     // each staging block's last copy to the device
-        // Asynchronous table rebuilds: their stream, the main stream's point they start
-        // after, and their start and end (timed).
-        cudaStream_t side = nullptr;
-        cudaEvent_t weights_ready = nullptr, rebuild_begin = nullptr, rebuild_end = nullptr;
         ~cuda_handles() {
             // Errors are ignored: a destructor must not throw (the process may be exiting).
             cudaSetDevice(device);
             if (stream) cudaStreamSynchronize(stream);
-            if (side) cudaStreamSynchronize(side);
             if (blas) cublas().destroy(blas);
             for (auto& set : events)
                 for (cudaEvent_t e : set)
                     if (e) cudaEventDestroy(e);
             for (cudaEvent_t e : staged)
                 if (e) cudaEventDestroy(e);
-            for (cudaEvent_t e : {weights_ready, rebuild_begin, rebuild_end})
-                if (e) cudaEventDestroy(e);
-            if (side) cudaStreamDestroy(side);
             if (stream) cudaStreamDestroy(stream);
         }
     };
@@ -291,17 +264,6 @@ class gpu_backend final : public backend, public row_transfer {
     cublasHandle_t& blas_ = handles_.blas;
 
     device_layer layers_[2];
-    std::unique_ptr<hash_family> hash_;  // host copy: the functions' seed and arrays
-    device_hash_family device_hash_;
-    // tables_[front_] serve the lookups; an asynchronous rebuild writes the other, which is
-    // swapped in when it is done. One build runs at a time: they share the codes and scratch.
-    device_tables tables_[2];
-    int front_ = 0;
-    table_build_scratch table_scratch_;
-    device_array<uint32_t> table_codes_;
-    bool rebuild_in_flight_ = false;
-    bool rebuild_wanted_ = false;  // asked for while one ran: started when that one lands
-    double rebuild_seconds_ = 0;   // GPU time of the rebuilds landed since the last report
 
     // The batch: pinned blocks (two, used in turn) and one device block with the same layout.
     pinned_array<uint32_t> staging_[2];
@@ -313,11 +275,9 @@ class gpu_backend final : public backend, public row_transfer {
     device_array<float> hidden_, d_hidden_, loss_;
     device_array<__nv_bfloat16> hidden16_, delta16_;
     device_array<__nv_bfloat16> logits16_, dense_gradient16_;  // a dense bf16 step's
-    device_array<uint32_t> codes_;
     active_sets active_;
-    top_k_workspace topk_;
+    top_k_workspace exact_;  // exact prediction's chunked scoring (score_top_k)
     device_array<float> logits_, delta_;
-    device_array<float> corrected_logits_;  // top-k: the logits with the fill's correction
     device_array<float> dense_gradient_, bias_gradient_, dense_softmax_work_;
     row_groups output_groups_, input_groups_;
     device_array<uint32_t> nonzero_sample_;
@@ -327,7 +287,7 @@ class gpu_backend final : public backend, public row_transfer {
     input_catch_up input_catch_up_;           // --adam input-catch-up's schedule and row steps
     bool rows_behind_ = false;                // input-catch-up: rows may lag the step count
     pinned_array<float> loss_host_[2];        // per-sample losses, by step parity
-    pinned_array<float> dropped_host_[2];     // top-k: per-sample dropped mass, by step parity
+    pinned_array<float> dropped_host_[2];     // per-sample dropped mass (top-k), by parity
     pinned_array<uint32_t> touched_host_[2];  // output rows the step's update touched, by parity
 
     /// The last step queued, whose report is built once it is done.
@@ -336,7 +296,8 @@ class gpu_backend final : public backend, public row_transfer {
         int parity = 0;
         uint32_t samples = 0;
         uint64_t active_entries = 0;
-        uint32_t labelled = 0;   // top-k: samples with labels (their dropped mass is reported)
+        uint32_t labelled = 0;   // samples with labels (their dropped mass is reported)
+        bool dropped = false;    // the selection reported the mass outside the sets
         bool every_row = false;  // the update moved every output row (a dense output layer)
     };
     pending_step pending_;
@@ -351,6 +312,10 @@ class gpu_backend final : public backend, public row_transfer {
     mutable pinned_array<float> row_block_host_, row_bias_host_;
     mutable device_array<uint32_t> row_ids_;
     mutable device_array<float> row_block_, row_bias_;
+
+    // The output layer's selection (gpu_selection.cuh): LSH or exact top-k; none for a dense
+    // output layer. Last: destroyed first, while the stream and the layers it reads exist.
+    std::unique_ptr<output_selection> selection_;
 };
 
 }  // namespace hslide::gpu

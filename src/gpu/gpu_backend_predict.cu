@@ -12,14 +12,15 @@ void gpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scor
     complete_deferred_updates();  // the rows as dense Adam would have them
     const drain_on_throw drain(stream_);
     // A top-k layer has no tables: its prediction is exact scoring.
-    const bool exact = !lsh_output() || scoring == scoring_mode::exact;
+    const bool exact =
+        !selection_ || !selection_->predicts_from_sets() || scoring == scoring_mode::exact;
     HSLIDE_CHECK_KIND(exact || shape_.config.layers[1].active.probes == 0, error_kind::unsupported,
                       "multi-probe LSH scoring (--probes {}) runs on the CPU backend only; use "
                       "--probes 0 or --scoring exact on the GPU",
                       shape_.config.layers[1].active.probes);
     // LSH scoring uses the tables of every rebuild asked for so far, the same for every chunk
     // (evaluations are rare: waiting costs little, and they do not depend on timing).
-    if (!exact) finish_table_rebuild();
+    if (!exact) selection_->finish_refresh(layers_[1].view());
     const device_layer& out = layers_[1];
     // Exact scoring is training's chunked selection (score_top_k): batch x (k + chunk) floats,
     // never batch x rows. k above the layer keeps every row (the rest padded, as top_k does).
@@ -42,13 +43,14 @@ void gpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scor
                 HSLIDE_CUBLAS_CHECK(cublas().set_stream(blas_, stream_));
             }
             score_top_k(out.view(), hidden_.data(), use_bf16() ? hidden16_.data() : nullptr,
-                        layers_[0].stride, use_bf16(), b, kept, /*chunk=*/0, blas_, topk_, stream_);
+                        layers_[0].stride, use_bf16(), b, kept, /*chunk=*/0, blas_, exact_,
+                        stream_);
             // Rows of `kept` into rows of k; the columns past the layer are padded below.
             HSLIDE_CUDA_CHECK(cudaMemcpy2DAsync(
-                labels + size_t(begin) * k, size_t(k) * 4, topk_.best_id.data(), size_t(kept) * 4,
+                labels + size_t(begin) * k, size_t(k) * 4, exact_.best_id.data(), size_t(kept) * 4,
                 size_t(kept) * 4, b, cudaMemcpyDeviceToHost, stream_));
             HSLIDE_CUDA_CHECK(cudaMemcpy2DAsync(
-                scores + size_t(begin) * k, size_t(k) * 4, topk_.best_score.data(),
+                scores + size_t(begin) * k, size_t(k) * 4, exact_.best_score.data(),
                 size_t(kept) * 4, size_t(kept) * 4, b, cudaMemcpyDeviceToHost, stream_));
             HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream_));
             for (uint32_t s = 0; s < b; ++s)
@@ -58,15 +60,18 @@ void gpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scor
                 }
             continue;
         }
-        // LSH: the sample's active set scored, then its k best.
+        // LSH: the samples' active sets (no labels) scored, then their k best.
         top_labels_.reserve(size_t(b) * k, "top-k labels");
         top_scores_.reserve(size_t(b) * k, "top-k scores");
-        device_hash_.hash_rows(hidden_.data(), layers_[0].stride, b, codes_.data(), stream_);
-        const uint64_t seed =
+        selection_batch sb;
+        sb.layer = out.view();
+        sb.size = b;
+        sb.hidden = hidden_.data();
+        sb.hidden16 = use_bf16() ? hidden16_.data() : nullptr;
+        sb.hidden_stride = layers_[0].stride;
+        sb.sample_seed =
             derive_seed(step_seed(train_.seed, seed_stream::predict, shape_.adam_step), begin);
-        const uint32_t total =
-            build_active_sets(tables_[front_].view(), codes_.data(), b, nullptr, nullptr, 0,
-                              output_active_params(false, seed), active_, stream_);
+        const uint32_t total = selection_->select_sets(sb, active_, stream_);
         logits_.reserve(std::max(total, 1u), "active logits");
         sparse_output_forward(out.view(), hidden_.data(), hidden16_.data(), use_bf16(),
                               active_.ids.data(), active_.entry_sample.data(), total,

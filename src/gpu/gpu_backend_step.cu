@@ -1,6 +1,6 @@
 // The CUDA backend's training step (design in gpu_backend_impl.cuh): the batch's upload,
-// the output layer's sets (LSH or top-k) or its dense products, the updates, and the
-// report of the step before.
+// the output layer's sets (its selection object: LSH or top-k) or its dense products, the
+// updates, and the report of the step before.
 #include "gpu_backend_impl.cuh"
 
 namespace hslide::gpu {
@@ -198,33 +198,6 @@ void gpu_backend::reserve_first_layer_update(uint32_t nnz) {
         input_touched_.reserve(layers_[0].rows, "first-layer row flags");
 }
 
-uint32_t gpu_backend::select_top_k_sets(uint32_t batch, const batch_csr& csr, uint32_t max_labels) {
-    const layer_config& cfg = shape_.config.layers[1];
-    const device_layer& out = layers_[1];
-    const uint32_t k = std::min(cfg.top_k, out.rows);
-    const uint32_t fill = std::min(cfg.active.min_active, out.rows);
-    // HSLIDE_GPU_TOPK_FUSED=1: the fused scoring pass (gpu_topk.cuh), opt-in until a GPU run
-    // has measured it; the cuBLAS pass where it does not apply or its candidates overflowed.
-    const uint64_t fallbacks = topk_.fused_fallbacks;
-    const bool fused = top_k_fused_requested() && use_bf16() &&
-                       score_top_k_fused(out.view(), hidden16_.data(), layers_[0].stride, batch, k,
-                                         fused_auto_pilot, blas_, topk_, stream_);
-    if (fallbacks == 0 && topk_.fused_fallbacks == 1)
-        std::fprintf(stderr,
-                     "hslide: HSLIDE_GPU_TOPK_FUSED: a sample's candidates overflowed; such "
-                     "steps take the cuBLAS scoring pass\n");
-    if (!fused)
-        score_top_k(out.view(), hidden_.data(), use_bf16() ? hidden16_.data() : nullptr,
-                    layers_[0].stride, use_bf16(), batch, k, /*chunk=*/0, blas_, topk_, stream_);
-    // The fill's seed as LSH's (the CPU draws other ids: only the seed decides them); the
-    // pool's as the CPU's, so both draw from the same rows.
-    const fill_pool pool{step_seed(train_.seed, seed_stream::fill_pool, shape_.adam_step),
-                         fill_pool_size(cfg.fill_pool, out.rows, fill, batch)};
-    return build_top_k_sets(batch, k, csr.label_offsets, csr.label_ids, max_labels, fill, out.rows,
-                            step_seed(train_.seed, seed_stream::train_sample, shape_.adam_step),
-                            pool, topk_, active_, stream_);
-}
-
 step_report gpu_backend::train_batch(const batch_view& batch, float learning_rate) {
     HSLIDE_CHECK(batch.size > 0 && batch.data, "empty batch");
     activate();
@@ -251,23 +224,24 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
     uint64_t active_entries = uint64_t(b) * out.rows;
     const float inv_batch = 1.0f / float(b);
     uint32_t total = 0;
+    const float* dropped = nullptr;  // per-sample mass outside the sets, where reported
     if (sparse_output()) {
         HSLIDE_CUDA_CHECK(cudaEventRecord(events[2], stream_));
-        if (topk_output_) {
-            // No hashing: the selection (scoring GEMMs included) counts as active sets.
-            HSLIDE_CUDA_CHECK(cudaEventRecord(events[3], stream_));
-            total = select_top_k_sets(b, csr, max_labels);
-        } else {
-            device_hash_.hash_rows(hidden_.data(), layers_[0].stride, b, codes_.data(), stream_);
-            HSLIDE_CUDA_CHECK(cudaEventRecord(events[3], stream_));
-            adopt_rebuilt_tables(/*wait=*/false);
-            total = build_active_sets(
-                tables_[front_].view(), codes_.data(), b, csr.label_offsets, csr.label_ids,
-                max_labels,
-                output_active_params(
-                    true, step_seed(train_.seed, seed_stream::train_sample, shape_.adam_step)),
-                active_, stream_);
-        }
+        // The selection's sets (labels first); events[3] once the samples are hashed (top-k:
+        // at once, its scoring counts as active sets).
+        selection_batch sb;
+        sb.layer = out.view();
+        sb.size = b;
+        sb.csr = &csr;
+        sb.max_labels = max_labels;
+        sb.hidden = hidden_.data();
+        sb.hidden16 = use_bf16() ? hidden16_.data() : nullptr;
+        sb.hidden_stride = layers_[0].stride;
+        sb.training = true;
+        sb.sample_seed = step_seed(train_.seed, seed_stream::train_sample, shape_.adam_step);
+        sb.fill_pool_seed = step_seed(train_.seed, seed_stream::fill_pool, shape_.adam_step);
+        sb.hashed = events[3];
+        total = selection_->select_sets(sb, active_, stream_);
         active_entries = total;
         HSLIDE_CUDA_CHECK(cudaEventRecord(events[4], stream_));
         logits_.reserve(std::max(total, 1u), "active logits");
@@ -275,22 +249,13 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
         sparse_output_forward(out.view(), hidden_.data(), hidden16_.data(), use_bf16(),
                               active_.ids.data(), active_.entry_sample.data(), total,
                               logits_.data(), stream_);
-        // The gradient is the softmax over the set (as LSH's; bench/topk.md says why), with
-        // top-k's fill raised by its log-Q correction where the layer asks for one.
-        const float fill_correction = shape_.config.layers[1].fill_correction;
-        float* set_logits = logits_.data();
-        if (topk_output_ && fill_correction > 0.0f) {
-            corrected_logits_.reserve(std::max(total, 1u), "corrected logits");
-            apply_fill_correction(logits_.data(), active_.offsets.data(), b, out.rows,
-                                  fill_correction, topk_, corrected_logits_.data(), stream_);
-            set_logits = corrected_logits_.data();
-        }
+        // The gradient is the softmax over the set, over the logits the selection gives it
+        // (top-k: its fill's correction); the loss reported may be the selection's (top-k:
+        // the full softmax's).
+        float* set_logits = selection_->set_logits(logits_.data(), active_, b, total, stream_);
         softmax_loss(set_logits, nullptr, active_.offsets.data(), 0,
                      /*labels_first=*/true, csr, delta_.data(), loss_.data(), stream_);
-        // Top-k: the loss reported is the full softmax's, through the exact log-partition.
-        if (topk_output_)
-            full_softmax_loss(logits_.data(), active_.offsets.data(), csr, topk_, loss_.data(),
-                              stream_);
+        dropped = selection_->report_loss(logits_.data(), active_, csr, loss_.data(), stream_);
         HSLIDE_CUDA_CHECK(cudaEventRecord(events[5], stream_));
         sparse_output_backward(out.view(), use_bf16(), active_.offsets.data(), active_.ids.data(),
                                delta_.data(), hidden_.data(), b, d_hidden_.data(), stream_);
@@ -311,7 +276,7 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
     // The step counts once its update is queued (an error before leaves the count as it was).
     reserve_first_layer_update(batch_nnz_);
     loss_host_[parity].reserve(b, "losses");
-    if (topk_output_) dropped_host_[parity].reserve(b, "dropped mass");
+    if (dropped) dropped_host_[parity].reserve(b, "dropped mass");
     const uint64_t step = shape_.adam_step + 1;
     const adam_corrections corrections = adam_bias_corrections(train_, step);
     const adam_params adam{learning_rate,       train_.adam_beta1, train_.adam_beta2,
@@ -348,21 +313,22 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
     // This parity's loss block was last read two steps ago (its report is taken).
     HSLIDE_CUDA_CHECK(cudaMemcpyAsync(loss_host_[parity].data(), loss_.data(), size_t(b) * 4,
                                       cudaMemcpyDeviceToHost, stream_));
-    if (topk_output_)
-        HSLIDE_CUDA_CHECK(cudaMemcpyAsync(dropped_host_[parity].data(), topk_.dropped.data(),
-                                          size_t(b) * 4, cudaMemcpyDeviceToHost, stream_));
+    if (dropped)
+        HSLIDE_CUDA_CHECK(cudaMemcpyAsync(dropped_host_[parity].data(), dropped, size_t(b) * 4,
+                                          cudaMemcpyDeviceToHost, stream_));
     HSLIDE_CUDA_CHECK(cudaEventRecord(events[7], stream_));
-    // A rebuild asked for while one ran starts now, from this step's weights, beside the
+    // A refresh asked for while one ran starts now, from this step's weights, beside the
     // host's staging of the next batch.
-    if (rebuild_wanted_ && !rebuild_in_flight_) start_async_rebuild();
+    if (selection_) selection_->step_queued(out.view());
     // The step before is done (in the LSH path the wait for the set sizes came after it), or
     // finishes while this one is queued: its report goes back now, and this step runs on
     // while the caller prepares the next batch.
     step_report report = finish_pending_step();
-    report.times.rebuild += std::exchange(rebuild_seconds_, 0.0);
+    if (selection_) report.times.rebuild += selection_->take_refresh_seconds(false);
     uint32_t labelled = 0;
     for (uint32_t s = 0; s < b; ++s) labelled += batch.data->labels(batch.rows[s]).count > 0;
-    pending_ = pending_step{true, parity, b, active_entries, labelled, !sparse_output()};
+    pending_ = pending_step{
+        true, parity, b, active_entries, labelled, dropped != nullptr, !sparse_output()};
     last_batch_ = b;
     step_parity_ ^= 1;
     return report;
@@ -378,7 +344,7 @@ step_report gpu_backend::finish_pending_step() {
     report.samples = b;
     const float* loss = loss_host_[pending_.parity].data();
     for (uint32_t s = 0; s < b; ++s) report.loss_sum += loss[s];
-    if (topk_output_) {
+    if (pending_.dropped) {
         // Unlabelled samples have 0 there and are not counted.
         const float* dropped = dropped_host_[pending_.parity].data();
         for (uint32_t s = 0; s < b; ++s) report.dropped_mass_sum += dropped[s];
@@ -410,9 +376,8 @@ step_report gpu_backend::finish_pending_step() {
 step_report gpu_backend::synchronize() {
     activate();
     step_report report = finish_pending_step();
-    // A table rebuild is not a batch: one still running goes on (finish_table_rebuild waits).
-    adopt_rebuilt_tables(/*wait=*/false);
-    report.times.rebuild += std::exchange(rebuild_seconds_, 0.0);
+    // A refresh is not a batch: one still running goes on (finish_table_rebuild waits).
+    if (selection_) report.times.rebuild += selection_->take_refresh_seconds(true);
     return report;
 }
 
