@@ -29,11 +29,12 @@
 // (a sample without labels gets no set, as with LSH), then the top-k ids that are not labels,
 // then a random fill up to `fill` ids in all (min_active clamped to the layer): the CPU's
 // ids, drawn by one thread a sample with fill_draw.hpp (the CPU backend's rejection draws from
-// device_rng(derive_seed(seed, s)), a per-sample hash set of ids as the membership test), and
-// the part after the labels sorted by id (bitonic sort in shared memory). Then the CSR arrays,
-// as build_active_sets gives them: the one host wait of the step is for their total size.
-// The fill's draws are sequential (~1 us a sample for a few hundred ids, the samples'
-// blocks in parallel); not yet measured on a GPU against the claims they replaced.
+// device_rng(derive_seed(seed, s)), a per-sample hash set of ids as the membership test, in
+// shared memory where it fits), and the part after the labels sorted by id (bitonic sort in
+// shared memory). Then the CSR arrays, as build_active_sets gives them: the one host wait of
+// the step is for their total size. The fill's draws are sequential (a shared-memory probe
+// and a few integer operations each: ~0.1 ms for 1,000 ids, the samples' blocks in
+// parallel); not yet measured on a GPU against the parallel claims they replaced.
 //
 // Bytes and FLOPs per training step (batch B, rows R, hidden H, bf16; Amazon-670K's preset:
 // B 256, R 670,091, H 128):
