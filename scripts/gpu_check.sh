@@ -78,6 +78,8 @@ cd "$(dirname "$0")/.."
 source scripts/presets.sh
 
 pack_file=gpu-pack/hslide-gpu.tar.gz
+# The GPU test binaries (tests/test_gpu_*.cpp and the device hash's host-device test).
+gpu_tests="test_device_hash test_gpu_fill test_gpu_kernels test_gpu_topk test_gpu_backend test_gpu_catch_up test_gpu_hybrid"
 mode=${1:-}
 
 usage() {
@@ -90,11 +92,11 @@ pack)
     ./scripts/setup.sh
     cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DHSLIDE_CUDA=ON \
         -DHSLIDE_BUILD_BENCH=OFF >/dev/null
-    cmake --build build-gpu -j "$(nproc)" --target hslide test_gpu_backend test_device_hash
+    cmake --build build-gpu -j "$(nproc)" --target hslide $gpu_tests
     stage=build-gpu/pack
     rm -rf "$stage" gpu-pack
     mkdir -p "$stage/bin" "$stage/lib" "$stage/data" gpu-pack
-    cp build-gpu/hslide build-gpu/test_gpu_backend build-gpu/test_device_hash "$stage/bin/"
+    cp build-gpu/hslide $(printf 'build-gpu/%s ' $gpu_tests) "$stage/bin/"
     for lib in $(ldd "$stage"/bin/* | awk '/=>/ {print $3}' | sort -u); do
         case "$(basename "$lib")" in
         libc.so* | libm.so* | ld-linux* | libdl.so* | libpthread.so* | librt.so*) ;;
@@ -266,7 +268,7 @@ EOF
 # cuBLAS), so it fails instead. Returns non-zero if any failed.
 run_tests() {
     local t status=0
-    for t in test_device_hash test_gpu_backend; do
+    for t in $gpu_tests; do
         HSLIDE_EXPECT_GPU=1 "$root/bin/$t" --gtest_output="xml:$work/$t.xml" >"$work/$t.log" 2>&1 ||
             status=1
         grep -E '^\[  (PASSED|FAILED)  \]|tests ran' "$work/$t.log" | sed "s/^/$t: /"
@@ -290,8 +292,10 @@ run_sanitizers() {
         filter='GpuLsh.*:GpuTopK.*:GpuLayers.*:GpuDenseSoftmax.*:GpuBackend.InputCatchUp*-GpuTopK.FusedScoringPassAtScale*'
         [[ $tool == racecheck ]] &&
             filter='GpuLayers.*:GpuDenseSoftmax.*:GpuTopK.Fill*:GpuTopK.Sets*:GpuTopK.ChunkedSelectionIsExact*:GpuLsh.*:GpuTopK.FusedScoringPassMatches*'
-        timeout "$1" "$sanitizer" --tool "$tool" --error-exitcode 3 \
-            "$root/bin/test_gpu_backend" --gtest_filter="$filter" \
+        # The kernels' tests are in three binaries; the filter picks in each (none: no test).
+        timeout "$1" bash -c 'for t in test_gpu_kernels test_gpu_topk test_gpu_backend; do
+                "$0" --tool "$1" --error-exitcode 3 "$2/bin/$t" --gtest_filter="$3" || exit $?
+            done' "$sanitizer" "$tool" "$root" "$filter" \
             >"$work/sanitizer-$tool.log" 2>&1 || rc=$?
         if ((rc == 124)); then
             echo "compute-sanitizer $tool: out of time after $1 s (not a finding; see sanitizer-$tool.log)"

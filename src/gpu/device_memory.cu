@@ -1,6 +1,8 @@
 // Allocation helpers of device_memory.hpp: errors that say what was asked and what is free.
 #include "device_memory.hpp"
 
+#include <atomic>
+
 namespace hslide::gpu {
 
 std::pair<size_t, size_t> device_memory_info() {
@@ -15,7 +17,21 @@ std::string mib(size_t bytes) {
 }
 }  // namespace
 
+namespace {
+std::atomic<size_t> largest_allocation{0};
+}  // namespace
+
+size_t largest_device_allocation() {
+    return largest_allocation.load();
+}
+void reset_largest_device_allocation() {
+    largest_allocation.store(0);
+}
+
 void* device_allocate(size_t bytes, const char* what) {
+    for (size_t seen = largest_allocation.load();
+         bytes > seen && !largest_allocation.compare_exchange_weak(seen, bytes);) {
+    }
     void* p = nullptr;
     const cudaError_t status = cudaMalloc(&p, bytes);
     if (status == cudaSuccess) return p;

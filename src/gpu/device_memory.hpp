@@ -19,6 +19,11 @@ std::pair<size_t, size_t> device_memory_info();
 /// cudaMalloc with an error that names `what` and the free memory.
 void* device_allocate(size_t bytes, const char* what);
 
+/// The largest single device_allocate since the last reset (process-wide): lets a test check
+/// that a pass allocates no block of its full size (prediction's batch x rows scores).
+size_t largest_device_allocation();
+void reset_largest_device_allocation();
+
 /// n elements of T in device memory (uninitialised unless zeroed); moves, never copies.
 template <class T>
 class device_array {

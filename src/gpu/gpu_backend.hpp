@@ -1,12 +1,13 @@
 // The CUDA backend's factory, in plain C++ (no CUDA types), for the backend registry
 // (src/backends/registry.cpp).
 //
-// The backend (gpu_backend.cu) trains a network of a sparse-input hidden layer and an output
-// layer on one GPU, G-SLIDE style: the output layer's hash functions, tables and per-sample
-// active sets live on the GPU, and forward, backward and Adam touch only the active neurons
-// (sorted by neuron, reduced per row, no atomics on gradients). With `dense_output` (the
-// gpu-dense baseline) or an output layer configured dense, the output layer is computed for
-// every neuron with cuBLAS (tensor cores in bf16).
+// The backend (gpu_backend_impl.cuh) trains a network of a sparse-input hidden layer and an
+// output layer on one GPU, G-SLIDE style: the output layer's selection (gpu_selection.cuh: LSH
+// with its hash functions and tables, or exact top-k) and the per-sample active sets live on
+// the GPU, and forward, backward and Adam touch only the active neurons (sorted by neuron,
+// reduced per row, no atomics on gradients). With `dense_output` (the gpu-dense baseline) or
+// an output layer configured dense, the output layer is computed for every neuron with cuBLAS
+// (tensor cores in bf16).
 #pragma once
 
 #include "hslide/backend.hpp"

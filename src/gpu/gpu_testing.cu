@@ -414,4 +414,11 @@ bool score_top_k_fused(const std::vector<float>& weights, const std::vector<floa
     return true;
 }
 
+size_t largest_device_allocation() {
+    return gpu::largest_device_allocation();
+}
+void reset_largest_device_allocation() {
+    gpu::reset_largest_device_allocation();
+}
+
 }  // namespace hslide::gpu::testing

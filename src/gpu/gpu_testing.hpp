@@ -131,4 +131,8 @@ bool score_top_k_fused(const std::vector<float>& weights, const std::vector<floa
                        uint32_t pilot_rows, std::vector<uint32_t>& labels,
                        std::vector<float>& top_scores, std::vector<float>& log_partition);
 
+/// The largest single GPU allocation since the last reset (device_memory.hpp), process-wide.
+size_t largest_device_allocation();
+void reset_largest_device_allocation();
+
 }  // namespace hslide::gpu::testing

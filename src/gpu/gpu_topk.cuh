@@ -27,11 +27,14 @@
 //
 // Sets (top_k_sets_kernel, one block per sample, 256 threads): the sample's labels first
 // (a sample without labels gets no set, as with LSH), then the top-k ids that are not labels,
-// then a random fill up to `fill` ids in all (min_active clamped to the layer), drawn as the
-// LSH fill draws (gpu_lsh.cu: claims in a per-sample hash set, the lowest thread wins a
-// twice-drawn id, so the set depends only on the seed; not the CPU's ids), and the part after
-// the labels sorted by id (bitonic sort in shared memory). Then the CSR arrays, as
-// build_active_sets gives them: the one host wait of the step is for their total size.
+// then a random fill up to `fill` ids in all (min_active clamped to the layer): the CPU's
+// ids, drawn by one thread a sample with fill_draw.hpp (the CPU backend's rejection draws from
+// device_rng(derive_seed(seed, s)), a per-sample hash set of ids as the membership test, in
+// shared memory where it fits), and the part after the labels sorted by id (bitonic sort in
+// shared memory). Then the CSR arrays, as build_active_sets gives them: the one host wait of
+// the step is for their total size. The fill's draws are sequential (a shared-memory probe
+// and a few integer operations each: ~0.1 ms for 1,000 ids, the samples' blocks in
+// parallel); not yet measured on a GPU against the parallel claims they replaced.
 //
 // Bytes and FLOPs per training step (batch B, rows R, hidden H, bf16; Amazon-670K's preset:
 // B 256, R 670,091, H 128):
@@ -128,8 +131,8 @@ struct top_k_workspace {
     device_array<max_sum> running;      ///< batch: the online log-sum-exp so far
     device_array<float> log_partition;  ///< batch: log sum_r exp(z_r) over every row
     device_array<float> dropped;        ///< batch: softmax mass outside the set (training)
-    device_array<uint32_t> set_ids, set_hits;  ///< the fill's per-sample hash sets
-    device_array<uint32_t> drawn_from;         ///< batch: where each set's random fill begins
+    device_array<uint32_t> set_ids;     ///< the sets' per-sample hash sets of ids
+    device_array<uint32_t> drawn_from;  ///< batch: where each set's random fill begins
     // The fused pass's (score_top_k_fused): per (block, sample) log-sum-exp partials, the
     // candidates (batch x capacity), their counts and the overflow flag.
     device_array<max_sum> fused_partials;
@@ -146,9 +149,9 @@ struct top_k_workspace {
 
     size_t memory_bytes() const {
         return chunk_scores.bytes() + best_score.bytes() + best_id.bytes() + running.bytes() +
-               log_partition.bytes() + dropped.bytes() + set_ids.bytes() + set_hits.bytes() +
-               drawn_from.bytes() + fused_partials.bytes() + fused_score.bytes() +
-               fused_id.bytes() + fused_count.bytes() + fused_flag.bytes();
+               log_partition.bytes() + dropped.bytes() + set_ids.bytes() + drawn_from.bytes() +
+               fused_partials.bytes() + fused_score.bytes() + fused_id.bytes() +
+               fused_count.bytes() + fused_flag.bytes();
     }
 };
 
@@ -191,8 +194,10 @@ bool top_k_fused_requested();
 
 /// Builds the CSR active sets from ws.best_id (k per sample): labels first (label_offsets /
 /// label_ids, batch + 1 offsets; null: no labels, and every sample gets a set), then the
-/// top-k ids that are not labels, sorted by id, then random ids up to `fill` in all (seed),
-/// drawn from `pool` (fill_pool.hpp; size 0: from all n_items rows), sorted by id;
+/// top-k ids that are not labels, sorted by id, then random ids up to `fill` in all, sorted
+/// by id: sample s's are the CPU backend's, drawn (fill_draw.hpp) from
+/// device_rng(derive_seed(seed, s)) with seed = step_seed(.., seed_stream::train_sample, step),
+/// first from `pool` (fill_pool.hpp; size 0: no pool), then from all n_items rows;
 /// ws.drawn_from[s] is where sample s's fill begins. Returns the total number of entries (one
 /// host wait).
 uint32_t build_top_k_sets(uint32_t batch, uint32_t k, const uint32_t* label_offsets,
