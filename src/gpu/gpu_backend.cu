@@ -203,7 +203,7 @@ void gpu_backend::refresh_selections(bool new_functions) {
 
 backend_info gpu_backend::info() const {
     backend_info bi;
-    bi.kind = to_string(backend_kind::gpu);
+    bi.kind = to_string(dense_output_ ? backend_kind::gpu_dense : backend_kind::gpu);
     bi.device = device_name_ + (selection_ ? selection_->describe() : " (dense output, cuBLAS)");
     bi.precision = to_string(precision_);
     for (const device_layer& l : layers_)
