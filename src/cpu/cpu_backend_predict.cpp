@@ -1,5 +1,6 @@
-// The CPU backend's prediction: exact scoring (blocked over output rows and points), the IVF
-// index's search (a top-k layer) or the LSH active set's scores, then each point's top k.
+// The CPU backend's prediction: the output layer's selector scores a chunk of points exactly
+// (blocked over output rows and points) or searches its IVF index, or each point's LSH active
+// set is scored; then each point's top k.
 #include "cpu_backend.hpp"
 #include "top_k_selector.hpp"
 
