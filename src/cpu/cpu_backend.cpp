@@ -39,25 +39,16 @@ cpu_backend::cpu_backend(model_state initial, const train_config& train, int thr
                           "a top-k output layer needs a dense last hidden layer (its exact "
                           "scoring is a product of whole hidden vectors)");
     }
-    lsh_.resize(n_layers);
     groups_.resize(n_layers);
     changed_.resize(n_layers);
-    uint32_t max_sparse = 0, max_width = 0, max_L = 0;
+    uint32_t max_width = 0;
     for (size_t l = 0; l < n_layers; ++l) {
         max_width = std::max(max_width, model_.layers[l].width);
         groups_[l].slot.assign(model_.layers[l].rows, -1);
-        changed_[l].flag.assign(model_.layers[l].rows, 0);
-        lsh_[l].stale.flag.assign(model_.layers[l].rows, 0);
-        if (l + 1 == n_layers) ivf_stale_.flag.assign(model_.layers[l].rows, 0);
-        if (model_.config.uses_lsh(l)) {
-            max_sparse = std::max(max_sparse, model_.neurons(l));
-            max_L = std::max<uint32_t>(max_L, model_.config.layers[l].lsh.L);
-        }
+        changed_[l] = row_marks(model_.layers[l].rows);
     }
     scratch_.resize(threads_);
     for (auto& s : scratch_) {
-        s.builder = active_set_builder(max_sparse);
-        s.codes.resize(max_L);
         s.grad.resize(padded_stride(max_width));
         if (use_bf16()) s.input16.resize(max_width);
     }
@@ -66,9 +57,13 @@ cpu_backend::cpu_backend(model_state initial, const train_config& train, int thr
         for (size_t l = 0; l < n_layers; ++l) refresh_bf16_layer(l);
     }
     if (train_.adam_moments == moment_storage::bf16) take_moments();
-    for (size_t l = 0; l < n_layers; ++l)
-        if (model_.config.uses_lsh(l)) build_layer_tables(l);
-    if (searches_ivf()) build_output_index();
+    // The selections read the rows through rows_of, so they see the bf16 copies and any import.
+    selections_.resize(n_layers);
+    for (size_t l = 1; l < n_layers; ++l) {
+        selections_[l] = make_selector(
+            model_.config, l, [this, l] { return rows_of(l); }, train_.seed, k_, threads_);
+        selections_[l]->refresh({model_.adam_step, model_.hash_seeds[l]});
+    }
     if (catches_up()) {
         catch_up_ = adam_catch_up(train_.adam_beta1, train_.adam_beta2, train_.adam_epsilon,
                                   model_.adam_step);
@@ -231,7 +226,7 @@ void cpu_backend::output_loss(const label_row& y, uint32_t s, thread_scratch& sc
         } else {
             log_sum = k_.softmax(out.act.data(), out.delta.data(), uint32_t(out.act.size()));
         }
-        if (top_k && !searches_ivf()) {
+        if (output_selection().computes_log_partition()) {
             // The gradient is the softmax over the set (its hardest negatives), as for LSH:
             // with the full softmax's probabilities instead, a set holding little of the mass
             // (any set of a fresh 670k-label layer) gives the hidden layers almost no push
@@ -332,8 +327,7 @@ void cpu_backend::run_forward_backward(const batch_view& batch, step_report& rep
     report.active_per_layer.assign(n_layers, 0);
     // Only the exact top-k search computes the full softmax's partition (IVF's loss is the
     // set's, as LSH's): dropped mass is reported where it is measured.
-    const bool full_partition =
-        model_.config.selection(n_layers - 1) == neuron_selection::top_k && !searches_ivf();
+    const bool full_partition = output_selection().computes_log_partition();
     for (uint32_t s = 0; s < batch.size; ++s) {
         report.loss_sum += samples_[s].loss;
         if (full_partition && samples_[s].trained) {
@@ -509,24 +503,10 @@ step_report cpu_backend::train_batch(const batch_view& batch, float learning_rat
     const auto t_start = clock_type::now();
     step_report report;
     drop_widened_moments();  // a host_state() reader's copies: the bf16 moments move on
-    const uint32_t refresh = model_.config.layers.back().ivf_refresh;
-    if (searches_ivf() && refresh > 0 && model_.adam_step > 0 && model_.adam_step % refresh == 0) {
-        // The rows moved since the index last saw them (refresh_ivf_index says why it
-        // matters). Every ivf_lloyd_every-th pass (by step, so a resumed run keeps the
-        // rhythm) is a whole refresh with a Lloyd step; between them only the rows changed
-        // since the last pass are reassigned (about 30% of them at the Amazon-670K shape with
-        // the fill pool; bench/topk.md).
-        const auto t0 = clock_type::now();
-        const bool whole = ivf_stale_.all || (model_.adam_step / refresh) % ivf_lloyd_every == 0;
-        ivf_stale_.take(ivf_stale_rows_);
-        if (whole) {
-            refresh_ivf_index(ivf_, output_rows(), k_, threads_);
-        } else {
-            reassign_ivf_rows(ivf_, output_rows(), k_, ivf_stale_rows_.data(),
-                              uint32_t(ivf_stale_rows_.size()), threads_);
-        }
-        report.times.rebuild += seconds_since(t0);
-    }
+    // The selections' own rhythm between refreshes (the IVF index's partial refreshes), before
+    // the step's selection so that rows imported since the last step are included.
+    for (size_t l = 1; l < model_.layers.size(); ++l)
+        report.times.rebuild += selections_[l]->before_step(model_.adam_step);
     run_forward_backward(batch, report);
 
     auto t0 = clock_type::now();

@@ -1,22 +1,34 @@
 // The CPU backend: OpenMP data parallelism over the samples of a batch, per-layer active sets
-// (LSH or exact top-k), and a race-free row-sparse update.
+// chosen by a selection object per layer (neuron_selector.hpp), and a race-free row-sparse
+// update.
 //
 // A step has three phases:
-//  1. layer by layer over the batch: the layer's active sets are chosen for every sample
-//     (select_active_sets, the one seam every neuron_selection goes through: every neuron;
-//     LSH, a query per sample in parallel, labels forced into the output layer's set; or
-//     exact top-k, every output row scored against the batch in L2-sized blocks, as exact
-//     prediction scores them), then the samples' products are computed in parallel; at the
-//     output layer, softmax + loss and the backward of the deltas follow per sample. Results
-//     go to per-sample buffers; nothing shared is written.
+//  1. layer by layer over the batch: the layer's active sets are chosen for every sample by
+//     the layer's neuron_selector (select_active_sets hands it the batch: every neuron; LSH, a
+//     query per sample in parallel, labels forced into the output layer's set; or top-k, the
+//     candidates of an exact scoring or an IVF search, then labels + top-k + random fill),
+//     then the samples' products are computed in parallel; at the output layer, softmax + loss
+//     and the backward of the deltas follow per sample. Results go to per-sample buffers;
+//     nothing shared is written.
 //  2. grouping: for each layer, the (row, sample) pairs the batch touched are grouped by row
 //     in sample order (sequential, O(entries), no O(rows) clearing).
 //  3. per touched row, in parallel: the row's gradient is summed over its samples in sample
 //     order and Adam is applied. Each row has one owner, so there are no races, and the
 //     result does not depend on the number of threads.
 //
-// The files: cpu_backend.cpp (the step), cpu_backend_selection.cpp (the seam, LSH tables,
-// exact scoring), cpu_backend_predict.cpp, cpu_backend_catch_up.cpp, cpu_backend_rows.cpp
+// The selection seam. The backend keeps one neuron_selector per layer past the input one
+// (all_neurons for a dense layer); each owns what its choice needs and refreshes it: the LSH
+// tables and codes (lsh_selector), the exact-scoring buffers (every selector can score its
+// rows exactly: exact top-k, exact prediction, the selection probe), the IVF index and its
+// rhythm (ivf_top_k). The backend tells them which rows changed (rows_changed, after each
+// update, import and catch-up), asks them to refresh (refresh_selections), calls their
+// before_step hook at the start of each step (the IVF index's partial refreshes), and asks the
+// output layer's for prediction's candidates (search, score_exactly) and the probe's sets.
+// The backend knows no selection's internals; a label-sharded output layer plugs in as
+// another selector (neuron_selector.hpp says how).
+//
+// The files: cpu_backend.cpp (the step), cpu_backend_selection.cpp (the seam's calls, the
+// selection probe), cpu_backend_predict.cpp, cpu_backend_catch_up.cpp, cpu_backend_rows.cpp
 // (changed-row tracking, exports and imports).
 //
 // In bf16 precision the backend also holds a bf16 copy of every layer's weights (rows padded
@@ -26,10 +38,9 @@
 //
 // Row tracking. The backend marks the rows each update changed (phase 3's touched rows; every
 // row of a dense layer, or of every layer with dense Adam) for two readers: take_changed_rows
-// (row-sparse merges of the hybrid backend) and the LSH rebuild, which keeps every LSH
-// layer's bucket codes and re-hashes only the rows changed or imported since they were
-// computed (a rebuild gives the same tables as hashing every row: codes are a function of the
-// row and the hash functions).
+// (row-sparse merges of the hybrid backend) and the layer's selector (rows_changed), whose LSH
+// refresh re-hashes only the rows changed or imported since they were hashed and whose IVF
+// index reassigns them.
 //
 // Catch-up Adam (--adam catch-up, adam_catch_up.hpp; input-catch-up: layer 0 only). Every row
 // of a layer updated sparsely (layer 0, LSH layers) has the step it is up to date at. Before
@@ -46,14 +57,13 @@
 
 #include "adam_catch_up.hpp"
 #include "hslide/backend.hpp"
-#include "hslide/fill_pool.hpp"
-#include "hslide/lsh.hpp"
 #include "hslide/rng.hpp"
 #include "hslide/row_transfer.hpp"
-#include "hslide/selection_quality.hpp"
 #include "hslide/seed_streams.hpp"
-#include "ivf_index.hpp"
+#include "hslide/selection_quality.hpp"
 #include "kernels.hpp"
+#include "neuron_selector.hpp"
+#include "row_marks.hpp"
 #include "top_k.hpp"
 
 #include <atomic>
@@ -108,6 +118,8 @@ class cpu_backend final : public backend, public row_transfer {
     }
     /// Top-k output layers: where `sample`'s random fill begins in its last set.
     uint32_t last_fill_start(uint32_t sample) const { return samples_[sample].set_drawn_from; }
+    /// Layer l's neuron selection (l > 0).
+    const neuron_selector& selection(size_t l) const { return *selections_[l]; }
 
     const model_state& model() const { return model_; }
     int threads() const { return threads_; }
@@ -130,8 +142,6 @@ class cpu_backend final : public backend, public row_transfer {
         uint32_t set_drawn_from = 0;  // top-k: the set's first random neuron (labels, top-k before)
     };
     struct thread_scratch {
-        active_set_builder builder;
-        std::vector<uint32_t> codes;
         std::vector<float> dense;
         std::vector<float> grad;
         // A row's gradient terms in the update: its samples' dense input vectors and their
@@ -141,9 +151,6 @@ class cpu_backend final : public backend, public row_transfer {
         std::vector<std::pair<uint32_t, float>> sparse_entries;
         std::vector<bf16> input16;  // a layer's input rounded to bf16 (bf16 precision)
         std::vector<std::pair<uint32_t, uint32_t>> caught_up;  // (layer, row) it caught up
-        // Top-k's random fill: a row is in the sample's set when its stamp is the current one.
-        std::vector<uint32_t> member_stamp;
-        uint32_t stamp = 0;
         stage_times times;
     };
     /// A layer's weights rounded to bf16, rows `stride` values apart.
@@ -152,28 +159,6 @@ class cpu_backend final : public backend, public row_transfer {
         uint32_t stride = 0;
         const bf16* row(uint32_t r) const { return values.data() + size_t(r) * stride; }
         bf16* row(uint32_t r) { return values.data() + size_t(r) * stride; }
-    };
-    /// A set of rows of one layer, marked one at a time: a flag per row and the marked list,
-    /// so marking and taking cost O(rows marked), never O(rows).
-    struct row_marks {
-        std::vector<uint8_t> flag;
-        std::vector<uint32_t> list;
-        bool all = false;
-        void mark(uint32_t r) {
-            if (!all && !flag[r]) {
-                flag[r] = 1;
-                list.push_back(r);
-            }
-        }
-        void mark_all() { all = true; }
-        /// Writes the marked rows into `out`, ascending, and unmarks them.
-        void take(std::vector<uint32_t>& out);
-    };
-    struct sparse_layer {
-        std::unique_ptr<hash_family> hash;
-        lsh_tables tables;
-        std::vector<uint32_t> codes;  // codes[row * L + t], of the rows as last hashed
-        row_marks stale;              // rows changed or imported since they were hashed
     };
     /// Rows touched by a batch (in increasing order), grouped: entries of touched[t] are
     /// [offsets[t], offsets[t+1]), each a sample and its coefficient for the row (layer 0:
@@ -196,62 +181,24 @@ class cpu_backend final : public backend, public row_transfer {
     /// Layer 0 of sample s: its feature rows' weighted sum plus the bias, then ReLU.
     void forward_input_layer(const dataset& data, uint32_t point, uint32_t s,
                              thread_scratch& scratch);
-    /// The seam: chooses layer l's active neurons for every sample of the batch (whose layer
-    /// l-1 is computed), as config.selection(l) says: every neuron (empty ids), LSH
-    /// (select_lsh per sample) or top-k (select_top_k_sets).
+    /// The seam: asks layer l's selector for the active sets of every sample of the batch
+    /// (whose layer l-1 is computed); the output layer's labels are forced in when training.
+    /// Under catch-up Adam, an LSH layer's chosen rows are then brought up to date.
     void select_active_sets(const batch_view& batch, size_t l, bool training, step_report& report);
-    /// LSH: hashes sample s's input to layer l and unions its buckets into the layer's ids
-    /// (the output layer's labels first when training; rows brought up to date under
-    /// catch-up), drawing the random fill from the sample's generator.
-    void select_lsh(size_t l, const label_row& labels, uint32_t s, bool training,
-                    thread_scratch& scratch);
-    /// Top-k (output layer): every sample's ids are its labels, then the other neurons among
-    /// its top_k logits (exact, or the IVF index's), then uniformly random other neurons up to
-    /// the layer's min_active (drawn from the sample's generator), past the labels in
-    /// increasing id order; log_partition is set by the exact search.
-    void select_top_k_sets(const batch_view& batch);
-    /// A top-k set: `labels` first, then the other ids among best[0..k) (ranked, padded with
-    /// UINT32_MAX) in increasing id order, then random fill up to `fill` in increasing id
-    /// order. Returns where the fill begins.
+    /// Sample s's view for layer l's selector: its layer l-1 as input, its generator, its
+    /// layer l ids as the set (no labels).
+    selection_sample selection_view(size_t l, uint32_t s);
     /// Top-k: what fill_correction adds to the logits of sample `sb`'s random fill in the
     /// gradient's softmax (0 without a fill or a correction).
     float fill_correction_shift(const sample_buffers& sb) const;
-    uint32_t build_top_k_set(const uint32_t* best, uint32_t k, const label_row& labels,
-                             uint32_t fill, const fill_pool& pool, rng& gen,
-                             thread_scratch& scratch, std::vector<uint32_t>& ids) const;
-    /// The output layer's fill pool for the current step, of `batch` samples
-    /// (layer_config::fill_pool).
-    fill_pool step_fill_pool(uint32_t batch) const;
-    /// Adds random output neurons not in `ids`, drawn uniformly from `pool` (size 0: from the
-    /// whole layer), until it holds `target` (at most the layer's rows).
-    void add_random_fill(std::vector<uint32_t>& ids, uint32_t target, const fill_pool& pool,
-                         rng& gen, thread_scratch& scratch) const;
-    /// Exact scoring of every output row against samples [first, first + n) (n at most
-    /// exact_chunk(k)), whose last hidden layers are computed and dense: a chunk's hidden
-    /// vectors as one matrix (fp32: transposed in groups of 16 for dots16), scored against
-    /// L2-sized blocks of output rows (each block read once a chunk, not once a sample), a
-    /// running top-k per sample and thread, merged at the end. Writes each sample's k best
-    /// (best first, padded with UINT32_MAX / -inf) to exact_labels_/exact_scores_[j * k..]
-    /// and, with_log_partition, the log-sum-exp of all its logits to exact_log_partition_[j]
-    /// (summed block by block in block order: independent of the threads).
-    void score_output_exactly(uint32_t first, uint32_t n, uint32_t k, bool with_log_partition);
-    /// Samples per exact-scoring chunk for a top k: 256, fewer when k is large.
-    uint32_t exact_chunk(uint32_t k) const;
-    /// Whether the output layer finds its top-k with the IVF index (--top-k-search ivf, or
-    /// auto: on the CPU, IVF).
-    bool searches_ivf() const {
-        const size_t out = model_.layers.size() - 1;
-        return model_.config.selection(out) == neuron_selection::top_k &&
-               model_.config.layers[out].search != top_k_search::exact;
+    /// Layer l's rows as its selector reads them (bf16 copies in bf16 precision).
+    layer_rows rows_of(size_t l) const;
+    neuron_selector& output_selection() { return *selections_.back(); }
+    const neuron_selector& output_selection() const { return *selections_.back(); }
+    /// Tells layer l's selector that rows ids[0..n) changed.
+    void selection_rows_changed(size_t l, const uint32_t* ids, size_t n) {
+        if (selections_[l]) selections_[l]->rows_changed(ids, n);
     }
-    /// The output layer's rows as the IVF index reads them (bf16 copies in bf16 precision).
-    ivf_rows output_rows() const;
-    /// Rebuilds the IVF index from the output layer's current rows (the LSH rebuild schedule),
-    /// seeded by the step, so a resumed run rebuilds identically.
-    void build_output_index();
-    /// The IVF index's top k of samples [first, first + n) (dense last hidden layers) into
-    /// ivf_labels_/ivf_scores_[j * k..], ranked as score_output_exactly ranks them.
-    void search_output_ivf(uint32_t first, uint32_t n, uint32_t k);
     /// Layer l's products for sample s over its ids (empty: every neuron); ReLU below the
     /// output layer.
     void layer_products(size_t l, uint32_t s, thread_scratch& scratch);
@@ -265,13 +212,14 @@ class cpu_backend final : public backend, public row_transfer {
     /// The hidden layers (forward_sample, output skipped) of points batch.rows[begin..+n) into
     /// sample buffers 0..n-1, point i drawing from derive_seed(seed, i).
     void forward_hidden_chunk(const batch_view& batch, uint32_t begin, uint32_t n, uint64_t seed);
-    /// predict with exact scores, a chunk of points at a time (score_output_exactly).
+    /// predict with exact scores, a chunk of points at a time (the output selector's
+    /// score_exactly).
     void predict_exact(const batch_view& batch, uint32_t k, uint32_t* labels, float* scores);
-    /// predict with the IVF index's top k (search_output_ivf), building the index first when
-    /// the layer does not train with one.
+    /// predict with an IVF index's top k: the output selector's search when it has one, else
+    /// an index built from the rows now, for this prediction only.
     void predict_ivf(const batch_view& batch, uint32_t k, uint32_t* labels, float* scores);
     /// The chunk loop of predict_exact and predict_ivf: the hidden layers of a chunk, then
-    /// score_chunk(n), which returns the chunk's best labels and scores (k a point).
+    /// score_chunk(queries, n, labels, scores), which writes the chunk's best (k a point).
     template <typename ScoreChunk>
     void predict_chunks(const batch_view& batch, uint32_t k, uint32_t* labels, float* scores,
                         ScoreChunk score_chunk);
@@ -284,10 +232,7 @@ class cpu_backend final : public backend, public row_transfer {
     template <class Visit, class Prefetch>
     void for_each_row_gradient(const batch_view& batch, size_t l, Visit&& visit,
                                Prefetch&& prefetch);
-    /// Re-hashes the stale rows of sparse layer l (all of them after new hash functions) and
-    /// rebuilds its tables from the codes.
-    void build_layer_tables(size_t l);
-    /// Marks the rows phase 3 of layer l updated (changed_, and the stale codes).
+    /// Marks the rows phase 3 of layer l updated (changed_, and its selector's rows_changed).
     void mark_updated_rows(size_t l, bool every_row);
     /// Adds the batch-mean gradient of layer 0's bias (width floats) to `out`.
     void add_layer0_bias_gradient(const batch_view& batch, float* out) const;
@@ -305,7 +250,7 @@ class cpu_backend final : public backend, public row_transfer {
     /// Throws unless every id is a row of layer l.
     void check_row_ids(size_t l, const std::vector<uint32_t>& ids) const;
     /// Copies rows `ids` of layer l from `src` (none: they were written in place), re-rounds
-    /// their bf16 copy and marks their LSH codes stale (import_rows, rows_written).
+    /// their bf16 copy and tells the layer's selector (import_rows, rows_written).
     void copy_and_refresh_rows(size_t l, const std::vector<uint32_t>& ids, const layer_state* src);
     bool use_bf16() const { return precision_ == precision_mode::bf16; }
     bool catches_up() const {
@@ -343,27 +288,13 @@ class cpu_backend final : public backend, public row_transfer {
         aligned_array<bf16> m, v;  // rows * stride each, as model_'s adam_m / adam_v
     };
     std::vector<bf16_moments_of_layer> moments16_;  // per layer; empty with fp32 moments
-    std::vector<sparse_layer> lsh_;                 // per layer; hash == nullptr for dense layers
+    // Per layer: its neuron selection (null for the input layer).
+    std::vector<std::unique_ptr<neuron_selector>> selections_;
     std::vector<thread_scratch> scratch_;
     std::vector<sample_buffers> samples_;
     std::vector<row_groups> groups_;  // per layer
     std::vector<row_marks> changed_;  // per layer: rows updated since take_changed_rows
     std::vector<float> layer0_bias_grad_;
-    std::vector<float> hidden_matrix_;  // score_output_exactly: the chunk's last hidden layers
-    // score_output_exactly's results, and its log-partition of each block per sample.
-    std::vector<uint32_t> exact_labels_;
-    std::vector<float> exact_scores_;
-    std::vector<double> exact_log_partition_, block_log_partition_;
-    // --top-k-search ivf: the output layer's index (rebuilt with the LSH tables) and a chunk's
-    // search results.
-    ivf_index ivf_;
-    /// Output rows changed since the index's last pass (the steps' Adam, imported rows), and
-    /// a buffer for them; every ivf_lloyd_every-th refresh is a whole one (train_batch).
-    row_marks ivf_stale_;
-    std::vector<uint32_t> ivf_stale_rows_;
-    static constexpr uint32_t ivf_lloyd_every = 4;
-    std::vector<uint32_t> ivf_labels_;
-    std::vector<float> ivf_scores_;
     // Catch-up Adam: per layer that catches up, the step each row is up to date at (a busy
     // mark while a thread catches it up); null for other layers, empty without catch-up.
     std::vector<std::unique_ptr<std::atomic<uint64_t>[]>> row_step_;

@@ -98,7 +98,7 @@ void cpu_backend::mark_caught_up_rows() {
     for (auto& scratch : scratch_) {
         for (const auto& [l, row] : scratch.caught_up) {
             changed_[l].mark(row);
-            if (model_.config.uses_lsh(l)) lsh_[l].stale.mark(row);
+            selection_rows_changed(l, &row, 1);
         }
         scratch.caught_up.clear();
     }

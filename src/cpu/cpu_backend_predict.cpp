@@ -1,6 +1,8 @@
-// The CPU backend's prediction: exact scoring (blocked over output rows and points), the IVF
-// index's search (a top-k layer) or the LSH active set's scores, then each point's top k.
+// The CPU backend's prediction: the output layer's selector scores a chunk of points exactly
+// (blocked over output rows and points) or searches its IVF index, or each point's LSH active
+// set is scored; then each point's top k.
 #include "cpu_backend.hpp"
+#include "top_k_selector.hpp"
 
 #include "hslide/error.hpp"
 
@@ -19,7 +21,8 @@ void cpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scor
     HSLIDE_CHECK_KIND(scoring != scoring_mode::ivf || top_k_layer, error_kind::unsupported,
                       "--scoring ivf searches a top-k output layer's IVF index; this output "
                       "layer has none (use --scoring exact)");
-    if (scoring == scoring_mode::ivf || (scoring == scoring_mode::automatic && searches_ivf()))
+    if (scoring == scoring_mode::ivf ||
+        (scoring == scoring_mode::automatic && output_selection().searches_ivf()))
         return predict_ivf(batch, k, labels, scores);
     // Otherwise only an LSH output layer has a cheaper way to score than every neuron.
     const bool exact = scoring == scoring_mode::exact || !model_.config.uses_lsh(out_layer);
@@ -56,10 +59,12 @@ void cpu_backend::forward_sample(const dataset& data, uint32_t point, uint32_t s
     forward_input_layer(data, point, s, scratch);
     for (size_t l = 1; l < layers_to_run; ++l) {
         const bool every_neuron = l + 1 == n_layers && output_mode == output_pass::every_neuron;
-        if (model_.config.uses_lsh(l) && !every_neuron)
-            select_lsh(l, data.labels(point), s, /*training=*/false, scratch);
-        else
+        if (model_.config.uses_lsh(l) && !every_neuron) {
+            selection_sample view = selection_view(l, s);  // no labels: not training
+            selections_[l]->select_one(view, /*training=*/false, omp_get_thread_num());
+        } else {
             samples_[s].layers[l].ids.clear();
+        }
         layer_products(l, s, scratch);
     }
 }
@@ -78,21 +83,31 @@ void cpu_backend::forward_hidden_chunk(const batch_view& batch, uint32_t begin, 
 
 void cpu_backend::predict_exact(const batch_view& batch, uint32_t k, uint32_t* labels,
                                 float* scores) {
-    predict_chunks(batch, k, labels, scores, [&](uint32_t n) {
-        score_output_exactly(0, n, k, /*with_log_partition=*/false);
-        return std::make_pair(exact_labels_.data(), exact_scores_.data());
-    });
+    neuron_selector& selector = output_selection();
+    predict_chunks(batch, k, labels, scores,
+                   [&](const float* const* queries, uint32_t n, uint32_t* l, float* sc) {
+                       selector.score_exactly(queries, n, k, l, sc, nullptr);
+                   });
 }
 
 void cpu_backend::predict_ivf(const batch_view& batch, uint32_t k, uint32_t* labels,
                               float* scores) {
     // A layer that trains with the index has it current (refreshed every few steps); any other
     // top-k layer gets one built from its rows now, for this prediction only.
-    if (!searches_ivf()) build_output_index();
-    predict_chunks(batch, k, labels, scores, [&](uint32_t n) {
-        search_output_ivf(0, n, k);
-        return std::make_pair(ivf_labels_.data(), ivf_scores_.data());
-    });
+    neuron_selector* index = &output_selection();
+    std::unique_ptr<neuron_selector> built;
+    if (!index->searches_ivf()) {
+        const size_t out_layer = model_.layers.size() - 1;
+        built =
+            std::make_unique<ivf_top_k>([this, out_layer] { return rows_of(out_layer); },
+                                        model_.config.layers[out_layer], train_.seed, k_, threads_);
+        built->refresh({model_.adam_step, model_.hash_seeds[out_layer]});
+        index = built.get();
+    }
+    predict_chunks(batch, k, labels, scores,
+                   [&](const float* const* queries, uint32_t n, uint32_t* l, float* sc) {
+                       index->search(queries, n, k, l, sc, nullptr);
+                   });
 }
 
 template <typename ScoreChunk>
@@ -102,15 +117,17 @@ void cpu_backend::predict_chunks(const batch_view& batch, uint32_t k, uint32_t* 
     // scores exactly per sample after a sparse last hidden layer, and the constructor refuses
     // a top-k layer (the IVF index's) after one.
     HSLIDE_ASSERT(!model_.config.has_active_sets(model_.layers.size() - 2));
-    const uint32_t chunk = exact_chunk(k);
+    const size_t out_layer = model_.layers.size() - 1;
+    const uint32_t chunk = exact_scoring::chunk(k);
     const uint64_t seed = predict_seed();
     ensure_buffers(std::min(chunk, batch.size));
+    std::vector<const float*> queries;
     for (uint32_t begin = 0; begin < batch.size; begin += chunk) {
         const uint32_t n = std::min(chunk, batch.size - begin);
         forward_hidden_chunk(batch, begin, n, seed);
-        const auto [best, best_scores] = score_chunk(n);
-        std::copy(best, best + size_t(n) * k, labels + size_t(begin) * k);
-        std::copy(best_scores, best_scores + size_t(n) * k, scores + size_t(begin) * k);
+        queries.resize(n);
+        for (uint32_t j = 0; j < n; ++j) queries[j] = samples_[j].layers[out_layer - 1].act.data();
+        score_chunk(queries.data(), n, labels + size_t(begin) * k, scores + size_t(begin) * k);
     }
 }
 

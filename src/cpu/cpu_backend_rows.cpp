@@ -9,44 +9,18 @@
 
 #include <algorithm>
 #include <cstring>
-#include <numeric>
 
 namespace hslide::cpu {
 
-void cpu_backend::row_marks::take(std::vector<uint32_t>& out) {
-    out.clear();
-    const uint32_t rows = uint32_t(flag.size());
-    if (all) {
-        out.resize(rows);
-        std::iota(out.begin(), out.end(), 0u);
-    } else if (list.size() * 8 >= rows) {
-        // Most rows marked: a scan of the flags sorts them in O(rows).
-        for (uint32_t r = 0; r < rows; ++r)
-            if (flag[r]) out.push_back(r);
-    } else {
-        out.assign(list.begin(), list.end());
-        std::sort(out.begin(), out.end());
-    }
-    for (uint32_t r : list) flag[r] = 0;
-    list.clear();
-    all = false;
-}
-
 void cpu_backend::mark_updated_rows(size_t l, bool every_row) {
-    row_marks& stale = lsh_[l].stale;
-    const bool hashed = model_.config.uses_lsh(l);
-    const bool indexed = l + 1 == model_.layers.size() && searches_ivf();
     if (every_row) {
         changed_[l].mark_all();
-        if (hashed) stale.mark_all();
-        if (indexed) ivf_stale_.mark_all();
+        if (selections_[l]) selections_[l]->all_rows_changed();
         return;
     }
-    for (uint32_t row : groups_[l].touched) {
-        changed_[l].mark(row);
-        if (hashed) stale.mark(row);
-        if (indexed) ivf_stale_.mark(row);
-    }
+    const std::vector<uint32_t>& touched = groups_[l].touched;
+    for (uint32_t row : touched) changed_[l].mark(row);
+    selection_rows_changed(l, touched.data(), touched.size());
 }
 
 void cpu_backend::export_state(model_state& out, bool with_optimizer) const {
@@ -62,12 +36,11 @@ void cpu_backend::import_state(const model_state& in, bool with_optimizer) {
     for (size_t l = 0; l < model_.layers.size(); ++l) {
         changed_[l].take(discard);  // a new starting point for take_changed_rows
         if (use_bf16()) refresh_bf16_layer(l);
-        if (model_.config.uses_lsh(l)) {
-            lsh_[l].stale.mark_all();
-            build_layer_tables(l);
-        }
     }
-    if (searches_ivf()) build_output_index();  // new rows: new clusters
+    for (size_t l = 1; l < model_.layers.size(); ++l) {  // new rows: new codes, new clusters
+        selections_[l]->all_rows_changed();
+        selections_[l]->refresh({model_.adam_step, model_.hash_seeds[l]});
+    }
     // New Adam state: every row is up to date at its step. Parameters alone keep the
     // replica's moments and step, and with them its rows' deferred steps.
     if (catches_up() && with_optimizer) {
@@ -136,12 +109,9 @@ void cpu_backend::copy_and_refresh_rows(size_t l, const std::vector<uint32_t>& i
             if (use_bf16()) k_.to_bf16(dst.row(r), weights16_[l].row(r), dst.width);
         }
     }
-    // Imported rows are not this replica's changes (take_changed_rows), but their codes are
-    // stale: the next rebuild re-hashes them.
-    if (model_.config.uses_lsh(l))
-        for (uint32_t r : ids) lsh_[l].stale.mark(r);
-    if (l + 1 == model_.layers.size() && searches_ivf())
-        for (uint32_t r : ids) ivf_stale_.mark(r);
+    // Imported rows are not this replica's changes (take_changed_rows), but the selection's
+    // codes or clusters of them are stale until its next refresh.
+    selection_rows_changed(l, ids.data(), ids.size());
 }
 
 }  // namespace hslide::cpu

@@ -25,6 +25,7 @@
 #pragma once
 
 #include "kernels.hpp"
+#include "layer_rows.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -32,16 +33,9 @@
 
 namespace hslide::cpu {
 
-/// The rows an index covers (a layer's, not owned). Clustering reads the fp32 rows; a search
+/// The rows an index covers (a layer's, not owned): clustering reads the fp32 rows; a search
 /// scores the bf16 copies when `weights16` is set (as exact scoring does in bf16 precision).
-struct ivf_rows {
-    const float* weights = nullptr;  ///< rows * stride floats, the first width of each used
-    size_t stride = 0;
-    const float* bias = nullptr;  ///< one per row
-    uint32_t rows = 0, width = 0;
-    const bf16* weights16 = nullptr;  ///< bf16 copies (rows * stride16), or null: fp32
-    size_t stride16 = 0;
-};
+using ivf_rows = layer_rows;
 
 /// The clusters of an index: centroids and members.
 struct ivf_index {

@@ -1,0 +1,154 @@
+// The blocked exact scorer (exact_scoring.hpp says why blocks).
+#include "exact_scoring.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace hslide::cpu {
+
+uint32_t exact_scoring::chunk(uint32_t k) {
+    return uint32_t(std::clamp<uint64_t>((uint64_t{1} << 22) / std::max(k, 1u), 1, 256));
+}
+
+void exact_scoring::score(const layer_rows& layer, const kernel_table& k_, int threads,
+                          const float* const* queries, uint32_t n, uint32_t k, uint32_t* labels,
+                          float* scores, double* log_partition) {
+    const bool bf16_rows = layer.weights16 != nullptr;
+    const bool with_log_partition = log_partition != nullptr;
+    const uint32_t width = layer.width;
+    const size_t in_stride = bf16_rows ? layer.stride16 : layer.stride;
+    const size_t value_bytes = bf16_rows ? sizeof(bf16) : sizeof(float);
+    const uint32_t block_rows = uint32_t(std::clamp<size_t>(
+        (size_t(512) << 10) / (in_stride * value_bytes), 16, std::max<size_t>(layer.rows, 16)));
+    const int64_t n_blocks = (int64_t(layer.rows) + block_rows - 1) / block_rows;
+    // Each thread keeps a min-heap of the best `kept` labels per query over the blocks it
+    // scores (offer_top_k, as select_top_k ranks them).
+    const uint32_t kept = std::min(k, layer.rows);
+    // fp32: groups of 16 transposed queries (n rounded up to 16); bf16: a row a query (using
+    // half of each in_stride floats).
+    hidden_.resize(size_t(n + 15) / 16 * 16 * in_stride);
+    // Each block's log-partition per query, summed in block order afterwards: the result does
+    // not depend on which thread scored which block.
+    if (with_log_partition) block_log_partition_.resize(size_t(n_blocks) * n);
+    if (threads_.size() < size_t(threads)) threads_.resize(size_t(threads));
+    heaps_.resize(size_t(threads));
+    counts_.resize(size_t(threads));
+    // bf16 with a native dots16_bf16: the queries in pairs, 16 at a time, as fp32's dots16 takes
+    // them transposed (the buffer holds (n + 15) / 16 * 16 * in_stride floats, twice what this
+    // needs); without one, a row of bf16 a query for active_dots_bf16.
+    const bool paired = bf16_rows && k_.dots16_bf16;
+    const uint32_t pairs = (width + 1) / 2;
+    bf16* const hidden16 = reinterpret_cast<bf16*>(hidden_.data());
+#pragma omp parallel num_threads(threads)
+    {
+        const int thread = omp_get_thread_num();
+        thread_buffers& scratch = threads_[size_t(thread)];
+        if (bf16_rows && scratch.input16.size() < width) scratch.input16.resize(width);
+#pragma omp for schedule(static)
+        for (int64_t s = 0; s < int64_t(n); ++s) {
+            const float* h = queries[s];
+            if (paired) {
+                // Groups of 16 queries in pairs: element i of query s at
+                // [(s / 16) * pairs * 32 + (i / 2) * 32 + (s % 16) * 2 + i % 2].
+                bf16* group = hidden16 + size_t(s / 16) * pairs * 32 + (s % 16) * 2;
+                k_.to_bf16(h, scratch.input16.data(), width);
+                for (uint32_t i = 0; i < 2 * pairs; ++i)
+                    group[size_t(i / 2) * 32 + i % 2] = i < width ? scratch.input16[i] : bf16{0};
+            } else if (bf16_rows) {
+                k_.to_bf16(h, hidden16 + size_t(s) * in_stride, width);
+            } else {
+                // Groups of 16 queries, each transposed: element i of query s at
+                // [(s / 16) * width * 16 + i * 16 + s % 16].
+                float* group = hidden_.data() + size_t(s / 16) * width * 16;
+                for (uint32_t i = 0; i < width; ++i) group[size_t(i) * 16 + s % 16] = h[i];
+            }
+        }
+        // The last group's missing queries: zeros (their scores are never read).
+        if (paired)
+#pragma omp single
+            for (uint32_t s = n; s % 16 != 0; ++s) {
+                bf16* group = hidden16 + size_t(s / 16) * pairs * 32 + (s % 16) * 2;
+                for (uint32_t i = 0; i < 2 * pairs; ++i) group[size_t(i / 2) * 32 + i % 2] = 0;
+            }
+        else if (!bf16_rows)
+#pragma omp single
+            for (uint32_t s = n; s % 16 != 0; ++s) {
+                float* group = hidden_.data() + size_t(s / 16) * width * 16;
+                for (uint32_t i = 0; i < width; ++i) group[size_t(i) * 16 + s % 16] = 0.0f;
+            }
+        std::vector<scored_label>& heaps = heaps_[size_t(thread)];
+        std::vector<uint32_t>& counts = counts_[size_t(thread)];
+        heaps.resize(size_t(n) * kept);
+        counts.assign(n, 0);
+        constexpr uint32_t inputs = 16;  // queries per dots16 call
+        std::vector<float>& logits = scratch.logits;
+        logits.resize(size_t(inputs) * block_rows);
+        std::vector<float>& one_query = scratch.one_query;  // a query's logits of the block
+        if (with_log_partition && one_query.size() < block_rows) one_query.resize(block_rows);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t blk = 0; blk < n_blocks; ++blk) {
+            const uint32_t r0 = uint32_t(blk) * block_rows;
+            const uint32_t nb = std::min(block_rows, layer.rows - r0);
+            for (uint32_t s0 = 0; s0 < n; s0 += inputs) {
+                const uint32_t n_x = std::min(inputs, n - s0);
+                // Score of row r0 + i for query s0 + j: logits[i * row_step + j * col_step].
+                size_t row_step = 1, col_step = block_rows;
+                if (paired) {
+                    k_.dots16_bf16(layer.row16(r0), layer.stride16, width, nb,
+                                   hidden16 + size_t(s0 / 16) * pairs * 32, layer.bias + r0,
+                                   logits.data());
+                    row_step = inputs;
+                    col_step = 1;
+                } else if (bf16_rows) {
+                    for (uint32_t j = 0; j < n_x; ++j)
+                        k_.active_dots_bf16(layer.row16(r0), layer.stride16, width, nullptr, nb,
+                                            hidden16 + size_t(s0 + j) * in_stride, layer.bias + r0,
+                                            logits.data() + size_t(j) * block_rows);
+                } else {
+                    k_.dots16(layer.row(r0), layer.stride, width, nullptr, nb,
+                              hidden_.data() + size_t(s0) * width, layer.bias + r0, logits.data());
+                    row_step = inputs;
+                    col_step = 1;
+                }
+                for (uint32_t j = 0; j < n_x; ++j) {
+                    const float* z = logits.data() + size_t(j) * col_step;
+                    scored_label* heap = heaps.data() + size_t(s0 + j) * kept;
+                    for (uint32_t i = 0; i < nb; ++i)
+                        offer_top_k(heap, counts[s0 + j], kept, {z[size_t(i) * row_step], r0 + i});
+                    if (with_log_partition) {
+                        // The softmax kernel returns the block's log-sum-exp (its
+                        // probabilities go to scratch).
+                        for (uint32_t i = 0; i < nb; ++i) one_query[i] = z[size_t(i) * row_step];
+                        block_log_partition_[size_t(blk) * n + s0 + j] =
+                            k_.softmax(one_query.data(), one_query.data(), nb);
+                    }
+                }
+            }
+        }
+        // Merge the team's candidates per query (after the loop's implicit barrier; the
+        // team may be smaller than `threads` when OpenMP limits it).
+        const int team = omp_get_num_threads();
+        std::vector<scored_label> top;
+        std::vector<float> cand_score;
+        std::vector<uint32_t> cand_id;
+#pragma omp for schedule(static)
+        for (int64_t s = 0; s < int64_t(n); ++s) {
+            merge_thread_top_k(heaps_, counts_, team, size_t(s), kept, k, labels + size_t(s) * k,
+                               scores + size_t(s) * k, cand_score, cand_id, top);
+            if (with_log_partition) {
+                double max_lp = -std::numeric_limits<double>::infinity();
+                for (int64_t b = 0; b < n_blocks; ++b)
+                    max_lp = std::max(max_lp, block_log_partition_[size_t(b) * n + size_t(s)]);
+                double sum = 0;
+                for (int64_t b = 0; b < n_blocks; ++b)
+                    sum += std::exp(block_log_partition_[size_t(b) * n + size_t(s)] - max_lp);
+                log_partition[size_t(s)] = max_lp + std::log(sum);
+            }
+        }
+    }
+}
+
+}  // namespace hslide::cpu

@@ -1,0 +1,53 @@
+// Exact scoring of a layer's rows against a chunk of queries, blocked for the caches: what a
+// top-k selection searched exactly, exact prediction and the selection probe's reference use.
+//
+// Scoring a query against every row one query at a time streams the whole layer from memory
+// per query (686 MB at 670k x 256): memory-bound, ~30 ms a query on 2 cores. Here a block of
+// rows small enough to stay in L2 is scored against the chunk's queries before the next block
+// is read, so the layer streams once a chunk. In fp32, dots16 multiplies the block by 16
+// queries at once (the queries transposed): a GEMM without horizontal sums; in bf16,
+// dots16_bf16 does the same with vdpbf16ps. Their sums run in another order than the
+// per-query kernels', so scores can differ from those of the forward pass in the last bits.
+#pragma once
+
+#include "kernels.hpp"
+#include "layer_rows.hpp"
+#include "top_k.hpp"
+
+#include <cstdint>
+#include <vector>
+
+namespace hslide::cpu {
+
+/// The blocked exact scorer and its buffers (reused from call to call).
+class exact_scoring {
+  public:
+    /// Queries per call for a top k: 256, fewer when k is large (at most 2^22 candidates, 32
+    /// MiB, a thread).
+    static uint32_t chunk(uint32_t k);
+
+    /// Scores every row of `rows` against queries[0..n) (n <= chunk(k); each `rows.width`
+    /// floats, a dense layer input) and writes each query's k best rows, best first, ties to
+    /// the smaller id, NaN skipped, padded with UINT32_MAX / -inf (select_top_k's contract), to
+    /// labels/scores[q * k..]; with log_partition != null, the log-sum-exp of all its logits to
+    /// log_partition[q] (summed block by block in block order). Deterministic whatever the
+    /// thread count. `threads` per-thread buffers are kept.
+    void score(const layer_rows& rows, const kernel_table& k, int threads,
+               const float* const* queries, uint32_t n, uint32_t top, uint32_t* labels,
+               float* scores, double* log_partition);
+
+  private:
+    struct thread_buffers {
+        std::vector<float> logits;     // a block's scores of 16 queries
+        std::vector<float> one_query;  // one query's logits of a block (the log-partition)
+        std::vector<bf16> input16;     // a query rounded to bf16
+    };
+    std::vector<float> hidden_;  // the chunk's queries (fp32: transposed in groups of 16)
+    std::vector<double> block_log_partition_;  // per block and query
+    std::vector<thread_buffers> threads_;
+    // Per thread: the best `kept` of each query over the blocks it scored, and their counts.
+    std::vector<std::vector<scored_label>> heaps_;
+    std::vector<std::vector<uint32_t>> counts_;
+};
+
+}  // namespace hslide::cpu

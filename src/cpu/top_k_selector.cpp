@@ -1,0 +1,153 @@
+// Top-k neuron selection (top_k_selector.hpp): the sets from candidates, exact and IVF search.
+#include "top_k_selector.hpp"
+
+#include "hslide/clock.hpp"
+#include "hslide/error.hpp"
+#include "hslide/seed_streams.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <limits>
+
+namespace hslide::cpu {
+
+top_k_selector::top_k_selector(rows_source rows, const layer_config& config, uint64_t train_seed,
+                               const kernel_table& kernels, int threads)
+    : neuron_selector(std::move(rows), kernels, threads),
+      config_(config),
+      train_seed_(train_seed),
+      rows_count_(this->rows().rows),
+      scratch_(size_t(threads)) {}
+
+uint32_t top_k_selector::top_k() const {
+    return std::min(config_.top_k, rows_count_);
+}
+
+uint32_t top_k_selector::fill() const {
+    return std::min(config_.active.min_active, rows_count_);
+}
+
+fill_pool top_k_selector::step_pool(uint64_t step, uint32_t batch) const {
+    return {step_seed(train_seed_, seed_stream::fill_pool, step),
+            fill_pool_size(config_.fill_pool, rows_count_, fill(), batch)};
+}
+
+void top_k_selector::select(selection_batch& batch, stage_times& times) {
+    const auto t0 = clock_type::now();
+    const uint32_t k = top_k();
+    const uint32_t chunk = exact_scoring::chunk(k);
+    const bool with_log_partition = computes_log_partition();
+    for (uint32_t begin = 0; begin < batch.size; begin += chunk) {
+        const uint32_t n = std::min(chunk, batch.size - begin);
+        queries_.resize(n);
+        for (uint32_t j = 0; j < n; ++j) queries_[j] = batch.samples[begin + j].input;
+        labels_.resize(size_t(n) * k);
+        scores_.resize(size_t(n) * k);
+        log_partition_.assign(n, 0.0);
+        search(queries_.data(), n, k, labels_.data(), scores_.data(),
+               with_log_partition ? log_partition_.data() : nullptr);
+        build_sets(batch, begin, n, labels_.data(), k);
+        for (uint32_t j = 0; j < n; ++j) batch.samples[begin + j].log_partition = log_partition_[j];
+    }
+    times.active_sets += seconds_since(t0);
+}
+
+void top_k_selector::build_sets(selection_batch& batch, uint32_t first, uint32_t n,
+                                const uint32_t* best, uint32_t stride) {
+    const fill_pool pool = step_pool(batch.step, batch.pool_batch);
+    const uint32_t k = top_k(), target = fill();
+#pragma omp parallel num_threads(threads_)
+    {
+        const int thread = omp_get_thread_num();
+#pragma omp for schedule(static)
+        for (int64_t j = 0; j < int64_t(n); ++j) {
+            selection_sample& s = batch.samples[first + uint32_t(j)];
+            s.fill_start = build_set(best + size_t(j) * stride, k, s.labels, target, pool, *s.gen,
+                                     thread, *s.ids);
+        }
+    }
+}
+
+uint32_t top_k_selector::build_set(const uint32_t* best, uint32_t k, const label_row& labels,
+                                   uint32_t fill, const fill_pool& pool, rng& gen, int thread,
+                                   std::vector<uint32_t>& ids) {
+    // Labels first (the loss reads them there), then the top-k and the fill, each in
+    // increasing id order (the products read them nearly in memory order): the fill apart,
+    // so that its correction (fill_correction) knows where it begins.
+    const label_row& y = labels;
+    ids.assign(y.ids, y.ids + y.count);
+    for (uint32_t i = 0; i < k && best[i] != std::numeric_limits<uint32_t>::max(); ++i)
+        if (std::find(y.ids, y.ids + y.count, best[i]) == y.ids + y.count) ids.push_back(best[i]);
+    std::sort(ids.begin() + y.count, ids.end());
+    const uint32_t drawn_from = uint32_t(ids.size());
+    if (ids.size() < fill) {
+        thread_scratch& scratch = scratch_[size_t(thread)];
+        const uint32_t rows = rows_count_;
+        if (scratch.member_stamp.size() != rows) {
+            scratch.member_stamp.assign(rows, 0);
+            scratch.stamp = 0;
+        }
+        if (++scratch.stamp == 0) {  // wrapped: no stale stamp may equal the new one
+            std::fill(scratch.member_stamp.begin(), scratch.member_stamp.end(), 0);
+            scratch.stamp = 1;
+        }
+        for (uint32_t id : ids) scratch.member_stamp[id] = scratch.stamp;
+        // Rejection draws: a set far below the layer's (or the pool's) size takes few retries.
+        // A pool is at least 4x the fill, so its draws end long before the bound; should a set
+        // ever exhaust it, the rest comes from the whole layer.
+        uint64_t pool_draws = pool.size ? uint64_t{64} * fill : 0;
+        while (ids.size() < fill) {
+            const uint32_t r =
+                pool_draws > 0
+                    ? (--pool_draws, fill_pool_row(pool.seed, uint32_t(gen.below(pool.size)), rows))
+                    : uint32_t(gen.below(rows));
+            if (scratch.member_stamp[r] == scratch.stamp) continue;
+            scratch.member_stamp[r] = scratch.stamp;
+            ids.push_back(r);
+        }
+    }
+    std::sort(ids.begin() + drawn_from, ids.end());
+    return drawn_from;
+}
+
+void exact_top_k::select_probe(selection_batch& batch, const uint32_t* exact, uint32_t exact_k) {
+    HSLIDE_ASSERT(exact_k >= top_k());
+    build_sets(batch, 0, batch.size, exact, exact_k);
+}
+
+ivf_top_k::ivf_top_k(rows_source rows, const layer_config& config, uint64_t train_seed,
+                     const kernel_table& kernels, int threads)
+    : top_k_selector(std::move(rows), config, train_seed, kernels, threads), stale_(rows_count_) {}
+
+void ivf_top_k::search(const float* const* queries, uint32_t n, uint32_t k, uint32_t* labels,
+                       float* scores, double* log_partition) {
+    ivf_search(index_, rows(), k_, queries, n, config_.ivf_probes, k, labels, scores, threads_);
+    if (log_partition) std::fill(log_partition, log_partition + n, 0.0);  // not computed
+}
+
+void ivf_top_k::rows_changed(const uint32_t* ids, size_t n) {
+    for (size_t i = 0; i < n; ++i) stale_.mark(ids[i]);
+}
+
+void ivf_top_k::refresh(const refresh_point& at) {
+    stale_.take(stale_rows_);  // the index is built from the rows as they are now
+    build_ivf_index(index_, rows(), config_.ivf_clusters,
+                    step_seed(train_seed_, seed_stream::ivf_build, at.step), k_, threads_);
+}
+
+double ivf_top_k::before_step(uint64_t step) {
+    const uint32_t every = config_.ivf_refresh;
+    if (every == 0 || step == 0 || step % every != 0) return 0;
+    const auto t0 = clock_type::now();
+    const bool whole = stale_.all || (step / every) % ivf_lloyd_every == 0;
+    stale_.take(stale_rows_);
+    if (whole)
+        refresh_ivf_index(index_, rows(), k_, threads_);
+    else
+        reassign_ivf_rows(index_, rows(), k_, stale_rows_.data(), uint32_t(stale_rows_.size()),
+                          threads_);
+    return seconds_since(t0);
+}
+
+}  // namespace hslide::cpu

@@ -1,0 +1,111 @@
+// Top-k neuron selection of an output layer, behind neuron_selector (neuron_selector.hpp): a
+// sample's set is its labels, then the other rows among its top_k highest logits, then random
+// rows up to min_active drawn from the step's fill pool (fill_pool.hpp). top_k_selector builds
+// the sets from candidates; exact_top_k finds them by scoring every row (and computes each
+// sample's log-partition, for the full-softmax loss), ivf_top_k through an IVF index
+// (ivf_index.hpp) that it builds, keeps current and rebuilds.
+#pragma once
+
+#include "ivf_index.hpp"
+#include "neuron_selector.hpp"
+#include "row_marks.hpp"
+
+#include "hslide/fill_pool.hpp"
+
+#include <vector>
+
+namespace hslide::cpu {
+
+/// The sets of a top-k layer from each sample's candidates (search, which subclasses define).
+class top_k_selector : public neuron_selector {
+  public:
+    neuron_selection kind() const override { return neuron_selection::top_k; }
+    /// A chunk of samples at a time (exact_scoring::chunk): search for their top_k candidates
+    /// (with their log-partitions where computed), then build_set for each. Adds the wall time
+    /// to times.active_sets.
+    void select(selection_batch& batch, stage_times& times) override;
+
+    /// A set from candidates best[0..k) (ranked, padded with UINT32_MAX): `labels` first, then
+    /// the other candidates in increasing id order, then, while the set is under `fill`,
+    /// random rows drawn from `pool` (size 0: the whole layer) by `gen`, in increasing id
+    /// order. Returns where the fill begins. Thread `thread`'s scratch marks the members.
+    uint32_t build_set(const uint32_t* best, uint32_t k, const label_row& labels, uint32_t fill,
+                       const fill_pool& pool, rng& gen, int thread, std::vector<uint32_t>& ids);
+    /// The fill pool of the training step `step` of `batch` samples.
+    fill_pool step_pool(uint64_t step, uint32_t batch) const;
+    /// The candidates a sample keeps (top_k, at most the rows) and the set size the fill
+    /// reaches (min_active, at most the rows).
+    uint32_t top_k() const;
+    uint32_t fill() const;
+
+  protected:
+    top_k_selector(rows_source rows, const layer_config& config, uint64_t train_seed,
+                   const kernel_table& kernels, int threads);
+    /// Builds the sets of batch.samples[first..first + n) from their candidates, sample j's
+    /// top_k() first of best[j * stride..].
+    void build_sets(selection_batch& batch, uint32_t first, uint32_t n, const uint32_t* best,
+                    uint32_t stride);
+
+    layer_config config_;
+    uint64_t train_seed_;
+    uint32_t rows_count_;  // the layer's rows
+
+  private:
+    struct thread_scratch {
+        // A row is in the sample's set when its stamp is the current one.
+        std::vector<uint32_t> member_stamp;
+        uint32_t stamp = 0;
+    };
+    std::vector<thread_scratch> scratch_;
+    // A chunk's candidates and log-partitions.
+    std::vector<uint32_t> labels_;
+    std::vector<float> scores_;
+    std::vector<double> log_partition_;
+    std::vector<const float*> queries_;
+};
+
+/// Top-k found by scoring every row (top_k_search::exact).
+class exact_top_k final : public top_k_selector {
+  public:
+    exact_top_k(rows_source rows, const layer_config& config, uint64_t train_seed,
+                const kernel_table& kernels, int threads)
+        : top_k_selector(std::move(rows), config, train_seed, kernels, threads) {}
+    bool computes_log_partition() const override { return true; }
+    /// The sets from the probe's exact lists: no second scoring.
+    void select_probe(selection_batch& batch, const uint32_t* exact, uint32_t exact_k) override;
+};
+
+/// Top-k found through an IVF index over the layer's rows (top_k_search::ivf, automatic).
+///
+/// The index is built by refresh (seeded by the step, so a resumed run rebuilds identically)
+/// and kept current between builds on its own rhythm (before_step): every config.ivf_refresh
+/// steps the rows moved since the index last saw them are reassigned to their clusters, and
+/// every ivf_lloyd_every-th such pass (by step, so a resumed run keeps the rhythm) is a whole
+/// refresh with a Lloyd step. Training moves the rows fast enough that an index a few steps
+/// old misses most of a sample's best rows (bench/topk.md); between Lloyd steps only the
+/// changed rows (about 30% at the Amazon-670K shape with the fill pool) can have left their
+/// clusters.
+class ivf_top_k final : public top_k_selector {
+  public:
+    static constexpr uint32_t ivf_lloyd_every = 4;
+
+    ivf_top_k(rows_source rows, const layer_config& config, uint64_t train_seed,
+              const kernel_table& kernels, int threads);
+    bool searches_ivf() const override { return true; }
+    void search(const float* const* queries, uint32_t n, uint32_t k, uint32_t* labels,
+                float* scores, double* log_partition) override;
+    void rows_changed(const uint32_t* ids, size_t n) override;
+    void all_rows_changed() override { stale_.mark_all(); }
+    /// Builds the index from the rows as they are now.
+    void refresh(const refresh_point& at) override;
+    double before_step(uint64_t step) override;
+
+    const ivf_index& index() const { return index_; }
+
+  private:
+    ivf_index index_;
+    row_marks stale_;  // rows changed since the index's last pass
+    std::vector<uint32_t> stale_rows_;
+};
+
+}  // namespace hslide::cpu

@@ -1,0 +1,359 @@
+// Tests of the CPU neuron selections on their own (src/cpu/neuron_selector.hpp): the exact
+// top-k's sets and log-partitions against a brute-force reference; IVF with every cluster
+// probed chooses exact top-k's sets; an LSH refresh after rows change equals a fresh build (and
+// needs the rows_changed call); the IVF index's rhythm; the factory and the backend's seam.
+#include "cpu/cpu_backend.hpp"
+#include "cpu/lsh_selector.hpp"
+#include "cpu/neuron_selector.hpp"
+#include "cpu/top_k_selector.hpp"
+#include "hslide/error.hpp"
+#include "hslide/isa.hpp"
+#include "hslide/model.hpp"
+#include "hslide/rng.hpp"
+#include "test_util.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+using namespace hslide;
+using namespace hslide::cpu;
+
+namespace {
+
+/// A layer whose weights, biases and queries are small multiples of 1/8: every dot product is
+/// exact in float whatever the summation order, so the blocked kernels' scores equal a plain
+/// loop's bit for bit and the reference ranking is exact.
+struct exact_layer {
+    uint32_t rows, width, stride;
+    std::vector<float> weights, bias;
+
+    exact_layer(uint32_t rows_, uint32_t width_, uint64_t seed)
+        : rows(rows_), width(width_), stride(padded_stride(width_)) {
+        rng gen(seed);
+        weights.assign(size_t(rows) * stride, 0.0f);
+        bias.resize(rows);
+        for (uint32_t r = 0; r < rows; ++r) {
+            for (uint32_t i = 0; i < width; ++i) weights[size_t(r) * stride + i] = eighth(gen);
+            bias[r] = eighth(gen);
+        }
+    }
+    static float eighth(rng& gen) { return float(int(gen.below(9)) - 4) / 8.0f; }
+    layer_rows view() const {
+        layer_rows v;
+        v.weights = weights.data();
+        v.stride = stride;
+        v.bias = bias.data();
+        v.rows = rows;
+        v.width = width;
+        return v;
+    }
+    rows_source source() const {
+        return [this] { return view(); };
+    }
+    double logit(uint32_t r, const std::vector<float>& q) const {
+        double z = bias[r];
+        for (uint32_t i = 0; i < width; ++i) z += double(weights[size_t(r) * stride + i]) * q[i];
+        return z;
+    }
+};
+
+std::vector<std::vector<float>> eighth_queries(uint32_t n, uint32_t width, uint64_t seed) {
+    rng gen(seed);
+    std::vector<std::vector<float>> q(n, std::vector<float>(width));
+    for (auto& v : q)
+        for (float& x : v) x = exact_layer::eighth(gen);
+    return q;
+}
+
+/// A batch of samples over `queries`, each with its own generator (seeded by `seed` and its
+/// index) and set; every third sample labelled with two rows.
+struct test_batch {
+    std::vector<rng> gens;
+    std::vector<std::vector<uint32_t>> ids;
+    std::vector<std::vector<uint32_t>> labels;
+    std::vector<selection_sample> samples;
+
+    test_batch(const std::vector<std::vector<float>>& queries, uint32_t rows, uint64_t seed)
+        : gens(queries.size()),
+          ids(queries.size()),
+          labels(queries.size()),
+          samples(queries.size()) {
+        for (size_t s = 0; s < queries.size(); ++s) {
+            gens[s].reseed(derive_seed(seed, s));
+            if (s % 3 == 0) labels[s] = {uint32_t(s * 7 % rows), uint32_t((s * 13 + 1) % rows)};
+            samples[s].input = queries[s].data();
+            samples[s].labels = {labels[s].data(), uint32_t(labels[s].size())};
+            samples[s].gen = &gens[s];
+            samples[s].ids = &ids[s];
+        }
+    }
+    selection_batch batch(uint64_t step, uint32_t pool_batch) {
+        return {samples.data(), uint32_t(samples.size()), true, step, pool_batch};
+    }
+};
+
+layer_config top_k_config(top_k_search search, uint32_t clusters, uint32_t probes) {
+    layer_config c;
+    c.sparsity = sparsity_mode::topk;
+    c.top_k = 9;
+    c.active.min_active = 40;
+    c.fill_pool = 0.5f;
+    c.search = search;
+    c.ivf_clusters = clusters;
+    c.ivf_probes = probes;
+    return c;
+}
+
+}  // namespace
+
+TEST(NeuronSelector, ExactTopKBuildsLabelsThenTheTrueTopKThenTheFill) {
+    const exact_layer layer(3000, 21, 1);
+    const auto queries = eighth_queries(37, layer.width, 2);
+    exact_top_k selector(layer.source(), top_k_config(top_k_search::exact, 0, 0), 77,
+                         best_kernels(), 2);
+    ASSERT_TRUE(selector.computes_log_partition());
+    ASSERT_FALSE(selector.searches_ivf());
+    test_batch tb(queries, layer.rows, 5);
+    selection_batch batch = tb.batch(11, 64);
+    stage_times times;
+    selector.select(batch, times);
+    const fill_pool pool = selector.step_pool(11, 64);
+    ASSERT_GT(pool.size, 0u);  // the fill draws from the step's pool
+    for (size_t s = 0; s < queries.size(); ++s) {
+        const std::vector<uint32_t>& set = tb.ids[s];
+        const selection_sample& out = tb.samples[s];
+        // The reference: every logit in double (exact here), ranked, ties to the smaller id.
+        std::vector<uint32_t> order(layer.rows);
+        std::iota(order.begin(), order.end(), 0u);
+        std::vector<double> z(layer.rows);
+        double max_z = -1e300;
+        for (uint32_t r = 0; r < layer.rows; ++r)
+            max_z = std::max(max_z, z[r] = layer.logit(r, queries[s]));
+        std::stable_sort(order.begin(), order.end(),
+                         [&](uint32_t a, uint32_t b) { return z[a] > z[b]; });
+        double sum = 0;
+        for (double v : z) sum += std::exp(v - max_z);
+        EXPECT_NEAR(out.log_partition, max_z + std::log(sum), 1e-4) << "sample " << s;
+        // Labels first, then the top 9 that are not labels, ascending, then the fill.
+        const std::vector<uint32_t>& y = tb.labels[s];
+        ASSERT_GE(set.size(), 40u);
+        EXPECT_TRUE(std::equal(y.begin(), y.end(), set.begin()));
+        std::vector<uint32_t> top;
+        for (uint32_t i = 0; i < 9; ++i)
+            if (std::find(y.begin(), y.end(), order[i]) == y.end()) top.push_back(order[i]);
+        std::sort(top.begin(), top.end());
+        ASSERT_EQ(out.fill_start, y.size() + top.size());
+        EXPECT_TRUE(std::equal(top.begin(), top.end(), set.begin() + y.size()));
+        EXPECT_EQ(set.size(), 40u);
+        EXPECT_TRUE(std::is_sorted(set.begin() + out.fill_start, set.end()));
+        std::vector<uint32_t> sorted = set;
+        std::sort(sorted.begin(), sorted.end());
+        EXPECT_EQ(std::adjacent_find(sorted.begin(), sorted.end()), sorted.end());
+        // Every fill row is an entry of the step's pool.
+        for (size_t i = out.fill_start; i < set.size(); ++i) {
+            bool in_pool = false;
+            for (uint32_t e = 0; e < pool.size && !in_pool; ++e)
+                in_pool = fill_pool_row(pool.seed, e, layer.rows) == set[i];
+            EXPECT_TRUE(in_pool) << "row " << set[i];
+        }
+    }
+}
+
+TEST(NeuronSelector, IvfProbingEveryClusterChoosesExactTopKsSets) {
+    const exact_layer layer(1000, 19, 3);
+    const auto queries = eighth_queries(300, layer.width, 4);  // two chunks of 256
+    for (uint32_t clusters : {1u, 7u, 40u}) {
+        exact_top_k exact(layer.source(), top_k_config(top_k_search::exact, 0, 0), 9,
+                          best_kernels(), 2);
+        // More probes than clusters: every cluster.
+        ivf_top_k ivf(layer.source(), top_k_config(top_k_search::ivf, clusters, 1000), 9,
+                      best_kernels(), 2);
+        ASSERT_TRUE(ivf.searches_ivf());
+        ASSERT_FALSE(ivf.computes_log_partition());
+        ivf.refresh({3, 0});
+        ASSERT_GE(ivf.index().clusters(), std::min(clusters, 2u));
+        test_batch a(queries, layer.rows, 8), b(queries, layer.rows, 8);
+        selection_batch ba = a.batch(3, 128), bb = b.batch(3, 128);
+        stage_times times;
+        exact.select(ba, times);
+        ivf.select(bb, times);
+        for (size_t s = 0; s < queries.size(); ++s) {
+            EXPECT_EQ(a.ids[s], b.ids[s]) << clusters << " clusters, sample " << s;
+            EXPECT_EQ(a.samples[s].fill_start, b.samples[s].fill_start);
+            EXPECT_EQ(b.samples[s].log_partition, 0.0);
+        }
+        // Their candidates too, scores bit for bit.
+        const uint32_t k = 12, n = 40;
+        std::vector<const float*> q(n);
+        for (uint32_t j = 0; j < n; ++j) q[j] = queries[j].data();
+        std::vector<uint32_t> la(n * k), lb(n * k);
+        std::vector<float> sa(n * k), sb(n * k);
+        exact.search(q.data(), n, k, la.data(), sa.data(), nullptr);
+        ivf.search(q.data(), n, k, lb.data(), sb.data(), nullptr);
+        EXPECT_EQ(la, lb);
+        EXPECT_EQ(sa, sb);
+    }
+}
+
+TEST(NeuronSelector, ExactProbeSetsEqualTheTrainingSetsWithoutLabels) {
+    // select_probe builds from a wider exact list than top_k: the same sets as select.
+    const exact_layer layer(300, 16, 5);
+    const auto queries = eighth_queries(20, layer.width, 6);
+    exact_top_k selector(layer.source(), top_k_config(top_k_search::exact, 0, 0), 1, best_kernels(),
+                         2);
+    test_batch a(queries, layer.rows, 3), b(queries, layer.rows, 3);
+    for (size_t s = 0; s < queries.size(); ++s)
+        a.samples[s].labels = b.samples[s].labels = {nullptr, 0};
+    selection_batch ba = a.batch(4, 8), bb = b.batch(4, 8);
+    stage_times times;
+    selector.select(ba, times);
+    const uint32_t wide = 25;
+    std::vector<const float*> q(queries.size());
+    for (size_t j = 0; j < q.size(); ++j) q[j] = queries[j].data();
+    std::vector<uint32_t> labels(q.size() * wide);
+    std::vector<float> scores(q.size() * wide);
+    selector.score_exactly(q.data(), uint32_t(q.size()), wide, labels.data(), scores.data(),
+                           nullptr);
+    selector.select_probe(bb, labels.data(), wide);
+    for (size_t s = 0; s < queries.size(); ++s) EXPECT_EQ(a.ids[s], b.ids[s]) << s;
+}
+
+TEST(NeuronSelector, LshRefreshAfterRowsChangeEqualsAFreshBuild) {
+    exact_layer layer(500, 32, 7);
+    layer_config config;
+    config.sparsity = sparsity_mode::lsh;
+    config.lsh = hslide::testing::make_lsh_config(hash_kind::dwta, 3, 12, 3);
+    config.active.min_active = 30;
+    lsh_selector kept(layer.source(), config, best_kernels(), 2);
+    lsh_selector unmarked(layer.source(), config, best_kernels(), 2);
+    kept.refresh({0, 42});
+    unmarked.refresh({0, 42});
+    // 60 rows move; `kept` is told, `unmarked` is not.
+    rng gen(9);
+    std::vector<uint32_t> moved;
+    for (uint32_t r = 0; r < layer.rows; r += 8) {
+        moved.push_back(r);
+        for (uint32_t i = 0; i < layer.width; ++i)
+            layer.weights[size_t(r) * layer.stride + i] = exact_layer::eighth(gen);
+    }
+    kept.rows_changed(moved.data(), moved.size());
+    kept.refresh({5, 42});
+    unmarked.refresh({5, 42});
+    lsh_selector fresh(layer.source(), config, best_kernels(), 2);
+    fresh.refresh({5, 42});
+    // Whether a's buckets equal b's (the fresh build's) at every row's codes under b's functions.
+    auto same_tables = [&](const lsh_selector& a, const lsh_selector& b) {
+        std::vector<uint32_t> codes(size_t(config.lsh.L));
+        for (uint32_t r = 0; r < layer.rows; ++r) {
+            b.hash().codes_dense(layer.view().row(r), codes.data());
+            for (int t = 0; t < config.lsh.L; ++t) {
+                const bucket_view x = a.tables().bucket(t, codes[size_t(t)]);
+                const bucket_view y = b.tables().bucket(t, codes[size_t(t)]);
+                if (!std::equal(x.items, x.items + x.count, y.items, y.items + y.count))
+                    return false;
+            }
+        }
+        return true;
+    };
+    EXPECT_TRUE(same_tables(kept, fresh));
+    EXPECT_FALSE(same_tables(unmarked, fresh));  // the stale codes are what rows_changed fixes
+    // The same sets for the same queries and generators.
+    const auto queries = eighth_queries(25, layer.width, 10);
+    test_batch a(queries, layer.rows, 1), b(queries, layer.rows, 1);
+    selection_batch ba = a.batch(5, 0), bb = b.batch(5, 0);
+    stage_times times;
+    kept.select(ba, times);
+    fresh.select(bb, times);
+    for (size_t s = 0; s < queries.size(); ++s) {
+        EXPECT_EQ(a.ids[s], b.ids[s]) << s;
+        EXPECT_TRUE(std::equal(a.labels[s].begin(), a.labels[s].end(), a.ids[s].begin()));
+    }
+    // New functions (another seed): every code recomputed, again a fresh build's tables.
+    kept.refresh({6, 43});
+    lsh_selector fresh43(layer.source(), config, best_kernels(), 2);
+    fresh43.refresh({6, 43});
+    EXPECT_EQ(kept.hash().seed(), 43u);
+    EXPECT_TRUE(same_tables(kept, fresh43));
+}
+
+TEST(NeuronSelector, IvfBeforeStepFollowsItsRhythm) {
+    exact_layer layer(800, 16, 11);
+    layer_config config = top_k_config(top_k_search::ivf, 12, 4);
+    config.ivf_refresh = 2;
+    ivf_top_k selector(layer.source(), config, 3, best_kernels(), 2);
+    selector.refresh({0, 0});
+    ivf_index expected = selector.index();
+    auto same = [](const ivf_index& a, const ivf_index& b) {
+        return a.members == b.members && a.offsets == b.offsets && a.centroids == b.centroids;
+    };
+    rng gen(2);
+    auto move_rows = [&](uint32_t first) {
+        std::vector<uint32_t> moved;
+        for (uint32_t r = first; r < layer.rows; r += 5) {
+            moved.push_back(r);
+            for (uint32_t i = 0; i < layer.width; ++i)
+                layer.weights[size_t(r) * layer.stride + i] = exact_layer::eighth(gen);
+        }
+        selector.rows_changed(moved.data(), moved.size());
+        return moved;
+    };
+    std::vector<uint32_t> moved = move_rows(0);
+    EXPECT_EQ(selector.before_step(1), 0.0);  // not a refresh step
+    EXPECT_TRUE(same(selector.index(), expected));
+    // Step 2: the moved rows reassigned, no Lloyd step.
+    selector.before_step(2);
+    reassign_ivf_rows(expected, layer.view(), best_kernels(), moved.data(), uint32_t(moved.size()),
+                      2);
+    EXPECT_TRUE(same(selector.index(), expected));
+    EXPECT_FALSE(expected.members.empty());
+    // Step 8 (the 4th pass): a whole refresh with a Lloyd step.
+    move_rows(2);
+    selector.before_step(8);
+    refresh_ivf_index(expected, layer.view(), best_kernels(), 2);
+    EXPECT_TRUE(same(selector.index(), expected));
+}
+
+TEST(NeuronSelector, EveryNeuronLeavesTheSetsEmptyAndTopKRefusesOneSample) {
+    const exact_layer layer(50, 8, 1);
+    all_neurons all(layer.source(), best_kernels(), 1);
+    const auto queries = eighth_queries(3, layer.width, 1);
+    test_batch tb(queries, layer.rows, 1);
+    for (auto& ids : tb.ids) ids = {1, 2, 3};
+    selection_batch batch = tb.batch(0, 3);
+    stage_times times;
+    all.select(batch, times);
+    for (const auto& ids : tb.ids) EXPECT_TRUE(ids.empty());
+    exact_top_k top(layer.source(), top_k_config(top_k_search::exact, 0, 0), 1, best_kernels(), 1);
+    EXPECT_THROW(top.select_one(tb.samples[0], true, 0), error);
+}
+
+TEST(NeuronSelector, TheBackendKeepsTheSelectionItsConfigNames) {
+    struct expected {
+        sparsity_mode output;
+        top_k_search search;
+        neuron_selection kind;
+        bool ivf;
+    };
+    for (const expected& e :
+         {expected{sparsity_mode::dense, top_k_search::exact, neuron_selection::all, false},
+          expected{sparsity_mode::lsh, top_k_search::exact, neuron_selection::lsh, false},
+          expected{sparsity_mode::topk, top_k_search::exact, neuron_selection::top_k, false},
+          expected{sparsity_mode::topk, top_k_search::ivf, neuron_selection::top_k, true},
+          expected{sparsity_mode::topk, top_k_search::automatic, neuron_selection::top_k, true}}) {
+        model_config config = hslide::testing::two_layer_model(30, 16, 200, e.output);
+        config.layers.back().search = e.search;
+        train_config train;
+        train.adam = adam_mode::sparse;
+        cpu_backend backend(model_state::create(config, 1), train, 1);
+        ASSERT_EQ(config.layers.size(), 2u);  // layer 0 takes the features: no selection
+        EXPECT_EQ(backend.selection(1).kind(), e.kind);
+        EXPECT_EQ(backend.selection(1).searches_ivf(), e.ivf);
+        EXPECT_EQ(backend.selection(1).computes_log_partition(),
+                  e.kind == neuron_selection::top_k && !e.ivf);
+    }
+}
