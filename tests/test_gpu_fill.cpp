@@ -1,9 +1,8 @@
-// The GPU's top-k fill, checked on the host (no GPU needed): device_rng is hslide::rng
-// (outputs and below()), and fill_draw.hpp's draw_fill, which the GPU's sets kernel runs one
+// The GPU's top-k fill, checked on the host (no GPU needed): hslide::rng's below() as kernels
+// compute it, and fill_draw.hpp's draw_fill, which the GPU's sets kernel runs one
 // thread a sample, reproduces the CPU backend's sets exactly: its fill ids (with and without
 // the step's pool) after the labels and the top-k it chose, from the seeds the step names.
 #include "cpu/cpu_backend.hpp"
-#include "gpu/device_rng.hpp"
 #include "gpu/fill_draw.hpp"
 #include "hslide/fill_pool.hpp"
 #include "hslide/rng.hpp"
@@ -21,18 +20,25 @@ using namespace hslide;
 
 namespace {
 
-TEST(GpuFill, DeviceRngIsHslideRngIncludingBelow) {
+/// The high 64 bits of a * b from 32-bit halves: what __umul64hi computes on the device.
+uint64_t high_word(uint64_t a, uint64_t b) {
+    const uint64_t a_lo = a & 0xffffffffu, a_hi = a >> 32, b_lo = b & 0xffffffffu, b_hi = b >> 32;
+    const uint64_t lo_lo = a_lo * b_lo, hi_lo = a_hi * b_lo, lo_hi = a_lo * b_hi;
+    const uint64_t middle = (lo_lo >> 32) + (hi_lo & 0xffffffffu) + lo_hi;
+    return a_hi * b_hi + (hi_lo >> 32) + (middle >> 32);
+}
+
+TEST(GpuFill, BelowIsTheHighWordOfTheProductAsTheDeviceTakesIt) {
+    // hslide::rng::below runs in kernels too, where it takes the high word with __umul64hi
+    // instead of a 128-bit product: both must give the same draw on awkward bounds (1, powers
+    // of two and their neighbours, a 670k layer, 2^63, the largest).
     for (const uint64_t seed : {0ull, 1ull, 42ull, 0x5eedf111ull, ~0ull}) {
-        rng host(seed);
-        gpu::device_rng dev(seed);
-        for (int i = 0; i < 1000; ++i)
-            ASSERT_EQ(dev(), host()) << "seed " << seed << ", draw " << i;
-        // below() on awkward bounds: 1, powers of two and their neighbours, a 670k layer, 2^63.
+        rng draws(seed), words(seed);
         for (const uint64_t bound :
              {1ull, 2ull, 3ull, 7ull, 64ull, 65ull, 1000ull, 670091ull, (1ull << 32) - 1,
               1ull << 32, (1ull << 32) + 1, 1ull << 63, ~0ull})
             for (int i = 0; i < 200; ++i) {
-                const uint64_t want = host.below(bound), got = dev.below(bound);
+                const uint64_t got = draws.below(bound), want = high_word(words(), bound);
                 ASSERT_EQ(got, want) << "seed " << seed << ", bound " << bound;
                 ASSERT_LT(got, bound);
             }
@@ -42,7 +48,7 @@ TEST(GpuFill, DeviceRngIsHslideRngIncludingBelow) {
 TEST(GpuFill, DrawFillStopsAtItsTargetAndSkipsWhatTheSetHas) {
     // A set of 10 of 12 rows, filled to all 12: only the two missing rows can be accepted,
     // and the draws go on (rejected) until both came.
-    gpu::device_rng gen(7);
+    rng gen(7);
     std::vector<bool> member(12, false);
     for (uint32_t r = 0; r < 10; ++r) member[r] = true;
     std::vector<uint32_t> fill;
@@ -94,7 +100,7 @@ void expect_cpu_fill(uint32_t rows, uint32_t min_active, float pool_per_draw, bo
             ASSERT_EQ(set.size(), std::max<size_t>(drawn_from, fill)) << "step " << step;
             std::unordered_set<uint32_t> member(set.begin(), set.begin() + drawn_from);
             std::vector<uint32_t> ours;
-            gpu::device_rng gen(derive_seed(sample_seed, s));
+            rng gen(derive_seed(sample_seed, s));
             gpu::draw_fill(gen, pool, rows, drawn_from, fill, [&](uint32_t r) {
                 if (!member.insert(r).second) return false;
                 ours.push_back(r);

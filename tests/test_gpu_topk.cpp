@@ -2,7 +2,6 @@
 // chunked selection and its scoring pass, the sets (labels, top-k, fill) and their loss, and
 // the fused scoring pass. Every test skips (GTEST_SKIP) without a usable GPU or without CUDA.
 #include "cpu/cpu_backend.hpp"
-#include "gpu/device_rng.hpp"
 #include "gpu/fill_draw.hpp"
 #include "gpu_test_util.hpp"
 #include "hslide/backend.hpp"
@@ -335,7 +334,7 @@ std::vector<uint32_t> host_fill(const std::vector<uint32_t>& set, uint32_t drawn
                                 const fill_pool& pool = {}) {
     std::set<uint32_t> member(set.begin(), set.begin() + drawn_from);
     std::vector<uint32_t> ours;
-    gpu::device_rng gen(derive_seed(seed, s));
+    rng gen(derive_seed(seed, s));
     gpu::draw_fill(gen, pool, n_items, drawn_from, std::min(fill, n_items), [&](uint32_t r) {
         if (!member.insert(r).second) return false;
         ours.push_back(r);

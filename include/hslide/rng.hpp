@@ -9,6 +9,15 @@
 #include <cstdint>
 #include <limits>
 
+// The generator's core compiles for CUDA kernels too (nvcc: __host__ __device__), so that a
+// kernel draws exactly what the CPU draws from the same seed (src/gpu/fill_draw.hpp). Only
+// a macro: this header holds no CUDA types.
+#if defined(__CUDACC__)
+#define HSLIDE_RNG_HD __host__ __device__
+#else
+#define HSLIDE_RNG_HD
+#endif
+
 namespace hslide {
 
 /// SplitMix64: mixes a 64-bit value; used to derive seeds for independent streams.
@@ -31,9 +40,9 @@ class rng {
   public:
     using result_type = uint64_t;
 
-    explicit rng(uint64_t seed = 0) { reseed(seed); }
+    HSLIDE_RNG_HD explicit rng(uint64_t seed = 0) { reseed(seed); }
 
-    void reseed(uint64_t seed) {
+    HSLIDE_RNG_HD void reseed(uint64_t seed) {
         for (auto& word : s_) {
             seed = splitmix64(seed);
             word = seed;
@@ -43,7 +52,7 @@ class rng {
     static constexpr result_type min() { return 0; }
     static constexpr result_type max() { return std::numeric_limits<result_type>::max(); }
 
-    result_type operator()() {
+    HSLIDE_RNG_HD result_type operator()() {
         const uint64_t result = rotl(s_[1] * 5, 7) * 9;
         const uint64_t t = s_[1] << 17;
         s_[2] ^= s_[0];
@@ -55,13 +64,20 @@ class rng {
         return result;
     }
 
-    /// Uniform integer in [0, bound) (Lemire's multiply-shift; bound > 0).
-    uint64_t below(uint64_t bound) {
+    /// Uniform integer in [0, bound) (Lemire's multiply-shift: the high word of next() * bound;
+    /// bound > 0).
+    HSLIDE_RNG_HD uint64_t below(uint64_t bound) {
+#if defined(__CUDA_ARCH__)
+        return __umul64hi((*this)(), bound);
+#else
         return static_cast<uint64_t>((static_cast<__uint128_t>((*this)()) * bound) >> 64);
+#endif
     }
 
     /// Uniform float in [0, 1).
-    float uniform() { return static_cast<float>((*this)() >> 40) * (1.0f / 16777216.0f); }
+    float uniform() {
+        return static_cast<float>((*this)() >> 40) * (1.0f / 16777216.0f);
+    }
 
     /// Uniform double in [0, 1).
     double uniform_double() {
@@ -72,13 +88,17 @@ class rng {
     double normal();
 
     /// The full state, for checkpoints.
-    const uint64_t* state() const { return s_; }
+    const uint64_t* state() const {
+        return s_;
+    }
     void set_state(const uint64_t state[4]) {
         for (int i = 0; i < 4; ++i) s_[i] = state[i];
     }
 
   private:
-    static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+    HSLIDE_RNG_HD static uint64_t rotl(uint64_t x, int k) {
+        return (x << k) | (x >> (64 - k));
+    }
     uint64_t s_[4];
 };
 

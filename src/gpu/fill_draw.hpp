@@ -1,6 +1,6 @@
 // The top-k sets' random fill, written once for the host and the kernels: the draws of the
 // CPU backend's add_random_fill (src/cpu/cpu_backend_selection.cpp), so that the GPU's sets
-// are the CPU's. Per sample s of a step, from device_rng(derive_seed(sample_seed, s)) with
+// are the CPU's. Per sample s of a step, from rng(derive_seed(sample_seed, s)) with
 // sample_seed = step_seed(seed, seed_stream::train_sample, step): rejection draws, first of
 // uniform entries of the step's pool (fill_pool.hpp; at most 64 x target of them, and only
 // where the step has a pool), then of uniform rows of the whole layer, each kept unless the
@@ -9,9 +9,9 @@
 // the membership test); tests/test_gpu_fill.cpp checks the sets against the CPU backend's.
 #pragma once
 
-#include "device_rng.hpp"
 #include "host_device.hpp"
 #include "hslide/fill_pool.hpp"
+#include "hslide/rng.hpp"
 
 #include <cstdint>
 
@@ -21,7 +21,7 @@ namespace hslide::gpu {
 /// adds id to the set and returns true if it was not there yet (the caller appends it to the
 /// fill), false if it was. Returns the number of ids drawn (accepted or not).
 template <class Insert>
-HSLIDE_HD uint64_t draw_fill(device_rng& gen, const fill_pool& pool, uint32_t rows, uint32_t have,
+HSLIDE_HD uint64_t draw_fill(rng& gen, const fill_pool& pool, uint32_t rows, uint32_t have,
                              uint32_t target, Insert&& insert) {
     uint64_t pool_draws = pool.size ? uint64_t{64} * target : 0;
     uint64_t drawn = 0;

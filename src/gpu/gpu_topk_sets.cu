@@ -89,7 +89,7 @@ __global__ void top_k_sets_kernel(const uint32_t* best_id, uint32_t k,
     if (chosen < target && threadIdx.x == 0) {
         // The CPU's draws (fill_draw.hpp), one thread: each draw's acceptance depends on the
         // ones before. The set is per block, so its atomics meet no other thread.
-        device_rng gen(derive_seed(seed, s));
+        rng gen(derive_seed(seed, s));
         uint32_t n = chosen;
         draw_fill(gen, pool, n_items, chosen, target, [&](uint32_t id) {
             bool inserted = false;
