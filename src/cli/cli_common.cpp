@@ -380,7 +380,9 @@ hybrid_options make_hybrid_options(const hybrid_cli& o, const backend_options& d
     };
     std::vector<int> requested(n, 0);
     for (size_t i = 0; i < n; ++i)
-        if (!on_gpu(i)) requested[i] = int(value(o.threads, "--worker-threads", i));
+        if (!on_gpu(i))
+            requested[i] =
+                check_thread_count(value(o.threads, "--worker-threads", i), "--worker-threads");
     const std::vector<int> threads = split_worker_threads(
         kinds, requested, train.threads > 0 ? train.threads : omp_get_max_threads());
     bool beside_gpu = false;

@@ -60,7 +60,7 @@ std::unique_ptr<backend> open_backend(const scoring_options& o, dataset& data,
     HSLIDE_CHECK(data.n_labels <= ck.model.config.output_dim(),
                  "{} has {} labels but the model {} has {}", data.source, data.n_labels,
                  o.model_path, ck.model.config.output_dim());
-    if (o.threads > 0) omp_set_num_threads(o.threads);
+    if (check_thread_count(o.threads, "--threads") > 0) omp_set_num_threads(o.threads);
     backend_options bo;
     bo.kind = parse_backend_kind(o.backend);
     bo.threads = o.threads;
@@ -98,6 +98,7 @@ int run_eval(int argc, char** argv) {
     eo.show_progress = apply_output_options(oo);
     data.show_progress = eo.show_progress;
     eo.scoring = parse_scoring(so.scoring);
+    validate(eo.metrics);
     HSLIDE_CHECK(!data.test.empty(), "hslide eval needs --test FILE");
     dataset file = load_file(data, data.test);
     dataset test = data.test_split.empty()

@@ -96,9 +96,7 @@ int run_train(int argc, char** argv) {
     app.add_option("--warmup", tc.warmup_samples,
                    "samples over which the learning rate ramps up from 0 at the start (0 = none)")
         ->capture_default_str();
-    app.add_option("--lr", tc.learning_rate, "Adam learning rate")
-        ->check(CLI::PositiveNumber)
-        ->capture_default_str();
+    app.add_option("--lr", tc.learning_rate, "Adam learning rate")->capture_default_str();
     app.add_option("--beta1", tc.adam_beta1, "Adam beta1")->capture_default_str();
     app.add_option("--beta2", tc.adam_beta2, "Adam beta2")->capture_default_str();
     app.add_option("--adam-eps", tc.adam_epsilon, "Adam epsilon")->capture_default_str();
@@ -205,6 +203,7 @@ int run_train(int argc, char** argv) {
     const backend_kind kind = parse_backend_kind(backend_name);
     to.backend = kind;
     validate(tc);
+    validate(to.eval.metrics);
 
     if (tc.threads > 0) omp_set_num_threads(tc.threads);
 
@@ -256,6 +255,7 @@ int run_train(int argc, char** argv) {
                      d.train.n_features, d.train.n_labels);
         initial = std::move(ck.model);
         to.resume = ck.trainer;
+        check_resume_epochs(tc.epochs, ck.trainer, resume_path);
         spdlog::info("resuming from {}", resume_path);
         // The checkpoint fixes the network; --probes only steers its evaluation, so it applies.
         std::string ignored;

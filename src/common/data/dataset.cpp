@@ -4,6 +4,7 @@
 
 #include "common/data/dataset_io.hpp"
 #include "hslide/error.hpp"
+#include "hslide/input_check.hpp"
 #include "hslide/memory.hpp"
 #include "hslide/progress.hpp"
 
@@ -673,29 +674,8 @@ std::vector<uint32_t> read_split(const std::string& path, int column, size_t n_p
 
 void dataset::push_back(const uint32_t* fids, const float* fvals, uint32_t nf, const uint32_t* lids,
                         uint32_t nl) {
-    for (uint32_t i = 0; i < nf; ++i) {
-        HSLIDE_CHECK(fids[i] < n_features, "dataset::push_back: feature id {} >= D = {}", fids[i],
-                     n_features);
-        HSLIDE_CHECK(i == 0 || fids[i] > fids[i - 1],
-                     "dataset::push_back: feature ids must be strictly ascending ({} after {})",
-                     fids[i], i > 0 ? fids[i - 1] : 0);
-    }
-    for (uint32_t i = 0; i < nl; ++i) {
-        HSLIDE_CHECK(lids[i] < n_labels, "dataset::push_back: label id {} >= L = {}", lids[i],
-                     n_labels);
-    }
-    if (nl > 1) {
-        bool dup = false;
-        if (nl <= 32) {
-            for (uint32_t i = 1; i < nl && !dup; ++i)
-                for (uint32_t j = 0; j < i && !dup; ++j) dup = lids[i] == lids[j];
-        } else {
-            std::vector<uint32_t> sorted(lids, lids + nl);
-            std::sort(sorted.begin(), sorted.end());
-            dup = std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end();
-        }
-        HSLIDE_CHECK(!dup, "dataset::push_back: a label id repeats");
-    }
+    const std::string why = point_problem(fids, fvals, nf, lids, nl, n_features, n_labels);
+    HSLIDE_CHECK(why.empty(), "dataset::push_back: {}", why);
     feature_ids.insert(feature_ids.end(), fids, fids + nf);
     feature_values.insert(feature_values.end(), fvals, fvals + nf);
     feature_offsets.push_back(feature_ids.size());

@@ -8,6 +8,7 @@
 
 #include "common/data/dataset_io.hpp"
 #include "hslide/error.hpp"
+#include "hslide/input_check.hpp"
 #include "hslide/memory.hpp"
 #include "hslide/progress.hpp"
 
@@ -147,12 +148,6 @@ uint64_t copy_array(const char* src, size_t count, std::vector<T>& v) {
     return XXH3_64bits_digest(state.s);
 }
 
-uint32_t max_element_of(const std::vector<uint32_t>& v) {
-    uint32_t m = 0;
-    for (const uint32_t x : v) m = std::max(m, x);
-    return m;
-}
-
 // The source's content checksum. Up to 16 MiB it is XXH3-64 of every byte; above, of 256
 // blocks of 16 KiB spread evenly from the first byte to the last (4 MiB read). Size and
 // modification time are checked as well, so the sample only has to catch a file replaced
@@ -286,8 +281,6 @@ bool try_load_cache(const std::string& cache_path, const cache_header& expect, i
     d.n_labels = h.n_labels;
     d.feature_offsets.clear();
     d.label_offsets.clear();
-    // The checksum catches accidental damage; the range checks keep a deliberately forged
-    // cache from making later code index out of bounds.
     const char* at = map.data + sizeof h;
     const char* const feature_offsets_at = at;
     const char* const label_offsets_at = feature_offsets_at + (n + 1) * 8;
@@ -295,28 +288,22 @@ bool try_load_cache(const std::string& cache_path, const cache_header& expect, i
     const char* const feature_values_at = feature_ids_at + h.feature_nnz * 4;
     const char* const label_ids_at = feature_values_at + h.feature_nnz * 4;
     uint64_t hashes[5] = {};
-    uint32_t max_f = 0, max_l = 0;
-    bool monotone_f = true, monotone_l = true;
     auto copy_one = [&](int array) {
         switch (array) {
             case 0:  // the largest first, so the two threads finish together
                 hashes[2] = copy_array(feature_ids_at, h.feature_nnz, d.feature_ids);
-                max_f = max_element_of(d.feature_ids);
                 break;
             case 1:
                 hashes[3] = copy_array(feature_values_at, h.feature_nnz, d.feature_values);
                 break;
             case 2:
                 hashes[0] = copy_array(feature_offsets_at, n + 1, d.feature_offsets);
-                monotone_f = std::is_sorted(d.feature_offsets.begin(), d.feature_offsets.end());
                 break;
             case 3:
                 hashes[1] = copy_array(label_offsets_at, n + 1, d.label_offsets);
-                monotone_l = std::is_sorted(d.label_offsets.begin(), d.label_offsets.end());
                 break;
             default:
                 hashes[4] = copy_array(label_ids_at, h.label_nnz, d.label_ids);
-                max_l = max_element_of(d.label_ids);
                 break;
         }
     };
@@ -340,13 +327,12 @@ bool try_load_cache(const std::string& cache_path, const cache_header& expect, i
         why = "corrupt payload (checksum mismatch)";
         return false;
     }
-    const bool monotone = monotone_f && monotone_l;
-    const bool ok = monotone && d.feature_offsets[0] == 0 && d.label_offsets[0] == 0 &&
-                    d.feature_offsets[n] == h.feature_nnz && d.label_offsets[n] == h.label_nnz &&
-                    (h.feature_nnz == 0 || max_f < d.n_features) &&
-                    (h.label_nnz == 0 || max_l < d.n_labels);
-    if (!ok) {
-        why = "inconsistent payload";
+    // The checksum catches accidental damage; the full check (offsets, ids in range, sorted
+    // and unique, finite values) keeps a forged cache from handing the trainer what no
+    // reader would.
+    const std::string problem = dataset_problem(d);
+    if (!problem.empty()) {
+        why = "inconsistent payload: " + problem;
         return false;
     }
     out = std::move(d);

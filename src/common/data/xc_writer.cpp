@@ -2,6 +2,7 @@
 // them in order to a temporary file that is renamed over the target at the end.
 #include "hslide/dataset.hpp"
 #include "hslide/error.hpp"
+#include "hslide/input_check.hpp"
 
 #include <omp.h>
 #include <unistd.h>
@@ -52,9 +53,9 @@ void format_point(const dataset& data, size_t p, std::string& out) {
 }  // namespace
 
 void write_xc(const dataset& data, const std::string& path) {
-    HSLIDE_CHECK(
-        data.feature_offsets.size() == data.label_offsets.size() && !data.feature_offsets.empty(),
-        "write_xc: dataset offsets are inconsistent");
+    // What the readers would refuse is refused here, before a file is made (a NaN would be
+    // written as "nan").
+    check_dataset(data, data.source.empty() ? std::string("write_xc") : data.source);
     const std::string tmp = fmt::format("{}.tmp.{}", path, static_cast<long>(getpid()));
     FILE* file = std::fopen(tmp.c_str(), "wb");
     if (!file) io_failure("open for writing", tmp, errno);

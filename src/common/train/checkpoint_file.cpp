@@ -2,6 +2,8 @@
 // Layout and guarantees are described in include/hslide/checkpoint_file.hpp.
 #include "hslide/checkpoint_file.hpp"
 
+#include "common/util/json_util.hpp"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -380,9 +382,11 @@ std::string checkpoint_reader::get_string(const std::string& name) const {
 nlohmann::json checkpoint_reader::get_json(const std::string& name) const {
     const bytes_view v = get(name);
     try {
-        return nlohmann::json::parse(v.data, v.data + v.size);
-    } catch (const nlohmann::json::exception& e) {
-        fail(fmt::format("section '{}' is not valid JSON: {}", name, e.what()));
+        return detail::parse_json_limited(
+            std::string_view(reinterpret_cast<const char*>(v.data), v.size),
+            fmt::format("section '{}'", name));
+    } catch (const error& e) {
+        fail(e.what());
     }
 }
 

@@ -1,0 +1,52 @@
+// The thread-count check of hslide/thread_limits.hpp.
+#include "hslide/thread_limits.hpp"
+
+#include "hslide/error.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <thread>
+
+namespace hslide {
+
+namespace {
+constexpr int threads_per_cpu = 8;
+constexpr int min_cap = 64;
+
+int hardware_cap() {
+    const long long cpus = std::max(1u, std::thread::hardware_concurrency());
+    return int(std::min<long long>(INT_MAX, std::max<long long>(min_cap, cpus * threads_per_cpu)));
+}
+}  // namespace
+
+int max_thread_count() {
+    return std::max(1, std::min(hardware_cap(), omp_get_thread_limit()));
+}
+
+int check_thread_count(double threads, const std::string& what) {
+    HSLIDE_CHECK(threads >= 0 && threads == std::floor(threads),
+                 "{} must be a whole number >= 0 (0 = all), got {:.15g}", what, threads);
+    const int runtime = omp_get_thread_limit();
+    const int cap = hardware_cap();
+    if (threads <= std::min(cap, runtime)) return int(threads);
+    if (runtime < cap) {
+        HSLIDE_CHECK(
+            false,
+            "{} {:.15g} is more than the OpenMP runtime allows ({}, OMP_THREAD_LIMIT); give "
+            "at most {} (0 = all)",
+            what, threads, runtime, runtime);
+    }
+    HSLIDE_CHECK(
+        false,
+        "{} {:.15g} is more than this machine can run usefully: it has {} logical CPUs and "
+        "hslide takes at most {} threads ({} per CPU, at least {}); give at most {} "
+        "(0 = all)",
+        what, threads, std::max(1u, std::thread::hardware_concurrency()), cap, threads_per_cpu,
+        min_cap, cap);
+    return 0;  // not reached
+}
+
+}  // namespace hslide
