@@ -33,6 +33,11 @@ std::string point_problem(const uint32_t* feature_ids, const float* feature_valu
 /// (the first bad point by index, as "point 12: ..."). D and L must fit 32-bit ids (2^32).
 std::string dataset_problem(const dataset& data);
 
+/// Throws hslide::error (invalid_argument) naming data.source and both counts when `data`
+/// cannot size a model: no labels or no features, or more than 2^32-1 of either (a model's
+/// ids are 32-bit).
+void check_model_dimensions(const dataset& data);
+
 /// Throws hslide::input_error naming `name` (line 0) with dataset_problem's reason.
 void check_dataset(const dataset& data, const std::string& name);
 

@@ -6,6 +6,7 @@
 #include "hslide/checkpoint.hpp"
 #include "hslide/error.hpp"
 #include "hslide/metrics.hpp"
+#include "hslide/output_file.hpp"
 #include "hslide/progress.hpp"
 #include "hslide/trainer.hpp"
 
@@ -15,8 +16,8 @@
 #include <omp.h>
 
 #include <cstdio>
-#include <fstream>
 #include <numeric>
+#include <sstream>
 
 namespace hslide::cli {
 
@@ -113,14 +114,14 @@ int run_eval(int argc, char** argv) {
     const metrics_result r = evaluate(*engine, test, eo, inv_prop);
     std::printf("%s  (%zu points)\n", format_metrics(r).c_str(), r.n);
     if (!metrics_out.empty()) {
-        std::ofstream out(metrics_out, std::ios::app);
+        std::ostringstream out;
         out << "{\"model\":\"" << so.model_path << "\",\"points\":" << r.n;
         for (int k = 1; k <= int(r.precision.size()); ++k) {
             out << fmt::format(",\"p@{}\":{},\"ndcg@{}\":{}", k, r.p_at(k), k, r.ndcg_at(k));
             if (!r.psp.empty()) out << fmt::format(",\"psp@{}\":{}", k, r.psp_at(k));
         }
         out << "}\n";
-        HSLIDE_CHECK_KIND(bool(out), error_kind::io, "cannot write {}", metrics_out);
+        append_to_file(metrics_out, out.str());
     }
     return 0;
 }
@@ -155,9 +156,7 @@ int run_predict(int argc, char** argv) {
     auto engine = open_backend(so, points, ck);
     const scoring_mode scoring = parse_scoring(so.scoring);
 
-    const std::string tmp = out_path + ".tmp";
-    std::FILE* out = std::fopen(tmp.c_str(), "wb");
-    HSLIDE_CHECK_KIND(out, error_kind::io, "cannot write {}", out_path);
+    output_file out(out_path);
     const uint32_t batch = 1024;
     std::vector<uint32_t> rows, labels;
     std::vector<float> scores;
@@ -179,15 +178,12 @@ int run_predict(int argc, char** argv) {
                                scores[size_t(s) * topk + i]);
             }
             line.push_back('\n');
-            std::fwrite(line.data(), 1, line.size(), out);
+            out.write(line.data(), line.size());
         }
         bar.add(size);
     }
     bar.finish();
-    const bool ok = std::fflush(out) == 0 && !std::ferror(out);
-    std::fclose(out);
-    HSLIDE_CHECK_KIND(ok && std::rename(tmp.c_str(), out_path.c_str()) == 0, error_kind::io,
-                      "cannot write {}", out_path);
+    out.commit();
     spdlog::info("wrote the top {} labels of {} points to {}", topk, points.size(), out_path);
     return 0;
 }

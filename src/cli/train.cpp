@@ -7,6 +7,7 @@
 #include "hslide/error.hpp"
 #include "hslide/fill_pool.hpp"
 #include "hslide/hybrid.hpp"
+#include "hslide/input_check.hpp"
 #include "hslide/model.hpp"
 #include "hslide/progress.hpp"
 #include "hslide/system_info.hpp"
@@ -239,10 +240,7 @@ int run_train(int argc, char** argv) {
         d.train.n_features = d.test.n_features = valid.n_features = n_features;
         d.train.n_labels = d.test.n_labels = valid.n_labels = n_labels;
     }
-    HSLIDE_CHECK(d.train.n_labels > 0 && d.train.n_features > 0,
-                 "the training data has no labels or features");
-    HSLIDE_CHECK(d.train.n_labels <= UINT32_MAX && d.train.n_features <= UINT32_MAX,
-                 "too many labels or features");
+    check_model_dimensions(d.train);
 
     model_state initial;
     if (!resume_path.empty()) {

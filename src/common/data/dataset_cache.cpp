@@ -10,6 +10,7 @@
 #include "hslide/error.hpp"
 #include "hslide/input_check.hpp"
 #include "hslide/memory.hpp"
+#include "hslide/output_file.hpp"
 #include "hslide/progress.hpp"
 
 #include <fcntl.h>
@@ -85,18 +86,6 @@ bool read_exact(int fd, void* dst, size_t n) {
     auto* p = static_cast<char*>(dst);
     while (n > 0) {
         const ssize_t r = ::read(fd, p, std::min(n, io_chunk));
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) return false;
-        p += r;
-        n -= static_cast<size_t>(r);
-    }
-    return true;
-}
-
-bool write_exact(int fd, const void* src, size_t n) {
-    const auto* p = static_cast<const char*>(src);
-    while (n > 0) {
-        const ssize_t r = ::write(fd, p, n);
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) return false;
         p += r;
@@ -210,7 +199,8 @@ dataset parse_text(std::string_view text, const std::string& path, data_format f
 // (empty when there simply is no cache).
 bool try_load_cache(const std::string& cache_path, const cache_header& expect, int source_fd,
                     dataset& out, std::string& why) {
-    fd_guard cache{::open(cache_path.c_str(), O_RDONLY | O_CLOEXEC)};
+    // O_NONBLOCK: a FIFO at the cache's path must be refused below, not block the open.
+    fd_guard cache{::open(cache_path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC)};
     if (cache.fd < 0) {
         if (errno != ENOENT) why = fmt::format("cannot open it: {}", std::strerror(errno));
         return false;
@@ -375,18 +365,17 @@ std::string write_cache(const std::string& cache_path, cache_header h, const dat
     }
     h.header_xxh3 = header_hash(h);
 
-    std::string tmp = cache_path + ".tmpXXXXXX";
-    fd_guard out{::mkstemp(tmp.data())};
-    if (out.fd < 0) return fmt::format("cannot create {}: {}", tmp, std::strerror(errno));
-    bool ok = ::fchmod(out.fd, 0644) == 0 && write_exact(out.fd, &h, sizeof h);
-    for (const auto& pc : pieces) ok = ok && write_exact(out.fd, pc.p, pc.n);
-    const int write_errno = errno;
-    ok = (::close(out.fd) == 0) && ok;
-    out.fd = -1;
-    if (!ok || ::rename(tmp.c_str(), cache_path.c_str()) != 0) {
-        const std::string why = std::strerror(ok ? errno : write_errno);
-        ::unlink(tmp.c_str());
-        return fmt::format("cannot write {}: {}", cache_path, why);
+    // A FIFO or device at the cache's path is no cache: leave it alone.
+    struct stat st {};
+    if (::stat(cache_path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+        return fmt::format("{} exists and is not a regular file", cache_path);
+    try {
+        output_file out(cache_path);
+        out.write(&h, sizeof h);
+        for (const auto& pc : pieces) out.write(pc.p, pc.n);
+        out.commit();
+    } catch (const error& e) {
+        return e.what();
     }
     return "";
 }

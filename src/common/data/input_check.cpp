@@ -108,6 +108,17 @@ std::string dataset_problem(const dataset& d) {
         point_problem(f.ids, f.values, f.count, l.ids, l.count, d.n_features, d.n_labels));
 }
 
+void check_model_dimensions(const dataset& d) {
+    HSLIDE_CHECK(d.n_labels > 0 && d.n_features > 0,
+                 "{}: the training data has {} labels and {} features: a model needs at least "
+                 "one of each",
+                 d.source, d.n_labels, d.n_features);
+    HSLIDE_CHECK(d.n_labels <= UINT32_MAX && d.n_features <= UINT32_MAX,
+                 "{}: too many labels or features for a model: {} labels and {} features, at "
+                 "most {} of each (ids are 32-bit)",
+                 d.source, d.n_labels, d.n_features, uint64_t(UINT32_MAX));
+}
+
 void check_dataset(const dataset& data, const std::string& name) {
     const std::string why = dataset_problem(data);
     if (!why.empty()) throw input_error(name, 0, why);
