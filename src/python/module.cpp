@@ -329,7 +329,8 @@ class model {
             if (callback.is_none()) return;
             try {
                 py::object result = callback(record);
-                if (!result.is_none() && !result.cast<bool>()) run.request_stop();
+                // Python truth ([] stops, as False does), not a cast that refuses a list.
+                if (!result.is_none() && !py::bool_(result)) run.request_stop();
             } catch (py::error_already_set& e) {
                 if (e.matches(PyExc_StopIteration)) {
                     run.request_stop();
