@@ -23,6 +23,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -421,6 +422,32 @@ TEST(HostilePipes, FifoAsModelOrCacheDoesNotBlock) {
     ASSERT_EQ(stat((data + ".hscache").c_str(), &st), 0);
     EXPECT_TRUE(S_ISFIFO(st.st_mode));  // left alone
     EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10);
+}
+
+// --- 13. what the cache checks, and --verify-cache -----------------------------------------
+
+TEST(HostileCache, VerifyCacheCatchesAnEditTheSampleMisses) {
+    temp_dir dir;
+    const std::string path = dir.file("big.txt");
+    std::string text = "1200000 10 2\n";
+    for (int i = 0; i < 1200000; ++i) text += "0 1:0.5 2:0.25\n";  // 18 MB: sampled
+    write_text(path, text);
+    const hslide::dataset first = hslide::load_dataset(path);
+    struct stat before {};
+    ASSERT_EQ(stat(path.c_str(), &before), 0);
+    // Between the first two sampled 16 KiB blocks (at 0 and ~68 KiB), keeping size and time.
+    const size_t at = text.find("0.25", 40000);
+    text[at + 3] = '7';  // 0.25 -> 0.27
+    write_text(path, text);
+    const struct timespec times[2] = {before.st_atim, before.st_mtim};
+    ASSERT_EQ(utimensat(AT_FDCWD, path.c_str(), times, 0), 0);
+    const size_t point = std::count(text.begin(), text.begin() + long(at), '\n') - 1;
+    const float edited = 0.27f;
+    hslide::load_options lo;
+    EXPECT_NE(hslide::load_dataset(path, lo).features(point).values[1], edited);  // the gap
+    lo.verify_cache = true;
+    EXPECT_EQ(hslide::load_dataset(path, lo).features(point).values[1], edited);
+    EXPECT_EQ(first.size(), 1200000u);
 }
 
 // --- 7. gen sized up front ----------------------------------------------------------------

@@ -47,6 +47,9 @@ void add_data_options(CLI::App& app, data_options& o, bool with_train) {
         ->check(CLI::IsMember({"auto", "xc", "libsvm"}))
         ->capture_default_str();
     app.add_flag("--no-cache", o.no_cache, "do not read or write the binary cache of parsed files");
+    app.add_flag("--verify-cache", o.verify_cache,
+                 "use a cache only if a checksum of every byte of the file matches (by default a "
+                 "file over 16 MiB is checked by size, modification time and 256 sampled blocks)");
 }
 
 dataset load_file(const data_options& o, const std::string& path) {
@@ -55,6 +58,7 @@ dataset load_file(const data_options& o, const std::string& path) {
                 : o.format == "libsvm" ? data_format::libsvm
                                        : data_format::automatic;
     lo.use_cache = !o.no_cache;
+    lo.verify_cache = o.verify_cache;
     lo.show_progress = o.show_progress;
     const auto t0 = std::chrono::steady_clock::now();
     dataset d = load_dataset(path, lo);

@@ -57,8 +57,8 @@ struct cache_header {
     uint64_t feature_nnz;
     uint64_t label_nnz;
     uint64_t payload_xxh3;
-    uint64_t reserved2;    // 0; pads the header to 128 bytes
-    uint64_t header_xxh3;  // of every byte before this field
+    uint64_t source_full_xxh3;  // XXH3-64 of every byte of the source (0: not recorded)
+    uint64_t header_xxh3;       // of every byte before this field
 };
 static_assert(sizeof(cache_header) == 128, "the cache header is 128 bytes");
 
@@ -194,11 +194,27 @@ dataset parse_text(std::string_view text, const std::string& path, data_format f
     return parse_libsvm(text, path, options.min_features, options.min_labels, &bar);
 }
 
+// XXH3-64 of every byte of an open file of `size` bytes (false on a read error or short read).
+bool hash_whole_file(int fd, uint64_t size, uint64_t& hash) {
+    xxh3_state st;
+    std::unique_ptr<char[]> buf(new char[io_chunk]);
+    for (uint64_t off = 0; off < size;) {
+        const ssize_t r =
+            ::pread(fd, buf.get(), std::min<uint64_t>(size - off, io_chunk), off_t(off));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return false;
+        XXH3_64bits_update(st.s, buf.get(), size_t(r));
+        off += uint64_t(r);
+    }
+    hash = XXH3_64bits_digest(st.s);
+    return true;
+}
+
 // Loads the cache at `cache_path` when it matches `expect` (source size, mtime, format and
-// minima; format 0 = any) and the source's checksum. On a miss returns false and sets `why`
-// (empty when there simply is no cache).
+// minima; format 0 = any) and the source's checksum (with `verify`, of every byte). On a miss
+// returns false and sets `why` (empty when there simply is no cache).
 bool try_load_cache(const std::string& cache_path, const cache_header& expect, int source_fd,
-                    dataset& out, std::string& why) {
+                    bool verify, dataset& out, std::string& why) {
     // O_NONBLOCK: a FIFO at the cache's path must be refused below, not block the open.
     fd_guard cache{::open(cache_path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC)};
     if (cache.fd < 0) {
@@ -258,6 +274,19 @@ bool try_load_cache(const std::string& cache_path, const cache_header& expect, i
     if (source_hash != h.source_xxh3) {
         why = "the source's content changed";
         return false;
+    }
+    if (verify && expect.source_size > fingerprint_whole_limit) {
+        uint64_t full = 0;
+        if (!hash_whole_file(source_fd, expect.source_size, full)) {
+            why = "cannot read the source";
+            return false;
+        }
+        if (h.source_full_xxh3 == 0 || std::max<uint64_t>(1, full) != h.source_full_xxh3) {
+            why = h.source_full_xxh3 == 0
+                      ? "it has no checksum of the whole source (--verify-cache)"
+                      : "the source's content changed (whole-file checksum)";
+            return false;
+        }
     }
     const mapped_file map(cache.fd, file_size);
     if (!map.data) {
@@ -452,7 +481,7 @@ dataset load_dataset(const std::string& path, const load_options& options) {
     {
         dataset cached;
         std::string why;
-        if (try_load_cache(cpath, expect, src.fd, cached, why)) {
+        if (try_load_cache(cpath, expect, src.fd, options.verify_cache, cached, why)) {
             cached.source = path;
             spdlog::debug("{}: loaded from cache {}", path, cpath);
             return cached;
@@ -477,6 +506,7 @@ dataset load_dataset(const std::string& path, const load_options& options) {
     h.source_size = text.size();
     h.source_mtime_ns = mtime_ns(st);
     h.source_xxh3 = source_fingerprint(text);
+    h.source_full_xxh3 = std::max<uint64_t>(1, XXH3_64bits(text.data(), text.size()));
     h.format = format_code(f);
     h.min_features = f == data_format::libsvm ? options.min_features : 0;
     h.min_labels = f == data_format::libsvm ? options.min_labels : 0;
