@@ -120,6 +120,10 @@ TEST(HostileThreads, CommandsRefuseInsteadOfCrashing) {
     expect_refused(
         run_hslide("gen --preset tiny --scale 0.01 --threads 100000 --out " + dir.file("g")),
         "--threads 100000");
+    setenv("OMP_NUM_THREADS", "100000", 1);  // --threads 0 (all) then means 100000
+    const auto all = run_hslide("gen --preset tiny --scale 0.01 --out " + dir.file("g"));
+    unsetenv("OMP_NUM_THREADS");
+    expect_refused(all, "OMP_NUM_THREADS = 100000");
     write_text(dir.file("c.toml"), "threads = 100000\n");
     expect_refused(
         run_hslide("train --preset tiny --scale 0.1 --epochs 1 -q --config " + dir.file("c.toml")),

@@ -19,8 +19,8 @@ int max_thread_count();
 /// Returns `threads` as an int, or throws hslide::error (invalid_argument) when it is negative,
 /// not a whole number, or above max_thread_count(); the message names `what` (e.g.
 /// "--threads"), the value, the limit and where the limit comes from. 0 (= all of the
-/// machine's threads) is accepted. A double so that any parsed number is checked before it is
-/// narrowed.
+/// machine's threads) is accepted when the OpenMP default (OMP_NUM_THREADS) is within the
+/// per-CPU cap. A double so that any parsed number is checked before it is narrowed.
 int check_thread_count(double threads, const std::string& what);
 
 }  // namespace hslide

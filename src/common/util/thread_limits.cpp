@@ -31,6 +31,12 @@ int check_thread_count(double threads, const std::string& what) {
                  "{} must be a whole number >= 0 (0 = all), got {:.15g}", what, threads);
     const int runtime = omp_get_thread_limit();
     const int cap = hardware_cap();
+    // 0 is "all": as many as OMP_NUM_THREADS says, within the machine's cap (the runtime's
+    // OMP_THREAD_LIMIT already caps its own teams, so it is not held against the default).
+    HSLIDE_CHECK(threads != 0 || omp_get_max_threads() <= cap,
+                 "{} 0 means OMP_NUM_THREADS = {}, more than this machine can run usefully "
+                 "(at most {}: {} per logical CPU, at least {})",
+                 what, omp_get_max_threads(), cap, threads_per_cpu, min_cap);
     if (threads <= std::min(cap, runtime)) return int(threads);
     if (runtime < cap) {
         HSLIDE_CHECK(
