@@ -4,9 +4,9 @@
 //
 // Why: libgomp starts the threads it is asked for without checking, and a request the machine
 // cannot satisfy (100,000 threads of 8 MiB stacks) dies with SIGSEGV inside the runtime rather
-// than with an error. The limit is what the OpenMP runtime allows (omp_get_thread_limit, set by
-// OMP_THREAD_LIMIT) and at most 8 threads per logical CPU (or 64, where there are fewer than 8
-// CPUs): past that, threads only take turns on the cores.
+// than with an error. The limit is 8 threads per logical CPU (or 64, where there are fewer than
+// 8 CPUs): past that, threads only take turns on the cores. OMP_THREAD_LIMIT is the runtime's
+// own: it caps every team to it without failing, so a request above it is not refused here.
 #pragma once
 
 #include <string>

@@ -23,36 +23,25 @@ int hardware_cap() {
 }  // namespace
 
 int max_thread_count() {
-    return std::max(1, std::min(hardware_cap(), omp_get_thread_limit()));
+    return hardware_cap();
 }
 
 int check_thread_count(double threads, const std::string& what) {
     HSLIDE_CHECK(threads >= 0 && threads == std::floor(threads),
                  "{} must be a whole number >= 0 (0 = all), got {:.15g}", what, threads);
-    const int runtime = omp_get_thread_limit();
     const int cap = hardware_cap();
-    // 0 is "all": as many as OMP_NUM_THREADS says, within the machine's cap (the runtime's
-    // OMP_THREAD_LIMIT already caps its own teams, so it is not held against the default).
+    // 0 is "all": as many as OMP_NUM_THREADS says, within the same cap.
     HSLIDE_CHECK(threads != 0 || omp_get_max_threads() <= cap,
                  "{} 0 means OMP_NUM_THREADS = {}, more than this machine can run usefully "
                  "(at most {}: {} per logical CPU, at least {})",
                  what, omp_get_max_threads(), cap, threads_per_cpu, min_cap);
-    if (threads <= std::min(cap, runtime)) return int(threads);
-    if (runtime < cap) {
-        HSLIDE_CHECK(
-            false,
-            "{} {:.15g} is more than the OpenMP runtime allows ({}, OMP_THREAD_LIMIT); give "
-            "at most {} (0 = all)",
-            what, threads, runtime, runtime);
-    }
-    HSLIDE_CHECK(
-        false,
-        "{} {:.15g} is more than this machine can run usefully: it has {} logical CPUs and "
-        "hslide takes at most {} threads ({} per CPU, at least {}); give at most {} "
-        "(0 = all)",
-        what, threads, std::max(1u, std::thread::hardware_concurrency()), cap, threads_per_cpu,
-        min_cap, cap);
-    return 0;  // not reached
+    HSLIDE_CHECK(threads <= cap,
+                 "{} {:.15g} is more than this machine can run usefully: it has {} logical CPUs "
+                 "and hslide takes at most {} threads ({} per CPU, at least {}); give at most {} "
+                 "(0 = all)",
+                 what, threads, std::max(1u, std::thread::hardware_concurrency()), cap,
+                 threads_per_cpu, min_cap, cap);
+    return int(threads);
 }
 
 }  // namespace hslide
