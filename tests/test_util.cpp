@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -123,6 +125,31 @@ std::string bibtex_train_flags() {
     const std::string dir = shared_data_dir() + "/bibtex/";
     return "--train " + dir + "Bibtex_data.txt --train-split " + dir +
            "bibtex_trSplit.txt --test-split " + dir + "bibtex_tstSplit.txt ";
+}
+
+std::vector<std::string> files_in(const std::string& dir) {
+    std::vector<std::string> names;
+    for (const auto& entry : std::filesystem::directory_iterator(dir))
+        names.push_back(entry.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+}
+
+file_size_limit::file_size_limit(uint64_t bytes) {
+    struct rlimit rl {};
+    getrlimit(RLIMIT_FSIZE, &rl);
+    old_soft_ = rl.rlim_cur;
+    rl.rlim_cur = bytes;
+    old_handler_ = std::signal(SIGXFSZ, SIG_IGN);
+    setrlimit(RLIMIT_FSIZE, &rl);
+}
+
+file_size_limit::~file_size_limit() {
+    struct rlimit rl {};
+    getrlimit(RLIMIT_FSIZE, &rl);
+    rl.rlim_cur = old_soft_;
+    setrlimit(RLIMIT_FSIZE, &rl);
+    std::signal(SIGXFSZ, old_handler_);
 }
 
 command_result run_hslide(const std::string& args) {

@@ -86,6 +86,23 @@ double max_parameter_difference(const model_state& a, const model_state& b);
 /// How many weights and biases of two same-shaped layers differ by more than `tolerance`.
 size_t parameters_differing_by_more(const layer_state& a, const layer_state& b, double tolerance);
 
+/// The names in a folder, sorted (no "." or "..").
+std::vector<std::string> files_in(const std::string& dir);
+
+/// Limits the size of files this process writes (RLIMIT_FSIZE, with SIGXFSZ ignored so that a
+/// write past it fails with EFBIG) while the object lives: a full disk, for tests.
+class file_size_limit {
+  public:
+    explicit file_size_limit(uint64_t bytes);
+    ~file_size_limit();
+    file_size_limit(const file_size_limit&) = delete;
+    file_size_limit& operator=(const file_size_limit&) = delete;
+
+  private:
+    uint64_t old_soft_ = 0;
+    void (*old_handler_)(int) = nullptr;
+};
+
 /// Runs `build/hslide <args>` ($HSLIDE_BINARY when set) through the shell and captures its
 /// output.
 command_result run_hslide(const std::string& args);

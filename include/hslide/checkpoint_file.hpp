@@ -14,9 +14,11 @@
 //     payloads, each starting at a 64-byte-aligned offset (zero padding between them)
 //     uint64 XXH3-64 of every byte before it
 //
-// Writing: checkpoint_writer::commit() writes `path.tmp.<pid>`, fsyncs it, renames it over
-// `path` and fsyncs the directory, so `path` always holds either the old complete checkpoint
-// or the new complete one; a failed or abandoned write leaves the old file untouched.
+// Writing: checkpoint_writer::commit() writes through a durable hslide::output_file
+// (output_file.hpp): `path.tmp.<pid>.<n>`, fsynced, renamed over `path`, the folder fsynced,
+// so `path` always holds either the old complete checkpoint or the new complete one; a failed
+// or abandoned write leaves the old file untouched, and the temporaries of a killed save are
+// removed by the next save of `path`.
 //
 // Reading: checkpoint_reader maps the file and validates all of it when constructed (magic,
 // version, every offset and size against the file size before anything is allocated, each

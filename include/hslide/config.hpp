@@ -6,6 +6,7 @@
 #pragma once
 
 #include "hslide/lsh.hpp"
+#include "hslide/thread_limits.hpp"  // validate(train_config) checks threads with it
 
 #include <cstdint>
 #include <string>

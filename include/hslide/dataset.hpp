@@ -34,10 +34,15 @@
 //
 // The binary cache (load_dataset) stores the parsed CSR arrays with the source's size,
 // modification time (ns) and an XXH3-64 checksum of its content (every byte up to 16 MiB; 256
-// evenly spread 16 KiB blocks above, so a hit stays >= 20x faster than parsing), the format and the
-// LibSVM minima; it is used only when all of them match and its own payload checksum verifies. A
-// missing, stale, truncated or corrupt cache is ignored (the text is parsed and a new cache written
-// through a temporary file and a rename). See cache_path_for for where caches go.
+// evenly spread 16 KiB blocks above, so a hit stays >= 20x faster than parsing), a checksum of
+// every byte (for verify_cache), the format and the LibSVM minima; it is used only when all of
+// them match, its own payload checksum verifies and its arrays pass the shared input check
+// (input_check.hpp: a forged cache cannot hand the trainer what no reader would). What this does
+// not catch: a source over 16 MiB edited outside the sampled blocks while keeping its size and
+// modification time (touch -r); load_options::verify_cache (--verify-cache) closes that gap.
+// A missing, stale, truncated, corrupt or forged cache is ignored (the text is parsed and a new
+// cache written through hslide::output_file); a FIFO or device at the cache's path is left
+// alone. See cache_path_for for where caches go.
 #pragma once
 
 #include <cstdint>
@@ -103,6 +108,10 @@ struct load_options {
     uint64_t min_features = 0;   ///< LibSVM only: D is at least this (files have no header)
     uint64_t min_labels = 0;     ///< LibSVM only: L is at least this
     bool show_progress = false;  ///< a progress bar (or log lines) over the bytes parsed
+    /// Use a cache only when a checksum of every byte of the source matches (by default a
+    /// source over 16 MiB is checked by size, time and 256 sampled blocks; see the file
+    /// comment). Costs a read of the whole file, still well under a parse.
+    bool verify_cache = false;
 };
 
 class progress;

@@ -47,6 +47,10 @@ struct metrics_config {
     double propensity_b = 1.5;   ///< B of the propensity model (2.6 for Amazon-style data)
 };
 
+/// Throws hslide::error (invalid_argument) unless A is finite and > 0 and B finite and > 0
+/// (a NaN would print every PSP@k as 0; B = 0 makes an unseen label's propensity infinite).
+void validate(const metrics_config& config);
+
 /// How many points of `train` carry each label l < train.n_labels.
 std::vector<uint32_t> label_counts(const dataset& train);
 

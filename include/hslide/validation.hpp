@@ -40,6 +40,10 @@ struct validation_options {
     uint32_t patience = 0;  ///< stop after this many epochs without improvement (0 = never)
 };
 
+/// Throws hslide::error (invalid_argument) unless `fraction` is 0 (no held-out set) or in
+/// (0, 1): what --valid-fraction and the Python option valid_fraction take.
+void check_validation_fraction(double fraction);
+
 /// Splits `data` into (train, held out): round(fraction * size) points drawn at random from
 /// `seed`, each part in the data's order. fraction in (0, 1), and both parts non-empty
 /// (hslide::error, invalid_argument, otherwise).

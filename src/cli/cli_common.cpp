@@ -27,6 +27,7 @@ dataset load_file(const data_options& o, const std::string& path) {
                 : o.format == "libsvm" ? data_format::libsvm
                                        : data_format::automatic;
     lo.use_cache = !o.no_cache;
+    lo.verify_cache = o.verify_cache;
     lo.show_progress = o.show_progress;
     const auto t0 = std::chrono::steady_clock::now();
     dataset d = load_dataset(path, lo);
@@ -240,7 +241,9 @@ hybrid_options make_hybrid_options(const hybrid_cli& o, const backend_options& d
     };
     std::vector<int> requested(n, 0);
     for (size_t i = 0; i < n; ++i)
-        if (!on_gpu(i)) requested[i] = int(value(o.threads, "--worker-threads", i));
+        if (!on_gpu(i))
+            requested[i] =
+                check_thread_count(value(o.threads, "--worker-threads", i), "--worker-threads");
     const std::vector<int> threads = split_worker_threads(
         kinds, requested, train.threads > 0 ? train.threads : omp_get_max_threads());
     bool beside_gpu = false;

@@ -6,6 +6,7 @@
 #include "hslide/checkpoint.hpp"
 #include "hslide/error.hpp"
 #include "hslide/metrics.hpp"
+#include "hslide/output_file.hpp"
 #include "hslide/progress.hpp"
 #include "hslide/trainer.hpp"
 
@@ -15,8 +16,8 @@
 #include <omp.h>
 
 #include <cstdio>
-#include <fstream>
 #include <numeric>
+#include <sstream>
 
 namespace hslide::cli {
 
@@ -59,7 +60,7 @@ std::unique_ptr<backend> open_backend(const scoring_options& o, dataset& data,
                  "{} has {} labels but the model {} has {}", data.source, data.n_labels,
                  o.model_path, ck.model.config.output_dim());
     const train_settings& s = o.settings;
-    if (s.train.threads > 0) omp_set_num_threads(s.train.threads);
+    if (check_thread_count(s.train.threads, "--threads") > 0) omp_set_num_threads(s.train.threads);
     backend_options bo;
     bo.kind = parse_backend_kind(s.backend);
     bo.threads = s.train.threads;
@@ -80,8 +81,8 @@ int run_eval(int argc, char** argv) {
     add_config_option(app);
     scoring_options so;
     add_scoring_options(app, so,
-                        {"test", "test-split", "split-column", "format", "no-cache", "eval-max",
-                         "propensity-a", "propensity-b", "metrics-out"});
+                        {"test", "test-split", "split-column", "format", "no-cache", "verify-cache",
+                         "eval-max", "propensity-a", "propensity-b", "metrics-out"});
     app.get_option("--test")->description("data file to evaluate on");
     app.get_option("--metrics-out")
         ->description("append the result as one JSON record to this file");
@@ -92,6 +93,7 @@ int run_eval(int argc, char** argv) {
     eo.show_progress = apply_output_options(so.settings.output);
     data.show_progress = eo.show_progress;
     eo.scoring = parse_scoring(so.settings.scoring);
+    validate(eo.metrics);
     HSLIDE_CHECK(!data.test.empty(), "hslide eval needs --test FILE");
     dataset file = load_file(data, data.test);
     dataset test = data.test_split.empty()
@@ -106,14 +108,14 @@ int run_eval(int argc, char** argv) {
     const metrics_result r = evaluate(*engine, test, eo, inv_prop);
     std::printf("%s  (%zu points)\n", format_metrics(r).c_str(), r.n);
     if (!metrics_out.empty()) {
-        std::ofstream out(metrics_out, std::ios::app);
+        std::ostringstream out;
         out << "{\"model\":\"" << so.model_path << "\",\"points\":" << r.n;
         for (int k = 1; k <= int(r.precision.size()); ++k) {
             out << fmt::format(",\"p@{}\":{},\"ndcg@{}\":{}", k, r.p_at(k), k, r.ndcg_at(k));
             if (!r.psp.empty()) out << fmt::format(",\"psp@{}\":{}", k, r.psp_at(k));
         }
         out << "}\n";
-        HSLIDE_CHECK_KIND(bool(out), error_kind::io, "cannot write {}", metrics_out);
+        append_to_file(metrics_out, out.str());
     }
     return 0;
 }
@@ -124,7 +126,7 @@ int run_predict(int argc, char** argv) {
         "hslide predict"};
     add_config_option(app);
     scoring_options so;
-    add_scoring_options(app, so, {"format", "no-cache"});
+    add_scoring_options(app, so, {"format", "no-cache", "verify-cache"});
     app.get_option("--no-cache")->description("do not use the binary cache");
     std::string input, out_path;
     uint32_t labels_per_point = 5;
@@ -158,9 +160,7 @@ int run_predict(int argc, char** argv) {
     auto engine = open_backend(so, points, ck);
     const scoring_mode scoring = parse_scoring(so.settings.scoring);
 
-    const std::string tmp = out_path + ".tmp";
-    std::FILE* out = std::fopen(tmp.c_str(), "wb");
-    HSLIDE_CHECK_KIND(out, error_kind::io, "cannot write {}", out_path);
+    output_file out(out_path);
     const uint32_t batch = 1024;
     std::vector<uint32_t> rows, labels;
     std::vector<float> scores;
@@ -182,15 +182,12 @@ int run_predict(int argc, char** argv) {
                                scores[size_t(s) * topk + i]);
             }
             line.push_back('\n');
-            std::fwrite(line.data(), 1, line.size(), out);
+            out.write(line.data(), line.size());
         }
         bar.add(size);
     }
     bar.finish();
-    const bool ok = std::fflush(out) == 0 && !std::ferror(out);
-    std::fclose(out);
-    HSLIDE_CHECK_KIND(ok && std::rename(tmp.c_str(), out_path.c_str()) == 0, error_kind::io,
-                      "cannot write {}", out_path);
+    out.commit();
     spdlog::info("wrote the top {} labels of {} points to {}", topk, points.size(), out_path);
     return 0;
 }

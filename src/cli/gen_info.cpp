@@ -40,7 +40,7 @@ int run_gen(int argc, char** argv) {
     add_table_options(app, settings, {"quiet", "no-progress", "log-level"});
     if (const auto exit_code = parse_command_line(app, argc, argv)) return *exit_code;
     const bool show_progress = apply_output_options(settings.output);
-    if (threads > 0) omp_set_num_threads(threads);
+    if (check_thread_count(threads, "--threads") > 0) omp_set_num_threads(threads);
     const auto t0 = std::chrono::steady_clock::now();
     generate_synthetic_files(sc, out_dir, show_progress);
     spdlog::info("wrote {}/train.txt and {}/test.txt ({:.1f} s)", out_dir, out_dir,

@@ -98,8 +98,9 @@ std::vector<option_spec> make_table() {
              HSLIDE_FIELD(train.epochs), {}, {}, both),
         spec("batch-size", group::essentials, "samples per step", HSLIDE_FIELD(train.batch_size),
              {}, positive(), both),
+        // Range checked by validate(train_config), which names a non-finite value plainly.
         spec("lr", group::essentials, "Adam learning rate", HSLIDE_FIELD(train.learning_rate), {},
-             positive(), both),
+             {}, both),
         // --backend's choices and footer come from the backend registry (restrict_backends).
         spec("backend", group::essentials, "where to compute", HSLIDE_FIELD(backend), {}, {}, both),
         spec("threads", group::essentials, "CPU threads (0 = all)", HSLIDE_FIELD(train.threads), {},
@@ -157,6 +158,10 @@ std::vector<option_spec> make_table() {
              {"auto", "xc", "libsvm"}, {}, cli),
         spec("no-cache", group::data, "do not read or write the binary cache of parsed files",
              HSLIDE_FIELD(data.no_cache), {}, {}, cli),
+        spec("verify-cache", group::data,
+             "use a cache only if a checksum of every byte of the file matches (by default a "
+             "file over 16 MiB is checked by size, modification time and 256 sampled blocks)",
+             HSLIDE_FIELD(data.verify_cache), {}, {}, cli),
         spec("normalize", group::data, "input scaling per point: l2 (unit norm) or none",
              HSLIDE_FIELD(model.normalize), names_of(input_normalization{}), {}, both),
         // --- selection

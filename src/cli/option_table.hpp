@@ -29,7 +29,7 @@ struct data_options {
     std::string train, train_split, test, test_split;
     int split_column = 1;
     std::string format = "auto";
-    bool no_cache = false;
+    bool no_cache = false, verify_cache = false;
     std::string preset = "amazon670k";
     double scale = 0.05;
     uint64_t labels = 0, features = 0;

@@ -7,6 +7,7 @@
 #include "hslide/error.hpp"
 #include "hslide/fill_pool.hpp"
 #include "hslide/hybrid.hpp"
+#include "hslide/input_check.hpp"
 #include "hslide/model.hpp"
 #include "hslide/progress.hpp"
 #include "hslide/system_info.hpp"
@@ -91,6 +92,7 @@ int run_train(int argc, char** argv) {
     to.show_progress = show_progress;
     const backend_kind kind = parse_backend_kind(backend_name);
     validate(tc);
+    validate(to.eval.metrics);
 
     if (tc.threads > 0) omp_set_num_threads(tc.threads);
 
@@ -122,10 +124,7 @@ int run_train(int argc, char** argv) {
         d.train.n_features = d.test.n_features = valid.n_features = n_features;
         d.train.n_labels = d.test.n_labels = valid.n_labels = n_labels;
     }
-    HSLIDE_CHECK(d.train.n_labels > 0 && d.train.n_features > 0,
-                 "the training data has no labels or features");
-    HSLIDE_CHECK(d.train.n_labels <= UINT32_MAX && d.train.n_features <= UINT32_MAX,
-                 "too many labels or features");
+    check_model_dimensions(d.train);
 
     model_state initial;
     if (!resume_path.empty()) {
@@ -138,6 +137,7 @@ int run_train(int argc, char** argv) {
                      d.train.n_features, d.train.n_labels);
         initial = std::move(ck.model);
         to.resume = ck.trainer;
+        check_resume_epochs(tc.epochs, ck.trainer, resume_path);
         spdlog::info("resuming from {}", resume_path);
         // The checkpoint fixes the network; --probes only steers its evaluation, so it applies.
         std::string ignored;

@@ -62,7 +62,8 @@ hybrid_backend::hybrid_backend(const hybrid_options& options, const model_state&
     for (const hybrid_worker_options& wo : options_.workers) {
         HSLIDE_CHECK(wo.update_share > 0, "every hybrid worker's update share must be positive");
         HSLIDE_CHECK(wo.batch_size >= 1, "every hybrid worker's batch size must be positive");
-        HSLIDE_CHECK(wo.merge_threads >= 0, "a hybrid worker's merge threads cannot be negative");
+        check_thread_count(wo.merge_threads, "a hybrid worker's merge threads (--merge-threads)");
+        check_thread_count(wo.device.threads, "a hybrid worker's threads (--worker-threads)");
         auto w = std::make_unique<worker>();
         w->options = wo;
         const backend_capabilities& caps = backend_entry_of(wo.device.kind).caps;

@@ -8,6 +8,7 @@
 #include "hslide/config.hpp"
 #include "hslide/dataset.hpp"
 #include "hslide/error.hpp"
+#include "hslide/input_check.hpp"
 #include "hslide/isa.hpp"
 #include "hslide/memory.hpp"
 #include "hslide/metrics.hpp"
@@ -47,7 +48,8 @@ namespace {
 template <class T>
 using array_in = py::array_t<T, py::array::c_style | py::array::forcecast>;
 
-/// A dataset from CSR arrays (every id checked by dataset::push_back).
+/// A dataset from CSR arrays, checked by the readers' rules (hslide/input_check.hpp): the
+/// offsets before any entry is read, then every id and value.
 dataset make_dataset(array_in<int64_t> indptr, array_in<uint32_t> indices, array_in<float> values,
                      uint64_t n_features, array_in<int64_t> label_indptr,
                      array_in<uint32_t> label_ids, uint64_t n_labels, const std::string& source) {
@@ -56,32 +58,21 @@ dataset make_dataset(array_in<int64_t> indptr, array_in<uint32_t> indices, array
                  "X has {} rows but Y has {}", n,
                  label_indptr.size() > 0 ? label_indptr.size() - 1 : 0);
     HSLIDE_CHECK(indices.size() == values.size(), "X's indices and data differ in length");
-    HSLIDE_CHECK(n_features <= UINT32_MAX && n_labels <= UINT32_MAX,
-                 "{} features and {} labels: at most 2^32-1 of each", n_features, n_labels);
-    const int64_t* fp = indptr.data();
-    const int64_t* lp = label_indptr.data();
-    HSLIDE_CHECK(fp[0] == 0 && fp[n] == int64_t(indices.size()) && lp[0] == 0 &&
-                     lp[n] == int64_t(label_ids.size()),
-                 "inconsistent CSR offsets");
+    for (const std::string& why :
+         {csr_offsets_problem(indptr.data(), n, uint64_t(indices.size()), source),
+          csr_offsets_problem(label_indptr.data(), n, uint64_t(label_ids.size()),
+                              "the labels of " + source)})
+        if (!why.empty()) throw input_error(source, 0, why);
     dataset d;
     d.source = source;
     d.n_features = n_features;
     d.n_labels = n_labels;
-    d.feature_offsets.reserve(n + 1);
-    d.label_offsets.reserve(n + 1);
-    d.feature_ids.reserve(size_t(indices.size()));
-    d.feature_values.reserve(size_t(values.size()));
-    d.label_ids.reserve(size_t(label_ids.size()));
-    for (size_t i = 0; i < n; ++i) {
-        HSLIDE_CHECK(fp[i + 1] >= fp[i] && lp[i + 1] >= lp[i], "inconsistent CSR offsets at row {}",
-                     i);
-        try {
-            d.push_back(indices.data() + fp[i], values.data() + fp[i], uint32_t(fp[i + 1] - fp[i]),
-                        label_ids.data() + lp[i], uint32_t(lp[i + 1] - lp[i]));
-        } catch (const error& e) {
-            throw error(e.kind(), fmt::format("{} row {}: {}", source, i, e.what()));
-        }
-    }
+    d.feature_offsets.assign(indptr.data(), indptr.data() + n + 1);
+    d.label_offsets.assign(label_indptr.data(), label_indptr.data() + n + 1);
+    d.feature_ids.assign(indices.data(), indices.data() + indices.size());
+    d.feature_values.assign(values.data(), values.data() + values.size());
+    d.label_ids.assign(label_ids.data(), label_ids.data() + label_ids.size());
+    check_dataset(d, source);
     return d;
 }
 
@@ -185,6 +176,8 @@ options parse_options(const py::dict& given) {
     HSLIDE_CHECK(o.device.kind != backend_kind::hybrid,
                  "backend 'hybrid' is offered by the command line only (hslide train)");
     validate(s.train);
+    validate(s.trainer.eval.metrics);
+    check_validation_fraction(s.valid_fraction);
     return o;
 }
 
@@ -261,7 +254,8 @@ class model {
             if (callback.is_none()) return;
             try {
                 py::object result = callback(record);
-                if (!result.is_none() && !result.cast<bool>()) run.request_stop();
+                // Python truth ([] stops, as False does), not a cast that refuses a list.
+                if (!result.is_none() && !py::bool_(result)) run.request_stop();
             } catch (py::error_already_set& e) {
                 if (e.matches(PyExc_StopIteration)) {
                     run.request_stop();

@@ -4,6 +4,7 @@
 
 #include "common/data/dataset_io.hpp"
 #include "hslide/error.hpp"
+#include "hslide/input_check.hpp"
 #include "hslide/memory.hpp"
 #include "hslide/progress.hpp"
 
@@ -73,16 +74,24 @@ text_buffer read_all(int fd, const std::string& path, size_t size_hint) {
     // of 0 bytes rather than a reallocation.
     text_buffer buf(std::max<size_t>(size_hint + 1, 1 << 16));
     size_t used = 0;
+    bool seekable = true;
     for (;;) {
         if (used == buf.capacity()) {  // the file grew, or its size was unknown
             text_buffer bigger(buf.capacity() * 2);
             std::memcpy(bigger.data(), buf.data(), used);
             buf = std::move(bigger);
         }
-        const ssize_t n =
-            ::pread(fd, buf.data() + used, buf.capacity() - used, static_cast<off_t>(used));
+        // pread where the file can seek (the file position is then unused); read() on a pipe,
+        // where pread fails with ESPIPE.
+        const ssize_t n = seekable
+                              ? ::pread(fd, buf.data() + used, buf.capacity() - used, off_t(used))
+                              : ::read(fd, buf.data() + used, buf.capacity() - used);
         if (n < 0) {
             if (errno == EINTR) continue;
+            if (errno == ESPIPE && seekable && used == 0) {
+                seekable = false;
+                continue;
+            }
             throw input_error(path, 0, fmt::format("cannot read: {}", std::strerror(errno)));
         }
         if (n == 0) break;
@@ -152,6 +161,40 @@ inline const char* parse_digits(const char* p, const char* e, uint64_t& value) {
     }
     value = v;
     return p;
+}
+
+// The power of ten of the first non-zero digit of the decimal number [b, e) (digits, an
+// optional '.', an optional exponent; a leading sign is skipped): 2 for 123.4, -3 for 0.0012e0,
+// -398 for 12e-400. Saturates far beyond any float. Only called on numbers from_chars read.
+long long leading_exponent(const char* b, const char* e) {
+    if (b < e && (*b == '-' || *b == '+')) ++b;
+    const char* p = b;
+    long long lead = 0;
+    bool found = false;
+    for (; p < e && is_digit(*p); ++p) {  // the integer part: each digit after the first
+        if (found) ++lead;                // non-zero one is one more power of ten
+        found = found || *p != '0';
+    }
+    if (p < e && *p == '.') {
+        long long place = 0;
+        for (++p; p < e && is_digit(*p); ++p) {
+            --place;
+            if (!found && *p != '0') {
+                found = true;
+                lead = place;
+            }
+        }
+    }
+    long long exponent = 0;
+    if (p < e && (*p == 'e' || *p == 'E')) {
+        ++p;
+        const bool negative = p < e && *p == '-';
+        if (p < e && (*p == '-' || *p == '+')) ++p;
+        for (; p < e && is_digit(*p); ++p)
+            if (exponent < 1000000) exponent = exponent * 10 + (*p - '0');
+        if (negative) exponent = -exponent;
+    }
+    return lead + exponent;
 }
 
 // Text saved by Windows editors may start with a UTF-8 byte-order mark; it is not content.
@@ -363,12 +406,17 @@ class point_parser {
         }
         if (r.ec == std::errc::result_out_of_range) {
             // Tell underflow (keep the nearest float, possibly 0) from overflow (an error).
+            // Beyond double's range too (1e-400), from_chars leaves d alone: the decimal
+            // exponent of the number's leading digit tells the two apart.
             double d = 0.0;
             r = std::from_chars(p, e, d);
-            if (r.ec != std::errc() || !(std::fabs(d) < 1.0)) {
+            const bool tiny = r.ec == std::errc() ? std::fabs(d) < 1.0
+                                                  : r.ec == std::errc::result_out_of_range &&
+                                                        leading_exponent(p, r.ptr) < 0;
+            if (!tiny) {
                 fail(vb, fmt::format("value {} is out of the float range", quote(vb, r.ptr)));
             }
-            x = static_cast<float>(d);
+            x = r.ec == std::errc() ? static_cast<float>(d) : (*p == '-' ? -0.0f : 0.0f);
         }
         if (r.ptr < e && !is_blank(*r.ptr)) {
             fail(r.ptr, fmt::format("unexpected character {} after the value in {}",
@@ -673,29 +721,8 @@ std::vector<uint32_t> read_split(const std::string& path, int column, size_t n_p
 
 void dataset::push_back(const uint32_t* fids, const float* fvals, uint32_t nf, const uint32_t* lids,
                         uint32_t nl) {
-    for (uint32_t i = 0; i < nf; ++i) {
-        HSLIDE_CHECK(fids[i] < n_features, "dataset::push_back: feature id {} >= D = {}", fids[i],
-                     n_features);
-        HSLIDE_CHECK(i == 0 || fids[i] > fids[i - 1],
-                     "dataset::push_back: feature ids must be strictly ascending ({} after {})",
-                     fids[i], i > 0 ? fids[i - 1] : 0);
-    }
-    for (uint32_t i = 0; i < nl; ++i) {
-        HSLIDE_CHECK(lids[i] < n_labels, "dataset::push_back: label id {} >= L = {}", lids[i],
-                     n_labels);
-    }
-    if (nl > 1) {
-        bool dup = false;
-        if (nl <= 32) {
-            for (uint32_t i = 1; i < nl && !dup; ++i)
-                for (uint32_t j = 0; j < i && !dup; ++j) dup = lids[i] == lids[j];
-        } else {
-            std::vector<uint32_t> sorted(lids, lids + nl);
-            std::sort(sorted.begin(), sorted.end());
-            dup = std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end();
-        }
-        HSLIDE_CHECK(!dup, "dataset::push_back: a label id repeats");
-    }
+    const std::string why = point_problem(fids, fvals, nf, lids, nl, n_features, n_labels);
+    HSLIDE_CHECK(why.empty(), "dataset::push_back: {}", why);
     feature_ids.insert(feature_ids.end(), fids, fids + nf);
     feature_values.insert(feature_values.end(), fvals, fvals + nf);
     feature_offsets.push_back(feature_ids.size());

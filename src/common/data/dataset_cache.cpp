@@ -8,7 +8,9 @@
 
 #include "common/data/dataset_io.hpp"
 #include "hslide/error.hpp"
+#include "hslide/input_check.hpp"
 #include "hslide/memory.hpp"
+#include "hslide/output_file.hpp"
 #include "hslide/progress.hpp"
 
 #include <fcntl.h>
@@ -55,8 +57,8 @@ struct cache_header {
     uint64_t feature_nnz;
     uint64_t label_nnz;
     uint64_t payload_xxh3;
-    uint64_t reserved2;    // 0; pads the header to 128 bytes
-    uint64_t header_xxh3;  // of every byte before this field
+    uint64_t source_full_xxh3;  // XXH3-64 of every byte of the source (0: not recorded)
+    uint64_t header_xxh3;       // of every byte before this field
 };
 static_assert(sizeof(cache_header) == 128, "the cache header is 128 bytes");
 
@@ -84,18 +86,6 @@ bool read_exact(int fd, void* dst, size_t n) {
     auto* p = static_cast<char*>(dst);
     while (n > 0) {
         const ssize_t r = ::read(fd, p, std::min(n, io_chunk));
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) return false;
-        p += r;
-        n -= static_cast<size_t>(r);
-    }
-    return true;
-}
-
-bool write_exact(int fd, const void* src, size_t n) {
-    const auto* p = static_cast<const char*>(src);
-    while (n > 0) {
-        const ssize_t r = ::write(fd, p, n);
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) return false;
         p += r;
@@ -145,12 +135,6 @@ uint64_t copy_array(const char* src, size_t count, std::vector<T>& v) {
         XXH3_64bits_update(state.s, v.data() + done, k * sizeof(T));
     }
     return XXH3_64bits_digest(state.s);
-}
-
-uint32_t max_element_of(const std::vector<uint32_t>& v) {
-    uint32_t m = 0;
-    for (const uint32_t x : v) m = std::max(m, x);
-    return m;
 }
 
 // The source's content checksum. Up to 16 MiB it is XXH3-64 of every byte; above, of 256
@@ -210,12 +194,29 @@ dataset parse_text(std::string_view text, const std::string& path, data_format f
     return parse_libsvm(text, path, options.min_features, options.min_labels, &bar);
 }
 
+// XXH3-64 of every byte of an open file of `size` bytes (false on a read error or short read).
+bool hash_whole_file(int fd, uint64_t size, uint64_t& hash) {
+    xxh3_state st;
+    std::unique_ptr<char[]> buf(new char[io_chunk]);
+    for (uint64_t off = 0; off < size;) {
+        const ssize_t r =
+            ::pread(fd, buf.get(), std::min<uint64_t>(size - off, io_chunk), off_t(off));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return false;
+        XXH3_64bits_update(st.s, buf.get(), size_t(r));
+        off += uint64_t(r);
+    }
+    hash = XXH3_64bits_digest(st.s);
+    return true;
+}
+
 // Loads the cache at `cache_path` when it matches `expect` (source size, mtime, format and
-// minima; format 0 = any) and the source's checksum. On a miss returns false and sets `why`
-// (empty when there simply is no cache).
+// minima; format 0 = any) and the source's checksum (with `verify`, of every byte). On a miss
+// returns false and sets `why` (empty when there simply is no cache).
 bool try_load_cache(const std::string& cache_path, const cache_header& expect, int source_fd,
-                    dataset& out, std::string& why) {
-    fd_guard cache{::open(cache_path.c_str(), O_RDONLY | O_CLOEXEC)};
+                    bool verify, dataset& out, std::string& why) {
+    // O_NONBLOCK: a FIFO at the cache's path must be refused below, not block the open.
+    fd_guard cache{::open(cache_path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC)};
     if (cache.fd < 0) {
         if (errno != ENOENT) why = fmt::format("cannot open it: {}", std::strerror(errno));
         return false;
@@ -274,6 +275,19 @@ bool try_load_cache(const std::string& cache_path, const cache_header& expect, i
         why = "the source's content changed";
         return false;
     }
+    if (verify && expect.source_size > fingerprint_whole_limit) {
+        uint64_t full = 0;
+        if (!hash_whole_file(source_fd, expect.source_size, full)) {
+            why = "cannot read the source";
+            return false;
+        }
+        if (h.source_full_xxh3 == 0 || std::max<uint64_t>(1, full) != h.source_full_xxh3) {
+            why = h.source_full_xxh3 == 0
+                      ? "it has no checksum of the whole source (--verify-cache)"
+                      : "the source's content changed (whole-file checksum)";
+            return false;
+        }
+    }
     const mapped_file map(cache.fd, file_size);
     if (!map.data) {
         why = fmt::format("cannot map it: {}", std::strerror(errno));
@@ -286,8 +300,6 @@ bool try_load_cache(const std::string& cache_path, const cache_header& expect, i
     d.n_labels = h.n_labels;
     d.feature_offsets.clear();
     d.label_offsets.clear();
-    // The checksum catches accidental damage; the range checks keep a deliberately forged
-    // cache from making later code index out of bounds.
     const char* at = map.data + sizeof h;
     const char* const feature_offsets_at = at;
     const char* const label_offsets_at = feature_offsets_at + (n + 1) * 8;
@@ -295,28 +307,22 @@ bool try_load_cache(const std::string& cache_path, const cache_header& expect, i
     const char* const feature_values_at = feature_ids_at + h.feature_nnz * 4;
     const char* const label_ids_at = feature_values_at + h.feature_nnz * 4;
     uint64_t hashes[5] = {};
-    uint32_t max_f = 0, max_l = 0;
-    bool monotone_f = true, monotone_l = true;
     auto copy_one = [&](int array) {
         switch (array) {
             case 0:  // the largest first, so the two threads finish together
                 hashes[2] = copy_array(feature_ids_at, h.feature_nnz, d.feature_ids);
-                max_f = max_element_of(d.feature_ids);
                 break;
             case 1:
                 hashes[3] = copy_array(feature_values_at, h.feature_nnz, d.feature_values);
                 break;
             case 2:
                 hashes[0] = copy_array(feature_offsets_at, n + 1, d.feature_offsets);
-                monotone_f = std::is_sorted(d.feature_offsets.begin(), d.feature_offsets.end());
                 break;
             case 3:
                 hashes[1] = copy_array(label_offsets_at, n + 1, d.label_offsets);
-                monotone_l = std::is_sorted(d.label_offsets.begin(), d.label_offsets.end());
                 break;
             default:
                 hashes[4] = copy_array(label_ids_at, h.label_nnz, d.label_ids);
-                max_l = max_element_of(d.label_ids);
                 break;
         }
     };
@@ -340,13 +346,12 @@ bool try_load_cache(const std::string& cache_path, const cache_header& expect, i
         why = "corrupt payload (checksum mismatch)";
         return false;
     }
-    const bool monotone = monotone_f && monotone_l;
-    const bool ok = monotone && d.feature_offsets[0] == 0 && d.label_offsets[0] == 0 &&
-                    d.feature_offsets[n] == h.feature_nnz && d.label_offsets[n] == h.label_nnz &&
-                    (h.feature_nnz == 0 || max_f < d.n_features) &&
-                    (h.label_nnz == 0 || max_l < d.n_labels);
-    if (!ok) {
-        why = "inconsistent payload";
+    // The checksum catches accidental damage; the full check (offsets, ids in range, sorted
+    // and unique, finite values) keeps a forged cache from handing the trainer what no
+    // reader would.
+    const std::string problem = dataset_problem(d);
+    if (!problem.empty()) {
+        why = "inconsistent payload: " + problem;
         return false;
     }
     out = std::move(d);
@@ -389,18 +394,17 @@ std::string write_cache(const std::string& cache_path, cache_header h, const dat
     }
     h.header_xxh3 = header_hash(h);
 
-    std::string tmp = cache_path + ".tmpXXXXXX";
-    fd_guard out{::mkstemp(tmp.data())};
-    if (out.fd < 0) return fmt::format("cannot create {}: {}", tmp, std::strerror(errno));
-    bool ok = ::fchmod(out.fd, 0644) == 0 && write_exact(out.fd, &h, sizeof h);
-    for (const auto& pc : pieces) ok = ok && write_exact(out.fd, pc.p, pc.n);
-    const int write_errno = errno;
-    ok = (::close(out.fd) == 0) && ok;
-    out.fd = -1;
-    if (!ok || ::rename(tmp.c_str(), cache_path.c_str()) != 0) {
-        const std::string why = std::strerror(ok ? errno : write_errno);
-        ::unlink(tmp.c_str());
-        return fmt::format("cannot write {}: {}", cache_path, why);
+    // A FIFO or device at the cache's path is no cache: leave it alone.
+    struct stat st {};
+    if (::stat(cache_path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+        return fmt::format("{} exists and is not a regular file", cache_path);
+    try {
+        output_file out(cache_path);
+        out.write(&h, sizeof h);
+        for (const auto& pc : pieces) out.write(pc.p, pc.n);
+        out.commit();
+    } catch (const error& e) {
+        return e.what();
     }
     return "";
 }
@@ -477,7 +481,7 @@ dataset load_dataset(const std::string& path, const load_options& options) {
     {
         dataset cached;
         std::string why;
-        if (try_load_cache(cpath, expect, src.fd, cached, why)) {
+        if (try_load_cache(cpath, expect, src.fd, options.verify_cache, cached, why)) {
             cached.source = path;
             spdlog::debug("{}: loaded from cache {}", path, cpath);
             return cached;
@@ -502,6 +506,7 @@ dataset load_dataset(const std::string& path, const load_options& options) {
     h.source_size = text.size();
     h.source_mtime_ns = mtime_ns(st);
     h.source_xxh3 = source_fingerprint(text);
+    h.source_full_xxh3 = std::max<uint64_t>(1, XXH3_64bits(text.data(), text.size()));
     h.format = format_code(f);
     h.min_features = f == data_format::libsvm ? options.min_features : 0;
     h.min_labels = f == data_format::libsvm ? options.min_labels : 0;

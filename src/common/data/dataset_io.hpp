@@ -48,7 +48,8 @@ class text_buffer {
     size_t capacity_ = 0;
 };
 
-/// Everything in the open file `fd` from offset 0 (pread, so the file position is unused);
+/// Everything in the open file `fd`: from offset 0 by pread where it can seek (the file
+/// position is then unused), else (a pipe) by read from where it stands;
 /// `size_hint` is the expected size (0 when unknown). A read failure is an input_error naming
 /// `path`; an empty result is returned as is.
 text_buffer read_all(int fd, const std::string& path, size_t size_hint);

@@ -3,10 +3,12 @@
 #include "hslide/synthetic.hpp"
 
 #include "hslide/error.hpp"
+#include "hslide/memory.hpp"
 #include "hslide/progress.hpp"
 #include "hslide/rng.hpp"
 
 #include <omp.h>
+#include <sys/statvfs.h>
 
 #include <algorithm>
 #include <cmath>
@@ -417,8 +419,27 @@ synthetic_preset resolve_synthetic(const synthetic_config& config) {
     return p;
 }
 
+namespace {
+// The CSR bytes the points of `shape` take in memory: sized up front, as a model is, so that
+// a --scale too large is refused at once with the bytes it needs instead of growing towards the
+// OOM killer for hours.
+uint64_t synthetic_bytes(const synthetic_preset& shape) {
+    const double points = double(shape.n_train) + double(shape.n_test);
+    return uint64_t(points * (2 * sizeof(uint64_t) + shape.features_per_point * 8 +
+                              shape.labels_per_point * 4));
+}
+
+std::string describe(const synthetic_preset& shape) {
+    return fmt::format(
+        "the synthetic '{}' data ({} train and {} test points of ~{:.0f} features "
+        "and ~{:.1f} labels)",
+        shape.name, shape.n_train, shape.n_test, shape.features_per_point, shape.labels_per_point);
+}
+}  // namespace
+
 synthetic_data generate_synthetic(const synthetic_config& config, bool show_progress) {
     const synthetic_preset shape = resolve_synthetic(config);
+    check_host_allocation(describe(shape), synthetic_bytes(shape));
     const generator g(shape, config.seed);
     progress bar("generate " + shape.name, shape.n_train + shape.n_test, "points", show_progress);
     synthetic_data out;
@@ -430,6 +451,23 @@ synthetic_data generate_synthetic(const synthetic_config& config, bool show_prog
 
 void generate_synthetic_files(const synthetic_config& config, const std::string& dir,
                               bool show_progress) {
+    // The text takes ~12 bytes per feature (id, ':', value, space) and what memory the points
+    // need (generate_synthetic): refused before anything is made, the folder included.
+    const synthetic_preset shape = resolve_synthetic(config);
+    check_host_allocation(describe(shape), synthetic_bytes(shape));
+    const double text_bytes = (double(shape.n_train) + double(shape.n_test)) *
+                              (shape.features_per_point * 12 + shape.labels_per_point * 7 + 1);
+    std::filesystem::path existing = std::filesystem::absolute(dir);
+    while (!std::filesystem::exists(existing) && existing.has_parent_path() &&
+           existing.parent_path() != existing)
+        existing = existing.parent_path();
+    struct statvfs fs {};
+    if (::statvfs(existing.c_str(), &fs) == 0) {
+        const double free_bytes = double(fs.f_bavail) * double(fs.f_frsize);
+        HSLIDE_CHECK_KIND(text_bytes <= free_bytes, error_kind::io,
+                          "{} would take ~{:.3g} GB as text but {} has {:.3g} GB free",
+                          describe(shape), text_bytes / 1e9, existing.string(), free_bytes / 1e9);
+    }
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
     HSLIDE_CHECK_KIND(!ec && std::filesystem::is_directory(dir), error_kind::io,

@@ -1,7 +1,9 @@
 // The XC-format writer (hslide::write_xc): formats chunks of points in parallel and writes
-// them in order to a temporary file that is renamed over the target at the end.
+// them in order through an hslide::output_file (a temporary file renamed over the target).
 #include "hslide/dataset.hpp"
 #include "hslide/error.hpp"
+#include "hslide/input_check.hpp"
+#include "hslide/output_file.hpp"
 
 #include <omp.h>
 #include <unistd.h>
@@ -45,28 +47,14 @@ void format_point(const dataset& data, size_t p, std::string& out) {
     out.resize(static_cast<size_t>(at - out.data()));
 }
 
-[[noreturn]] void io_failure(const std::string& what, const std::string& path, int err) {
-    throw error(error_kind::io, fmt::format("cannot {} {}: {}", what, path, std::strerror(err)));
-}
-
 }  // namespace
 
 void write_xc(const dataset& data, const std::string& path) {
-    HSLIDE_CHECK(
-        data.feature_offsets.size() == data.label_offsets.size() && !data.feature_offsets.empty(),
-        "write_xc: dataset offsets are inconsistent");
-    const std::string tmp = fmt::format("{}.tmp.{}", path, static_cast<long>(getpid()));
-    FILE* file = std::fopen(tmp.c_str(), "wb");
-    if (!file) io_failure("open for writing", tmp, errno);
-
-    const auto fail = [&](const char* what, int err) {
-        std::fclose(file);
-        std::remove(tmp.c_str());
-        io_failure(what, path, err);
-    };
-    const std::string header =
-        fmt::format("{} {} {}\n", data.size(), data.n_features, data.n_labels);
-    if (std::fwrite(header.data(), 1, header.size(), file) != header.size()) fail("write", errno);
+    // What the readers would refuse is refused here, before a file is made (a NaN would be
+    // written as "nan").
+    check_dataset(data, data.source.empty() ? std::string("write_xc") : data.source);
+    output_file file(path);
+    file.write(fmt::format("{} {} {}\n", data.size(), data.n_features, data.n_labels));
 
     // Rounds of a few chunks per thread bound the memory held in formatted text.
     const size_t n = data.size();
@@ -83,21 +71,9 @@ void write_xc(const dataset& data, const std::string& path) {
             const size_t end = std::min(n, begin + points_per_chunk);
             for (size_t p = begin; p < end; ++p) format_point(data, p, out);
         }
-        for (size_t i = 0; i < count; ++i)
-            if (std::fwrite(text[i].data(), 1, text[i].size(), file) != text[i].size())
-                fail("write", errno);
+        for (size_t i = 0; i < count; ++i) file.write(text[i]);
     }
-    if (std::fflush(file) != 0) fail("write", errno);
-    if (std::fclose(file) != 0) {
-        const int err = errno;
-        std::remove(tmp.c_str());
-        io_failure("write", path, err);
-    }
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-        const int err = errno;
-        std::remove(tmp.c_str());
-        io_failure("rename a temporary file to", path, err);
-    }
+    file.commit();
 }
 
 }  // namespace hslide

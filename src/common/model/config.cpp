@@ -213,16 +213,22 @@ void validate(const model_config& model) {
 }
 
 void validate(const train_config& train) {
+    HSLIDE_CHECK(train.epochs > 0, "--epochs must be at least 1 (in total, when resuming)");
     HSLIDE_CHECK(train.batch_size > 0, "batch-size must be positive");
     HSLIDE_CHECK(train.lr_base_batch > 0, "lr-base-batch must be positive");
+    // {:g}: an infinite or huge value prints as "inf" or "3.4e+38", not 300 digits.
     HSLIDE_CHECK(train.learning_rate > 0 && std::isfinite(train.learning_rate),
-                 "learning rate must be a positive number, got {}", train.learning_rate);
-    HSLIDE_CHECK(train.adam_beta1 >= 0 && train.adam_beta1 < 1, "adam beta1 must be in [0, 1)");
-    HSLIDE_CHECK(train.adam_beta2 >= 0 && train.adam_beta2 < 1, "adam beta2 must be in [0, 1)");
-    HSLIDE_CHECK(train.adam_epsilon > 0, "adam epsilon must be positive");
+                 "--lr must be a finite number > 0, got {:g}", train.learning_rate);
+    HSLIDE_CHECK(train.adam_beta1 >= 0 && train.adam_beta1 < 1,
+                 "--beta1 must be in [0, 1), got {:g}", train.adam_beta1);
+    HSLIDE_CHECK(train.adam_beta2 >= 0 && train.adam_beta2 < 1,
+                 "--beta2 must be in [0, 1), got {:g}", train.adam_beta2);
+    HSLIDE_CHECK(train.adam_epsilon > 0 && std::isfinite(train.adam_epsilon),
+                 "--adam-eps must be a finite number > 0, got {:g}", train.adam_epsilon);
     HSLIDE_CHECK(train.rebuild_every > 0, "rebuild must be a positive number of samples");
-    HSLIDE_CHECK(train.rebuild_decay >= 0, "rebuild-decay must not be negative");
-    HSLIDE_CHECK(train.threads >= 0, "threads must not be negative");
+    HSLIDE_CHECK(train.rebuild_decay >= 0 && std::isfinite(train.rebuild_decay),
+                 "--rebuild-decay must be a finite number >= 0, got {:g}", train.rebuild_decay);
+    check_thread_count(train.threads, "threads (--threads)");
     // Catch-up applies a row's skipped momentum steps in closed form from its fp32 moments.
     HSLIDE_CHECK(train.adam_moments == moment_storage::fp32 || train.adam != adam_mode::catch_up,
                  "--adam-moments bf16 needs Adam stepping the layers past the input one "
@@ -233,9 +239,14 @@ void validate(const train_config& train) {
 
 // --- JSON ------------------------------------------------------------------------------------
 
+#include "common/util/json_util.hpp"
+
 #include <nlohmann/json.hpp>
 
 namespace hslide {
+
+using detail::json_integer;
+using detail::json_integer_or;
 
 std::string model_config_to_json(const model_config& config) {
     nlohmann::json j;
@@ -270,29 +281,30 @@ model_config model_config_from_json(const std::string& json_text) {
     try {
         const nlohmann::json j = nlohmann::json::parse(json_text);
         model_config config;
-        config.input_dim = j.at("input_dim").get<uint32_t>();
-        config.auto_sparse_min = j.at("auto_sparse_min").get<uint32_t>();
+        config.input_dim = json_integer<uint32_t>(j, "input_dim");
+        config.auto_sparse_min = json_integer<uint32_t>(j, "auto_sparse_min");
         config.input_norm = parse_input_normalization(j.at("input_norm").get<std::string>());
         for (const auto& jl : j.at("layers")) {
             layer_config layer;
-            layer.size = jl.at("size").get<uint32_t>();
+            layer.size = json_integer<uint32_t>(jl, "size");
             layer.sparsity = parse_sparsity(jl.at("sparsity").get<std::string>());
             layer.lsh.kind = parse_hash_kind(jl.at("hash").get<std::string>());
-            layer.lsh.K = jl.at("K").get<int>();
-            layer.lsh.L = jl.at("L").get<int>();
-            layer.lsh.bits_per_hash = jl.at("bits_per_hash").get<int>();
-            layer.lsh.bucket_capacity = jl.at("bucket_capacity").get<int>();
+            layer.lsh.K = json_integer<int>(jl, "K");
+            layer.lsh.L = json_integer<int>(jl, "L");
+            layer.lsh.bits_per_hash = json_integer<int>(jl, "bits_per_hash");
+            layer.lsh.bucket_capacity = json_integer<int>(jl, "bucket_capacity");
             layer.lsh.policy = parse_insertion_policy(jl.at("insertion").get<std::string>());
-            layer.active.min_active = jl.at("min_active").get<uint32_t>();
-            layer.active.max_active = jl.at("max_active").get<uint32_t>();
-            layer.active.hit_threshold = jl.at("hit_threshold").get<uint32_t>();
-            layer.active.probes = jl.value("probes", 0u);  // absent in older checkpoints
-            layer.top_k = jl.value("top_k", layer_config{}.top_k);
+            layer.active.min_active = json_integer<uint32_t>(jl, "min_active");
+            layer.active.max_active = json_integer<uint32_t>(jl, "max_active");
+            layer.active.hit_threshold = json_integer<uint32_t>(jl, "hit_threshold");
+            layer.active.probes =
+                json_integer_or<uint32_t>(jl, "probes", 0u);  // absent in older checkpoints
+            layer.top_k = json_integer_or(jl, "top_k", layer_config{}.top_k);
             // Absent before --top-k-search: exact.
             layer.search = parse_top_k_search(jl.value("top_k_search", std::string("exact")));
-            layer.ivf_clusters = jl.value("ivf_clusters", layer_config{}.ivf_clusters);
-            layer.ivf_probes = jl.value("ivf_probes", layer_config{}.ivf_probes);
-            layer.ivf_refresh = jl.value("ivf_refresh", layer_config{}.ivf_refresh);
+            layer.ivf_clusters = json_integer_or(jl, "ivf_clusters", layer_config{}.ivf_clusters);
+            layer.ivf_probes = json_integer_or(jl, "ivf_probes", layer_config{}.ivf_probes);
+            layer.ivf_refresh = json_integer_or(jl, "ivf_refresh", layer_config{}.ivf_refresh);
             layer.fill_correction = jl.value("fill_correction", 0.0f);  // absent before
             // Absent before --fill-pool: the whole layer, as those models trained.
             layer.fill_pool = jl.value("fill_pool", 0.0f);
@@ -300,6 +312,8 @@ model_config model_config_from_json(const std::string& json_text) {
         }
         return config;
     } catch (const nlohmann::json::exception& e) {
+        throw error(error_kind::bad_input, fmt::format("bad model configuration: {}", e.what()));
+    } catch (const error& e) {
         throw error(error_kind::bad_input, fmt::format("bad model configuration: {}", e.what()));
     }
 }

@@ -1,11 +1,14 @@
 // Model checkpoints on top of checkpoint_file (see checkpoint.hpp).
 #include "hslide/checkpoint.hpp"
 
+#include "common/util/json_util.hpp"
 #include "hslide/checkpoint_file.hpp"
 #include "hslide/error.hpp"
 #include "hslide/memory.hpp"
 
 #include <nlohmann/json.hpp>
+
+#include <cmath>
 
 namespace hslide {
 
@@ -77,20 +80,23 @@ checkpoint_contents load_checkpoint(const std::string& path) {
     try {
         const model_config config = model_config_from_json(meta.at("model").dump());
         c.model = model_state::layout(config);
-        c.model.adam_step = meta.at("adam_step").get<uint64_t>();
+        c.model.adam_step = detail::json_integer<uint64_t>(meta, "adam_step");
         c.model.hash_seeds = meta.at("hash_seeds").get<std::vector<uint64_t>>();
         const auto& t = meta.at("trainer");
-        c.trainer.epochs_done = t.at("epochs_done").get<uint32_t>();
-        c.trainer.samples_seen = t.at("samples_seen").get<uint64_t>();
-        c.trainer.next_rebuild = t.at("next_rebuild").get<uint64_t>();
+        c.trainer.epochs_done = detail::json_integer<uint32_t>(t, "epochs_done");
+        c.trainer.samples_seen = detail::json_integer<uint64_t>(t, "samples_seen");
+        c.trainer.next_rebuild = detail::json_integer<uint64_t>(t, "next_rebuild");
         c.trainer.rebuild_period = t.at("rebuild_period").get<double>();
-        c.trainer.next_rehash = t.at("next_rehash").get<uint64_t>();
+        c.trainer.next_rehash = detail::json_integer<uint64_t>(t, "next_rehash");
         c.trainer.seconds = t.at("seconds").get<double>();
         const auto rng_state = t.at("shuffle_rng").get<std::vector<uint64_t>>();
         if (rng_state.size() != 4)
             throw input_error(path, 0, "trainer RNG state must have 4 words");
         std::copy(rng_state.begin(), rng_state.end(), c.trainer.shuffle_rng);
-        c.train_points = meta.value("train_points", uint64_t(0));
+        c.train_points = detail::json_integer_or<uint64_t>(meta, "train_points", 0);
+        if (!(c.trainer.rebuild_period >= 0 && std::isfinite(c.trainer.rebuild_period) &&
+              c.trainer.seconds >= 0 && std::isfinite(c.trainer.seconds)))
+            throw input_error(path, 0, "bad checkpoint metadata: a negative or non-finite time");
     } catch (const nlohmann::json::exception& e) {
         throw input_error(path, 0, fmt::format("bad checkpoint metadata: {}", e.what()));
     } catch (const error& e) {
@@ -113,6 +119,13 @@ checkpoint_contents load_checkpoint(const std::string& path) {
     }
     if (r.has("label_counts")) c.label_counts = r.get_vector<uint32_t>("label_counts");
     return c;
+}
+
+void check_resume_epochs(uint32_t epochs, const trainer_state& done, const std::string& path) {
+    HSLIDE_CHECK(epochs > done.epochs_done,
+                 "--resume {}: the checkpoint has done {} epochs and --epochs {} counts them in "
+                 "(it is the total), so there is nothing to train: give --epochs {} or more",
+                 path, done.epochs_done, epochs, uint64_t(done.epochs_done) + 1);
 }
 
 }  // namespace hslide

@@ -2,6 +2,9 @@
 // Layout and guarantees are described in include/hslide/checkpoint_file.hpp.
 #include "hslide/checkpoint_file.hpp"
 
+#include "common/util/json_util.hpp"
+#include "hslide/output_file.hpp"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -48,36 +51,6 @@ T load(const uint8_t* p) {
     std::memcpy(&value, p, sizeof(T));
     return value;
 }
-
-[[noreturn]] void io_fail(const std::string& what, const std::string& path, int err) {
-    throw error(error_kind::io, fmt::format("{} '{}': {}", what, path, std::strerror(err)));
-}
-
-// Writes everything (write() may write less than asked) and feeds the bytes to the hash.
-void write_all(int fd, const void* data, size_t size, XXH3_state_t* hash, const std::string& path) {
-    XXH3_64bits_update(hash, data, size);
-    const char* p = static_cast<const char*>(data);
-    while (size > 0) {
-        const ssize_t n = ::write(fd, p, std::min<size_t>(size, size_t{1} << 30));
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            io_fail("cannot write checkpoint", path, errno);
-        }
-        p += n;
-        size -= static_cast<size_t>(n);
-    }
-}
-
-// Removes the temporary file unless the commit got as far as renaming it.
-struct temp_file_guard {
-    std::string path;
-    int fd = -1;
-    bool keep = false;
-    ~temp_file_guard() {
-        if (fd >= 0) ::close(fd);
-        if (!keep) ::unlink(path.c_str());
-    }
-};
 
 }  // namespace
 
@@ -146,56 +119,42 @@ void checkpoint_writer::commit() {
     }
     HSLIDE_ASSERT(header.size() == table_end);
 
-    temp_file_guard tmp{path_ + ".tmp." + std::to_string(::getpid())};
-    tmp.fd = ::open(tmp.path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (tmp.fd < 0) io_fail("cannot create checkpoint", tmp.path, errno);
-
+    output_file out(path_, /*durable=*/true);
     std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> hash(XXH3_createState(),
                                                                   &XXH3_freeState);
     HSLIDE_ASSERT(hash != nullptr);
     XXH3_64bits_reset(hash.get());
+    const auto write = [&](const void* data, size_t size) {
+        XXH3_64bits_update(hash.get(), data, size);
+        out.write(data, size);
+    };
     static const uint8_t zeros[alignment] = {};
-    write_all(tmp.fd, header.data(), header.size(), hash.get(), tmp.path);
+    write(header.data(), header.size());
     uint64_t written = header.size();
     for (size_t i = 0; i < sections_.size(); ++i) {
-        write_all(tmp.fd, zeros, offsets[i] - written, hash.get(), tmp.path);
-        write_all(tmp.fd, sections_[i].data, sections_[i].size, hash.get(), tmp.path);
+        write(zeros, offsets[i] - written);
+        write(sections_[i].data, sections_[i].size);
         written = offsets[i] + sections_[i].size;
     }
     const uint64_t total_hash = XXH3_64bits_digest(hash.get());
-    write_all(tmp.fd, &total_hash, sizeof(total_hash), hash.get(), tmp.path);
-
-    // The data must be on disk before the rename makes it the checkpoint.
-    if (::fsync(tmp.fd) != 0) io_fail("cannot sync checkpoint", tmp.path, errno);
-    const int fd = tmp.fd;
-    tmp.fd = -1;
-    if (::close(fd) != 0) io_fail("cannot close checkpoint", tmp.path, errno);
-    if (::rename(tmp.path.c_str(), path_.c_str()) != 0)
-        io_fail("cannot rename checkpoint into place", path_, errno);
-    tmp.keep = true;
+    out.write(&total_hash, sizeof(total_hash));
+    out.commit();
     committed_ = true;
-
-    // Persist the rename itself; a directory that cannot be synced is no reason to fail.
-    const size_t slash = path_.rfind('/');
-    const std::string dir =
-        slash == std::string::npos ? "." : path_.substr(0, std::max<size_t>(slash, 1));
-    const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-        (void)::fsync(dfd);
-        ::close(dfd);
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
 // checkpoint_reader
 
 checkpoint_reader::checkpoint_reader(std::string path) : path_(std::move(path)) {
-    const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO given as the checkpoint is refused below instead of blocking here.
+    const int fd = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) fail(fmt::format("cannot open: {}", std::strerror(errno)));
     struct stat st;
     if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         ::close(fd);
-        fail("not a regular file");
+        fail(
+            "not a regular file (a checkpoint is memory-mapped: give the file itself, not a "
+            "pipe or device)");
     }
     size_ = static_cast<size_t>(st.st_size);
     if (size_ > 0) {
@@ -380,9 +339,11 @@ std::string checkpoint_reader::get_string(const std::string& name) const {
 nlohmann::json checkpoint_reader::get_json(const std::string& name) const {
     const bytes_view v = get(name);
     try {
-        return nlohmann::json::parse(v.data, v.data + v.size);
-    } catch (const nlohmann::json::exception& e) {
-        fail(fmt::format("section '{}' is not valid JSON: {}", name, e.what()));
+        return detail::parse_json_limited(
+            std::string_view(reinterpret_cast<const char*>(v.data), v.size),
+            fmt::format("section '{}'", name));
+    } catch (const error& e) {
+        fail(e.what());
     }
 }
 

@@ -30,9 +30,17 @@ std::vector<double> inverse_propensities(const dataset& train, double a, double 
     return inverse_propensities(label_counts(train), train.size(), a, b);
 }
 
+void validate(const metrics_config& config) {
+    HSLIDE_CHECK(config.propensity_a > 0 && std::isfinite(config.propensity_a),
+                 "--propensity-a must be a finite number > 0, got {:g}", config.propensity_a);
+    HSLIDE_CHECK(config.propensity_b > 0 && std::isfinite(config.propensity_b),
+                 "--propensity-b must be a finite number > 0, got {:g}", config.propensity_b);
+}
+
 std::vector<double> inverse_propensities(const std::vector<uint32_t>& label_counts,
                                          uint64_t n_points, double a, double b) {
     HSLIDE_CHECK(n_points > 0, "inverse propensities need at least one training point");
+    validate(metrics_config{0, a, b});
     const double c = (std::log(static_cast<double>(n_points)) - 1.0) * std::pow(b + 1.0, a);
     std::vector<double> inv(label_counts.size());
     for (size_t l = 0; l < label_counts.size(); ++l)

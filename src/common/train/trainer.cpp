@@ -4,6 +4,7 @@
 
 #include "hslide/checkpoint.hpp"
 #include "hslide/error.hpp"
+#include "hslide/output_file.hpp"
 #include "hslide/progress.hpp"
 #include "hslide/rng.hpp"
 #include "hslide/system_info.hpp"
@@ -254,10 +255,7 @@ std::string trainer::record_json(const epoch_record& r) const {
 
 void trainer::write_metrics_record(const epoch_record& r) {
     if (options_.metrics_out.empty()) return;
-    std::ofstream out(options_.metrics_out, std::ios::app);
-    out << record_json(r) << '\n';
-    HSLIDE_CHECK_KIND(bool(out), error_kind::io, "cannot write metrics to {}",
-                      options_.metrics_out);
+    append_to_file(options_.metrics_out, record_json(r) + '\n');
 }
 
 void trainer::save_checkpoint_now() {

@@ -49,9 +49,16 @@ double metric_value(const metrics_result& r, const selection_metric& m) {
     return r.psp_at(m.k);
 }
 
-std::pair<dataset, dataset> hold_out(const dataset& data, double fraction, uint64_t seed) {
-    HSLIDE_CHECK(fraction > 0 && fraction < 1, "the validation fraction must be in (0, 1), got {}",
+void check_validation_fraction(double fraction) {
+    HSLIDE_CHECK(fraction == 0 || (fraction > 0 && fraction < 1),
+                 "the validation fraction (--valid-fraction, valid_fraction) must be in (0, 1), "
+                 "or 0 for none; got {:g}",
                  fraction);
+}
+
+std::pair<dataset, dataset> hold_out(const dataset& data, double fraction, uint64_t seed) {
+    HSLIDE_CHECK(fraction > 0 && fraction < 1,
+                 "the validation fraction must be in (0, 1), got {:g}", fraction);
     const size_t n = data.size();
     const size_t held = size_t(std::llround(fraction * double(n)));
     HSLIDE_CHECK(held > 0 && held < n,

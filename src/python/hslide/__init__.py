@@ -46,6 +46,10 @@ def _features(X, name="X"):
     if X.dtype not in (_np.float32, _np.float64):
         raise TypeError(f"{name} must hold float32 or float64 values, got {X.dtype}")
     X = _sp.csr_matrix(X)  # a copy where it converts; sorted, merged indices below
+    try:  # scipy's own sorting reads through indptr: a forged one must not get that far
+        X.check_format(full_check=True)
+    except ValueError as e:
+        raise InvalidArgumentError(f"{name}: malformed CSR matrix: {e}") from None
     if not X.has_sorted_indices or not X.has_canonical_format:
         X = X.copy()
         X.sum_duplicates()
@@ -77,9 +81,18 @@ def _label_arrays(Y, n_rows, name="Y"):
     indptr = _np.zeros(len(rows) + 1, dtype=_np.int64)
     _np.cumsum(lengths, out=indptr[1:])
     flat = [i for r in rows for i in r]
-    ids = _np.asarray(flat, dtype=_np.int64) if flat else _np.zeros(0, dtype=_np.int64)
+    ids = _np.asarray(flat) if flat else _np.zeros(0, dtype=_np.int64)
+    if ids.dtype.kind not in "iuf" or (ids.dtype.kind == "f" and not _np.all(_np.isfinite(ids))):
+        raise ValueError(f"{name}: label ids must be whole numbers, got {ids.dtype} values")
+    if ids.dtype.kind == "f":  # 3.0 is label 3; 1.7 is no label id (astype would truncate it)
+        whole = ids == _np.floor(ids)
+        if not whole.all():
+            row = int(_np.searchsorted(indptr, int(_np.argmin(whole)), side="right")) - 1
+            raise ValueError(f"{name}: label id {ids[~whole][0]!r} in row {row} is not a whole "
+                             "number")
     if ids.size and (ids.min() < 0 or ids.max() >= 2**32 - 1):
         raise ValueError(f"{name}: label ids must be in [0, 2^32-1)")
+    ids = ids.astype(_np.int64)
     n_labels = int(ids.max()) + 1 if ids.size else 0
     return indptr, ids.astype(_np.uint32), n_labels
 
