@@ -43,6 +43,8 @@
 #   file excluded, as hslide's epoch time excludes parsing); wall_seconds = the whole `nxc train`
 #   command; eval_seconds = napkinXC's "Test real time" (test file read and prediction, model
 #   load excluded); peak_rss_bytes = the larger of the two commands' peak RSS (/usr/bin/time -v).
+#   stderr's summary line (and --metrics-out's train_cpu_seconds) adds napkinXC's "Train CPU
+#   time": on a loaded machine the steadier figure.
 # Exit code 2 for bad input, with a message naming the file and the reason.
 set -euo pipefail
 
@@ -214,8 +216,9 @@ field() {  # field FILE 'label text': the number after "label text: "
 }
 train_s="$(field "$work_dir/train.log" 'Train real time (s)')"
 test_s="$(field "$work_dir/test.log" 'Test real time (s)')"
+train_cpu="$(field "$work_dir/train.log" 'Train CPU time (s)')"
 p1="$(field "$work_dir/test.log" 'P@1')" p3="$(field "$work_dir/test.log" 'P@3')" p5="$(field "$work_dir/test.log" 'P@5')"
-for v in train_s test_s p1 p3 p5; do
+for v in train_s test_s train_cpu p1 p3 p5; do
     [[ -n "${!v}" ]] || { trap - EXIT; die "no $v in napkinXC's output (logs in $work_dir): another napkinXC version?"; }
 done
 rss_train=$(awk -F': ' '/Maximum resident set size/ {print $2}' "$work_dir/train.time")
@@ -230,9 +233,9 @@ if [[ $header == 1 ]]; then
     echo "config,backend,precision,isa,epoch,train_seconds,wall_seconds,epoch_seconds,samples_per_s,loss,p@1,p@3,p@5,peak_rss_bytes,peak_gpu_bytes,stage_hashing,stage_rebuild,stage_active_sets,stage_forward,stage_backward,stage_update,stage_transfer,eval_seconds,eval_points,cpu,gpu,revision"
 fi
 echo "$label,napkinxc,,,1,$train_s,$wall_train,$train_s,$samples_per_s,,$p1,$p3,$p5,$peak_rss,,,,,,,,,$test_s,$n_test,$(csv_quote "$cpu"),none,$(csv_quote "$revision")"
-echo "napkinxc.sh: $label: P@1 $p1 P@3 $p3 P@5 $p5, train $train_s s (command $wall_train s), test $test_s s, peak RSS $((peak_rss / 1048576)) MiB" >&2
+echo "napkinxc.sh: $label: P@1 $p1 P@3 $p3 P@5 $p5, train $train_s s (command $wall_train s, CPU $train_cpu s), test $test_s s, peak RSS $((peak_rss / 1048576)) MiB" >&2
 if [[ -n "$metrics_out" ]]; then
-    printf '{"backend":"napkinxc","epoch":1,"seconds":%s,"epoch_seconds":%s,"samples_per_s":%s,"loss":null,"peak_rss_bytes":%s,"stage_seconds":{},"p@1":%s,"p@3":%s,"p@5":%s,"eval_seconds":%s,"eval_points":%s,"revision":"%s","args":"%s"}\n' \
-        "$wall_train" "$train_s" "$samples_per_s" "$peak_rss" "$p1" "$p3" "$p5" "$test_s" "$n_test" \
+    printf '{"backend":"napkinxc","epoch":1,"seconds":%s,"epoch_seconds":%s,"samples_per_s":%s,"loss":null,"train_cpu_seconds":%s,"peak_rss_bytes":%s,"stage_seconds":{},"p@1":%s,"p@3":%s,"p@5":%s,"eval_seconds":%s,"eval_points":%s,"revision":"%s","args":"%s"}\n' \
+        "$wall_train" "$train_s" "$samples_per_s" "$train_cpu" "$peak_rss" "$p1" "$p3" "$p5" "$test_s" "$n_test" \
         "$revision" "-t $threads --seed $seed ${extra[*]}" >>"$metrics_out"
 fi
