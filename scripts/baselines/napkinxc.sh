@@ -34,6 +34,8 @@
 #   --napkinxc-dir DIR    the clone --nxc was built from: its HEAD must be the pinned commit
 #   --any-version         run a napkinXC other than 0.7.2 (the revision column says which)
 #   --no-header           no CSV header line
+#   --prepare-only DIR    only write the files napkinXC would read into DIR and print
+#                         "train|test PATH POINTS" (no --nxc needed; the tests use it)
 #   -- FLAGS              passed to `nxc train` (the tuned setting in bench/peers.md:
 #                         -- --arity 16 -C 16)
 # Output (stdout): the results.csv columns (config,backend,precision,isa,epoch,train_seconds,
