@@ -43,6 +43,8 @@ STAGE_NAMES = {"hashing": "hashing", "rebuild": "table build", "active_sets": "a
 MARKERS = "osD^v<>pP*Xh"  # one per configuration (per machine in a comparison)
 # Configurations with a full-softmax output layer (the dense baselines).
 DENSE = {"cpu-nolsh", "cpu-dense", "gpu-dense", "torch-cpu", "torch-gpu"}
+# Other tools' configurations (no network, no loss; scripts/baselines/napkinxc.sh).
+PEERS = {"napkinxc", "napkinxc-tuned"}
 CSV_FIELDS = (["config", "backend", "precision", "isa", "epoch", "train_seconds", "wall_seconds",
                "epoch_seconds", "samples_per_s", "loss", "p@1", "p@3", "p@5",
                "peak_rss_bytes", "peak_gpu_bytes"]
@@ -124,6 +126,8 @@ def config_parts(config):
     backend, precision, isa = parts
     if backend.startswith("torch"):
         return backend, precision or "fp32", ""
+    if backend in PEERS:
+        return backend, "", ""
     return backend, precision or "fp32", isa or "auto"
 
 
@@ -210,7 +214,7 @@ def report(args):
             row = {"config": c, "backend": backend, "precision": precision, "isa": isa,
                    "epoch": r["epoch"], "train_seconds": r["train_seconds"],
                    "wall_seconds": r["seconds"], "epoch_seconds": r["epoch_seconds"],
-                   "samples_per_s": r["samples_per_s"], "loss": r["loss"],
+                   "samples_per_s": r["samples_per_s"], "loss": r.get("loss"),
                    "p@1": r.get("p@1"), "p@3": r.get("p@3"), "p@5": r.get("p@5"),
                    "peak_rss_bytes": r.get("peak_rss_bytes"),
                    "peak_gpu_bytes": r.get("peak_gpu_bytes"),
@@ -276,7 +280,7 @@ def report(args):
         peak = max(r.get("peak_rss_bytes") or 0 for r in runs[c]) / 2**30
         md.append(f"| {c} | {len(runs[c])} | {per_epoch[c]:.2f} | {sum(rates) / len(rates):.0f} | "
                   f"{fmt(last.get('p@1'), 4)} | {fmt(last.get('p@3'), 4)} | "
-                  f"{fmt(last.get('p@5'), 4)} | {last['loss']:.4f} | {peak:.2f} |")
+                  f"{fmt(last.get('p@5'), 4)} | {fmt(last.get('loss'), 4)} | {peak:.2f} |")
     md.append("")
     md.append("### Speedup per epoch\n")
     md.append(speedup_matrix(done, per_epoch,
@@ -301,7 +305,7 @@ def report(args):
         md.append("")
         reached = {c: tta[c][0] for c in done if tta.get(c)}
         dense = [c for c in done if config_parts(c)[0] in DENSE]
-        sparse = [c for c in done if config_parts(c)[0] not in DENSE]
+        sparse = [c for c in done if config_parts(c)[0] not in DENSE | PEERS]
         if dense and sparse:
             md.append("Sparse (LSH) against dense (full softmax) configurations, time to the "
                       "target P@1:\n")

@@ -25,6 +25,8 @@
 #   --out DIR           results folder (default results/reproduce-<preset>-<date>)
 #   --data-cache DIR    where synthetic data is generated once and reused (results/data)
 #   --hslide PATH       the binary (default build/hslide, built by scripts/build.sh if missing)
+#   --napkinxc BIN      napkinXC's CLI (`nxc`, built from your clone) for the napkinxc
+#                       configurations (default: $NAPKINXC)
 #
 #   --reuse             keep the runs already complete in --out (same configuration and epoch
 #                       count; the settings are not compared): run only the missing ones
@@ -42,6 +44,10 @@
 #               default 64)
 #   torch-cpu, torch-gpu   scripts/baselines/torch_dense.py: PyTorch, full softmax (torch-gpu:bf16:
 #               autocast mixed precision, the fastest dense baseline on a GPU)
+#   napkinxc, napkinxc-tuned   scripts/baselines/napkinxc.sh: napkinXC's label trees (PLT,
+#               LIBLINEAR nodes) with its defaults, or with --arity 16 -C 16; --threads
+#               threads; one record (its train time as one "epoch"); needs --napkinxc;
+#               never in the default list; no PRECISION, ISA or @EPOCHS
 # PRECISION is fp32 (default) or bf16; ISA is an `--isa` level (default auto).
 # Environment: PYTHON (default /usr/bin/python3: Debian's python3-torch/-matplotlib).
 #
@@ -79,6 +85,7 @@ scoring=exact
 out=""
 data_cache=results/data
 hslide=build/hslide
+napkinxc="${NAPKINXC:-}"
 reuse=0
 hidden="" K="" L="" bits="" batch="" lr="" min_active="" capacity=""
 extra=()
@@ -132,6 +139,7 @@ while (($#)); do
         --out) need "$@"; out=$2; shift 2 ;;
         --data-cache) need "$@"; data_cache=$2; shift 2 ;;
         --hslide) need "$@"; hslide=$2; shift 2 ;;
+        --napkinxc) need "$@"; napkinxc=$2; shift 2 ;;
         --reuse) reuse=1; shift ;;
         --hidden) need "$@"; hidden=$2; shift 2 ;;
         --K) need "$@"; K=$2; shift 2 ;;
@@ -166,6 +174,7 @@ train=$(abspath "$train") test=$(abspath "$test") out=$(abspath "$out")
 train_split=$(abspath "$train_split") test_split=$(abspath "$test_split")
 [[ $data_cache == results/data ]] || data_cache=$(abspath "$data_cache")
 [[ $hslide == build/hslide ]] || hslide=$(abspath "$hslide")
+[[ -z $napkinxc ]] || napkinxc=$(abspath "$napkinxc")
 
 # --- the binary -----------------------------------------------------------------------------------
 if [[ ! -x $hslide ]]; then
@@ -225,7 +234,12 @@ for c in "${config_list[@]}"; do
         torch-cpu | torch-gpu)
             [[ -z $isa ]] || die "configuration '$c': the PyTorch baseline takes a precision, not an ISA"
             ((has_torch)) || die "configuration '$c': $python cannot import torch and numpy (scripts/setup.sh installs python3-torch)" ;;
-        *) die "unknown configuration '$c' (backends: cpu cpu-lsh cpu-nolsh cpu-dense cpu-topk hybrid-cpu gpu gpu-lsh gpu-dense gpu-topk hybrid-gpu torch-cpu torch-gpu)" ;;
+        napkinxc | napkinxc-tuned)
+            [[ $spec == "$c" && $spec == "$backend" ]] ||
+                die "configuration '$c': napkinXC takes no precision, ISA or @EPOCHS"
+            [[ -n $napkinxc ]] || die "configuration '$c' needs --napkinxc BIN (napkinXC's nxc; or set \$NAPKINXC)"
+            [[ -x $napkinxc ]] || die "configuration '$c': $napkinxc is not an executable (--napkinxc)" ;;
+        *) die "unknown configuration '$c' (backends: cpu cpu-lsh cpu-nolsh cpu-dense cpu-topk hybrid-cpu gpu gpu-lsh gpu-dense gpu-topk hybrid-gpu torch-cpu torch-gpu napkinxc napkinxc-tuned)" ;;
     esac
     [[ -z $precision || $precision == fp32 || $precision == bf16 ]] ||
         die "configuration '$c': precision must be fp32 or bf16"
@@ -288,6 +302,7 @@ for c in "${config_list[@]}"; do
     IFS=: read -r backend precision isa _ <<<"$spec"
     n_epochs=$epochs
     [[ $c == *@* ]] && n_epochs=${c##*@}
+    [[ $backend == napkinxc* ]] && n_epochs=1
     file="${c//:/_}"
     log="$out/runs/$file.log"
     metrics="$out/runs/$file.jsonl"
@@ -303,6 +318,11 @@ for c in "${config_list[@]}"; do
                  --hidden "$hidden" --epochs "$n_epochs" --batch-size "$batch" --lr "$lr"
                  --threads "$threads" --eval-max "$eval_max" --precision "${precision:-fp32}"
                  --metrics-out "$metrics") ;;
+        napkinxc | napkinxc-tuned)
+            cmd=(scripts/baselines/napkinxc.sh --nxc "$napkinxc" "${torch_data_args[@]}"
+                 --threads "$threads" --eval-max "$eval_max" --label "$c" --no-header
+                 --metrics-out "$metrics")
+            [[ $backend == napkinxc-tuned ]] && cmd+=(-- --arity 16 -C 16) ;;
         *)
             cmd=("$hslide" train "${data_args[@]}" "${model_args[@]}" --epochs "$n_epochs" "${common[@]}"
                  --threads "$threads" --precision "${precision:-fp32}" --isa "${isa:-auto}")
