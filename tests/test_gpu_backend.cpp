@@ -10,9 +10,7 @@
 #include "hslide/backend.hpp"
 #include "hslide/backend_registry.hpp"
 #include "hslide/error.hpp"
-#include "hslide/gpu_devices.hpp"
 #include "hslide/lsh.hpp"
-#include "hslide/rng.hpp"
 #include "test_util.hpp"
 #if HSLIDE_HAVE_CUDA
 #include "gpu/gpu_backend.hpp"
@@ -25,8 +23,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
-#include <fstream>
 #include <functional>
 #include <numeric>
 #include <set>
@@ -37,8 +33,6 @@ using hslide::testing::make_lsh_config;
 using hslide::testing::max_parameter_difference;
 using hslide::testing::parameters_differing_by_more;
 using hslide::testing::random_dataset;
-using hslide::testing::random_rows;
-using hslide::testing::round_bf16;
 
 namespace {
 

@@ -1,38 +1,20 @@
 // A hybrid of a CPU and a GPU worker training Bibtex together (hybrid_backend with a real
 // GPU worker). Skips (GTEST_SKIP) without a usable GPU or without CUDA.
-#include "cpu/cpu_backend.hpp"
 #include "gpu_test_util.hpp"
 #include "hslide/backend.hpp"
-#include "hslide/backend_registry.hpp"
-#include "hslide/error.hpp"
-#include "hslide/gpu_devices.hpp"
 #include "hslide/lsh.hpp"
-#include "hslide/rng.hpp"
 #include "test_util.hpp"
 #if HSLIDE_HAVE_CUDA
 #include "gpu/gpu_backend.hpp"
-#include "gpu/gpu_testing.hpp"
 #endif
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include <algorithm>
-#include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <fstream>
-#include <numeric>
-#include <set>
 #include <vector>
 
 using namespace hslide;
-using hslide::testing::make_lsh_config;
-using hslide::testing::max_parameter_difference;
-using hslide::testing::parameters_differing_by_more;
-using hslide::testing::random_dataset;
-using hslide::testing::random_rows;
-using hslide::testing::round_bf16;
 
 namespace {
 

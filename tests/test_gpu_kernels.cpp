@@ -1,12 +1,8 @@
 // The CUDA backend's kernels against host references: LSH codes, tables and active sets
 // (the CPU's), the layer kernels (sparse backward, row-sparse Adam) and the dense softmax, on
 // awkward sizes. Every test skips (GTEST_SKIP) without a usable GPU or without CUDA.
-#include "cpu/cpu_backend.hpp"
 #include "gpu_test_util.hpp"
 #include "hslide/backend.hpp"
-#include "hslide/backend_registry.hpp"
-#include "hslide/error.hpp"
-#include "hslide/gpu_devices.hpp"
 #include "hslide/lsh.hpp"
 #include "hslide/rng.hpp"
 #include "test_util.hpp"
@@ -16,22 +12,16 @@
 #endif
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <numeric>
-#include <set>
 #include <vector>
 
 using namespace hslide;
 using hslide::testing::make_lsh_config;
-using hslide::testing::max_parameter_difference;
-using hslide::testing::parameters_differing_by_more;
-using hslide::testing::random_dataset;
 using hslide::testing::random_rows;
 using hslide::testing::round_bf16;
 

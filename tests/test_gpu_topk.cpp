@@ -1,14 +1,10 @@
 // The CUDA backend's exact top-k kernels against host references: prediction's top-k, the
 // chunked selection and its scoring pass, the sets (labels, top-k, fill) and their loss, and
 // the fused scoring pass. Every test skips (GTEST_SKIP) without a usable GPU or without CUDA.
-#include "cpu/cpu_backend.hpp"
 #include "gpu/fill_draw.hpp"
 #include "gpu_test_util.hpp"
 #include "hslide/backend.hpp"
-#include "hslide/backend_registry.hpp"
 #include "hslide/error.hpp"
-#include "hslide/gpu_devices.hpp"
-#include "hslide/lsh.hpp"
 #include "hslide/rng.hpp"
 #include "test_util.hpp"
 #if HSLIDE_HAVE_CUDA
@@ -17,23 +13,15 @@
 #endif
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
-#include <fstream>
 #include <numeric>
 #include <set>
 #include <vector>
 
 using namespace hslide;
-using hslide::testing::make_lsh_config;
-using hslide::testing::max_parameter_difference;
-using hslide::testing::parameters_differing_by_more;
-using hslide::testing::random_dataset;
-using hslide::testing::random_rows;
 using hslide::testing::round_bf16;
 
 namespace {
