@@ -333,20 +333,27 @@ TEST(NeuronSelector, EveryNeuronLeavesTheSetsEmptyAndTopKRefusesOneSample) {
 }
 
 TEST(NeuronSelector, TheBackendKeepsTheSelectionItsConfigNames) {
+    // 200 output rows: an automatic index has 7 clusters, so its default 48 probes would scan
+    // every one, and automatic searches exactly; with 4 probes it searches the index.
     struct expected {
         sparsity_mode output;
         top_k_search search;
+        uint32_t probes;
         neuron_selection kind;
         bool ivf;
     };
     for (const expected& e :
-         {expected{sparsity_mode::dense, top_k_search::exact, neuron_selection::all, false},
-          expected{sparsity_mode::lsh, top_k_search::exact, neuron_selection::lsh, false},
-          expected{sparsity_mode::topk, top_k_search::exact, neuron_selection::top_k, false},
-          expected{sparsity_mode::topk, top_k_search::ivf, neuron_selection::top_k, true},
-          expected{sparsity_mode::topk, top_k_search::automatic, neuron_selection::top_k, true}}) {
+         {expected{sparsity_mode::dense, top_k_search::exact, 48, neuron_selection::all, false},
+          expected{sparsity_mode::lsh, top_k_search::exact, 48, neuron_selection::lsh, false},
+          expected{sparsity_mode::topk, top_k_search::exact, 48, neuron_selection::top_k, false},
+          expected{sparsity_mode::topk, top_k_search::ivf, 48, neuron_selection::top_k, true},
+          expected{sparsity_mode::topk, top_k_search::automatic, 48, neuron_selection::top_k,
+                   false},
+          expected{sparsity_mode::topk, top_k_search::automatic, 4, neuron_selection::top_k,
+                   true}}) {
         model_config config = hslide::testing::two_layer_model(30, 16, 200, e.output);
         config.layers.back().search = e.search;
+        config.layers.back().ivf_probes = e.probes;
         train_config train;
         train.adam = adam_mode::sparse;
         cpu_backend backend(model_state::create(config, 1), train, 1);
@@ -356,4 +363,30 @@ TEST(NeuronSelector, TheBackendKeepsTheSelectionItsConfigNames) {
         EXPECT_EQ(backend.selection(1).computes_log_partition(),
                   e.kind == neuron_selection::top_k && !e.ivf);
     }
+}
+
+TEST(NeuronSelector, AutomaticSearchIsExactWhereAnIndexWouldProbeEveryCluster) {
+    layer_config layer;
+    layer.search = top_k_search::automatic;
+    layer.ivf_probes = 48;
+    // automatic_ivf_clusters(rows) = round(sqrt(rows) / 2): 48 clusters from 9,025 rows (48
+    // probes scan them all), 49 from 9,409.
+    for (const auto& [rows, want] :
+         {std::pair{1u, top_k_search::exact}, std::pair{6118u, top_k_search::exact},
+          std::pair{9024u, top_k_search::exact}, std::pair{9409u, top_k_search::ivf},
+          std::pair{670091u, top_k_search::ivf}}) {
+        layer.size = rows;
+        EXPECT_EQ(cpu_top_k_search(layer), want) << rows << " rows";
+    }
+    layer.size = 6118;
+    layer.ivf_clusters = 100;  // given clusters count as given
+    EXPECT_EQ(cpu_top_k_search(layer), top_k_search::ivf);
+    layer.ivf_probes = 100;
+    EXPECT_EQ(cpu_top_k_search(layer), top_k_search::exact);
+    // A search that is not automatic is what it says.
+    layer.search = top_k_search::ivf;
+    EXPECT_EQ(cpu_top_k_search(layer), top_k_search::ivf);
+    layer.size = 1;
+    layer.search = top_k_search::exact;
+    EXPECT_EQ(cpu_top_k_search(layer), top_k_search::exact);
 }

@@ -66,9 +66,10 @@ enum class top_k_search {
     /// result is approximate (the selection probe measures its recall); the loss reported is
     /// the set's, as LSH's, and dropped_mass is not measured
     ivf,
-    /// the backend's best: ivf on the CPU (exact scoring is most of a CPU step there; IVF
-    /// keeps its P@1 at a third of its time, bench/topk.md), exact on the GPU (where scoring
-    /// every row is a GEMM)
+    /// the backend's best: exact on the GPU (where scoring every row is a GEMM); on the CPU ivf
+    /// (exact scoring is most of a CPU step there; IVF keeps its P@1 at a third of its time,
+    /// bench/topk.md), except where the index would probe every cluster: there it finds the
+    /// exact top-k at more cost, so exact (cpu_top_k_search)
     automatic,
 };
 top_k_search parse_top_k_search(const std::string& name);
@@ -113,6 +114,17 @@ struct layer_config {
     /// the whole layer's P@1 after epochs 2 and 3, within 0.002 with another seed after each.)
     float fill_pool = 0.5f;
 };
+
+/// The clusters of an IVF index over `rows` rows when layer_config::ivf_clusters is 0: about
+/// sqrt(rows) / 2, at least 1, at most rows.
+uint32_t automatic_ivf_clusters(uint32_t rows);
+
+/// The search a CPU backend runs for top-k layer `layer`: its `search`, where automatic is ivf
+/// unless the index would probe every one of its clusters (ivf_probes >= the clusters: below
+/// 9,409 rows at the defaults), where the IVF search scores every row as exact scoring
+/// does, finds the same top-k and costs more (an index to build and refresh; bench/peers.md:
+/// 6,118 rows, 0.82 against 0.56 s an epoch): exact there.
+top_k_search cpu_top_k_search(const layer_config& layer);
 
 /// The network: sparse input of `input_dim` features, ReLU hidden layers, a softmax output
 /// layer of `output_dim` neurons (one per label). layers.back() is the output layer.

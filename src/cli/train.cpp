@@ -159,12 +159,20 @@ int run_train(int argc, char** argv) {
     normalize_inputs(d.train, mc);
     normalize_inputs(d.test, mc);
     normalize_inputs(valid, mc);
-    auto top_k_description = [&tc](const layer_config& c) {
+    // What `auto` chose is said here: the search each top-k layer runs on this backend.
+    auto top_k_description = [&tc, kind](const layer_config& c) {
         std::string text = " (top-k";
-        if (c.search != top_k_search::exact)
-            text += fmt::format("{}: {} probes, refresh every {} steps",
-                                c.search == top_k_search::automatic ? "; IVF on a CPU" : ", IVF",
-                                c.ivf_probes, c.ivf_refresh);
+        const std::string ivf =
+            fmt::format("IVF: {} probes, refresh every {} steps", c.ivf_probes, c.ivf_refresh);
+        const std::string cpu_search = cpu_top_k_search(c) == top_k_search::ivf
+                                           ? ivf
+                                           : "exact: an index would probe every cluster";
+        if (c.search == top_k_search::ivf)
+            text += ", " + ivf;
+        else if (c.search == top_k_search::automatic)
+            text += kind == backend_kind::gpu      ? std::string("; exact on a GPU")
+                    : kind == backend_kind::hybrid ? "; " + cpu_search + " on a CPU, exact on a GPU"
+                                                   : "; " + cpu_search;
         const uint32_t pool = fill_pool_size(c.fill_pool, c.size,
                                              std::min(c.active.min_active, c.size), tc.batch_size);
         if (pool) text += fmt::format("; fill from a pool of {} rows a step", pool);
@@ -173,7 +181,8 @@ int run_train(int argc, char** argv) {
     std::string shape = std::to_string(mc.input_dim);
     for (size_t l = 0; l < mc.layers.size(); ++l)
         shape += fmt::format(" -> {}{}", mc.layers[l].size,
-                             mc.uses_lsh(l) ? std::string(" (LSH)")
+                             backend_entry_of(kind).caps.computes_every_neuron ? std::string()
+                             : mc.uses_lsh(l) ? std::string(" (LSH)")
                              : mc.selection(l) == neuron_selection::top_k
                                  ? top_k_description(mc.layers[l])
                                  : std::string());

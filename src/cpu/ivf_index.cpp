@@ -1,6 +1,8 @@
 // The inverted-file index's build (two-level spherical k-means) and search (ivf_index.hpp).
 #include "ivf_index.hpp"
 
+#include "hslide/config.hpp"
+
 #include "top_k.hpp"
 
 #include "hslide/error.hpp"
@@ -184,14 +186,6 @@ void kmeans(const ivf_rows& layer, const float* extra, const kernel_table& k, co
 }
 
 }  // namespace
-
-uint32_t automatic_ivf_clusters(uint32_t rows) {
-    // Fewer, larger clusters than FAISS's 4-16 sqrt(rows): training moves the rows between
-    // refreshes, and large clusters keep a moved row among the probed ones (bench/topk.md:
-    // 3,274 clusters lost most of the top-k by the third epoch; 400 kept all of it).
-    const double c = std::round(std::sqrt(double(rows)) / 2.0);
-    return uint32_t(std::clamp<double>(c, 1.0, std::max(1.0, double(rows))));
-}
 
 namespace {
 

@@ -55,9 +55,6 @@ struct ivf_index {
     const float* centroid(uint32_t c) const { return centroids.data() + size_t(c) * stride; }
 };
 
-/// The automatic cluster count: about sqrt(rows) / 2, at least 1, at most rows.
-uint32_t automatic_ivf_clusters(uint32_t rows);
-
 /// Clusters `layer`'s rows into about `clusters` clusters (0: automatic; at most the rows;
 /// two-level above 256, where the coarse clusters' shares are rounded), drawing samples and
 /// seeds from `seed`.

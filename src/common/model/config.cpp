@@ -4,6 +4,7 @@
 #include "common/util/enum_names.hpp"
 #include "hslide/error.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 namespace hslide {
@@ -136,6 +137,21 @@ top_k_search parse_top_k_search(const std::string& name) {
 }
 const char* to_string(top_k_search search) {
     return name_of(search, search_names);
+}
+
+uint32_t automatic_ivf_clusters(uint32_t rows) {
+    // Fewer, larger clusters than FAISS's 4-16 sqrt(rows): training moves the rows between
+    // refreshes, and large clusters keep a moved row among the probed ones (bench/topk.md:
+    // 3,274 clusters lost most of the top-k by the third epoch; 400 kept all of it).
+    const double c = std::round(std::sqrt(double(rows)) / 2.0);
+    return uint32_t(std::clamp<double>(c, 1.0, std::max(1.0, double(rows))));
+}
+
+top_k_search cpu_top_k_search(const layer_config& layer) {
+    if (layer.search != top_k_search::automatic) return layer.search;
+    const uint32_t clusters = std::min(
+        layer.ivf_clusters ? layer.ivf_clusters : automatic_ivf_clusters(layer.size), layer.size);
+    return layer.ivf_probes >= clusters ? top_k_search::exact : top_k_search::ivf;
 }
 adam_mode parse_adam_mode(const std::string& name) {
     return parse_named(name, "adam mode", adam_names);
