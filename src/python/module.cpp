@@ -30,10 +30,12 @@
 
 #include <algorithm>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <numeric>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <variant>
@@ -129,6 +131,19 @@ void set_option(const cli::option_target& target, py::handle value) {
                     throw py::cast_error("None for a setting that has a value");
                 }
             } else {
+                if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+                    // A Python int is unbounded: one past the setting's range is a range
+                    // error, not "the wrong type" (what the cast would report).
+                    if (py::isinstance<py::int_>(value) && !py::isinstance<py::bool_>(value)) {
+                        const py::int_ low(std::numeric_limits<T>::min()),
+                            high(std::numeric_limits<T>::max());
+                        if (PyObject_RichCompareBool(value.ptr(), low.ptr(), Py_LT) == 1 ||
+                            PyObject_RichCompareBool(value.ptr(), high.ptr(), Py_GT) == 1)
+                            throw std::out_of_range(fmt::format(
+                                "{} is out of its range [{}, {}]", std::string(py::str(value)),
+                                std::numeric_limits<T>::min(), std::numeric_limits<T>::max()));
+                    }
+                }
                 *field = value.cast<T>();
             }
         },
@@ -161,6 +176,9 @@ options parse_options(const py::dict& given) {
                             cli::unknown_option_message(flag, cli::option_surface::python, '_')));
         try {
             set_option(spec->target(o.settings), item.second);
+        } catch (const std::out_of_range& e) {
+            throw error(error_kind::invalid_argument,
+                        fmt::format("hslide.Model: option '{}': {}", name, e.what()));
         } catch (const py::cast_error&) {
             throw py::type_error(fmt::format("hslide.Model: option '{}' has the wrong type ({})",
                                              name, std::string(py::str(item.second.get_type()))));

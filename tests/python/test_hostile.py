@@ -38,6 +38,14 @@ def test_thread_counts_beyond_the_machine_are_refused():
         hslide.Model(threads=100000)
 
 
+@pytest.mark.parametrize("option", [dict(epochs=2**40), dict(epochs=-1), dict(seed=2**64)])
+def test_integers_out_of_range_are_range_errors_not_type_errors(option):
+    (name, value), = option.items()
+    with pytest.raises(hslide.InvalidArgumentError,
+                       match=f"option '{name}': {value} is out of its range"):
+        hslide.Model(**option)
+
+
 def test_fractional_label_ids_are_refused():
     X, Y = small()
     with pytest.raises(ValueError, match="1.7 in row 0 is not a whole number"):
