@@ -92,6 +92,10 @@ struct trainer_options {
     uint32_t selection_probe_top = 32;
     bool show_progress = true;
     validation_options validation;  ///< validation set, best epoch, early stopping
+    /// Called after every training step, on the thread that runs the trainer; may throw to
+    /// abandon the run mid-epoch (the Python module raises KeyboardInterrupt there on Ctrl-C,
+    /// which otherwise would wait for the epoch's end). Empty: nothing is called.
+    std::function<void()> between_steps;
 };
 
 /// Runs training on `engine` (a backend holding the initial replica of the model).

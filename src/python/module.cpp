@@ -262,6 +262,12 @@ class model {
         to.selection_probe_top = options_.settings.trainer.selection_probe_top;
         vo.valid = valid.size() > 0 ? &valid : nullptr;
         to.validation = vo;
+        // Ctrl-C between two steps, not at the epoch's end: Python's handler runs (raising
+        // KeyboardInterrupt) only when asked, and the training thread holds no GIL.
+        to.between_steps = [] {
+            py::gil_scoped_acquire gil;
+            if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+        };
         trainer run(*engine_, train, nullptr, to);
         py::list history;
         std::exception_ptr failure;

@@ -79,3 +79,28 @@ def test_fifo_as_model_is_refused_not_a_hang(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(hslide.InvalidArgumentError, match="not a regular file"):
         hslide.load(fifo)
+
+
+def test_ctrl_c_stops_fit_within_a_step_not_at_the_epochs_end():
+    # One epoch of ~240 steps over a dense 50,000-label output layer takes tens of seconds on
+    # 2 cores; a SIGINT half a second in must end fit() with KeyboardInterrupt within a step
+    # or two (it used to wait for the end of the epoch).
+    import _thread
+    import threading
+    import time
+
+    rng = np.random.default_rng(0)
+    n, labels = 30000, 50000
+    X = sp.random(n, 1000, density=0.01, format="csr", dtype=np.float32, random_state=1)
+    Y = [[int(v)] for v in rng.integers(0, labels, n)]
+    Y[0] = [labels - 1]  # the largest label sets the layer's size
+    model = hslide.Model(hidden=256, epochs=1, output_sparsity="dense", threads=2, seed=1)
+    timer = threading.Timer(0.5, _thread.interrupt_main)
+    start = time.monotonic()
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            model.fit(X, Y)
+    finally:
+        timer.cancel()
+    assert time.monotonic() - start < 8.0

@@ -173,6 +173,7 @@ epoch_record trainer::run_epoch(bool synchronize_at_end) {
         }
         bar.add(size);
         if (reported > 0) bar.set_suffix(fmt::format("loss {:.4f}", loss_sum / double(reported)));
+        if (options_.between_steps) options_.between_steps();
     }
     if (synchronize_at_end) add_report(backend_.synchronize(), order.size());
     bar.finish();
