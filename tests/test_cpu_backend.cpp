@@ -2,10 +2,10 @@
 // double-precision reference, thread-count invariance, Adam against a hand-computed step,
 // export/import, prediction.
 #include "cpu/cpu_backend.hpp"
-#include "hslide/fill_pool.hpp"
 #include "hslide/backend.hpp"
 #include "hslide/backend_registry.hpp"
 #include "hslide/error.hpp"
+#include "hslide/fill_pool.hpp"
 #include "hslide/isa.hpp"
 #include "hslide/model.hpp"
 #include "hslide/rng.hpp"

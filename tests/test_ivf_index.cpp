@@ -78,8 +78,8 @@ std::vector<std::vector<float>> random_queries(uint32_t n, uint32_t width, uint6
     return q;
 }
 
-/// Exact scoring's top k of one query, computed as exact_scoring (exact_scoring.hpp) does: every row in
-/// one block by dots16 (the query in lane 0), dots16_bf16 (in pairs) or active_dots_bf16.
+/// Exact scoring's top k of one query, computed as exact_scoring (exact_scoring.hpp) does: every
+/// row in one block by dots16 (the query in lane 0), dots16_bf16 (in pairs) or active_dots_bf16.
 void exact_top_k(const test_layer& layer, const kernel_table& k, bool in_bf16, const float* query,
                  uint32_t top, uint32_t* labels, float* scores) {
     const uint32_t w = layer.width, pairs = (w + 1) / 2;
