@@ -120,9 +120,9 @@ void expect_same_training(const char* kind, sparsity_mode output, precision_mode
 
 // Top-k training on both backends from the same state: a top-k output layer of 70 neurons
 // keeping 10 besides the labels, filled to 30 at random (the GPU draws the CPU's fill ids:
-// fill_draw.hpp), so the sets are the same ties aside (random weights: none) and the steps are
-// the same arithmetic up to summation order. The reported loss is the full softmax's and the
-// dropped mass is measured on both.
+// fill_pool.hpp's draw_fill), so the sets are the same ties aside (random weights: none) and the
+// steps are the same arithmetic up to summation order. The reported loss is the full softmax's and
+// the dropped mass is measured on both.
 void expect_same_top_k_training(precision_mode precision, double loss_tolerance,
                                 double weight_tolerance, double dropped_tolerance,
                                 size_t allowed_outliers, size_t allowed_set_differences) {

@@ -1,9 +1,8 @@
 // The GPU's top-k fill, checked on the host (no GPU needed): hslide::rng's below() as kernels
-// compute it, and fill_draw.hpp's draw_fill, which the GPU's sets kernel runs one
+// compute it, and fill_pool.hpp's draw_fill, which the GPU's sets kernel runs one
 // thread a sample, reproduces the CPU backend's sets exactly: its fill ids (with and without
 // the step's pool) after the labels and the top-k it chose, from the seeds the step names.
 #include "cpu/cpu_backend.hpp"
-#include "gpu/fill_draw.hpp"
 #include "hslide/fill_pool.hpp"
 #include "hslide/rng.hpp"
 #include "hslide/seed_streams.hpp"
@@ -52,7 +51,7 @@ TEST(GpuFill, DrawFillStopsAtItsTargetAndSkipsWhatTheSetHas) {
     std::vector<bool> member(12, false);
     for (uint32_t r = 0; r < 10; ++r) member[r] = true;
     std::vector<uint32_t> fill;
-    const uint64_t drawn = gpu::draw_fill(gen, fill_pool{}, 12, 10, 12, [&](uint32_t r) {
+    const uint64_t drawn = draw_fill(gen, fill_pool{}, 12, 10, 12, [&](uint32_t r) {
         EXPECT_LT(r, 12u);
         if (member[r]) return false;
         member[r] = true;
@@ -63,7 +62,7 @@ TEST(GpuFill, DrawFillStopsAtItsTargetAndSkipsWhatTheSetHas) {
     EXPECT_EQ(fill, (std::vector<uint32_t>{10, 11}));
     EXPECT_GE(drawn, 2u);
     // A set at its target draws nothing.
-    EXPECT_EQ(gpu::draw_fill(gen, fill_pool{}, 12, 12, 12, [](uint32_t) { return true; }), 0u);
+    EXPECT_EQ(draw_fill(gen, fill_pool{}, 12, 12, 12, [](uint32_t) { return true; }), 0u);
 }
 
 // Trains a CPU backend with a top-k output layer a few steps and rebuilds every set's fill
@@ -101,7 +100,7 @@ void expect_cpu_fill(uint32_t rows, uint32_t min_active, float pool_per_draw, bo
             std::unordered_set<uint32_t> member(set.begin(), set.begin() + drawn_from);
             std::vector<uint32_t> ours;
             rng gen(derive_seed(sample_seed, s));
-            gpu::draw_fill(gen, pool, rows, drawn_from, fill, [&](uint32_t r) {
+            draw_fill(gen, pool, rows, drawn_from, fill, [&](uint32_t r) {
                 if (!member.insert(r).second) return false;
                 ours.push_back(r);
                 return true;

@@ -1,7 +1,6 @@
 // The CUDA backend's exact top-k kernels against host references: prediction's top-k, the
 // chunked selection and its scoring pass, the sets (labels, top-k, fill) and their loss, and
 // the fused scoring pass. Every test skips (GTEST_SKIP) without a usable GPU or without CUDA.
-#include "gpu/fill_draw.hpp"
 #include "gpu_test_util.hpp"
 #include "hslide/backend.hpp"
 #include "hslide/error.hpp"
@@ -315,15 +314,15 @@ TEST(GpuTopK, Bf16ScoringPassMatchesExactScoresOfTheRoundedValues) {
     expect_scoring_pass(/*bf16=*/true);
 }
 
-// The fill the CPU backend draws after a set's first `drawn_from` ids (fill_draw.hpp run on
-// the host), sorted: what the GPU's sets kernel must have drawn from the same seed.
+// The fill the CPU backend draws after a set's first `drawn_from` ids (fill_pool.hpp's draw_fill
+// run on the host), sorted: what the GPU's sets kernel must have drawn from the same seed.
 std::vector<uint32_t> host_fill(const std::vector<uint32_t>& set, uint32_t drawn_from,
                                 uint32_t fill, uint32_t n_items, uint64_t seed, uint32_t s,
                                 const fill_pool& pool = {}) {
     std::set<uint32_t> member(set.begin(), set.begin() + drawn_from);
     std::vector<uint32_t> ours;
     rng gen(derive_seed(seed, s));
-    gpu::draw_fill(gen, pool, n_items, drawn_from, std::min(fill, n_items), [&](uint32_t r) {
+    draw_fill(gen, pool, n_items, drawn_from, std::min(fill, n_items), [&](uint32_t r) {
         if (!member.insert(r).second) return false;
         ours.push_back(r);
         return true;

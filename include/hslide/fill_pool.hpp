@@ -13,6 +13,7 @@
 // (seed, i), so a draw picks an entry index and hashes it, on the host and in a kernel alike.
 #pragma once
 
+#include "hslide/host_device.hpp"
 #include "hslide/rng.hpp"
 
 #include <algorithm>
@@ -29,7 +30,7 @@ struct fill_pool {
 };
 
 /// Entry i of the pool with this seed, over a layer of `rows` rows.
-constexpr uint32_t fill_pool_row(uint64_t seed, uint32_t i, uint32_t rows) {
+HSLIDE_HD constexpr uint32_t fill_pool_row(uint64_t seed, uint32_t i, uint32_t rows) {
     return uint32_t(((splitmix64(seed + i) >> 32) * rows) >> 32);
 }
 
@@ -46,6 +47,34 @@ inline uint32_t fill_pool_size(float per_draw, uint32_t rows, uint32_t fill, uin
     const uint64_t size =
         std::max<uint64_t>(uint64_t(double(per_draw) * batch * fill), uint64_t{4} * fill);
     return size >= rows ? 0 : uint32_t(size);
+}
+
+/// The random fill of a top-k set, the one routine the CPU backend and the GPU's kernel run (so
+/// the GPU's sets are the CPU's): rejection draws from the sample's generator, first of uniform
+/// entries of `pool` (at most 64 x target of them, and only where the step has a pool: a pool
+/// is at least 4x the fill, so its draws end long before the bound), then of uniform rows of
+/// the whole layer, until the set holds `target` ids (it holds `have` now; target <= rows).
+/// `insert(id)` adds id to the set and returns true if it was not there yet, false if it was
+/// (labels, top-k, earlier fill). Returns the number of ids drawn, accepted or not. The draws
+/// are sequential (each depends on the ones before through the membership test): one thread a
+/// sample.
+template <class Insert>
+HSLIDE_HD uint64_t draw_fill(rng& gen, const fill_pool& pool, uint32_t rows, uint32_t have,
+                             uint32_t target, Insert&& insert) {
+    uint64_t pool_draws = pool.size ? uint64_t{64} * target : 0;
+    uint64_t drawn = 0;
+    while (have < target) {
+        uint32_t r;
+        if (pool_draws > 0) {
+            --pool_draws;
+            r = fill_pool_row(pool.seed, uint32_t(gen.below(pool.size)), rows);
+        } else {
+            r = uint32_t(gen.below(rows));
+        }
+        ++drawn;
+        if (insert(r)) ++have;
+    }
+    return drawn;
 }
 
 }  // namespace hslide

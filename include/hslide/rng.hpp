@@ -6,17 +6,10 @@
 // checkpoint can store the exact state.
 #pragma once
 
+#include "hslide/host_device.hpp"
+
 #include <cstdint>
 #include <limits>
-
-// The generator's core compiles for CUDA kernels too (nvcc: __host__ __device__), so that a
-// kernel draws exactly what the CPU draws from the same seed (src/gpu/fill_draw.hpp). Only
-// a macro: this header holds no CUDA types.
-#if defined(__CUDACC__)
-#define HSLIDE_RNG_HD __host__ __device__
-#else
-#define HSLIDE_RNG_HD
-#endif
 
 namespace hslide {
 
@@ -33,16 +26,17 @@ constexpr uint64_t derive_seed(uint64_t seed, uint64_t stream) {
     return splitmix64(seed ^ splitmix64(stream + 0x632be59bd9b4e019ULL));
 }
 
-/// xoshiro256** generator. Satisfies UniformRandomBitGenerator, so it works with <random>
-/// distributions and std::shuffle, but hslide uses the helpers below for portability of
-/// results across standard libraries.
+/// xoshiro256** generator. Its core (HSLIDE_HD) compiles for kernels too, so that a kernel
+/// draws exactly what the CPU draws from the same seed (the top-k fill: fill_pool.hpp). Satisfies
+/// UniformRandomBitGenerator, so it works with <random> distributions and std::shuffle, but hslide
+/// uses the helpers below for portability of results across standard libraries.
 class rng {
   public:
     using result_type = uint64_t;
 
-    HSLIDE_RNG_HD explicit rng(uint64_t seed = 0) { reseed(seed); }
+    HSLIDE_HD explicit rng(uint64_t seed = 0) { reseed(seed); }
 
-    HSLIDE_RNG_HD void reseed(uint64_t seed) {
+    HSLIDE_HD void reseed(uint64_t seed) {
         for (auto& word : s_) {
             seed = splitmix64(seed);
             word = seed;
@@ -52,7 +46,7 @@ class rng {
     static constexpr result_type min() { return 0; }
     static constexpr result_type max() { return std::numeric_limits<result_type>::max(); }
 
-    HSLIDE_RNG_HD result_type operator()() {
+    HSLIDE_HD result_type operator()() {
         const uint64_t result = rotl(s_[1] * 5, 7) * 9;
         const uint64_t t = s_[1] << 17;
         s_[2] ^= s_[0];
@@ -66,7 +60,7 @@ class rng {
 
     /// Uniform integer in [0, bound) (Lemire's multiply-shift: the high word of next() * bound;
     /// bound > 0).
-    HSLIDE_RNG_HD uint64_t below(uint64_t bound) {
+    HSLIDE_HD uint64_t below(uint64_t bound) {
 #if defined(__CUDA_ARCH__)
         return __umul64hi((*this)(), bound);
 #else
@@ -96,7 +90,7 @@ class rng {
     }
 
   private:
-    HSLIDE_RNG_HD static uint64_t rotl(uint64_t x, int k) {
+    HSLIDE_HD static uint64_t rotl(uint64_t x, int k) {
         return (x << k) | (x >> (64 - k));
     }
     uint64_t s_[4];

@@ -93,19 +93,12 @@ uint32_t top_k_selector::build_set(const uint32_t* best, uint32_t k, const label
             scratch.stamp = 1;
         }
         for (uint32_t id : ids) scratch.member_stamp[id] = scratch.stamp;
-        // Rejection draws: a set far below the layer's (or the pool's) size takes few retries.
-        // A pool is at least 4x the fill, so its draws end long before the bound; should a set
-        // ever exhaust it, the rest comes from the whole layer.
-        uint64_t pool_draws = pool.size ? uint64_t{64} * fill : 0;
-        while (ids.size() < fill) {
-            const uint32_t r =
-                pool_draws > 0
-                    ? (--pool_draws, fill_pool_row(pool.seed, uint32_t(gen.below(pool.size)), rows))
-                    : uint32_t(gen.below(rows));
-            if (scratch.member_stamp[r] == scratch.stamp) continue;
+        draw_fill(gen, pool, rows, uint32_t(ids.size()), fill, [&](uint32_t r) {
+            if (scratch.member_stamp[r] == scratch.stamp) return false;
             scratch.member_stamp[r] = scratch.stamp;
             ids.push_back(r);
-        }
+            return true;
+        });
     }
     std::sort(ids.begin() + drawn_from, ids.end());
     return drawn_from;

@@ -10,7 +10,7 @@
 #pragma once
 
 #include "cpu/adam_catch_up.hpp"
-#include "host_device.hpp"
+#include "hslide/host_device.hpp"
 
 #include <algorithm>
 #include <cmath>

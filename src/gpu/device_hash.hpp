@@ -7,7 +7,7 @@
 // structs of raw pointers, valid on whichever side owns the memory.
 #pragma once
 
-#include "host_device.hpp"
+#include "hslide/host_device.hpp"
 #include "hslide/rng.hpp"
 
 #include <cstdint>

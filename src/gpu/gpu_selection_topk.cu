@@ -44,7 +44,7 @@ class top_k_selection final : public output_selection {
         if (!fused)
             score_top_k(b.layer, b.hidden, bf16_ ? b.hidden16 : nullptr, b.hidden_stride, bf16_,
                         b.size, k_, /*chunk=*/0, blas_, ws_, stream);
-        // The fill's ids are the CPU's (fill_draw.hpp), from the step's seeds and pool.
+        // The fill's ids are the CPU's (fill_pool.hpp's draw_fill), from the step's seeds and pool.
         const fill_pool pool{b.fill_pool_seed, fill_pool_size(fill_pool_, rows_, fill_, b.size)};
         return build_top_k_sets(b.size, k_, b.csr->label_offsets, b.csr->label_ids, b.max_labels,
                                 fill_, rows_, b.sample_seed, pool, ws_, sets, stream);

@@ -28,8 +28,8 @@
 // Sets (top_k_sets_kernel, one block per sample, 256 threads): the sample's labels first
 // (a sample without labels gets no set, as with LSH), then the top-k ids that are not labels,
 // then a random fill up to `fill` ids in all (min_active clamped to the layer): the CPU's
-// ids, drawn by one thread a sample with fill_draw.hpp (the CPU backend's rejection draws from
-// rng(derive_seed(seed, s)), a per-sample hash set of ids as the membership test, in
+// ids, drawn by one thread a sample with fill_pool.hpp's draw_fill (the CPU backend's rejection
+// draws from rng(derive_seed(seed, s)), a per-sample hash set of ids as the membership test, in
 // shared memory where it fits), and the part after the labels sorted by id (bitonic sort in
 // shared memory). Then the CSR arrays, as build_active_sets gives them: the one host wait of
 // the step is for their total size. The fill's draws are sequential (a shared-memory probe
@@ -195,7 +195,7 @@ bool top_k_fused_requested();
 /// Builds the CSR active sets from ws.best_id (k per sample): labels first (label_offsets /
 /// label_ids, batch + 1 offsets; null: no labels, and every sample gets a set), then the
 /// top-k ids that are not labels, sorted by id, then random ids up to `fill` in all, sorted
-/// by id: sample s's are the CPU backend's, drawn (fill_draw.hpp) from
+/// by id: sample s's are the CPU backend's, drawn (fill_pool.hpp's draw_fill) from
 /// rng(derive_seed(seed, s)) with seed = step_seed(.., seed_stream::train_sample, step),
 /// first from `pool` (fill_pool.hpp; size 0: no pool), then from all n_items rows;
 /// ws.drawn_from[s] is where sample s's fill begins. Returns the total number of entries (one

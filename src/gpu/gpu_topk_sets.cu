@@ -2,7 +2,6 @@
 // the selection's k best (labels first, the fill after), the fill's log-Q correction and the
 // full softmax's loss through the exact log-partition.
 #include "block_reduce.cuh"
-#include "fill_draw.hpp"
 #include "gpu_topk.cuh"
 #include "launch.cuh"
 #include "top_k_order.cuh"
@@ -87,8 +86,8 @@ __global__ void top_k_sets_kernel(const uint32_t* best_id, uint32_t k,
     const uint32_t chosen = n_out;
     const uint32_t target = min(fill, n_items);
     if (chosen < target && threadIdx.x == 0) {
-        // The CPU's draws (fill_draw.hpp), one thread: each draw's acceptance depends on the
-        // ones before. The set is per block, so its atomics meet no other thread.
+        // The CPU's draws (fill_pool.hpp's draw_fill), one thread: each draw's acceptance depends
+        // on the ones before. The set is per block, so its atomics meet no other thread.
         rng gen(derive_seed(seed, s));
         uint32_t n = chosen;
         draw_fill(gen, pool, n_items, chosen, target, [&](uint32_t id) {

@@ -5,7 +5,7 @@
 // reduction order on the CPU against a two-pass sum in double precision).
 #pragma once
 
-#include "host_device.hpp"
+#include "hslide/host_device.hpp"
 
 #include <cfloat>
 #include <cmath>

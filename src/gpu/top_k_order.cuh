@@ -5,7 +5,7 @@
 // smaller id, NaN never kept (a NaN compares false both ways, so it never beats anything).
 #pragma once
 
-#include "host_device.hpp"
+#include "hslide/host_device.hpp"
 
 #include <cstdint>
 
