@@ -344,7 +344,7 @@ std::vector<option_spec> make_table() {
              HSLIDE_FIELD(trainer.selection_probe_top), {}, positive(), both),
         spec("isa", group::diagnostics,
              "CPU kernel level: auto (the best this CPU has, or $HSLIDE_ISA), scalar, avx2, "
-             "avx512, avx512bf16",
+             "avx512, avx512bf16, amx (avx512bf16 with AMX tiles for exact scoring)",
              HSLIDE_FIELD(compute.isa), with_auto(names_of(isa_level{})), {}, both),
         spec("quiet", group::diagnostics, "only warnings and errors on stderr",
              HSLIDE_FIELD(output.quiet), {}, {}, cli, "-q"),

@@ -33,17 +33,19 @@ inline void offer_top_k(scored_label* heap, uint32_t& count, uint32_t k, const s
     }
 }
 
-/// offer_top_k of n scores, scores[a * stride] with id ids[a] (a itself when ids == nullptr):
-/// the same heap, but a score below the worst kept (most of them, once the heap is full) is
-/// passed over with one comparison, before the pair is built and the heap read. NaN fails it.
+/// offer_top_k of n scores, scores[a * stride] with id ids[a] (first_id + a when ids ==
+/// nullptr): the same heap, but a score below the worst kept (most of them, once the heap is
+/// full) is passed over with one comparison, before the pair is built and the heap read. NaN
+/// fails it.
 inline void offer_scores_top_k(scored_label* heap, uint32_t& count, uint32_t k, const float* scores,
-                               size_t stride, const uint32_t* ids, uint32_t n) {
+                               size_t stride, const uint32_t* ids, uint32_t n,
+                               uint32_t first_id = 0) {
     if (k == 0) return;
     float floor = count < k ? -std::numeric_limits<float>::infinity() : heap[0].first;
     for (uint32_t a = 0; a < n; ++a) {
         const float s = scores[size_t(a) * stride];
         if (!(s >= floor)) continue;  // an equal score may still win on its id
-        offer_top_k(heap, count, k, {s, ids ? ids[a] : a});
+        offer_top_k(heap, count, k, {s, ids ? ids[a] : first_id + a});
         if (count == k) floor = heap[0].first;
     }
 }
