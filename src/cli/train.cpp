@@ -127,6 +127,7 @@ int run_train(int argc, char** argv) {
     check_model_dimensions(d.train);
 
     model_state initial;
+    std::string output_choice;  // what an automatic output layer became, and why
     if (!resume_path.empty()) {
         checkpoint_contents ck = load_checkpoint(resume_path);
         HSLIDE_CHECK(ck.model.config.input_dim >= d.train.n_features &&
@@ -151,9 +152,9 @@ int run_train(int argc, char** argv) {
         if (!ignored.empty())
             spdlog::warn("--resume: the checkpoint's model is used; ignoring {}", ignored);
     } else {
-        initial = model_state::create(
-            make_model_config(mopt, uint32_t(d.train.n_features), uint32_t(d.train.n_labels)),
-            tc.seed, tc.adam_moments);
+        initial = model_state::create(make_model_config(mopt, uint32_t(d.train.n_features),
+                                                        uint32_t(d.train.n_labels), &output_choice),
+                                      tc.seed, tc.adam_moments);
     }
     const model_config& mc = initial.config;
     normalize_inputs(d.train, mc);
@@ -188,6 +189,7 @@ int run_train(int argc, char** argv) {
                                  : std::string());
     spdlog::info("model: {} ({:.1f} M parameters, {} with optimizer state)", shape,
                  initial.parameter_count() / 1e6, human_bytes(double(initial.memory_bytes())));
+    if (!output_choice.empty()) spdlog::info("output layer: {}", output_choice);
     for (size_t l = 0; l < mc.layers.size(); ++l)
         if (mc.uses_lsh(l))
             spdlog::info(

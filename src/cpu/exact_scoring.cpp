@@ -2,6 +2,9 @@
 #include "exact_scoring.hpp"
 
 #include <omp.h>
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -10,6 +13,21 @@
 namespace hslide::cpu {
 
 namespace {
+
+/// Bit j set where row[j] >= floor[j] (NaN on either side: clear), j < 16.
+inline uint32_t passes_floor(const float* row, const float* floor) {
+    uint32_t pass = 0;
+#if defined(__SSE__)
+    // SSE is x86-64's baseline: four compares and four movemasks, no ISA dispatch needed.
+    for (int q = 0; q < 4; ++q)
+        pass |= uint32_t(_mm_movemask_ps(
+                    _mm_cmpge_ps(_mm_loadu_ps(row + 4 * q), _mm_loadu_ps(floor + 4 * q))))
+                << (4 * q);
+#else
+    for (uint32_t j = 0; j < 16; ++j) pass |= uint32_t(row[j] >= floor[j]) << j;
+#endif
+    return pass;
+}
 
 /// offer_top_k of a block's scores of 16 queries, row by row (z[a * 16 + j]: row first + a,
 /// query j < n_x; query j's heap at heaps[j * kept..], its count counts[j]): a row's 16 scores
@@ -25,8 +43,7 @@ void offer_rows_of_16(const float* z, uint32_t nb, uint32_t first, uint32_t n_x,
                                       : heaps[size_t(j) * kept].first;
     for (uint32_t a = 0; a < nb; ++a) {
         const float* row = z + size_t(a) * 16;
-        uint32_t pass = 0;
-        for (uint32_t j = 0; j < 16; ++j) pass |= uint32_t(row[j] >= floor[j]) << j;
+        uint32_t pass = passes_floor(row, floor);
         while (pass != 0) {
             const uint32_t j = uint32_t(__builtin_ctz(pass));
             pass &= pass - 1;
