@@ -243,7 +243,7 @@ const char* to_string(lr_batch_scaling scaling);
 struct train_config {
     uint32_t epochs = 10;
     uint32_t batch_size = 128;
-    float learning_rate = 2e-3f;
+    float learning_rate = 3e-3f;
     lr_schedule schedule = lr_schedule::constant;
     lr_batch_scaling lr_scaling = lr_batch_scaling::none;
     uint32_t lr_base_batch = 256;
