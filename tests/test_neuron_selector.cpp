@@ -334,7 +334,8 @@ TEST(NeuronSelector, EveryNeuronLeavesTheSetsEmptyAndTopKRefusesOneSample) {
 
 TEST(NeuronSelector, TheBackendKeepsTheSelectionItsConfigNames) {
     // 200 output rows: an automatic index has 7 clusters, so its default 48 probes would scan
-    // every one, and automatic searches exactly; with 4 probes it searches the index.
+    // every one, and automatic searches exactly; with 4 probes of 100 clusters (fewer than an
+    // eighth even on amx) it searches the index.
     struct expected {
         sparsity_mode output;
         top_k_search search;
@@ -354,6 +355,7 @@ TEST(NeuronSelector, TheBackendKeepsTheSelectionItsConfigNames) {
         model_config config = hslide::testing::two_layer_model(30, 16, 200, e.output);
         config.layers.back().search = e.search;
         config.layers.back().ivf_probes = e.probes;
+        if (e.probes == 4) config.layers.back().ivf_clusters = 100;
         train_config train;
         train.adam = adam_mode::sparse;
         cpu_backend backend(model_state::create(config, 1), train, 1);
@@ -410,22 +412,33 @@ TEST(NeuronSelector, AutomaticSearchIsExactWhereAnIndexWouldProbeEveryCluster) {
     layer.ivf_probes = 48;
     // automatic_ivf_clusters(rows) = round(sqrt(rows) / 2): 48 clusters from 9,025 rows (48
     // probes scan them all), 49 from 9,409.
+    const isa_level fp32 = isa_level::avx512;
     for (const auto& [rows, want] :
          {std::pair{1u, top_k_search::exact}, std::pair{6118u, top_k_search::exact},
           std::pair{9024u, top_k_search::exact}, std::pair{9409u, top_k_search::ivf},
           std::pair{670091u, top_k_search::ivf}}) {
         layer.size = rows;
-        EXPECT_EQ(cpu_top_k_search(layer), want) << rows << " rows";
+        EXPECT_EQ(cpu_top_k_search(layer, fp32), want) << rows << " rows";
+    }
+    // AMX tiles score 8 rows in an IVF row's time: exact while 48 x 8 probes reach the clusters
+    // (384 clusters from 589,000 rows; 387 from 600,000).
+    for (const auto& [rows, want] :
+         {std::pair{9409u, top_k_search::exact}, std::pair{15658u, top_k_search::exact},
+          std::pair{589000u, top_k_search::exact}, std::pair{600000u, top_k_search::ivf},
+          std::pair{670091u, top_k_search::ivf}}) {
+        layer.size = rows;
+        EXPECT_EQ(cpu_top_k_search(layer, isa_level::amx), want) << rows << " rows on amx";
     }
     layer.size = 6118;
     layer.ivf_clusters = 100;  // given clusters count as given
-    EXPECT_EQ(cpu_top_k_search(layer), top_k_search::ivf);
+    EXPECT_EQ(cpu_top_k_search(layer, fp32), top_k_search::ivf);
+    EXPECT_EQ(cpu_top_k_search(layer, isa_level::amx), top_k_search::exact);
     layer.ivf_probes = 100;
-    EXPECT_EQ(cpu_top_k_search(layer), top_k_search::exact);
+    EXPECT_EQ(cpu_top_k_search(layer, fp32), top_k_search::exact);
     // A search that is not automatic is what it says.
     layer.search = top_k_search::ivf;
-    EXPECT_EQ(cpu_top_k_search(layer), top_k_search::ivf);
+    EXPECT_EQ(cpu_top_k_search(layer, isa_level::amx), top_k_search::ivf);
     layer.size = 1;
     layer.search = top_k_search::exact;
-    EXPECT_EQ(cpu_top_k_search(layer), top_k_search::exact);
+    EXPECT_EQ(cpu_top_k_search(layer, fp32), top_k_search::exact);
 }

@@ -165,9 +165,15 @@ int run_train(int argc, char** argv) {
         std::string text = " (top-k";
         const std::string ivf =
             fmt::format("IVF: {} probes, refresh every {} steps", c.ivf_probes, c.ivf_refresh);
-        const std::string cpu_search = cpu_top_k_search(c) == top_k_search::ivf
-                                           ? ivf
-                                           : "exact: an index would probe every cluster";
+        const uint32_t clusters =
+            std::min(c.ivf_clusters ? c.ivf_clusters : automatic_ivf_clusters(c.size), c.size);
+        const bool amx = active_isa() >= isa_level::amx;
+        const std::string cpu_search =
+            cpu_top_k_search(c, active_isa()) == top_k_search::ivf
+                ? ivf
+                : fmt::format("exact{}: an index would probe {} of its {} clusters",
+                              amx ? " in AMX tiles" : "", std::min(c.ivf_probes, clusters),
+                              clusters);
         if (c.search == top_k_search::ivf)
             text += ", " + ivf;
         else if (c.search == top_k_search::automatic)
