@@ -126,7 +126,14 @@ void set_option(const cli::option_target& target, py::handle value) {
                 *field = list_of<typename T::value_type>(value);
             } else if constexpr (std::is_same_v<T, std::string>) {
                 if (py::isinstance<py::int_>(value) && !py::isinstance<py::bool_>(value)) {
-                    // A text setting that also takes a number (epochs: "auto" or a count).
+                    // A text setting that also takes a count (epochs: "auto" or a count), with
+                    // the range error an integer setting gives.
+                    const py::int_ low(0), high(std::numeric_limits<uint32_t>::max());
+                    if (PyObject_RichCompareBool(value.ptr(), low.ptr(), Py_LT) == 1 ||
+                        PyObject_RichCompareBool(value.ptr(), high.ptr(), Py_GT) == 1)
+                        throw std::out_of_range(fmt::format("{} is out of its range [0, {}]",
+                                                            std::string(py::str(value)),
+                                                            std::numeric_limits<uint32_t>::max()));
                     *field = std::string(py::str(value));
                 } else if (!value.is_none()) {
                     *field = value.cast<std::string>();
