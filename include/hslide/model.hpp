@@ -106,6 +106,12 @@ struct model_state {
     /// keeps them in bf16 and starts them at zero), so they never take memory.
     static model_state create(const model_config& config, uint64_t seed,
                               moment_storage moments = moment_storage::fp32);
+    /// create() holding only rows [first, first + count) of the output layer (a rank's shard,
+    /// output_shard.hpp), as row 0..count of its last layer (rows = count; the config keeps
+    /// the whole layer's size). Each row is initialised as create() initialises it in the
+    /// whole layer, so a sharded run starts from the whole run's model.
+    static model_state create_shard(const model_config& config, uint64_t seed,
+                                    moment_storage moments, uint32_t first, uint32_t count);
 
     /// The shapes of every layer for `config` (rows, width, stride) with nothing allocated:
     /// for loaders that fill the buffers themselves (a checkpoint), so a large model is

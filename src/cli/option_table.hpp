@@ -86,6 +86,8 @@ struct train_settings {
     std::string lr_scaling = to_string(train_config{}.lr_scaling);
     std::string scoring = to_string(evaluation_options{}.scoring);
     std::string valid, valid_split, keep_best, resume;
+    std::string
+        shard_weights;  ///< --shard-weights: the ranks' shares of the output layer ("" = equal)
     double valid_fraction = 0;
     bool progress = false;  ///< hslide.Model's progress bars (the CLI has --no-progress)
 

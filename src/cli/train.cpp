@@ -9,7 +9,9 @@
 #include "hslide/hybrid.hpp"
 #include "hslide/input_check.hpp"
 #include "hslide/model.hpp"
+#include "hslide/output_shard.hpp"
 #include "hslide/progress.hpp"
+#include "hslide/shard_comm.hpp"
 #include "hslide/system_info.hpp"
 #include "hslide/trainer.hpp"
 
@@ -85,7 +87,17 @@ int run_train(int argc, char** argv) {
     const std::string &valid_path = settings.valid, &valid_split = settings.valid_split,
                       &keep_best = settings.keep_best, &resume_path = settings.resume;
     const double valid_fraction = settings.valid_fraction;
-    const bool show_progress = apply_output_options(settings.output);
+    bool show_progress = apply_output_options(settings.output);
+    // Under mpirun -np N (N > 1) this process is one rank of a label-sharded run
+    // (hslide/shard_comm.hpp): rank 0 alone prints progress, epochs and --metrics-out.
+    shard_comm& comm = world_comm();
+    const bool sharded = comm.size() > 1;
+    const bool speaks = comm.rank() == 0;
+    if (!speaks) {
+        show_progress = false;
+        if (spdlog::get_level() < spdlog::level::warn) spdlog::set_level(spdlog::level::warn);
+        to.metrics_out.clear();
+    }
     data.show_progress = show_progress;
     settings.apply_names();
     to.eval.show_progress = show_progress;
@@ -95,6 +107,23 @@ int run_train(int argc, char** argv) {
     validate(to.eval.metrics);
 
     if (tc.threads > 0) omp_set_num_threads(tc.threads);
+    if (sharded) {
+        HSLIDE_CHECK_KIND(kind == backend_kind::cpu, error_kind::unsupported,
+                          "--backend {}: only --backend cpu runs sharded across MPI ranks ({} "
+                          "ranks) in this build",
+                          backend_name, comm.size());
+        HSLIDE_CHECK_KIND(to.save_path.empty() && resume_path.empty(), error_kind::unsupported,
+                          "--save and --resume: sharded checkpoints are not built yet; run {} "
+                          "ranks without them, or one process",
+                          comm.size());
+        spdlog::info("{} ranks ({}): the output layer's rows are split across them", comm.size(),
+                     comm.name());
+    } else if (!settings.shard_weights.empty()) {
+        spdlog::warn(
+            "--shard-weights {}: ignored in a run of one process (launch with mpirun "
+            "-np N, N > 1)",
+            settings.shard_weights);
+    }
 
     HSLIDE_CHECK(
         int(!valid_path.empty()) + int(!valid_split.empty()) + int(valid_fraction > 0) <= 1,
@@ -125,6 +154,16 @@ int run_train(int argc, char** argv) {
         d.train.n_labels = d.test.n_labels = valid.n_labels = n_labels;
     }
     check_model_dimensions(d.train);
+    // Every rank must train on the same data with the same settings: a rank that read another
+    // file would train another model without a word.
+    comm.check_same(d.train.size(), "the number of training points");
+    comm.check_same(d.test.size(), "the number of test points");
+    comm.check_same(d.train.n_features * 0x9e3779b97f4a7c15ull ^ d.train.n_labels,
+                    "the data's feature and label counts");
+    comm.check_same(tc.seed, "--seed");
+    comm.check_same(tc.batch_size, "--batch-size");
+    comm.check_same(tc.epochs, "--epochs");
+    output_shard shard;
 
     model_state initial;
     if (!resume_path.empty()) {
@@ -150,6 +189,13 @@ int run_train(int argc, char** argv) {
         }
         if (!ignored.empty())
             spdlog::warn("--resume: the checkpoint's model is used; ignoring {}", ignored);
+    } else if (sharded) {
+        // Each rank creates only its rows of the output layer, as the whole layer draws them.
+        const model_config config =
+            make_model_config(mopt, uint32_t(d.train.n_features), uint32_t(d.train.n_labels));
+        shard = make_output_shard(comm, config.output_dim(), settings.shard_weights);
+        initial =
+            model_state::create_shard(config, tc.seed, tc.adam_moments, shard.first, shard.count);
     } else {
         initial = model_state::create(
             make_model_config(mopt, uint32_t(d.train.n_features), uint32_t(d.train.n_labels)),
@@ -186,8 +232,20 @@ int run_train(int argc, char** argv) {
                              : mc.selection(l) == neuron_selection::top_k
                                  ? top_k_description(mc.layers[l])
                                  : std::string());
-    spdlog::info("model: {} ({:.1f} M parameters, {} with optimizer state)", shape,
-                 initial.parameter_count() / 1e6, human_bytes(double(initial.memory_bytes())));
+    if (sharded) {
+        std::string shares;
+        for (int r = 0; r < comm.size(); ++r)
+            shares += fmt::format("{}[{}, {})", r ? " " : "", shard.bounds[size_t(r)],
+                                  shard.bounds[size_t(r) + 1]);
+        spdlog::info(
+            "model: {}; output rows per rank {}; rank {} holds {:.1f} M parameters, {} "
+            "with optimizer state",
+            shape, shares, comm.rank(), initial.parameter_count() / 1e6,
+            human_bytes(double(initial.memory_bytes())));
+    } else {
+        spdlog::info("model: {} ({:.1f} M parameters, {} with optimizer state)", shape,
+                     initial.parameter_count() / 1e6, human_bytes(double(initial.memory_bytes())));
+    }
     for (size_t l = 0; l < mc.layers.size(); ++l)
         if (mc.uses_lsh(l))
             spdlog::info(
@@ -224,6 +282,7 @@ int run_train(int argc, char** argv) {
     backend_options bo;
     bo.kind = kind;
     bo.threads = tc.threads;
+    bo.shard = shard;
     apply_compute_options(compute, bo);
     std::unique_ptr<backend> engine;
     if (kind == backend_kind::hybrid) {
@@ -243,6 +302,7 @@ int run_train(int argc, char** argv) {
     if (valid.size() > 0) to.validation.valid = &valid;
     trainer run(*engine, d.train, d.test.size() ? &d.test : nullptr, to);
     const auto records = run.run([&](const epoch_record& r) {
+        if (!speaks) return;
         std::string line = fmt::format(
             "epoch {:>3}/{}  {:7.1f} s  {:9.0f} samples/s  loss {:.4f}  active {:.0f}", r.epoch,
             tc.epochs, r.epoch_seconds, r.samples_per_s, r.loss, r.mean_active_output);
@@ -273,7 +333,7 @@ int run_train(int argc, char** argv) {
         for (const worker_stats& w : r.workers) print_worker(w, /*whole_run=*/false);
         std::fflush(stdout);
     });
-    for (auto it = records.rbegin(); it != records.rend(); ++it) {
+    for (auto it = records.rbegin(); speaks && it != records.rend(); ++it) {
         // With --keep-best, the kept epoch's metrics.
         if (!it->evaluated || (to.validation.keep_best && it->epoch != run.best_epoch())) continue;
         std::printf(
