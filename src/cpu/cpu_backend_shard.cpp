@@ -8,6 +8,7 @@
 #include "hslide/clock.hpp"
 #include "hslide/error.hpp"
 
+#include <spdlog/spdlog.h>
 #include <xxhash.h>
 
 #include <omp.h>
@@ -188,9 +189,12 @@ uint64_t cpu_backend::replicated_checksum() const {
 }
 
 step_report cpu_backend::synchronize() {
-    if (shard_.sharded())
-        shard_.comm->check_same(replicated_checksum(),
-                                "the replicated layers' checksum (they must stay bit-identical)");
+    if (!shard_.sharded()) return {};
+    const uint64_t checksum = replicated_checksum();
+    shard_.comm->check_same(checksum,
+                            "the replicated layers' checksum (they must stay bit-identical)");
+    spdlog::debug("the replicated layers are the same on all {} ranks (checksum {:016x})",
+                  shard_.comm->size(), checksum);
     return {};
 }
 
