@@ -6,7 +6,10 @@
 # ranks (the backend compares them at every epoch's end; --log-level debug shows it), unequal
 # shares (--shard-weights 3,1); only rank 0 writes --metrics-out and prints epochs. Failures:
 # one rank given a missing file, or ranks given different seeds, make both exit non-zero within
-# 10 s, naming the rank or the setting; IVF, --save and other backends are refused by name.
+# 10 s, naming the rank or the setting; IVF and other backends are refused by name. Sharded
+# checkpoints (--save: a file per rank and a manifest) resume under 2 ranks to the
+# uninterrupted run's epoch, bit for bit; under 3 ranks, in one process, or from files of
+# different saves they are refused.
 # In-process tests of the same code (weights, bytes per rank): tests/test_shard.cpp.
 #
 # Usage: tests/test_mpi.sh HSLIDE_BINARY HAVE_MPI(ON|OFF) SHARED_DATA_DIR
@@ -70,12 +73,11 @@ same_run() {
 }
 
 "$hslide" gen --preset tiny --out tiny --no-progress -q
-tiny=(--train tiny/train.txt --test tiny/test.txt --hidden 64 --epochs 3 --threads 1 --seed 5
-    --no-progress)
+tiny=(--train tiny/train.txt --test tiny/test.txt --hidden 64 --threads 1 --seed 5 --no-progress)
 sparse=(--output-sparsity topk --top-k-search exact --top-k 16 --min-active 64)
-same_run tiny_dense "${tiny[@]}" --output-sparsity dense
-same_run tiny_topk "${tiny[@]}" "${sparse[@]}"
-same_run tiny_topk_3_1 "${tiny[@]}" "${sparse[@]}" --shard-weights 3,1
+same_run tiny_dense "${tiny[@]}" --epochs 3 --output-sparsity dense
+same_run tiny_topk "${tiny[@]}" --epochs 3 "${sparse[@]}"
+same_run tiny_topk_3_1 "${tiny[@]}" --epochs 3 "${sparse[@]}" --shard-weights 3,1
 grep -q "output rows per rank \[0, 375) \[375, 500)" two_tiny_topk_3_1.log ||
     fail "--shard-weights 3,1 did not give rank 0 rows [0, 375) of 500"
 
@@ -89,6 +91,20 @@ if [[ -n $shared && -f $shared/bibtex/Bibtex_data.txt ]]; then
 else
     echo "note: Bibtex runs skipped: $shared/bibtex not found"
 fi
+
+# Sharded checkpoints: 2 epochs saved, then resumed to 3, end where 3 epochs in one run end (bit
+# for bit: the same loss and P@1 to the last digit).
+"${mpi2[@]}" "$hslide" train "${tiny[@]}" "${sparse[@]}" --epochs 2 --save ck >save.log 2>&1 ||
+    fail "the sharded save failed: $(tail -5 save.log)"
+for f in ck ck.rank0-of-2 ck.rank1-of-2; do [[ -s $f ]] || fail "--save wrote no $f"; done
+grep -q '"hslide_sharded_checkpoint"' ck || fail "ck is not a manifest: $(head -c 200 ck)"
+cp ck.rank1-of-2 epoch2.rank1
+"${mpi2[@]}" "$hslide" train "${tiny[@]}" "${sparse[@]}" --epochs 3 --resume ck \
+    --metrics-out resumed.jsonl >resume.log 2>&1 || fail "the sharded resume failed: $(tail -5 resume.log)"
+[[ $(wc -l <resumed.jsonl) -eq 1 ]] || fail "the resumed run has other than one epoch's record"
+[[ $(epochs_of resumed.jsonl) == "$(epochs_of two_tiny_topk.jsonl | tail -1)" ]] ||
+    fail "resumed: $(epochs_of resumed.jsonl), uninterrupted: $(epochs_of two_tiny_topk.jsonl | tail -1)"
+echo "ok: sharded checkpoint resumed: $(epochs_of resumed.jsonl)"
 
 # expect_failure NAME PATTERN COMMAND...: exits non-zero within 10 s, its output matching PATTERN.
 expect_failure() {
@@ -107,20 +123,27 @@ expect_failure() {
     grep -q -- "$pattern" "$name.log" || fail "$name: no '$pattern' in: $(cat "$name.log")"
     echo "ok: $name: exit $rc after $seconds s"
 }
-one_rank=(--train tiny/train.txt --test tiny/test.txt --hidden 64 --epochs 2 --threads 1 --no-progress)
+one_rank=(--train tiny/train.txt --test tiny/test.txt --hidden 64 --threads 1 --no-progress)
 expect_failure missing_file "error on rank 1 of 2: missing.txt" \
     mpirun --oversubscribe -np 1 "$hslide" train "${one_rank[@]}" : \
-    -np 1 "$hslide" train --train missing.txt --test tiny/test.txt --hidden 64 --epochs 2 \
-    --threads 1 --no-progress
+    -np 1 "$hslide" train --train missing.txt --test tiny/test.txt --hidden 64 --threads 1 \
+    --no-progress
 expect_failure other_seed "the ranks disagree on --seed (rank 0: 1, rank 1: 2)" \
     mpirun --oversubscribe -np 1 "$hslide" train "${one_rank[@]}" --seed 1 : \
     -np 1 "$hslide" train "${one_rank[@]}" --seed 2
 expect_failure ivf "--top-k-search ivf" "${mpi2[@]}" "$hslide" train "${one_rank[@]}" \
     --output-sparsity topk --top-k-search ivf
-expect_failure save "--save and --resume" "${mpi2[@]}" "$hslide" train "${one_rank[@]}" \
-    --save model.ckpt
 expect_failure dense_backend "only --backend cpu" "${mpi2[@]}" "$hslide" train "${one_rank[@]}" \
     --backend cpu-dense
 expect_failure no_rows "would hold none" "${mpi2[@]}" "$hslide" train "${one_rank[@]}" \
     --shard-weights 1000000,1
+expect_failure resume_other_ranks "resume it with mpirun -np 2" mpirun --oversubscribe -np 3 \
+    "$hslide" train "${one_rank[@]}" --epochs 3 --resume ck
+expect_failure resume_one_process "sharded across MPI ranks" "$hslide" train "${one_rank[@]}" \
+    --epochs 3 --resume ck
+"${mpi2[@]}" "$hslide" train "${tiny[@]}" "${sparse[@]}" --epochs 3 --save ck >save3.log 2>&1 ||
+    fail "the second sharded save failed: $(tail -5 save3.log)"
+cp epoch2.rank1 ck.rank1-of-2  # a rank's file of another save
+expect_failure resume_mixed_saves "the ranks' files are of different saves" "${mpi2[@]}" \
+    "$hslide" train "${one_rank[@]}" --epochs 4 --resume ck
 echo "mpi_ranks: all passed"

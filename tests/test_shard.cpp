@@ -8,9 +8,11 @@
 
 #include "cpu/cpu_backend.hpp"
 
+#include "hslide/checkpoint.hpp"
 #include "hslide/dataset.hpp"
 #include "hslide/error.hpp"
 #include "hslide/output_shard.hpp"
+#include "hslide/shard_checkpoint.hpp"
 #include "hslide/shard_comm.hpp"
 #include "hslide/trainer.hpp"
 
@@ -164,6 +166,27 @@ TEST(ShardModel, AShardHoldsTheWholeModelsRows) {
             << "rows [" << first << ", " << first + count << ")";
         EXPECT_EQ(shard.layers.back().adam_m.size(), size_t(count) * out.stride);
     }
+}
+
+TEST(ShardModel, AShardsCheckpointKeepsItsRows) {
+    const model_config config = two_layer_model(30, 24, 2500, sparsity_mode::dense);
+    testing::temp_dir dir;
+    const model_state shard = model_state::create_shard(config, 7, moment_storage::fp32, 1000, 77);
+    save_checkpoint(dir.file("shard.ckpt"), shard, trainer_state{});
+    const checkpoint_contents back = load_checkpoint(dir.file("shard.ckpt"));
+    EXPECT_TRUE(back.model.holds_output_shard());
+    EXPECT_EQ(back.model.output_first, 1000u);
+    EXPECT_EQ(back.model.layers.back().rows, 77u);
+    EXPECT_EQ(back.model.config.output_dim(), 2500u);
+    EXPECT_EQ(back.model.layers.back().bias.size(), 77u);
+    EXPECT_EQ(
+        std::memcmp(back.model.layers.back().weights.data(), shard.layers.back().weights.data(),
+                    shard.layers.back().weights.size() * sizeof(float)),
+        0);
+    // A whole model's checkpoint is no shard.
+    save_checkpoint(dir.file("whole.ckpt"), model_state::create(config, 7), trainer_state{});
+    EXPECT_FALSE(load_checkpoint(dir.file("whole.ckpt")).model.holds_output_shard());
+    EXPECT_FALSE(is_shard_manifest(dir.file("whole.ckpt")));
 }
 
 /// What one rank of a sharded training run ends with.

@@ -99,6 +99,14 @@ struct model_state {
     std::vector<layer_state> layers;
     uint64_t adam_step = 0;            ///< Adam's t (batches applied so far)
     std::vector<uint64_t> hash_seeds;  ///< per layer: the seed of its current hash functions
+    /// A rank's shard (create_shard): the whole layer's id of the output layer's row 0 (its
+    /// rows are layers.back().rows of config.output_dim()); 0 for a whole model.
+    uint32_t output_first = 0;
+
+    /// Whether the output layer holds a shard of its rows (create_shard) rather than all.
+    bool holds_output_shard() const {
+        return !layers.empty() && layers.back().rows != config.output_dim();
+    }
 
     /// Allocates every layer for `config` and initialises the weights from `seed`
     /// (He-normal for ReLU layers, a smaller normal for the softmax layer; biases zero). With

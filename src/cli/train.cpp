@@ -11,6 +11,7 @@
 #include "hslide/model.hpp"
 #include "hslide/output_shard.hpp"
 #include "hslide/progress.hpp"
+#include "hslide/shard_checkpoint.hpp"
 #include "hslide/shard_comm.hpp"
 #include "hslide/system_info.hpp"
 #include "hslide/trainer.hpp"
@@ -112,12 +113,11 @@ int run_train(int argc, char** argv) {
                           "--backend {}: only --backend cpu runs sharded across MPI ranks ({} "
                           "ranks) in this build",
                           backend_name, comm.size());
-        HSLIDE_CHECK_KIND(to.save_path.empty() && resume_path.empty(), error_kind::unsupported,
-                          "--save and --resume: sharded checkpoints are not built yet; run {} "
-                          "ranks without them, or one process",
-                          comm.size());
         spdlog::info("{} ranks ({}): the output layer's rows are split across them", comm.size(),
                      comm.name());
+        if (!resume_path.empty() && !settings.shard_weights.empty())
+            spdlog::warn("--shard-weights {}: ignored with --resume (the checkpoint's split)",
+                         settings.shard_weights);
     } else if (!settings.shard_weights.empty()) {
         spdlog::warn(
             "--shard-weights {}: ignored in a run of one process (launch with mpirun "
@@ -166,8 +166,15 @@ int run_train(int argc, char** argv) {
     output_shard shard;
 
     model_state initial;
+    HSLIDE_CHECK(sharded || resume_path.empty() || !is_shard_manifest(resume_path),
+                 "--resume {}: a checkpoint sharded across MPI ranks; resume it under mpirun with "
+                 "as many ranks",
+                 resume_path);
     if (!resume_path.empty()) {
-        checkpoint_contents ck = load_checkpoint(resume_path);
+        // A sharded run resumes its rank's file of the checkpoint, and the split it was saved
+        // with (shard_checkpoint.hpp).
+        checkpoint_contents ck = sharded ? load_shard_checkpoint(comm, resume_path, shard)
+                                         : load_checkpoint(resume_path);
         HSLIDE_CHECK(ck.model.config.input_dim >= d.train.n_features &&
                          ck.model.config.output_dim() >= d.train.n_labels,
                      "{}: the checkpoint's model ({} features, {} labels) does not fit the data "
@@ -283,6 +290,14 @@ int run_train(int argc, char** argv) {
     bo.kind = kind;
     bo.threads = tc.threads;
     bo.shard = shard;
+    if (sharded && !to.save_path.empty()) {
+        // Each rank saves its own file; then rank 0 the manifest at --save's path.
+        const std::string manifest = to.save_path;
+        to.save_path = shard_checkpoint_path(manifest, comm.rank(), comm.size());
+        to.after_checkpoint = [&comm, &shard, manifest] {
+            write_shard_manifest(comm, manifest, shard);
+        };
+    }
     apply_compute_options(compute, bo);
     std::unique_ptr<backend> engine;
     if (kind == backend_kind::hybrid) {

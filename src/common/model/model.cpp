@@ -45,6 +45,8 @@ model_state model_state::parameters() const {
     model_state p = layout(config);
     p.adam_step = adam_step;
     p.hash_seeds = hash_seeds;
+    p.output_first = output_first;
+    if (!layers.empty()) p.layers.back().rows = layers.back().rows;  // a shard's
     for (size_t l = 0; l < layers.size(); ++l) {
         p.layers[l].weights = layers[l].weights;
         p.layers[l].bias = layers[l].bias;
@@ -95,6 +97,7 @@ model_state model_state::create_shard(const model_config& config, uint64_t seed,
     model_state m = layout(config);
     HSLIDE_ASSERT(count > 0 && uint64_t(first) + count <= m.layers.back().rows);
     m.layers.back().rows = count;
+    m.output_first = first;
     const std::string what = describe_model_allocation(m, true);
     check_host_allocation(what, model_allocation_bytes(m, true));
     for (size_t l = 0; l < config.layers.size(); ++l) {
