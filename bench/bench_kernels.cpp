@@ -538,8 +538,8 @@ void random_rows_bench(benchmark::State& state, uint32_t row_bytes, uint32_t ahe
 
 std::vector<const kernel_table*> supported_tables() {
     std::vector<const kernel_table*> tables;
-    for (isa_level level :
-         {isa_level::scalar, isa_level::avx2, isa_level::avx512, isa_level::avx512bf16})
+    for (isa_level level : {isa_level::scalar, isa_level::avx2, isa_level::avx512,
+                            isa_level::avx512bf16, isa_level::amx})
         if (isa_supported(level)) tables.push_back(&cpu::kernels_for(level));
     return tables;
 }

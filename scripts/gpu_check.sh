@@ -48,6 +48,14 @@
 #                                           # points scored there), and on amazon670k a hybrid
 #                                           # of a top-k GPU worker and an LSH CPU worker;
 #                                           # bench's summary
+#   scripts/gpu_check.sh peers              # on the GPU machine: the hardware comparison a
+#                                           # user would make (issue 30): napkinXC's default
+#                                           # label trees on all the host's cores beside hslide
+#                                           # --backend gpu with its defaults, on Debian-recs,
+#                                           # Bibtex and Corel5k; P@1, train seconds and
+#                                           # hslide's time to napkinXC's P@1 (the pack carries
+#                                           # napkinXC when packed with NAPKINXC=/path/to/nxc;
+#                                           # `all` ends with it)
 #   scripts/gpu_check.sh reproduce [SCALE] [EPOCHS] [PRESET] [REPRODUCE OPTIONS...]
 #                                           # on the GPU machine: scripts/reproduce.sh with its
 #                                           # default configurations (every CPU one, the GPU,
@@ -104,13 +112,23 @@ pack)
         esac
     done
     shared=${HSLIDE_SHARED_DATA:-../shared/data}
-    if [[ -d $shared/bibtex ]]; then cp -r "$shared/bibtex" "$stage/data/"; fi
+    for set in bibtex debian-recs corel5k; do
+        if [[ -d $shared/$set ]]; then cp -r "$shared/$set" "$stage/data/"; fi
+    done
+    # The peer (the `peers` step): napkinXC's CLI as built outside the repository, and GNU time
+    # for its peak memory (the GPU machine has no Debian packages).
+    if [[ -n ${NAPKINXC:-} ]]; then
+        "$NAPKINXC" version | grep -q '^napkinXC ' ||
+            { echo "gpu_check.sh: $NAPKINXC is not napkinXC's nxc" >&2; exit 2; }
+        cp "$NAPKINXC" "$stage/bin/nxc"
+        cp /usr/bin/time "$stage/bin/time"
+    fi
     # Compressed: the libraries (OpenBLAS alone is 35 MB) shrink to a third, and the tool
     # carries at most 64 MiB with the working tree.
     tar -C "$stage" -czf "$pack_file" .
     du -h "$pack_file"
     ;;
-tests | bench | topk | all | reproduce)
+tests | bench | topk | all | peers | reproduce)
     [[ -f $pack_file ]] || { echo "gpu_check.sh: no $pack_file: run '$0 pack' first and carry gpu-pack" >&2; exit 1; }
     # Unpacked once per machine (again when the pack is newer).
     root=gpu-pack/unpacked
@@ -356,7 +374,74 @@ EOF
 }
 
 
+# run_peers: napkinXC (default settings, all cores) and hslide on the GPU (its defaults) on the
+# real sets in the pack, appended to $summary as one table.
+run_peers() {
+    local threads set args=() started
+    threads=$(nproc)
+    printf '\n## Beside napkinXC (issue 30: the GPU row)\n\n' >>"$summary"
+    if [[ ! -x $root/bin/nxc ]]; then
+        echo "no napkinXC in the pack: run 'NAPKINXC=/path/to/nxc $0 pack'" >>"$summary"
+        return 0
+    fi
+    {
+        echo "napkinXC 0.7.2's defaults with -t $threads; hslide --backend gpu with its defaults and"
+        echo "a test evaluation after every epoch (to napkinXC's P@1: hslide's epochs' training"
+        echo "seconds until the first epoch at or above it)."
+        echo
+        echo "| data | napkinXC P@1 | napkinXC train s | hslide P@1 | hslide train s | hslide s to napkinXC's P@1 | speedup |"
+        echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+    } >>"$summary"
+    for set in debian-recs bibtex corel5k; do
+        case $set in
+        debian-recs) args=(--train "$root/data/$set/train.txt" --test "$root/data/$set/test.txt") ;;
+        bibtex) args=(--train "$root/data/$set/Bibtex_data.txt"
+            --train-split "$root/data/$set/bibtex_trSplit.txt"
+            --test-split "$root/data/$set/bibtex_tstSplit.txt") ;;
+        corel5k) args=(--train "$root/data/$set/corel5k_train.txt"
+            --test "$root/data/$set/corel5k_test.txt") ;;
+        esac
+        [[ -f ${args[1]} ]] || continue
+        started=$SECONDS
+        rm -f "$work/peers-$set-nxc.jsonl" "$work/peers-$set-hslide.jsonl"
+        TIME_BIN="$root/bin/time" scripts/baselines/napkinxc.sh --nxc "$root/bin/nxc" \
+            --threads "$threads" "${args[@]}" --metrics-out "$work/peers-$set-nxc.jsonl" \
+            >"$work/peers-$set-nxc.csv" 2>"$work/peers-$set-nxc.log" ||
+            echo "| $set | napkinXC failed: see peers-$set-nxc.log |" >>"$summary"
+        "$root/bin/hslide" train "${args[@]}" --backend gpu --eval-every 1 --no-progress \
+            --metrics-out "$work/peers-$set-hslide.jsonl" >"$work/peers-$set-hslide.log" 2>&1 ||
+            echo "| $set | hslide failed: see peers-$set-hslide.log |" >>"$summary"
+        python3 - "$set" "$work/peers-$set-nxc.jsonl" "$work/peers-$set-hslide.jsonl" \
+            >>"$summary" <<'EOF'
+import json, os, sys
+name, nxc_file, hs_file = sys.argv[1:4]
+if not (os.path.exists(nxc_file) and os.path.exists(hs_file)):
+    sys.exit(0)
+nxc = [json.loads(l) for l in open(nxc_file) if l.strip()][-1]
+hs = [json.loads(l) for l in open(hs_file) if l.strip()]
+target, nxc_s = nxc["p@1"], nxc["epoch_seconds"]
+spent, to_target = 0.0, None
+for r in hs:
+    spent += r["epoch_seconds"]
+    if to_target is None and r.get("p@1", 0) >= target:
+        to_target = spent
+reached = f"{to_target:.2f}" if to_target is not None else "not reached"
+speedup = f"{nxc_s / to_target:.1f}x" if to_target else ""
+print(f"| {name} | {target:.4f} | {nxc_s:.2f} | {hs[-1].get('p@1', float('nan')):.4f} | "
+      f"{sum(r['epoch_seconds'] for r in hs):.2f} | {reached} | {speedup} |")
+EOF
+        echo "peers $set: $((SECONDS - started)) s"
+        [[ $out == "$work" ]] || { cp "$summary" "$out/"; ship_logs; }
+    done
+}
+
 case "$mode" in
+peers)
+    summary="$work/summary.md"
+    echo "# gpu_check.sh peers ($(date -u +%FT%TZ))" >"$summary"
+    run_peers
+    cat "$summary"
+    ;;
 tests)
     status=0
     run_tests >"$work/tests.txt" || status=1
@@ -466,6 +551,7 @@ all)
     prepare_preset amazon670k@1
     epochs=${2:-3}
     have_torch_cuda && fits 130 && run_config "torch bf16"
+    fits 60 && run_peers
     have_torch_cuda && fits 150 && run_config "torch fp32"
     printf '\ndone in %s s\n' "$SECONDS" >>"$summary"
     [[ $out == "$work" ]] || { cp "$summary" "$out/"; ship_logs; }

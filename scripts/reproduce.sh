@@ -156,7 +156,8 @@ while (($#)); do
 done
 
 # --- the preset: the papers' network and hyperparameters (scripts/presets.sh) ---------------------
-# The learning rate is hslide's default 0.002, not the papers' 1e-4: at a small --scale there
+# The learning rate is 0.002 (hslide's default until 2026-11-29, kept so that the reports stay
+# comparable), not the papers' 1e-4: at a small --scale there
 # are too few steps for 1e-4 to learn in a few epochs (--lr 0.0001 for theirs).
 source scripts/presets.sh
 preset_settings "$preset" ||

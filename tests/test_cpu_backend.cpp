@@ -290,8 +290,8 @@ TEST(CpuBackendGradient, TopKOutputWithAFillCorrectionMatchesFiniteDifferences) 
 }
 
 TEST(CpuBackendGradient, EveryIsaLevelMatchesFiniteDifferences) {
-    for (const isa_level level :
-         {isa_level::scalar, isa_level::avx2, isa_level::avx512, isa_level::avx512bf16})
+    for (const isa_level level : {isa_level::scalar, isa_level::avx2, isa_level::avx512,
+                                  isa_level::avx512bf16, isa_level::amx})
         if (isa_supported(level))
             check_gradient(sparsity_mode::lsh, sparsity_mode::lsh, 14, cpu::kernels_for(level));
 }

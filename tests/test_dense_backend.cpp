@@ -385,8 +385,8 @@ TEST(DenseBackend, SoftmaxInPlaceEqualsOutOfPlace) {
     rng gen(55);
     std::vector<float> logits(1000);
     for (auto& v : logits) v = 8.0f * (gen.uniform() - 0.5f);
-    for (const isa_level level :
-         {isa_level::scalar, isa_level::avx2, isa_level::avx512, isa_level::avx512bf16}) {
+    for (const isa_level level : {isa_level::scalar, isa_level::avx2, isa_level::avx512,
+                                  isa_level::avx512bf16, isa_level::amx}) {
         if (!isa_supported(level)) continue;
         const auto& k = cpu::kernels_for(level);
         for (uint32_t n : {1u, 7u, 16u, 999u}) {

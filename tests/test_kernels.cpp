@@ -342,7 +342,7 @@ std::string level_name(const ::testing::TestParamInfo<isa_level>& info) {
 
 INSTANTIATE_TEST_SUITE_P(levels, kernel_level,
                          ::testing::Values(isa_level::avx2, isa_level::avx512,
-                                           isa_level::avx512bf16),
+                                           isa_level::avx512bf16, isa_level::amx),
                          level_name);
 
 TEST_P(kernel_level, table_identity) {
@@ -758,13 +758,14 @@ TEST_P(kernel_level, dots16_bf16) {
     // bf16 rows with NaN in their padding against 16 bf16 inputs in pairs (the odd width's last
     // pair padded with zeros, as the layout says); the native level against the scalar one.
     if (!k().dots16_bf16) {
-        EXPECT_NE(k().level, isa_level::avx512bf16) << "the bf16 level has a native kernel";
+        EXPECT_LT(k().level, isa_level::avx512bf16) << "the bf16 levels have a native kernel";
         GTEST_SKIP() << k().name << " has no native dots16_bf16 (exact scoring takes "
                      << "active_dots_bf16 per input there)";
     }
     rng g = gen(15);
     for (uint32_t width : test_sizes) {
-        for (uint32_t n : {0u, 1u, 7u, 8u, 9u, 17u, 100u}) {
+        // amx: passes of 64 rows as tiles (64, 100, 200), the rest by vdpbf16ps
+        for (uint32_t n : {0u, 1u, 7u, 8u, 9u, 17u, 64u, 100u, 200u}) {
             SCOPED_TRACE("width = " + std::to_string(width) + ", n = " + std::to_string(n));
             const rows_block<bf16> block = random_rows_bf16(n + 1, width, g);
             const uint32_t pairs = (width + 1) / 2;
@@ -940,7 +941,7 @@ TEST(bf16, float_to_bf16_matches_a_double_rounding_reference) {
 // --- ISA selection ---------------------------------------------------------------------------
 
 constexpr isa_level all_levels[] = {isa_level::scalar, isa_level::avx2, isa_level::avx512,
-                                    isa_level::avx512bf16};
+                                    isa_level::avx512bf16, isa_level::amx};
 
 /// Restores HSLIDE_ISA and clears any forced level when the test ends, pass or fail.
 class isa_state_guard {
@@ -968,6 +969,7 @@ TEST(isa, names_round_trip) {
     EXPECT_STREQ(to_string(isa_level::avx2), "avx2");
     EXPECT_STREQ(to_string(isa_level::avx512), "avx512");
     EXPECT_STREQ(to_string(isa_level::avx512bf16), "avx512bf16");
+    EXPECT_STREQ(to_string(isa_level::amx), "amx");
     for (isa_level level : all_levels) EXPECT_EQ(parse_isa(to_string(level)), level);
     EXPECT_THROW(parse_isa("sse9"), hslide::error);
     EXPECT_THROW(parse_isa(""), hslide::error);

@@ -177,7 +177,8 @@ TEST(LshFamily, KernelVariantsAgree) {
             set_active_isa(isa_level::scalar);
             const auto reference = hash_family::create(c, dim, 3);
             std::vector<std::unique_ptr<hash_family>> variants;
-            for (isa_level level : {isa_level::avx2, isa_level::avx512, isa_level::avx512bf16}) {
+            for (isa_level level :
+                 {isa_level::avx2, isa_level::avx512, isa_level::avx512bf16, isa_level::amx}) {
                 if (!isa_supported(level)) continue;
                 set_active_isa(level);
                 variants.push_back(hash_family::create(c, dim, 3));

@@ -334,7 +334,8 @@ TEST(NeuronSelector, EveryNeuronLeavesTheSetsEmptyAndTopKRefusesOneSample) {
 
 TEST(NeuronSelector, TheBackendKeepsTheSelectionItsConfigNames) {
     // 200 output rows: an automatic index has 7 clusters, so its default 48 probes would scan
-    // every one, and automatic searches exactly; with 4 probes it searches the index.
+    // every one, and automatic searches exactly; with 4 probes of 100 clusters (fewer than an
+    // eighth even on amx) it searches the index.
     struct expected {
         sparsity_mode output;
         top_k_search search;
@@ -354,15 +355,55 @@ TEST(NeuronSelector, TheBackendKeepsTheSelectionItsConfigNames) {
         model_config config = hslide::testing::two_layer_model(30, 16, 200, e.output);
         config.layers.back().search = e.search;
         config.layers.back().ivf_probes = e.probes;
+        if (e.probes == 4) config.layers.back().ivf_clusters = 100;
         train_config train;
         train.adam = adam_mode::sparse;
         cpu_backend backend(model_state::create(config, 1), train, 1);
         ASSERT_EQ(config.layers.size(), 2u);  // layer 0 takes the features: no selection
         EXPECT_EQ(backend.selection(1).kind(), e.kind);
         EXPECT_EQ(backend.selection(1).searches_ivf(), e.ivf);
+        // automatic's exact search on an AMX CPU scores a bf16 copy: the set's loss then
+        const bool bf16_copy =
+            e.search == top_k_search::automatic && best_kernels().level >= isa_level::amx;
         EXPECT_EQ(backend.selection(1).computes_log_partition(),
-                  e.kind == neuron_selection::top_k && !e.ivf);
+                  e.kind == neuron_selection::top_k && !e.ivf && !bf16_copy);
     }
+}
+
+TEST(NeuronSelector, AutomaticExactSearchOnAmxScoresAFreshBf16CopyOfTheRows) {
+    if (!isa_supported(isa_level::amx))
+        GTEST_SKIP() << "this CPU has no usable AMX (best: " << to_string(detected_isa()) << ")";
+    // Eighths are exact in bf16 and their sums in fp32, so the copy's top-k is the true one;
+    // width 48 takes a whole tile and a 16-element one, 3,000 rows 46 tile passes and a tail.
+    exact_layer layer(3000, 48, 3);
+    const auto queries = eighth_queries(40, layer.width, 4);
+    const kernel_table& amx = kernels_for(isa_level::amx);
+    exact_top_k copy(layer.source(), top_k_config(top_k_search::automatic, 0, 0), 77, amx, 2);
+    exact_top_k reference(layer.source(), top_k_config(top_k_search::exact, 0, 0), 77, amx, 2);
+    ASSERT_TRUE(copy.scores_bf16_copy());
+    ASSERT_FALSE(reference.scores_bf16_copy());
+    EXPECT_FALSE(copy.computes_log_partition());
+    auto sets = [&](exact_top_k& selector, uint64_t step) {
+        test_batch tb(queries, layer.rows, 5);
+        selection_batch batch = tb.batch(step, 64);
+        stage_times times;
+        selector.select(batch, times);
+        return tb.ids;
+    };
+    EXPECT_EQ(sets(copy, 11), sets(reference, 11));
+    // Rows change: the copy follows the rows it is told of, and only those.
+    rng gen(9);
+    std::vector<uint32_t> changed;
+    for (uint32_t r = 0; r < layer.rows; r += 7) {
+        changed.push_back(r);
+        for (uint32_t i = 0; i < layer.width; ++i)
+            layer.weights[size_t(r) * layer.stride + i] = exact_layer::eighth(gen);
+    }
+    const auto stale = sets(copy, 12);
+    const auto fresh = sets(reference, 12);
+    EXPECT_NE(stale, fresh) << "a copy not told of the changes should miss some";
+    copy.rows_changed(changed.data(), changed.size());
+    EXPECT_EQ(sets(copy, 12), fresh);
 }
 
 TEST(NeuronSelector, AutomaticSearchIsExactWhereAnIndexWouldProbeEveryCluster) {
@@ -371,22 +412,33 @@ TEST(NeuronSelector, AutomaticSearchIsExactWhereAnIndexWouldProbeEveryCluster) {
     layer.ivf_probes = 48;
     // automatic_ivf_clusters(rows) = round(sqrt(rows) / 2): 48 clusters from 9,025 rows (48
     // probes scan them all), 49 from 9,409.
+    const isa_level fp32 = isa_level::avx512;
     for (const auto& [rows, want] :
          {std::pair{1u, top_k_search::exact}, std::pair{6118u, top_k_search::exact},
           std::pair{9024u, top_k_search::exact}, std::pair{9409u, top_k_search::ivf},
           std::pair{670091u, top_k_search::ivf}}) {
         layer.size = rows;
-        EXPECT_EQ(cpu_top_k_search(layer), want) << rows << " rows";
+        EXPECT_EQ(cpu_top_k_search(layer, fp32), want) << rows << " rows";
+    }
+    // AMX tiles score 8 rows in an IVF row's time: exact while 48 x 8 probes reach the clusters
+    // (384 clusters from 589,000 rows; 387 from 600,000).
+    for (const auto& [rows, want] :
+         {std::pair{9409u, top_k_search::exact}, std::pair{15658u, top_k_search::exact},
+          std::pair{589000u, top_k_search::exact}, std::pair{600000u, top_k_search::ivf},
+          std::pair{670091u, top_k_search::ivf}}) {
+        layer.size = rows;
+        EXPECT_EQ(cpu_top_k_search(layer, isa_level::amx), want) << rows << " rows on amx";
     }
     layer.size = 6118;
     layer.ivf_clusters = 100;  // given clusters count as given
-    EXPECT_EQ(cpu_top_k_search(layer), top_k_search::ivf);
+    EXPECT_EQ(cpu_top_k_search(layer, fp32), top_k_search::ivf);
+    EXPECT_EQ(cpu_top_k_search(layer, isa_level::amx), top_k_search::exact);
     layer.ivf_probes = 100;
-    EXPECT_EQ(cpu_top_k_search(layer), top_k_search::exact);
+    EXPECT_EQ(cpu_top_k_search(layer, fp32), top_k_search::exact);
     // A search that is not automatic is what it says.
     layer.search = top_k_search::ivf;
-    EXPECT_EQ(cpu_top_k_search(layer), top_k_search::ivf);
+    EXPECT_EQ(cpu_top_k_search(layer, isa_level::amx), top_k_search::ivf);
     layer.size = 1;
     layer.search = top_k_search::exact;
-    EXPECT_EQ(cpu_top_k_search(layer), top_k_search::exact);
+    EXPECT_EQ(cpu_top_k_search(layer, fp32), top_k_search::exact);
 }

@@ -5,6 +5,7 @@
 // message that names the setting.
 #pragma once
 
+#include "hslide/isa.hpp"
 #include "hslide/lsh.hpp"
 #include "hslide/thread_limits.hpp"  // validate(train_config) checks threads with it
 
@@ -66,10 +67,10 @@ enum class top_k_search {
     /// result is approximate (the selection probe measures its recall); the loss reported is
     /// the set's, as LSH's, and dropped_mass is not measured
     ivf,
-    /// the backend's best: exact on the GPU (where scoring every row is a GEMM); on the CPU ivf
-    /// (exact scoring is most of a CPU step there; IVF keeps its P@1 at a third of its time,
-    /// bench/topk.md), except where the index would probe every cluster: there it finds the
-    /// exact top-k at more cost, so exact (cpu_top_k_search)
+    /// the backend's best: exact on the GPU (where scoring every row is a GEMM); on the CPU
+    /// whichever scores fewer rows at the CPU's rates (cpu_top_k_search): ivf on large layers
+    /// (exact scoring in fp32 is most of a CPU step there; IVF keeps its P@1 at a third of its
+    /// time, bench/topk.md), exact where the index would probe a large share of its clusters
     automatic,
 };
 top_k_search parse_top_k_search(const std::string& name);
@@ -119,12 +120,19 @@ struct layer_config {
 /// sqrt(rows) / 2, at least 1, at most rows.
 uint32_t automatic_ivf_clusters(uint32_t rows);
 
-/// The search a CPU backend runs for top-k layer `layer`: its `search`, where automatic is ivf
-/// unless the index would probe every one of its clusters (ivf_probes >= the clusters: below
-/// 9,409 rows at the defaults), where the IVF search scores every row as exact scoring
-/// does, finds the same top-k and costs more (an index to build and refresh; bench/peers.md:
-/// 6,118 rows, 0.82 against 0.56 s an epoch): exact there.
-top_k_search cpu_top_k_search(const layer_config& layer);
+/// How many rows AMX tiles score exactly in the time an IVF search scores one of the rows it
+/// probes and keeps its index current (bench/peers.md: at 670,091 rows, 48 of 409 clusters
+/// probed, the two searches cost the same an epoch).
+constexpr uint32_t amx_exact_rows_per_ivf_row = 8;
+
+/// The search a CPU backend whose kernels are of `level` runs for top-k layer `layer`: its
+/// `search`, where automatic is a cost model in rows scored: the IVF index scores the share
+/// ivf_probes / clusters of the rows (and must be built and refreshed), exact scoring every row,
+/// at the IVF's rate on fp32 kernels and amx_exact_rows_per_ivf_row times faster in AMX tiles
+/// (the selection's bf16 copy of the rows, exact_top_k). So exact where ivf_probes >= the
+/// clusters (below 9,409 rows at the defaults; bench/peers.md: 6,118 rows, 0.82 against 0.56 s
+/// an epoch), or on amx where ivf_probes * 8 >= the clusters (below 590,000 rows), else ivf.
+top_k_search cpu_top_k_search(const layer_config& layer, isa_level level);
 
 /// The network: sparse input of `input_dim` features, ReLU hidden layers, a softmax output
 /// layer of `output_dim` neurons (one per label). layers.back() is the output layer.
@@ -243,7 +251,7 @@ const char* to_string(lr_batch_scaling scaling);
 struct train_config {
     uint32_t epochs = 10;
     uint32_t batch_size = 128;
-    float learning_rate = 2e-3f;
+    float learning_rate = 3e-3f;
     lr_schedule schedule = lr_schedule::constant;
     lr_batch_scaling lr_scaling = lr_batch_scaling::none;
     uint32_t lr_base_batch = 256;

@@ -18,16 +18,20 @@ enum class isa_level {
     avx2,        ///< AVX2 + FMA (8-wide)
     avx512,      ///< AVX-512 F/BW/VL/DQ (16-wide, masked tails)
     avx512bf16,  ///< AVX-512 plus AVX512_BF16 (vdpbf16ps dot products in --precision bf16)
+    /// avx512bf16 plus AMX-BF16 tiles (amx_usable()): exact scoring's bf16 products (dots16_bf16)
+    /// as tile products, 16 rows by 16 queries by 32 elements an instruction
+    amx,
 };
 
-/// "scalar" | "avx2" | "avx512" | "avx512bf16".
+/// "scalar" | "avx2" | "avx512" | "avx512bf16" | "amx".
 const char* to_string(isa_level level);
 /// Parses a level name; throws hslide::error listing the names otherwise.
 isa_level parse_isa(const std::string& name);
 /// Every level's name, lowest first (the argument only picks the overload).
 std::vector<std::string> names_of(isa_level);
 
-/// The best level this CPU and OS support (CPUID and XCR0; scalar off x86).
+/// The best level this CPU and OS support (CPUID, XCR0 and, for amx, the OS's grant; scalar off
+/// x86).
 isa_level detected_isa();
 
 /// True when this machine can run `level`.

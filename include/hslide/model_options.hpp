@@ -21,7 +21,7 @@ struct model_options {
     std::string normalize = "l2";
     std::string output_sparsity = "auto";
     std::string hidden_sparsity = "dense";
-    uint32_t top_k = layer_config{}.top_k;
+    uint32_t top_k = 0;  ///< 0: automatic (output_plan.hpp)
     std::string top_k_search = "auto";
     uint32_t ivf_clusters = layer_config{}.ivf_clusters, ivf_probes = layer_config{}.ivf_probes,
              ivf_refresh = layer_config{}.ivf_refresh;
@@ -33,13 +33,20 @@ struct model_options {
     std::vector<int> K{lsh_config{}.K}, L{lsh_config{}.L}, bits{lsh_config{}.bits_per_hash},
         bucket_capacity{lsh_config{}.bucket_capacity};
     std::vector<std::string> insertion{"fifo"};
-    std::vector<uint32_t> min_active{1024}, max_active{0}, hit_threshold{1}, probes{0};
+    /// 0: automatic (a top-k layer's from output_plan.hpp, an LSH layer's lsh_min_active)
+    std::vector<uint32_t> min_active{0}, max_active{0}, hit_threshold{1}, probes{0};
 };
 
+/// An LSH layer's --min-active when it is 0 (automatic): SLIDE's fill.
+constexpr uint32_t lsh_min_active = 1024;
+
 /// The checked configuration of a network with `input_dim` features and `output_dim` labels;
-/// throws hslide::error (invalid_argument) naming the setting that is wrong.
+/// throws hslide::error (invalid_argument) naming the setting that is wrong. An automatic output
+/// layer becomes top-k or dense and automatic sizes become numbers (output_plan.hpp), so the
+/// configuration (and a checkpoint of it) says what was chosen; with `output_choice`, the
+/// plan's one-line reason is written there ("" for an LSH or dense layer asked for).
 model_config make_model_config(const model_options& options, uint32_t input_dim,
-                               uint32_t output_dim);
+                               uint32_t output_dim, std::string* output_choice = nullptr);
 /// Sets the LSH layers' probes from --probes values (one, or one per layer after the first).
 void set_probes(model_config& config, const std::vector<uint32_t>& probes);
 /// Scales `data`'s feature values as the model's input normalization says.

@@ -27,8 +27,14 @@ struct cpu_features {
     bool avx512_vnni = false;
     bool avx512_bf16 = false;  ///< CPUID leaf 7 subleaf 1, EAX bit 5
     bool avx512_fp16 = false;
-    bool amx_bf16 = false;  ///< reported only; AMX also needs a Linux permission request
+    bool amx_bf16 = false;  ///< CPUID leaf 7 EDX bit 22, with the OS saving the tile state
+    bool amx_tile = false;  ///< CPUID leaf 7 EDX bit 24, with the OS saving the tile state
 };
+
+/// Whether this process may use AMX tiles: the CPU has AMX-TILE and AMX-BF16, and (Linux) the
+/// kernel granted the process the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM, requested
+/// here on the first call). False off Linux x86-64.
+bool amx_usable();
 
 /// The features of this machine (detected once, then cached).
 const cpu_features& detect_cpu_features();

@@ -44,13 +44,16 @@
 #   napkinXC's "Train real time" (its clock from the data read to the model saved: reading the
 #   file excluded, as hslide's epoch time excludes parsing); wall_seconds = the whole `nxc train`
 #   command; eval_seconds = napkinXC's "Test real time" (test file read and prediction, model
-#   load excluded); peak_rss_bytes = the larger of the two commands' peak RSS (/usr/bin/time -v).
+#   load excluded); peak_rss_bytes = the larger of the two commands' peak RSS (/usr/bin/time -v,
+#   or the GNU time $TIME_BIN names).
 #   stderr's summary line (and --metrics-out's train_cpu_seconds) adds napkinXC's "Train CPU
 #   time": on a loaded machine the steadier figure.
 # Exit code 2 for bad input, with a message naming the file and the reason.
 set -euo pipefail
 
 die() { echo "napkinxc.sh: $*" >&2; exit 2; }
+
+time_bin=${TIME_BIN:-/usr/bin/time}  # GNU time (gpu_check.sh packs one for the GPU machine)
 
 pinned_version=0.7.2
 pinned_commit=e95fb3fd505c164366d373f3f526b00d7b3e4165
@@ -99,7 +102,7 @@ for f in "$train_split" "$test_split"; do [[ -z "$f" || -f "$f" ]] || die "$f: n
 if [[ -z "$prepare_only" ]]; then
     [[ -n "$nxc" ]] || die "missing --nxc BIN (napkinXC's CLI, built from your clone; see --help)"
     [[ -x "$nxc" ]] || die "$nxc: not an executable (--nxc)"
-    [[ -x /usr/bin/time ]] || die "/usr/bin/time not found (Debian package 'time'): needed for the peak RSS"
+    [[ -x $time_bin ]] || die "$time_bin not found (Debian package 'time'; \$TIME_BIN names another GNU time): needed for the peak RSS"
     version="$("$nxc" version 2>/dev/null | sed -n 's/^napkinXC \([^ ]*\)$/\1/p')"
     [[ -n "$version" ]] || die "$nxc: 'nxc version' did not print 'napkinXC <version>': not napkinXC's CLI?"
     [[ "$version" == "$pinned_version" || $any_version == 1 ]] ||
@@ -199,7 +202,7 @@ run_timed() {  # run_timed NAME CMD...: stdout+stderr to NAME.log, /usr/bin/time
     local name="$1"; shift
     local t0 t1
     t0=$(date +%s.%N)
-    if ! /usr/bin/time -v -o "$work_dir/$name.time" "$@" >"$work_dir/$name.log" 2>&1; then
+    if ! "$time_bin" -v -o "$work_dir/$name.time" "$@" >"$work_dir/$name.log" 2>&1; then
         tail -n 15 "$work_dir/$name.log" >&2
         trap - EXIT
         die "nxc $name failed (logs in $work_dir)"

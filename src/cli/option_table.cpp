@@ -172,11 +172,13 @@ std::vector<option_spec> make_table() {
         spec("output-sparsity", group::selection,
              "output layer: topk (each sample's labels, its --top-k highest logits, found as "
              "--top-k-search says, and random neurons up to --min-active), lsh (SLIDE's hash "
-             "tables), dense, or auto (topk above --auto-sparse-min neurons, else dense)",
+             "tables), dense, or auto (topk with sets sized from the layer, dense where a set "
+             "would hold every row: what it chose is on the model line)",
              HSLIDE_FIELD(model.output_sparsity), names_of(sparsity_mode{}), {}, both),
         spec("top-k", group::selection,
-             "top-k output layers: output neurons a training sample keeps besides its labels",
-             HSLIDE_FIELD(model.top_k), {}, positive(), both),
+             "top-k output layers: output neurons a training sample keeps besides its labels "
+             "(0 = auto: a quarter of the set, 16 to 64)",
+             HSLIDE_FIELD(model.top_k), {}, {}, both),
         spec("top-k-search", group::selection,
              "top-k output layers: how the top-k is found: exact (every output row scored; the "
              "full-softmax loss), ivf (an inverted-file index: the rows clustered, a sample scores "
@@ -207,15 +209,16 @@ std::vector<option_spec> make_table() {
              HSLIDE_FIELD(model.fill_pool), {}, range(0.0, 1.0), both),
         spec("min-active", group::selection,
              "random fill of an active set (top-k or LSH) up to this many neurons (one, or one per "
-             "layer after the first)",
+             "layer after the first; 0 = auto: a top-k layer's sets about 1.6 sqrt(rows), a power "
+             "of two from 32 to 1024; an LSH layer's 1024)",
              HSLIDE_FIELD(model.min_active), {}, {}, both),
         spec("hidden-sparsity", group::selection,
              "hidden layers after the first: auto, lsh or dense",
              HSLIDE_FIELD(model.hidden_sparsity), without(names_of(sparsity_mode{}), "topk"), {},
              both),
         spec("auto-sparse-min", group::selection,
-             "'auto' layers with more neurons than this are sparse: top-k for the output layer, "
-             "LSH for a hidden one",
+             "'auto' hidden layers with more neurons than this are LSH-sparse (an auto output "
+             "layer is planned from its size: see --output-sparsity)",
              HSLIDE_FIELD(model.auto_sparse_min), {}, {}, both),
         spec("rebuild", group::selection,
              "samples between refreshes of the sparse layers' selections (LSH tables, IVF index), "
@@ -348,7 +351,7 @@ std::vector<option_spec> make_table() {
              HSLIDE_FIELD(trainer.selection_probe_top), {}, positive(), both),
         spec("isa", group::diagnostics,
              "CPU kernel level: auto (the best this CPU has, or $HSLIDE_ISA), scalar, avx2, "
-             "avx512, avx512bf16",
+             "avx512, avx512bf16, amx (avx512bf16 with AMX tiles for exact scoring)",
              HSLIDE_FIELD(compute.isa), with_auto(names_of(isa_level{})), {}, both),
         spec("quiet", group::diagnostics, "only warnings and errors on stderr",
              HSLIDE_FIELD(output.quiet), {}, {}, cli, "-q"),

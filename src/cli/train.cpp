@@ -166,6 +166,7 @@ int run_train(int argc, char** argv) {
     output_shard shard;
 
     model_state initial;
+    std::string output_choice;  // what an automatic output layer became, and why
     HSLIDE_CHECK(sharded || resume_path.empty() || !is_shard_manifest(resume_path),
                  "--resume {}: a checkpoint sharded across MPI ranks; resume it under mpirun with "
                  "as many ranks",
@@ -198,15 +199,15 @@ int run_train(int argc, char** argv) {
             spdlog::warn("--resume: the checkpoint's model is used; ignoring {}", ignored);
     } else if (sharded) {
         // Each rank creates only its rows of the output layer, as the whole layer draws them.
-        const model_config config =
-            make_model_config(mopt, uint32_t(d.train.n_features), uint32_t(d.train.n_labels));
+        const model_config config = make_model_config(mopt, uint32_t(d.train.n_features),
+                                                      uint32_t(d.train.n_labels), &output_choice);
         shard = make_output_shard(comm, config.output_dim(), settings.shard_weights);
         initial =
             model_state::create_shard(config, tc.seed, tc.adam_moments, shard.first, shard.count);
     } else {
-        initial = model_state::create(
-            make_model_config(mopt, uint32_t(d.train.n_features), uint32_t(d.train.n_labels)),
-            tc.seed, tc.adam_moments);
+        initial = model_state::create(make_model_config(mopt, uint32_t(d.train.n_features),
+                                                        uint32_t(d.train.n_labels), &output_choice),
+                                      tc.seed, tc.adam_moments);
     }
     const model_config& mc = initial.config;
     normalize_inputs(d.train, mc);
@@ -217,9 +218,15 @@ int run_train(int argc, char** argv) {
         std::string text = " (top-k";
         const std::string ivf =
             fmt::format("IVF: {} probes, refresh every {} steps", c.ivf_probes, c.ivf_refresh);
-        const std::string cpu_search = cpu_top_k_search(c) == top_k_search::ivf
-                                           ? ivf
-                                           : "exact: an index would probe every cluster";
+        const uint32_t clusters =
+            std::min(c.ivf_clusters ? c.ivf_clusters : automatic_ivf_clusters(c.size), c.size);
+        const bool amx = active_isa() >= isa_level::amx;
+        const std::string cpu_search =
+            cpu_top_k_search(c, active_isa()) == top_k_search::ivf
+                ? ivf
+                : fmt::format("exact{}: an index would probe {} of its {} clusters",
+                              amx ? " in AMX tiles" : "", std::min(c.ivf_probes, clusters),
+                              clusters);
         if (c.search == top_k_search::ivf)
             text += ", " + ivf;
         else if (c.search == top_k_search::automatic)
@@ -253,6 +260,7 @@ int run_train(int argc, char** argv) {
         spdlog::info("model: {} ({:.1f} M parameters, {} with optimizer state)", shape,
                      initial.parameter_count() / 1e6, human_bytes(double(initial.memory_bytes())));
     }
+    if (!output_choice.empty()) spdlog::info("output layer: {}", output_choice);
     for (size_t l = 0; l < mc.layers.size(); ++l)
         if (mc.uses_lsh(l))
             spdlog::info(

@@ -31,7 +31,7 @@ void cpu_backend::check_shardable() const {
                       ranks);
     HSLIDE_CHECK_KIND(
         model_.config.selection(out) != neuron_selection::top_k ||
-            cpu_top_k_search(c) == top_k_search::exact,
+            cpu_top_k_search(c, k_.level) == top_k_search::exact,
         error_kind::unsupported,
         "--top-k-search {}: the IVF search is not sharded across MPI ranks ({} ranks) yet; use "
         "--top-k-search exact",

@@ -2,12 +2,59 @@
 #include "exact_scoring.hpp"
 
 #include <omp.h>
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
 namespace hslide::cpu {
+
+namespace {
+
+/// Bit j set where row[j] >= floor[j] (NaN on either side: clear), j < 16.
+inline uint32_t passes_floor(const float* row, const float* floor) {
+    uint32_t pass = 0;
+#if defined(__SSE__)
+    // SSE is x86-64's baseline: four compares and four movemasks, no ISA dispatch needed.
+    for (int q = 0; q < 4; ++q)
+        pass |= uint32_t(_mm_movemask_ps(
+                    _mm_cmpge_ps(_mm_loadu_ps(row + 4 * q), _mm_loadu_ps(floor + 4 * q))))
+                << (4 * q);
+#else
+    for (uint32_t j = 0; j < 16; ++j) pass |= uint32_t(row[j] >= floor[j]) << j;
+#endif
+    return pass;
+}
+
+/// offer_top_k of a block's scores of 16 queries, row by row (z[a * 16 + j]: row first + a,
+/// query j < n_x; query j's heap at heaps[j * kept..], its count counts[j]): a row's 16 scores
+/// are tested against the 16 heaps' floors at once, and only the queries a score passes are
+/// offered it. Most rows pass none once the heaps are full.
+void offer_rows_of_16(const float* z, uint32_t nb, uint32_t first, uint32_t n_x, uint32_t kept,
+                      scored_label* heaps, uint32_t* counts) {
+    if (kept == 0) return;
+    float floor[16];
+    for (uint32_t j = 0; j < 16; ++j)
+        floor[j] = j >= n_x           ? std::numeric_limits<float>::quiet_NaN()  // never passes
+                   : counts[j] < kept ? -std::numeric_limits<float>::infinity()
+                                      : heaps[size_t(j) * kept].first;
+    for (uint32_t a = 0; a < nb; ++a) {
+        const float* row = z + size_t(a) * 16;
+        uint32_t pass = passes_floor(row, floor);
+        while (pass != 0) {
+            const uint32_t j = uint32_t(__builtin_ctz(pass));
+            pass &= pass - 1;
+            scored_label* heap = heaps + size_t(j) * kept;
+            offer_top_k(heap, counts[j], kept, {row[j], first + a});
+            if (counts[j] == kept) floor[j] = heap[0].first;
+        }
+    }
+}
+
+}  // namespace
 
 uint32_t exact_scoring::chunk(uint32_t k) {
     return uint32_t(std::clamp<uint64_t>((uint64_t{1} << 22) / std::max(k, 1u), 1, 256));
@@ -113,11 +160,14 @@ void exact_scoring::score(const layer_rows& layer, const kernel_table& k_, int t
                     row_step = inputs;
                     col_step = 1;
                 }
+                if (row_step == inputs)
+                    offer_rows_of_16(logits.data(), nb, r0, n_x, kept,
+                                     heaps.data() + size_t(s0) * kept, counts.data() + s0);
                 for (uint32_t j = 0; j < n_x; ++j) {
                     const float* z = logits.data() + size_t(j) * col_step;
-                    scored_label* heap = heaps.data() + size_t(s0 + j) * kept;
-                    for (uint32_t i = 0; i < nb; ++i)
-                        offer_top_k(heap, counts[s0 + j], kept, {z[size_t(i) * row_step], r0 + i});
+                    if (row_step != inputs)
+                        offer_scores_top_k(heaps.data() + size_t(s0 + j) * kept, counts[s0 + j],
+                                           kept, z, row_step, nullptr, nb, r0);
                     if (with_log_partition) {
                         // The softmax kernel returns the block's log-sum-exp (its
                         // probabilities go to scratch).

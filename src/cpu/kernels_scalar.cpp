@@ -15,6 +15,7 @@ namespace hslide::cpu {
 const kernel_table& avx2_kernels();
 const kernel_table& avx512_kernels();
 const kernel_table& avx512bf16_kernels();
+const kernel_table& amx_kernels();
 #endif
 
 namespace {
@@ -182,6 +183,8 @@ const kernel_table& kernels_for(isa_level level) {
                  to_string(level), to_string(detected_isa()));
 #if HSLIDE_X86
     switch (level) {
+        case isa_level::amx:
+            return amx_kernels();
         case isa_level::avx512bf16:
             return avx512bf16_kernels();
         case isa_level::avx512:

@@ -53,7 +53,7 @@ std::unique_ptr<neuron_selector> make_selector(const model_config& config, size_
             HSLIDE_ASSERT(!sharded);
             return std::make_unique<lsh_selector>(std::move(rows), layer, kernels, threads);
         case neuron_selection::top_k:
-            if (cpu_top_k_search(layer) == top_k_search::exact) {
+            if (cpu_top_k_search(layer, kernels.level) == top_k_search::exact) {
                 auto exact = std::make_unique<exact_top_k>(std::move(rows), layer, train_seed,
                                                            kernels, threads);
                 if (sharded) exact->set_shard(*shard);

@@ -17,6 +17,13 @@ using scored_label = std::pair<float, uint32_t>;
 inline bool ranks_above(const scored_label& a, const scored_label& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
 }
+/// ranks_above as a type: the heap algorithms inline it (through a function pointer they call
+/// it, which was a tenth of a top-k step's time).
+struct rank_order {
+    bool operator()(const scored_label& a, const scored_label& b) const {
+        return ranks_above(a, b);
+    }
+};
 
 /// Offers c to `heap`, a heap of the best `count` <= k labels so far with the worst on top
 /// (std heap order under ranks_above): kept when there is room or it ranks above the worst.
@@ -25,25 +32,27 @@ inline void offer_top_k(scored_label* heap, uint32_t& count, uint32_t k, const s
     if (std::isnan(c.first)) return;
     if (count < k) {
         heap[count++] = c;
-        std::push_heap(heap, heap + count, ranks_above);
+        std::push_heap(heap, heap + count, rank_order{});
     } else if (ranks_above(c, heap[0])) {
-        std::pop_heap(heap, heap + k, ranks_above);
+        std::pop_heap(heap, heap + k, rank_order{});
         heap[k - 1] = c;
-        std::push_heap(heap, heap + k, ranks_above);
+        std::push_heap(heap, heap + k, rank_order{});
     }
 }
 
-/// offer_top_k of n scores, scores[a * stride] with id ids[a] (a itself when ids == nullptr):
-/// the same heap, but a score below the worst kept (most of them, once the heap is full) is
-/// passed over with one comparison, before the pair is built and the heap read. NaN fails it.
+/// offer_top_k of n scores, scores[a * stride] with id ids[a] (first_id + a when ids ==
+/// nullptr): the same heap, but a score below the worst kept (most of them, once the heap is
+/// full) is passed over with one comparison, before the pair is built and the heap read. NaN
+/// fails it.
 inline void offer_scores_top_k(scored_label* heap, uint32_t& count, uint32_t k, const float* scores,
-                               size_t stride, const uint32_t* ids, uint32_t n) {
+                               size_t stride, const uint32_t* ids, uint32_t n,
+                               uint32_t first_id = 0) {
     if (k == 0) return;
     float floor = count < k ? -std::numeric_limits<float>::infinity() : heap[0].first;
     for (uint32_t a = 0; a < n; ++a) {
         const float s = scores[size_t(a) * stride];
         if (!(s >= floor)) continue;  // an equal score may still win on its id
-        offer_top_k(heap, count, k, {s, ids ? ids[a] : a});
+        offer_top_k(heap, count, k, {s, ids ? ids[a] : first_id + a});
         if (count == k) floor = heap[0].first;
     }
 }
@@ -59,7 +68,7 @@ inline void select_top_k(const float* scores, const uint32_t* ids, uint32_t n, u
     uint32_t count = 0;
     offer_scores_top_k(heap.data(), count, k, scores, 1, ids, n);
     heap.resize(count);
-    std::sort_heap(heap.begin(), heap.end(), ranks_above);
+    std::sort_heap(heap.begin(), heap.end(), rank_order{});
     for (uint32_t i = 0; i < k; ++i) {
         if (i < heap.size()) {
             out_labels[i] = heap[i].second;
@@ -72,18 +81,18 @@ inline void select_top_k(const float* scores, const uint32_t* ids, uint32_t n, u
 }
 
 /// Point p's k best over the candidates that `team` threads each kept of the rows they scored
-/// (thread t's: best[t][p * kept + j] for j < count[t][p]), written as select_top_k writes
-/// them. cand_score, cand_id and heap are scratch.
+/// (thread t's: best[t][p * stride + j] for j < count[t][p] <= stride), written as select_top_k
+/// writes them. cand_score, cand_id and heap are scratch.
 inline void merge_thread_top_k(const std::vector<std::vector<scored_label>>& best,
                                const std::vector<std::vector<uint32_t>>& count, int team, size_t p,
-                               uint32_t kept, uint32_t k, uint32_t* out_labels, float* out_scores,
+                               uint32_t stride, uint32_t k, uint32_t* out_labels, float* out_scores,
                                std::vector<float>& cand_score, std::vector<uint32_t>& cand_id,
                                std::vector<scored_label>& heap) {
     cand_score.clear();
     cand_id.clear();
     for (int t = 0; t < team; ++t)
         for (uint32_t j = 0; j < count[size_t(t)][p]; ++j) {
-            const scored_label& c = best[size_t(t)][p * kept + j];
+            const scored_label& c = best[size_t(t)][p * stride + j];
             cand_score.push_back(c.first);
             cand_id.push_back(c.second);
         }

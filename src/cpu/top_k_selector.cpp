@@ -115,6 +115,43 @@ uint32_t top_k_selector::build_set(const uint32_t* best, uint32_t k, const label
     return drawn_from;
 }
 
+exact_top_k::exact_top_k(rows_source rows, const layer_config& config, uint64_t train_seed,
+                         const kernel_table& kernels, int threads)
+    : top_k_selector(std::move(rows), config, train_seed, kernels, threads) {
+    const layer_rows layer = this->rows();
+    bf16_copy_ = config.search == top_k_search::automatic && kernels.level >= isa_level::amx &&
+                 layer.weights16 == nullptr;
+    if (!bf16_copy_) return;
+    stride16_ = (size_t(layer.width) + 31) / 32 * 32;  // whole 64-byte lines a row
+    rows16_.assign(size_t(layer.rows) * stride16_, bf16{0});
+    stale_ = row_marks(layer.rows);
+    stale_.mark_all();
+}
+
+void exact_top_k::rows_changed(const uint32_t* ids, size_t n) {
+    if (!bf16_copy_) return;
+    for (size_t i = 0; i < n; ++i) stale_.mark(ids[i]);
+}
+
+void exact_top_k::search(const float* const* queries, uint32_t n, uint32_t k, uint32_t* labels,
+                         float* scores, double* log_partition) {
+    if (!bf16_copy_) {
+        score_exactly(queries, n, k, labels, scores, log_partition);
+        return;
+    }
+    layer_rows layer = rows();
+    stale_.take(stale_rows_);
+    const uint32_t* stale = stale_rows_.data();
+#pragma omp parallel for num_threads(threads_) schedule(static)
+    for (int64_t i = 0; i < int64_t(stale_rows_.size()); ++i) {
+        const uint32_t r = stale[i];
+        k_.to_bf16(layer.row(r), rows16_.data() + size_t(r) * stride16_, layer.width);
+    }
+    layer.weights16 = rows16_.data();
+    layer.stride16 = stride16_;
+    scoring_.score(layer, k_, threads_, queries, n, k, labels, scores, log_partition);
+}
+
 void exact_top_k::select_probe(selection_batch& batch, const uint32_t* exact, uint32_t exact_k) {
     HSLIDE_ASSERT(exact_k >= top_k());
     build_sets(batch, 0, batch.size, exact, exact_k);

@@ -73,15 +73,37 @@ class top_k_selector : public neuron_selector {
     std::vector<unsigned char> merge_scratch_;
 };
 
-/// Top-k found by scoring every row (top_k_search::exact).
+/// Top-k found by scoring every row (top_k_search::exact, and automatic where it means exact).
+///
+/// Chosen by automatic (cpu_top_k_search) over fp32 rows on an AMX CPU, the search scores a
+/// bf16 copy of the rows that the selection keeps (each row re-rounded when it changed, before
+/// the next search) with the tile kernel: the candidates are the top-k of bf16 products (rows
+/// whose logits differ by less than bf16's rounding may swap), at a fraction of the fp32
+/// GEMM's time (bench/peers.md). The set's logits, the softmax and the gradient stay fp32; no
+/// log-partition is computed (the loss reported is the set's, as IVF's). `--top-k-search exact`
+/// keeps the fp32 search and the full-softmax loss: the reference.
 class exact_top_k final : public top_k_selector {
   public:
     exact_top_k(rows_source rows, const layer_config& config, uint64_t train_seed,
-                const kernel_table& kernels, int threads)
-        : top_k_selector(std::move(rows), config, train_seed, kernels, threads) {}
-    bool computes_log_partition() const override { return true; }
+                const kernel_table& kernels, int threads);
+    /// Not over the bf16 copy: its loss is the set's, as IVF's.
+    bool computes_log_partition() const override { return !bf16_copy_; }
     /// The sets from the probe's exact lists: no second scoring.
     void select_probe(selection_batch& batch, const uint32_t* exact, uint32_t exact_k) override;
+    void search(const float* const* queries, uint32_t n, uint32_t k, uint32_t* labels,
+                float* scores, double* log_partition) override;
+    void rows_changed(const uint32_t* ids, size_t n) override;
+    void all_rows_changed() override { stale_.mark_all(); }
+    /// Whether the search scores the selection's bf16 copy of the rows.
+    bool scores_bf16_copy() const { return bf16_copy_; }
+
+  private:
+    bool bf16_copy_ = false;
+    std::vector<bf16> rows16_;  // the copy: rows x stride16_
+    size_t stride16_ = 0;
+    row_marks stale_;  // rows changed since the copy last read them
+    std::vector<uint32_t> stale_rows_;
+    exact_scoring scoring_;
 };
 
 /// Top-k found through an IVF index over the layer's rows (top_k_search::ivf, automatic).

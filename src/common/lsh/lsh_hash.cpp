@@ -123,10 +123,10 @@ using detail::wta_scan_fn;
 
 #if HSLIDE_X86
 // The instruction-set level of the kernels a family picks when it is created: active_isa(),
-// where avx512bf16 adds nothing to hashing and means avx512.
+// where avx512bf16 and amx add nothing to hashing and mean avx512.
 isa_level hash_isa() {
     const isa_level level = active_isa();
-    return level == isa_level::avx512bf16 ? isa_level::avx512 : level;
+    return level >= isa_level::avx512bf16 ? isa_level::avx512 : level;
 }
 #endif
 
@@ -402,6 +402,7 @@ project_fn pick_project() {
     switch (hash_isa()) {
         case isa_level::avx512:
         case isa_level::avx512bf16:
+        case isa_level::amx:
             return detail::project_avx512;
         case isa_level::avx2:
             return detail::project_avx2;

@@ -147,11 +147,14 @@ uint32_t automatic_ivf_clusters(uint32_t rows) {
     return uint32_t(std::clamp<double>(c, 1.0, std::max(1.0, double(rows))));
 }
 
-top_k_search cpu_top_k_search(const layer_config& layer) {
+top_k_search cpu_top_k_search(const layer_config& layer, isa_level level) {
     if (layer.search != top_k_search::automatic) return layer.search;
     const uint32_t clusters = std::min(
         layer.ivf_clusters ? layer.ivf_clusters : automatic_ivf_clusters(layer.size), layer.size);
-    return layer.ivf_probes >= clusters ? top_k_search::exact : top_k_search::ivf;
+    const uint64_t exact_rows_per_ivf_row =
+        level >= isa_level::amx ? amx_exact_rows_per_ivf_row : 1;
+    return uint64_t(layer.ivf_probes) * exact_rows_per_ivf_row >= clusters ? top_k_search::exact
+                                                                           : top_k_search::ivf;
 }
 adam_mode parse_adam_mode(const std::string& name) {
     return parse_named(name, "adam mode", adam_names);

@@ -2,6 +2,7 @@
 #include "hslide/model_options.hpp"
 
 #include "hslide/error.hpp"
+#include "hslide/output_plan.hpp"
 
 namespace hslide {
 
@@ -14,7 +15,9 @@ void set_probes(model_config& config, const std::vector<uint32_t>& probes) {
         config.layers[l].active.probes = probes.size() == 1 ? probes[0] : probes[l - 1];
 }
 
-model_config make_model_config(const model_options& o, uint32_t input_dim, uint32_t output_dim) {
+model_config make_model_config(const model_options& o, uint32_t input_dim, uint32_t output_dim,
+                               std::string* output_choice) {
+    if (output_choice) output_choice->clear();
     HSLIDE_CHECK(!o.hidden.empty(), "--hidden needs at least one layer size");
     model_config config;
     config.input_dim = input_dim;
@@ -57,7 +60,18 @@ model_config make_model_config(const model_options& o, uint32_t input_dim, uint3
             layer.ivf_clusters = o.ivf_clusters;
             layer.ivf_probes = o.ivf_probes;
             layer.ivf_refresh = o.ivf_refresh;
+            if (layer.sparsity == sparsity_mode::automatic ||
+                layer.sparsity == sparsity_mode::topk) {
+                const output_plan plan = plan_output_layer(layer.size, layer.sparsity, layer.top_k,
+                                                           layer.active.min_active);
+                layer.sparsity = plan.sparsity;
+                layer.top_k = plan.top_k;
+                layer.active.min_active = plan.min_active;
+                if (output_choice) *output_choice = plan.reason;
+            }
+            if (layer.top_k == 0) layer.top_k = layer_config{}.top_k;  // unused: not top-k
         }
+        if (l > 0 && layer.active.min_active == 0) layer.active.min_active = lsh_min_active;
         config.layers.push_back(layer);
     }
     validate(config);

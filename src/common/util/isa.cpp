@@ -13,10 +13,8 @@ namespace hslide {
 namespace {
 
 constexpr std::pair<const char*, isa_level> isa_names[] = {
-    {"scalar", isa_level::scalar},
-    {"avx2", isa_level::avx2},
-    {"avx512", isa_level::avx512},
-    {"avx512bf16", isa_level::avx512bf16},
+    {"scalar", isa_level::scalar},         {"avx2", isa_level::avx2}, {"avx512", isa_level::avx512},
+    {"avx512bf16", isa_level::avx512bf16}, {"amx", isa_level::amx},
 };
 
 // -1: nothing forced.
@@ -46,6 +44,7 @@ isa_level detected_isa() {
         const cpu_features f = detect_cpu_features();
         const bool avx2 = f.avx2 && f.fma;
         const bool avx512 = avx2 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq;
+        if (avx512 && f.avx512_bf16 && amx_usable()) return isa_level::amx;
         if (avx512 && f.avx512_bf16) return isa_level::avx512bf16;
         if (avx512) return isa_level::avx512;
         if (avx2) return isa_level::avx2;

@@ -7,6 +7,9 @@
 #include <sys/resource.h>
 #include <sys/utsname.h>
 #include <unistd.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#endif
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -75,6 +78,7 @@ cpu_features detect() {
         f.avx512_vnni = f.avx512f && bit(l7.c, 11);
         f.avx512_fp16 = f.avx512f && bit(l7.d, 23);
         f.amx_bf16 = amx_state && bit(l7.d, 22);
+        f.amx_tile = amx_state && bit(l7.d, 24);
         if (l7.a >= 1) f.avx512_bf16 = f.avx512f && bit(cpuid(7, 1).a, 5);
     }
     return f;
@@ -136,6 +140,22 @@ const cpu_features& detect_cpu_features() {
     return features;
 }
 
+bool amx_usable() {
+    static const bool usable = [] {
+        const cpu_features& f = detect_cpu_features();
+        if (!f.amx_bf16 || !f.amx_tile) return false;
+#if HSLIDE_X86 && defined(__linux__) && defined(SYS_arch_prctl)
+        // Linux leaves the tile data state off until a process asks for it; without the grant
+        // the first tile instruction faults.
+        constexpr int arch_req_xcomp_perm = 0x1023, xfeature_xtiledata = 18;
+        return syscall(SYS_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) == 0;
+#else
+        return false;
+#endif
+    }();
+    return usable;
+}
+
 std::vector<std::string> simd_feature_names(const cpu_features& f) {
     std::vector<std::string> names;
     const std::pair<bool, const char*> all[] = {
@@ -153,6 +173,7 @@ std::vector<std::string> simd_feature_names(const cpu_features& f) {
         {f.avx512_bf16, "avx512_bf16"},
         {f.avx512_fp16, "avx512_fp16"},
         {f.amx_bf16, "amx_bf16"},
+        {f.amx_tile, "amx_tile"},
     };
     for (const auto& [present, name] : all)
         if (present) names.emplace_back(name);

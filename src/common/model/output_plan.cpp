@@ -1,0 +1,48 @@
+// The automatic output layer (see output_plan.hpp).
+#include "hslide/output_plan.hpp"
+
+#include "hslide/error.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace hslide {
+
+uint32_t automatic_set_size(uint32_t rows) {
+    const double target = 1.6 * std::sqrt(double(rows));
+    uint32_t size = 32;
+    while (size < target && size < 1024) size *= 2;
+    return size;
+}
+
+uint32_t automatic_top_k(uint32_t set_size) {
+    return std::clamp<uint32_t>(set_size / 4, 16, 64);
+}
+
+output_plan plan_output_layer(uint32_t rows, sparsity_mode asked, uint32_t top_k,
+                              uint32_t min_active) {
+    HSLIDE_ASSERT(asked == sparsity_mode::automatic || asked == sparsity_mode::topk);
+    output_plan plan;
+    plan.min_active = min_active ? min_active : automatic_set_size(rows);
+    plan.top_k = top_k ? top_k : automatic_top_k(plan.min_active);
+    const std::string sizes =
+        fmt::format("sets of {} with the top {}{}", plan.min_active, plan.top_k,
+                    min_active == 0 && top_k == 0 ? " (about 1.6 sqrt(rows), a quarter of it)"
+                    : min_active == 0             ? " (sets about 1.6 sqrt(rows))"
+                    : top_k == 0                  ? " (a quarter of the set)"
+                                                  : "");
+    if (asked == sparsity_mode::automatic && plan.min_active >= rows) {
+        plan.sparsity = sparsity_mode::dense;
+        plan.reason =
+            fmt::format("auto: dense: a set of {} would hold all {} rows", plan.min_active, rows);
+    } else {
+        plan.sparsity = sparsity_mode::topk;
+        plan.reason = fmt::format("{}top-k, {} of {} rows",
+                                  asked == sparsity_mode::automatic ? "auto: " : "", sizes, rows);
+    }
+    return plan;
+}
+
+}  // namespace hslide
