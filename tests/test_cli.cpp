@@ -436,11 +436,17 @@ TEST(Cli, KeepBestWithPatienceSavesTheBestEpochsModel) {
         if (p1 > best_p1) best_p1 = p1, argmax = j.at("epoch");
     }
     EXPECT_EQ(best, argmax);
+    // The last record is the kept model's ("final"), after one per epoch run.
+    EXPECT_TRUE(last.value("final", false)) << lines.back();
+    const uint32_t ran = last.at("epochs_run");
+    EXPECT_EQ(lines.size(), size_t(ran) + 1);
     // (On this data: best epoch 4, stopped after epoch 6.)
-    if (lines.size() < 8) EXPECT_EQ(lines.size(), size_t(best) + 2) << "patience 2";
+    if (ran < 8) EXPECT_EQ(ran, best + 2) << "patience 2";
     // The final line and the saved checkpoint are the best epoch's model.
     const auto best_record = nlohmann::json::parse(lines[best - 1]);
-    EXPECT_NE(r.output.find(fmt::format("[best epoch {}]", best)), std::string::npos) << r.output;
+    EXPECT_DOUBLE_EQ(double(last.at("p@1")), double(best_record.at("p@1")));
+    EXPECT_NE(r.output.find(fmt::format("best epoch {} of {}", best, ran)), std::string::npos)
+        << r.output;
     r = run_hslide("eval --model " + model + " --test " + tiny_data_dir() +
                    "/test.txt --no-cache -q --metrics-out " + dir.file("eval.jsonl"));
     ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -458,7 +464,7 @@ TEST(Cli, BibtexTopKReachesTheDenseP1) {
     HSLIDE_REQUIRE_SHARED_DATA();
     temp_dir out;
     const std::string common = "train " + hslide::testing::bibtex_train_flags() +
-                               "--split-column 1 --threads 2 --no-progress ";
+                               "--split-column 1 --threads 2 --no-progress --epochs 10 ";
     const auto dense = run_hslide(common + "--metrics-out " + out.file("dense.jsonl"));
     ASSERT_EQ(dense.exit_code, 0) << dense.output;
     // Exact search (the CPU's default, auto, is IVF, which reports no dropped mass).

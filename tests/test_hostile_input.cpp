@@ -487,7 +487,7 @@ TEST(HostileValues, UnderflowIsZeroAtAnyExponent) {
 
 TEST(HostileValues, NonsenseSettingsAreRefused) {
     expect_refused(run_hslide("train --preset tiny --scale 0.1 --epochs 0 -q"),
-                   "--epochs must be at least 1");
+                   "--epochs (epochs) must be 'auto' or a positive number of epochs, got '0'");
     expect_refused(run_hslide("train --preset tiny --scale 0.1 --epochs 1 --adam-eps inf -q"),
                    "--adam-eps must be a finite number > 0, got inf");
     expect_refused(run_hslide("train --preset tiny --scale 0.1 --epochs 1 --propensity-a nan -q"),

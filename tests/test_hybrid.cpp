@@ -1033,7 +1033,7 @@ TEST(HybridCli, BibtexHybridOfTwoOneThreadWorkersMatchesSingleBackendP1) {
     HSLIDE_REQUIRE_SHARED_DATA();
     hslide::testing::temp_dir tmp;
     const std::string data =
-        hslide::testing::bibtex_train_flags() + "--no-progress --eval-every 10 ";
+        hslide::testing::bibtex_train_flags() + "--no-progress --epochs 10 --eval-every 10 ";
     auto final_p1 = [&](const std::string& args, const std::string& name) {
         const std::string metrics = tmp.file(name + ".jsonl");
         const auto r =

@@ -30,8 +30,11 @@ void save_checkpoint(const std::string& path, const model_state& model,
 /// problem (not a checkpoint, truncated, checksum mismatch, layer shapes that disagree...).
 checkpoint_contents load_checkpoint(const std::string& path);
 
-/// Throws hslide::error (invalid_argument) when a run of `epochs` epochs in total, resumed
-/// from the checkpoint at `path` that has done `done.epochs_done`, would train nothing.
-void check_resume_epochs(uint32_t epochs, const trainer_state& done, const std::string& path);
+/// Throws hslide::error (invalid_argument) when a run of `train.epochs` epochs in total,
+/// resumed from the checkpoint at `path` that has done `done.epochs_done`, would train
+/// nothing, or when the run and the checkpoint differ in --epochs auto (an auto run trained
+/// without its held-out points and kept its best model; a fixed run used every point).
+void check_resume_epochs(const train_config& train, const trainer_state& done,
+                         const std::string& path);
 
 }  // namespace hslide

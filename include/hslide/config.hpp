@@ -249,7 +249,15 @@ const char* to_string(lr_batch_scaling scaling);
 
 /// Optimisation and schedule settings.
 struct train_config {
+    /// Epochs in total (counting resumed ones): exactly this many, or with epochs_auto the
+    /// most the run may train (its cap).
     uint32_t epochs = 10;
+    /// --epochs auto (the front ends' default; this struct's default stays a fixed count):
+    /// validate after every epoch, stop when the metric has not improved for the patience,
+    /// and end with the best epoch's model. The trainer then needs a validation set; the
+    /// front ends hold one out of the training data when the user gives none. The defaults
+    /// (cap, patience, hold-out) are auto_epochs_defaults in validation.hpp.
+    bool epochs_auto = false;
     uint32_t batch_size = 128;
     float learning_rate = 3e-3f;
     lr_schedule schedule = lr_schedule::constant;

@@ -42,6 +42,14 @@ struct trainer_state {
     uint64_t next_rehash = 0;   ///< samples_seen at which new hash functions are drawn
     uint64_t shuffle_rng[4] = {0, 0, 0, 0};
     double seconds = 0;  ///< wall time of training and evaluation so far
+    /// Written by an --epochs auto run (train_config::epochs_auto): resuming needs the same
+    /// mode, since its training set left the held-out points out.
+    bool epochs_auto = false;
+    /// With a validation set: the best epoch so far (0: none yet) and its metric's value. An
+    /// --epochs auto run's checkpoint holds that epoch's model, so a run resumed from it
+    /// carries on from the best with its patience as the uninterrupted run would.
+    uint32_t best_epoch = 0;
+    double best_value = 0;
 };
 
 /// One evaluation record (one line of --metrics-out).
@@ -80,9 +88,13 @@ struct epoch_record {
 struct trainer_options {
     train_config train;
     evaluation_options eval;
-    uint32_t eval_every = 1;  ///< evaluate every this many epochs (0 = only at the end)
+    /// Evaluate the test set every this many epochs (0 = only at the end: with keep_best, the
+    /// kept model only; the CLI's default under --epochs auto).
+    uint32_t eval_every = 1;
     std::string metrics_out;  ///< JSONL file, one record per evaluation ("" = none)
-    std::string save_path;    ///< checkpoint written after every epoch ("" = none)
+    /// Checkpoint written after every epoch ("" = none); under --epochs auto, after every
+    /// epoch that improved on the best (so it always holds the best model so far).
+    std::string save_path;
     /// Where a resumed run starts (from its checkpoint; the backend already holds the
     /// checkpoint's model). Unset: a fresh start.
     std::optional<trainer_state> resume;
@@ -107,13 +119,25 @@ class trainer {
     trainer(backend& engine, const dataset& train, const dataset* test, trainer_options options);
 
     /// Trains up to options.train.epochs epochs in total (counting resumed ones); returns one
-    /// record per epoch run. `on_epoch` (optional) sees each record as it is made.
+    /// record per epoch run. `on_epoch` (optional) sees each record as it is made. Under
+    /// epochs_auto, validates after every epoch, keeps the best model and stops after the
+    /// patience (options.validation, whose keep_best and patience auto sets).
     std::vector<epoch_record> run(const std::function<void(const epoch_record&)>& on_epoch = {});
 
     const trainer_state& state() const { return state_; }
     /// The best epoch by the validation metric (0 without a validation set or before one).
     /// With keep_best, after run() the backend holds its model.
     uint32_t best_epoch() const { return best_epoch_; }
+    /// The validation metric's value at best_epoch().
+    double best_value() const { return best_value_; }
+    /// The epochs done when run() ended (before keep_best went back to the best one).
+    uint32_t epochs_run() const { return epochs_run_; }
+    /// With keep_best, after run(): the kept model's record (the best epoch's, with the test
+    /// metrics of that model when there is a test set; --metrics-out's last line, marked
+    /// "final"). Unset otherwise.
+    const std::optional<epoch_record>& final_record() const { return final_record_; }
+    /// The options the run uses (epochs_auto's keep_best and patience filled in).
+    const trainer_options& options() const { return options_; }
     /// Asks run() to stop after the epoch under way (from on_epoch, e.g. a Python callback).
     void request_stop() { stop_requested_ = true; }
     /// An epoch's record as one JSON object: the line --metrics-out writes.
@@ -142,6 +166,9 @@ class trainer {
     double best_value_ = 0;
     std::optional<model_state> best_model_;  // keep_best: the best epoch's model
     trainer_state best_state_;
+    std::optional<epoch_record> best_record_;   // keep_best: the best epoch's record
+    std::optional<epoch_record> final_record_;  // keep_best: the kept model's, after run()
+    uint32_t epochs_run_ = 0;
     bool stop_requested_ = false;
 };
 

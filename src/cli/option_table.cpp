@@ -20,6 +20,7 @@ void train_settings::apply_names() {
     train.schedule = parse_lr_schedule(lr_schedule);
     train.lr_scaling = parse_lr_batch_scaling(lr_scaling);
     trainer.eval.scoring = parse_scoring(scoring);
+    parse_epochs(epochs, train);
     if (!keep_best.empty()) {
         trainer.validation.metric = parse_selection_metric(keep_best);
         trainer.validation.keep_best = true;
@@ -94,8 +95,12 @@ std::vector<option_spec> make_table() {
              HSLIDE_FIELD(data.test_split), {}, {}, cli),
         spec("hidden", group::essentials, "hidden layer sizes, e.g. 128 or 256,128 (given once)",
              HSLIDE_FIELD(model.hidden), {}, {}, both),
-        spec("epochs", group::essentials, "epochs to train (in total, when resuming)",
-             HSLIDE_FIELD(train.epochs), {}, {}, both),
+        spec("epochs", group::essentials,
+             "auto: train until P@1 on a validation set (--valid..., else 5% of the training "
+             "points, at most 2,000, held out by --seed) has not improved for --patience (2) "
+             "epochs, at most 30, and keep the best epoch's model; or N: exactly N epochs on "
+             "all the points (in total, when resuming)",
+             HSLIDE_FIELD(epochs), {}, {}, both),
         spec("batch-size", group::essentials, "samples per step", HSLIDE_FIELD(train.batch_size),
              {}, positive(), both),
         // Range checked by validate(train_config), which names a non-finite value plainly.
@@ -120,14 +125,16 @@ std::vector<option_spec> make_table() {
              HSLIDE_FIELD(train.seed), {}, {}, both),
         spec("save", group::essentials,
              "write a checkpoint here after every epoch (atomically); with --keep-best it holds "
-             "the best epoch's at the end",
+             "the best epoch's at the end; under --epochs auto it is always the best so far",
              HSLIDE_FIELD(trainer.save_path), {}, {}, cli),
         spec("resume", group::essentials,
              "resume from this checkpoint (its model replaces the model flags)",
              HSLIDE_FIELD(resume), {}, {}, cli),
-        spec("valid", group::essentials,
-             "validation data file, evaluated after every epoch (for --keep-best and --patience)",
-             HSLIDE_FIELD(valid), {}, {}, cli),
+        spec(
+            "valid", group::essentials,
+            "validation data file, evaluated after every epoch (for --epochs auto, --keep-best and "
+            "--patience)",
+            HSLIDE_FIELD(valid), {}, {}, cli),
         spec("valid-split", group::essentials,
              "XC split file selecting the validation rows of --train", HSLIDE_FIELD(valid_split),
              {}, {}, cli),
@@ -140,7 +147,7 @@ std::vector<option_spec> make_table() {
              HSLIDE_FIELD(keep_best), {}, {}, both),
         spec("patience", group::essentials,
              "stop after this many epochs without improvement on the validation set (by "
-             "--keep-best's metric, else p@1; 0 = never)",
+             "--keep-best's metric, else p@1; 0 = never, or under --epochs auto its default, 2)",
              HSLIDE_FIELD(trainer.validation.patience), {}, {}, both),
         spec("metrics-out", group::essentials,
              "append one JSON record per epoch to this JSONL file",
@@ -326,7 +333,9 @@ std::vector<option_spec> make_table() {
              "batches) for a while (0 = never)",
              HSLIDE_FIELD(hybrid.park_below_share), {}, range(0.0, 1.0), cli),
         // --- evaluation
-        spec("eval-every", group::evaluation, "evaluate every N epochs (0 = only at the end)",
+        spec("eval-every", group::evaluation,
+             "evaluate the test set every N epochs (0 = only at the end: the kept model's, the "
+             "default under --epochs auto; else 1)",
              HSLIDE_FIELD(trainer.eval_every), {}, {}, cli),
         spec("scoring", group::evaluation,
              "evaluation scoring: exact (every label), lsh (the LSH active set only), ivf (a top-k "

@@ -85,6 +85,8 @@ struct train_settings {
     std::string lr_schedule = to_string(train_config{}.schedule);
     std::string lr_scaling = to_string(train_config{}.lr_scaling);
     std::string scoring = to_string(evaluation_options{}.scoring);
+    /// --epochs: "auto" (the default) or a count, parsed into train.epochs/epochs_auto.
+    std::string epochs = "auto";
     std::string valid, valid_split, keep_best, resume;
     std::string
         shard_weights;  ///< --shard-weights: the ranks' shares of the output layer ("" = equal)

@@ -136,13 +136,19 @@ int run_train(int argc, char** argv) {
     } else if (!valid_split.empty()) {
         const dataset file = load_file(data, data.train);
         valid = subset(file, read_split(valid_split, data.split_column, file.size()));
-    } else if (valid_fraction > 0) {
-        auto parts = hold_out(d.train, valid_fraction, tc.seed);
+    } else if (valid_fraction > 0 || tc.epochs_auto) {
+        // --epochs auto with no validation set of the user's: a small seeded hold-out.
+        auto parts = valid_fraction > 0 ? hold_out(d.train, valid_fraction, tc.seed)
+                                        : hold_out_for_auto_epochs(d.train, tc.seed);
         d.train = std::move(parts.first);
         valid = std::move(parts.second);
-        spdlog::info("holding out {} of {} training points for validation", valid.size(),
-                     valid.size() + d.train.size());
+        spdlog::info("holding out {} of {} training points for validation{}", valid.size(),
+                     valid.size() + d.train.size(),
+                     valid_fraction > 0 ? "" : " (--epochs auto; --epochs N uses them all)");
     }
+    // Under auto the test set is scored once, for the kept model, unless asked otherwise: the
+    // epochs are chosen on the validation set, and each test evaluation costs time.
+    if (tc.epochs_auto && app.get_option("--eval-every")->count() == 0) to.eval_every = 0;
     HSLIDE_CHECK(valid.size() > 0 || (keep_best.empty() && to.validation.patience == 0),
                  "--keep-best and --patience need a validation set: --valid, --valid-split or "
                  "--valid-fraction");
@@ -162,7 +168,7 @@ int run_train(int argc, char** argv) {
                     "the data's feature and label counts");
     comm.check_same(tc.seed, "--seed");
     comm.check_same(tc.batch_size, "--batch-size");
-    comm.check_same(tc.epochs, "--epochs");
+    comm.check_same(uint64_t(tc.epochs) * 2 + uint64_t(tc.epochs_auto), "--epochs");
     output_shard shard;
 
     model_state initial;
@@ -184,7 +190,7 @@ int run_train(int argc, char** argv) {
                      d.train.n_features, d.train.n_labels);
         initial = std::move(ck.model);
         to.resume = ck.trainer;
-        check_resume_epochs(tc.epochs, ck.trainer, resume_path);
+        check_resume_epochs(tc, ck.trainer, resume_path);
         spdlog::info("resuming from {}", resume_path);
         // The checkpoint fixes the network; --probes only steers its evaluation, so it applies.
         std::string ignored;
@@ -324,11 +330,20 @@ int run_train(int argc, char** argv) {
     to.train = tc;
     if (valid.size() > 0) to.validation.valid = &valid;
     trainer run(*engine, d.train, d.test.size() ? &d.test : nullptr, to);
+    // "P@1 0.5100", and the metric that chooses the best epoch when it is another.
+    auto valid_summary = [&run](const epoch_record& r) {
+        const selection_metric& metric = run.options().validation.metric;
+        std::string text = fmt::format("P@1 {:.4f}", r.valid_metrics.p_at(1));
+        if (to_string(metric) != "p@1")
+            text +=
+                fmt::format(" {} {:.4f}", to_string(metric), metric_value(r.valid_metrics, metric));
+        return text;
+    };
     const auto records = run.run([&](const epoch_record& r) {
         if (!speaks) return;
         std::string line = fmt::format(
             "epoch {:>3}/{}  {:7.1f} s  {:9.0f} samples/s  loss {:.4f}  active {:.0f}", r.epoch,
-            tc.epochs, r.epoch_seconds, r.samples_per_s, r.loss, r.mean_active_output);
+            epochs_to_string(tc), r.epoch_seconds, r.samples_per_s, r.loss, r.mean_active_output);
         if (r.dropped_mass) line += fmt::format("  dropped {:.4f}", *r.dropped_mass);
         if (r.touched_share) line += fmt::format("  rows {:.1f}%", 100 * *r.touched_share);
         if (r.selection)
@@ -339,9 +354,7 @@ int run_train(int argc, char** argv) {
             line += fmt::format("  P@1 {:.4f} P@3 {:.4f} P@5 {:.4f}", r.metrics.p_at(1),
                                 r.metrics.p_at(3), r.metrics.p_at(5));
         if (r.validated)
-            line +=
-                fmt::format("  valid {} {:.4f} (best: epoch {})", to_string(to.validation.metric),
-                            metric_value(r.valid_metrics, to.validation.metric), r.best_epoch);
+            line += "  valid " + valid_summary(r) + fmt::format(" (best: epoch {})", r.best_epoch);
         std::printf("%s\n", line.c_str());
         if (sparse_output && !dense_active_warned && r.mean_active_output > 0.05 * out_dim) {
             dense_active_warned = true;
@@ -356,14 +369,27 @@ int run_train(int argc, char** argv) {
         for (const worker_stats& w : r.workers) print_worker(w, /*whole_run=*/false);
         std::fflush(stdout);
     });
-    for (auto it = records.rbegin(); speaks && it != records.rend(); ++it) {
-        // With --keep-best, the kept epoch's metrics.
-        if (!it->evaluated || (to.validation.keep_best && it->epoch != run.best_epoch())) continue;
-        std::printf(
-            "final: %s  (%.1f s, peak memory %s)%s\n", format_metrics(it->metrics).c_str(),
-            it->seconds, human_bytes(double(peak_rss_bytes())).c_str(),
-            to.validation.keep_best ? fmt::format("  [best epoch {}]", it->epoch).c_str() : "");
-        break;
+    if (!speaks) {
+        // Rank 0 alone prints the run's end.
+    } else if (const auto& kept = run.final_record()) {
+        // keep_best (and --epochs auto): the kept model's metrics, and which epoch won.
+        const std::string won =
+            fmt::format("best epoch {} of {}", kept->epoch, run.epochs_run()) +
+            (kept->validated ? " (valid " + valid_summary(*kept) + ")" : std::string());
+        if (kept->evaluated)
+            std::printf("final: %s  (%.1f s, peak memory %s)  %s\n",
+                        format_metrics(kept->metrics).c_str(), kept->seconds,
+                        human_bytes(double(peak_rss_bytes())).c_str(), won.c_str());
+        else
+            std::printf("final: %s\n", won.c_str());
+    } else {
+        for (auto it = records.rbegin(); it != records.rend(); ++it) {
+            if (!it->evaluated) continue;
+            std::printf("final: %s  (%.1f s, peak memory %s)\n",
+                        format_metrics(it->metrics).c_str(), it->seconds,
+                        human_bytes(double(peak_rss_bytes())).c_str());
+            break;
+        }
     }
     // Hybrid: each worker over the whole run (the epochs' windows, which leave out evaluations).
     std::vector<worker_stats> run_totals;

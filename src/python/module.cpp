@@ -125,7 +125,17 @@ void set_option(const cli::option_target& target, py::handle value) {
                           std::is_same_v<T, std::vector<std::string>>) {
                 *field = list_of<typename T::value_type>(value);
             } else if constexpr (std::is_same_v<T, std::string>) {
-                if (!value.is_none()) {
+                if (py::isinstance<py::int_>(value) && !py::isinstance<py::bool_>(value)) {
+                    // A text setting that also takes a count (epochs: "auto" or a count), with
+                    // the range error an integer setting gives.
+                    const py::int_ low(0), high(std::numeric_limits<uint32_t>::max());
+                    if (PyObject_RichCompareBool(value.ptr(), low.ptr(), Py_LT) == 1 ||
+                        PyObject_RichCompareBool(value.ptr(), high.ptr(), Py_GT) == 1)
+                        throw std::out_of_range(fmt::format("{} is out of its range [0, {}]",
+                                                            std::string(py::str(value)),
+                                                            std::numeric_limits<uint32_t>::max()));
+                    *field = std::string(py::str(value));
+                } else if (!value.is_none()) {
                     *field = value.cast<std::string>();
                 } else if (!field->empty()) {
                     throw py::cast_error("None for a setting that has a value");
@@ -216,16 +226,30 @@ class model {
         return m;
     }
 
-    py::list fit(const dataset& train_in, const dataset* valid_in, std::optional<uint32_t> epochs,
+    /// `epochs`: None (the model's option), "auto" or a count, as the option takes.
+    py::list fit(const dataset& train_in, const dataset* valid_in, py::object epochs,
                  py::object callback) {
         train_config tc = options_.train();
-        if (epochs) tc.epochs = *epochs;
+        if (!epochs.is_none()) {
+            const bool number =
+                py::isinstance<py::int_>(epochs) && !py::isinstance<py::bool_>(epochs);
+            if (!number && !py::isinstance<py::str>(epochs))
+                throw py::type_error(
+                    fmt::format("fit(epochs=...) takes None, 'auto' or a positive int, not {}",
+                                std::string(py::str(epochs.get_type()))));
+            parse_epochs(std::string(py::str(epochs)), tc);
+        }
         validate(tc);
         dataset train = train_in, valid;
         if (valid_in) valid = *valid_in;
         if (options_.settings.valid_fraction > 0) {
             HSLIDE_CHECK(!valid_in, "give X_valid/Y_valid or the option valid_fraction, not both");
             auto parts = hold_out(train, options_.settings.valid_fraction, tc.seed);
+            train = std::move(parts.first);
+            valid = std::move(parts.second);
+        } else if (tc.epochs_auto && !valid_in) {
+            // epochs="auto" with no validation set of the caller's: a small seeded hold-out.
+            auto parts = hold_out_for_auto_epochs(train, tc.seed);
             train = std::move(parts.first);
             valid = std::move(parts.second);
         }

@@ -54,8 +54,14 @@ def test_bad_inputs(tiny):
     X, Y, Xt, Yt = tiny
     with pytest.raises(TypeError, match="unknown option 'hiden'"):
         hslide.Model(hiden=64)
-    with pytest.raises(TypeError, match="'epochs' has the wrong type"):
+    with pytest.raises(ValueError, match="--epochs \\(epochs\\) must be 'auto' or a positive"):
         hslide.Model(epochs="many")
+    with pytest.raises(ValueError, match="epochs"):
+        hslide.Model(epochs=0)
+    with pytest.raises(TypeError, match="'epochs' has the wrong type"):
+        hslide.Model(epochs=2.5)
+    with pytest.raises(TypeError, match="epochs="):
+        hslide.Model(**FAST).fit(X, Y, epochs=2.5)
     with pytest.raises(ValueError, match="adam"):
         hslide.Model(adam="bogus")
     with pytest.raises(ValueError, match="validation metric"):
@@ -161,6 +167,28 @@ def test_keep_best_and_patience(tiny):
     # valid_fraction holds out part of the training set instead.
     held = hslide.Model(**dict(FAST, valid_fraction=0.25, keep_best="ndcg@3")).fit(X, Y)
     assert held.history_[0]["valid"]["points"] == round(0.25 * X.shape[0])
+
+
+def test_epochs_auto(tiny):
+    """epochs='auto' (the default) holds out 5% of X, keeps the best epoch and stops on
+    patience; a count trains exactly that many epochs on all of X with no validation."""
+    X, Y, _, _ = tiny
+    options = {k: v for k, v in FAST.items() if k != "epochs"}
+    options["lr"] = 0.02  # overfits the small set within a few epochs: auto must stop
+    model = hslide.Model(**options).fit(X, Y)
+    history = model.history_
+    assert all(r["epochs"] == "auto" for r in history)
+    assert history[0]["valid"]["points"] == round(0.05 * X.shape[0])
+    assert history[0]["valid_metric"] == "ndcg@5"  # auto's default: steadier than P@1
+    valid = [r["valid"]["ndcg@5"] for r in history]
+    best = int(np.argmax(valid)) + 1
+    assert model.best_epoch == best and model.epochs_done == best
+    assert len(history) == best + 2 < 30, "stopped after 2 epochs without improvement"
+    # The keyword of fit() and of the model take 'auto' and counts alike.
+    assert len(hslide.Model(**options).fit(X, Y, epochs="auto").history_) == len(history)
+    fixed = hslide.Model(**dict(options, epochs="auto")).fit(X, Y, epochs=3)
+    assert [r["epoch"] for r in fixed.history_] == [1, 2, 3] and fixed.epochs_done == 3
+    assert all("valid" not in r and "epochs" not in r for r in fixed.history_)
 
 
 def test_xc_round_trip(tiny, tmp_path):

@@ -58,6 +58,12 @@ void save_checkpoint(const std::string& path, const model_state& model,
         {"next_rehash", trainer.next_rehash},
         {"seconds", trainer.seconds},
         {"shuffle_rng", std::vector<uint64_t>(trainer.shuffle_rng, trainer.shuffle_rng + 4)}};
+    // Only where there is something to say: other checkpoints read as before.
+    if (trainer.epochs_auto) meta["trainer"]["epochs_auto"] = true;
+    if (trainer.best_epoch > 0) {
+        meta["trainer"]["best_epoch"] = trainer.best_epoch;
+        meta["trainer"]["best_value"] = trainer.best_value;
+    }
     meta["train_points"] = train_points;
     if (model.holds_output_shard())  // a rank's file of a sharded checkpoint (shard_checkpoint.hpp)
         meta["output_shard"] = {{"first", model.output_first},
@@ -97,6 +103,9 @@ checkpoint_contents load_checkpoint(const std::string& path) {
         if (rng_state.size() != 4)
             throw input_error(path, 0, "trainer RNG state must have 4 words");
         std::copy(rng_state.begin(), rng_state.end(), c.trainer.shuffle_rng);
+        c.trainer.epochs_auto = t.value("epochs_auto", false);
+        c.trainer.best_epoch = detail::json_integer_or<uint32_t>(t, "best_epoch", 0);
+        c.trainer.best_value = t.value("best_value", 0.0);
         c.train_points = detail::json_integer_or<uint64_t>(meta, "train_points", 0);
         if (meta.contains("output_shard")) {
             // One rank's rows of the output layer: [first, first + count) of `rows`.
@@ -140,7 +149,15 @@ checkpoint_contents load_checkpoint(const std::string& path) {
     return c;
 }
 
-void check_resume_epochs(uint32_t epochs, const trainer_state& done, const std::string& path) {
+void check_resume_epochs(const train_config& train, const trainer_state& done,
+                         const std::string& path) {
+    HSLIDE_CHECK(train.epochs_auto == done.epochs_auto,
+                 "--resume {}: the checkpoint was written by an --epochs {} run, and this one is "
+                 "--epochs {}: resume it with --epochs {}",
+                 path, done.epochs_auto ? "auto" : "N", train.epochs_auto ? "auto" : "N",
+                 done.epochs_auto ? std::string("auto")
+                                  : fmt::format("N (more than its {} epochs)", done.epochs_done));
+    const uint32_t epochs = train.epochs;
     HSLIDE_CHECK(epochs > done.epochs_done,
                  "--resume {}: the checkpoint has done {} epochs and --epochs {} counts them in "
                  "(it is the total), so there is nothing to train: give --epochs {} or more",

@@ -72,10 +72,20 @@ trainer::trainer(backend& engine, const dataset& train, const dataset* test,
     state_.next_rebuild = options_.train.rebuild_every;
     state_.next_rehash = options_.train.rehash_every;
     label_counts_ = label_counts(train_);
-    const validation_options& v = options_.validation;
+    validation_options& v = options_.validation;
     const bool validating = v.valid && v.valid->size() > 0;
+    HSLIDE_CHECK(validating || !options_.train.epochs_auto,
+                 "--epochs auto needs a validation set (the command line and hslide.Model hold "
+                 "one out of the training data when none is given)");
     HSLIDE_CHECK(validating || (!v.keep_best && v.patience == 0),
                  "keeping the best epoch and early stopping (patience) need a validation set");
+    if (options_.train.epochs_auto) {
+        // What auto means: the best epoch's model, and a stop once it stops improving (an
+        // explicit metric or patience replaces the default).
+        if (!v.keep_best) v.metric = auto_epochs_defaults::metric();
+        v.keep_best = true;
+        if (v.patience == 0) v.patience = auto_epochs_defaults::patience;
+    }
     if ((test_ && test_->size() > 0) || validating)
         inverse_propensities_ =
             inverse_propensities(label_counts_, train_.size(), options_.eval.metrics.propensity_a,
@@ -90,10 +100,33 @@ trainer::trainer(backend& engine, const dataset& train, const dataset* test,
         std::sort(all.begin(), all.end());
         probe_rows_ = std::move(all);
     }
+    state_.epochs_auto = options_.train.epochs_auto;
     if (options_.resume) {
+        HSLIDE_CHECK(options_.resume->epochs_auto == options_.train.epochs_auto,
+                     "a checkpoint of an --epochs {} run cannot be resumed with --epochs {}",
+                     options_.resume->epochs_auto ? "auto" : "N",
+                     options_.train.epochs_auto ? "auto" : "N");
         state_ = *options_.resume;
         spdlog::info("resuming after epoch {} ({} samples)", state_.epochs_done,
                      state_.samples_seen);
+        if (options_.train.epochs_auto && state_.best_epoch > 0) {
+            // An auto run's checkpoint holds its best epoch's model: the best so far, from
+            // which patience counts again exactly as in the uninterrupted run (it redoes the
+            // epochs it trained past the best before it was stopped).
+            HSLIDE_CHECK(state_.best_epoch == state_.epochs_done,
+                         "an --epochs auto checkpoint holds its best epoch's model, but this one "
+                         "says it is epoch {}'s and its best is epoch {}",
+                         state_.epochs_done, state_.best_epoch);
+            best_epoch_ = state_.best_epoch;
+            best_value_ = state_.best_value;
+            best_model_.emplace();
+            backend_.export_state(*best_model_, /*with_optimizer=*/true);
+            best_state_ = state_;
+        } else {
+            // A fixed run's checkpoint is its last epoch's model: the best is tracked afresh.
+            state_.best_epoch = 0;
+            state_.best_value = 0;
+        }
     }
 }
 
@@ -132,8 +165,9 @@ epoch_record trainer::run_epoch(bool synchronize_at_end) {
         backend_.refresh_selections(false);
         record.times.rebuild += seconds_since(t0);
     }
-    progress bar(fmt::format("epoch {}/{}", record.epoch, tc.epochs), order.size(), "samples",
-                 options_.show_progress);
+    progress bar(fmt::format("epoch {}/{}", record.epoch,
+                             tc.epochs_auto ? "auto" : std::to_string(tc.epochs)),
+                 order.size(), "samples", options_.show_progress);
     // Reports count the samples they cover: an asynchronous backend (hybrid) reports batches
     // as they finish, possibly after the epoch that queued them.
     double loss_sum = 0, dropped_mass_sum = 0;
@@ -251,6 +285,7 @@ std::string trainer::record_json(const epoch_record& r) const {
         j["valid_metric"] = to_string(options_.validation.metric);
         j["best_epoch"] = r.best_epoch;
     }
+    if (options_.train.epochs_auto) j["epochs"] = "auto";
     return j.dump();
 }
 
@@ -282,6 +317,8 @@ void trainer::validate_epoch(epoch_record& record) {
     if (best_epoch_ == 0 || value > best_value_) {
         best_epoch_ = record.epoch;
         best_value_ = value;
+        state_.best_epoch = best_epoch_;
+        state_.best_value = best_value_;
         if (v.keep_best) {
             if (!best_model_) best_model_.emplace();
             backend_.export_state(*best_model_, /*with_optimizer=*/true);
@@ -294,16 +331,20 @@ void trainer::validate_epoch(epoch_record& record) {
 std::vector<epoch_record> trainer::run(const std::function<void(const epoch_record&)>& on_epoch) {
     std::vector<epoch_record> records;
     const uint32_t total = options_.train.epochs;
+    const bool automatic = options_.train.epochs_auto;
     const validation_options& v = options_.validation;
     const bool validating = v.valid && v.valid->size() > 0;
+    const bool testing = test_ && test_->size() > 0;
     stop_requested_ = false;
+    final_record_.reset();
     while (state_.epochs_done < total && !stop_requested_) {
         // Evaluations, checkpoints and the run's end need the whole epoch applied; other
         // epochs flow into the next without a barrier.
         const uint32_t epoch = state_.epochs_done + 1;
         const bool last = epoch == total;
         const bool due = options_.eval_every > 0 && epoch % options_.eval_every == 0;
-        const bool evaluate_now = test_ && test_->size() > 0 && (due || last);
+        // With keep_best the end's evaluation is of the kept model, after the loop.
+        const bool evaluate_now = testing && (due || (last && !v.keep_best));
         const bool synchronized = evaluate_now || last || validating || !options_.save_path.empty();
         epoch_record record = run_epoch(synchronized);
         if (synchronized && !probe_rows_.empty()) {
@@ -329,7 +370,11 @@ std::vector<epoch_record> trainer::run(const std::function<void(const epoch_reco
             state_.seconds += record.eval_seconds;
             record.seconds = state_.seconds;
         }
-        if (!options_.save_path.empty()) save_checkpoint_now();
+        // Under auto the checkpoint is always the best model so far: a resumed run then
+        // starts from the best, as the uninterrupted one ends with it.
+        const bool save_now = !options_.save_path.empty() && (!automatic || best_epoch_ == epoch);
+        if (save_now) save_checkpoint_now();
+        if (v.keep_best && best_epoch_ == epoch) best_record_ = record;
         write_metrics_record(record);
         if (on_epoch) on_epoch(record);
         records.push_back(std::move(record));
@@ -340,26 +385,54 @@ std::vector<epoch_record> trainer::run(const std::function<void(const epoch_reco
             break;
         }
     }
-    if (v.keep_best && best_model_ && best_epoch_ != state_.epochs_done) {
-        // The best epoch's model and trainer state replace the last epoch's: what the backend
-        // holds, what state() says and what --save holds from here on.
-        spdlog::info("keeping epoch {}'s model ({} {:.4f} on the validation set)", best_epoch_,
-                     to_string(v.metric), best_value_);
-        backend_.import_state(*best_model_, /*with_optimizer=*/true);
-        const double seconds = state_.seconds;
-        state_ = best_state_;
-        state_.seconds = seconds;
-        if (!options_.save_path.empty()) save_checkpoint_now();
+    epochs_run_ = state_.epochs_done;
+    if (v.keep_best && best_model_) {
+        if (best_epoch_ != state_.epochs_done) {
+            // The best epoch's model and trainer state replace the last epoch's: what the
+            // backend holds, what state() says and what --save holds from here on.
+            spdlog::info("keeping epoch {}'s model ({} {:.4f} on the validation set)", best_epoch_,
+                         to_string(v.metric), best_value_);
+            backend_.import_state(*best_model_, /*with_optimizer=*/true);
+            const double seconds = state_.seconds;
+            state_ = best_state_;
+            state_.seconds = seconds;
+            if (!options_.save_path.empty()) save_checkpoint_now();
+        }
+        // The run's final metrics are the kept model's. (A resumed auto run that never beat
+        // its checkpoint has no record of the best epoch: it gets one here.)
+        epoch_record kept;
+        if (best_record_ && best_record_->epoch == best_epoch_) {
+            kept = *best_record_;
+        } else {
+            kept.epoch = best_epoch_;
+            kept.best_epoch = best_epoch_;
+        }
+        if (testing && !kept.evaluated) {
+            const auto t0 = clock_type::now();
+            kept.metrics = evaluate(backend_, *test_, options_.eval, inverse_propensities_);
+            kept.eval_seconds = seconds_since(t0);
+            kept.evaluated = true;
+            state_.seconds += kept.eval_seconds;
+        }
+        kept.seconds = state_.seconds;
         for (epoch_record& r : records)
-            if (r.epoch == best_epoch_ && !r.evaluated && test_ && test_->size() > 0) {
-                // The run's final metrics are the kept model's.
-                const auto t0 = clock_type::now();
-                r.metrics = evaluate(backend_, *test_, options_.eval, inverse_propensities_);
-                r.eval_seconds = seconds_since(t0);
+            if (r.epoch == best_epoch_ && !r.evaluated && kept.evaluated) {
+                r.metrics = kept.metrics;
+                r.eval_seconds = kept.eval_seconds;
                 r.evaluated = true;
             }
+        final_record_ = kept;
+        if (!options_.metrics_out.empty()) {
+            // The last line of --metrics-out is the kept model's: its epoch, the test metrics
+            // of that model, and how many epochs the run trained to find it.
+            nlohmann::json j = nlohmann::json::parse(record_json(kept));
+            j["final"] = true;
+            j["epochs_run"] = epochs_run_;
+            append_to_file(options_.metrics_out, j.dump() + '\n');
+        }
     }
     best_model_.reset();
+    best_record_.reset();
     return records;
 }
 

@@ -56,11 +56,34 @@ void check_validation_fraction(double fraction) {
                  fraction);
 }
 
-std::pair<dataset, dataset> hold_out(const dataset& data, double fraction, uint64_t seed) {
+void parse_epochs(const std::string& text, train_config& train) {
+    if (text == "auto") {
+        train.epochs_auto = true;
+        train.epochs = auto_epochs_defaults::max_epochs;
+        return;
+    }
+    // Digits only: std::stoul would take "-1", " 7" or "7x".
+    const bool digits =
+        !text.empty() && text.size() <= 9 &&
+        std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+    const unsigned long count = digits ? std::stoul(text) : 0;
+    HSLIDE_CHECK(count > 0,
+                 "--epochs (epochs) must be 'auto' or a positive number of epochs, got '{}'", text);
+    train.epochs_auto = false;
+    train.epochs = uint32_t(count);
+}
+
+std::string epochs_to_string(const train_config& train) {
+    return train.epochs_auto ? std::string("auto") : std::to_string(train.epochs);
+}
+
+std::pair<dataset, dataset> hold_out(const dataset& data, double fraction, uint64_t seed,
+                                     size_t max_points) {
     HSLIDE_CHECK(fraction > 0 && fraction < 1,
                  "the validation fraction must be in (0, 1), got {:g}", fraction);
     const size_t n = data.size();
-    const size_t held = size_t(std::llround(fraction * double(n)));
+    size_t held = size_t(std::llround(fraction * double(n)));
+    if (max_points > 0) held = std::min(held, max_points);
     HSLIDE_CHECK(held > 0 && held < n,
                  "a validation fraction of {} of {} points leaves {} for validation and {} for "
                  "training: both must be non-empty",
@@ -77,6 +100,17 @@ std::pair<dataset, dataset> hold_out(const dataset& data, double fraction, uint6
     out.first.source = data.source;
     out.second.source = data.source + " (held out)";
     return out;
+}
+
+std::pair<dataset, dataset> hold_out_for_auto_epochs(const dataset& data, uint64_t seed) {
+    HSLIDE_CHECK(data.size() >= 2,
+                 "--epochs auto holds out validation points, and {} has only {} point(s): give "
+                 "--epochs N",
+                 data.source, data.size());
+    // At least one point each side, however small the data.
+    const double fraction = std::clamp(auto_epochs_defaults::holdout_fraction,
+                                       1.0 / double(data.size()), 1.0 - 1.0 / double(data.size()));
+    return hold_out(data, fraction, seed, auto_epochs_defaults::holdout_max_points);
 }
 
 }  // namespace hslide

@@ -134,9 +134,12 @@ class Model:
         self.history_ = []
 
     def fit(self, X, Y, *, X_valid=None, Y_valid=None, epochs=None, callback=None):
-        """Trains a fresh model on (X, Y). With a validation set (X_valid/Y_valid, or the
-        valid_fraction option), each epoch is also scored on it; keep_best and patience act on
-        it. callback(record) gets each epoch's record (the --metrics-out line as a dict);
+        """Trains a fresh model on (X, Y). epochs: None (the model's option, 'auto' by
+        default), 'auto' or a count. 'auto' scores each epoch on a validation set (X_valid/
+        Y_valid, the valid_fraction option, else 5% of X held out, at most 2,000 rows), stops
+        once it has not improved for `patience` (2) epochs (at most 30) and keeps the best
+        epoch's model; a count trains exactly that many epochs on all of X. With a validation
+        set, keep_best and patience act on it. callback(record) gets each epoch's record (the --metrics-out line as a dict);
         returning False or raising StopIteration stops training after that epoch.
         Returns self; self.history_ holds the records."""
         if (X_valid is None) != (Y_valid is None):

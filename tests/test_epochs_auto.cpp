@@ -1,0 +1,441 @@
+// Tests of --epochs auto (train_config::epochs_auto; validation.hpp's auto_epochs_defaults):
+// parsing --epochs, the capped seeded hold-out, the trainer's stop on patience and its final
+// record, that the CPU backend ends with exactly the model of a run of best-epoch epochs, that
+// an interrupted auto run resumed from its checkpoint ends where the uninterrupted one does,
+// and the command line's defaults, messages and --metrics-out records.
+#include "hslide/backend.hpp"
+#include "hslide/backend_registry.hpp"
+#include "hslide/checkpoint.hpp"
+#include "hslide/error.hpp"
+#include "hslide/model.hpp"
+#include "hslide/model_options.hpp"
+#include "hslide/synthetic.hpp"
+#include "hslide/trainer.hpp"
+#include "hslide/validation.hpp"
+#include "test_util.hpp"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+using namespace hslide;
+using hslide::testing::run_hslide;
+using hslide::testing::temp_dir;
+
+namespace {
+
+dataset labelled_points(uint32_t n) {
+    dataset d;
+    d.source = "points";
+    d.n_features = 4;
+    d.n_labels = 3;
+    const uint32_t f[] = {1, 3};
+    const float v[] = {0.5f, 0.25f};
+    for (uint32_t i = 0; i < n; ++i) {
+        const uint32_t label = i % 3;
+        d.push_back(f, v, 2, &label, 1);
+    }
+    return d;
+}
+
+/// A backend whose validation P@1 after epoch e is quality[e-1] / 10 (the first quality
+/// tenths of every ten points are right); its "model" is the epoch it reached.
+class scripted_backend final : public backend {
+  public:
+    scripted_backend(std::vector<int> quality, uint32_t points)
+        : quality_(std::move(quality)), points_(points) {}
+    std::vector<uint64_t> imported;
+
+    step_report train_batch(const batch_view& batch, float) override {
+        samples_ += batch.size;
+        step_report r;
+        r.samples = batch.size;
+        r.loss_sum = batch.size;
+        r.active_per_layer = {1, 1};
+        return r;
+    }
+    void refresh_selections(bool) override {}
+    void predict(const batch_view& batch, uint32_t k, scoring_mode, uint32_t* labels,
+                 float* scores) override {
+        const int q = quality_.at(size_t(epoch() - 1));
+        for (uint32_t s = 0; s < batch.size; ++s) {
+            const uint32_t row = batch.rows[s];
+            const uint32_t truth = batch.data->labels(row).ids[0];
+            for (uint32_t i = 0; i < k; ++i) {
+                labels[size_t(s) * k + i] = UINT32_MAX;
+                scores[size_t(s) * k + i] = -1;
+            }
+            labels[size_t(s) * k] = int(row % 10) < q ? truth : (truth + 1) % 3;
+        }
+    }
+    void export_state(model_state& out, bool) const override { out.adam_step = epoch(); }
+    void import_state(const model_state& in, bool) override {
+        imported.push_back(in.adam_step);
+        samples_ = in.adam_step * points_;
+    }
+    backend_info info() const override { return {}; }
+    uint64_t epoch() const { return samples_ / points_; }
+
+  private:
+    std::vector<int> quality_;
+    uint64_t samples_ = 0;
+    uint32_t points_;
+};
+
+trainer_options auto_options() {
+    trainer_options o;
+    parse_epochs("auto", o.train);
+    o.train.batch_size = 10;
+    o.train.seed = 7;
+    o.show_progress = false;
+    o.eval.show_progress = false;
+    o.selection_probe_points = 0;
+    return o;
+}
+
+/// The tiny synthetic preset's training points (deterministic).
+const dataset& tiny_train() {
+    static const dataset data = [] {
+        synthetic_config sc;
+        sc.preset = "tiny";
+        sc.scale = 0.5;
+        sc.n_labels = 200;
+        sc.n_features = 1000;
+        sc.seed = 7;
+        return generate_synthetic(sc).train;
+    }();
+    return data;
+}
+
+/// A CPU backend with a small network for tiny_train(), at a learning rate that overfits.
+std::unique_ptr<backend> tiny_backend(const train_config& tc) {
+    model_options mo;
+    mo.hidden = {16};
+    mo.min_active = {64};
+    const model_config config =
+        make_model_config(mo, uint32_t(tiny_train().n_features), uint32_t(tiny_train().n_labels));
+    backend_options bo;
+    bo.kind = backend_kind::cpu;
+    bo.threads = 2;
+    return create_backend(bo, model_state::create(config, tc.seed, tc.adam_moments), tc);
+}
+
+train_config tiny_train_config() {
+    train_config tc;
+    parse_epochs("auto", tc);
+    tc.learning_rate = 0.03f;
+    tc.batch_size = 32;
+    tc.seed = 3;
+    return tc;
+}
+
+model_state exported(const backend& be) {
+    model_state m;
+    be.export_state(m, /*with_optimizer=*/true);
+    return m;
+}
+
+/// Bit for bit: the same bytes (NaN-safe, unlike ==).
+template <class Array>
+bool same_bytes(const Array& a, const Array& b) {
+    return a.size() == b.size() &&
+           (a.size() == 0 || std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0);
+}
+
+void expect_identical(const model_state& a, const model_state& b) {
+    ASSERT_EQ(a.layers.size(), b.layers.size());
+    EXPECT_EQ(a.adam_step, b.adam_step);
+    for (size_t l = 0; l < a.layers.size(); ++l) {
+        const layer_state &x = a.layers[l], &y = b.layers[l];
+        EXPECT_TRUE(same_bytes(x.weights, y.weights)) << "layer " << l;
+        EXPECT_TRUE(same_bytes(x.bias, y.bias)) << "layer " << l;
+        EXPECT_TRUE(same_bytes(x.adam_m, y.adam_m)) << "layer " << l;
+        EXPECT_TRUE(same_bytes(x.adam_v, y.adam_v)) << "layer " << l;
+    }
+}
+
+}  // namespace
+
+TEST(EpochsAuto, EpochsParseAsAutoOrAPositiveCount) {
+    train_config tc;
+    parse_epochs("auto", tc);
+    EXPECT_TRUE(tc.epochs_auto);
+    EXPECT_EQ(tc.epochs, auto_epochs_defaults::max_epochs);
+    EXPECT_EQ(epochs_to_string(tc), "auto");
+    parse_epochs("7", tc);
+    EXPECT_FALSE(tc.epochs_auto);
+    EXPECT_EQ(tc.epochs, 7u);
+    EXPECT_EQ(epochs_to_string(tc), "7");
+    for (const char* bad : {"0", "foo", "-3", "", " 7", "7x", "2.5", "AUTO", "99999999999"}) {
+        try {
+            parse_epochs(bad, tc);
+            ADD_FAILURE() << "accepted --epochs '" << bad << "'";
+        } catch (const error& e) {
+            EXPECT_NE(std::string(e.what()).find("--epochs"), std::string::npos) << e.what();
+            EXPECT_EQ(e.kind(), error_kind::invalid_argument);
+        }
+    }
+    EXPECT_EQ(tc.epochs, 7u) << "a refused value leaves the setting as it was";
+}
+
+TEST(EpochsAuto, TheHoldOutIsAFewSeededPointsCappedWhateverTheSize) {
+    const dataset data = labelled_points(1000);
+    const auto a = hold_out_for_auto_epochs(data, 5), b = hold_out_for_auto_epochs(data, 5);
+    EXPECT_EQ(a.second.size(), 50u);  // 5%
+    EXPECT_EQ(a.first.size(), 950u);
+    EXPECT_EQ(a.second.label_ids, b.second.label_ids);
+    // The cap keeps the first points of the uncapped draw.
+    const auto capped = hold_out(data, 0.05, 5, 20);
+    EXPECT_EQ(capped.second.size(), 20u);
+    EXPECT_EQ(capped.first.size(), 980u);
+    const auto big = hold_out_for_auto_epochs(labelled_points(100000), 1);
+    EXPECT_EQ(big.second.size(), auto_epochs_defaults::holdout_max_points);
+    // A handful of points still leaves one for validation and the rest for training.
+    const auto few = hold_out_for_auto_epochs(labelled_points(3), 1);
+    EXPECT_EQ(few.second.size(), 1u);
+    EXPECT_EQ(few.first.size(), 2u);
+    EXPECT_THROW(hold_out_for_auto_epochs(labelled_points(1), 1), error);
+}
+
+TEST(EpochsAuto, StopsOncePatienceRunsOutAndEndsWithTheBestModel) {
+    const dataset train = labelled_points(40), valid = labelled_points(20);
+    // Validation P@1 0.3, 0.7 (best), 0.5, 0.6, then better: the default patience (2) stops
+    // after epoch 4, well before the cap, and the model of epoch 2 is kept.
+    scripted_backend be({3, 7, 5, 6, 9, 9, 9}, 40);
+    trainer_options o = auto_options();
+    o.validation.valid = &valid;
+    trainer run(be, train, nullptr, o);
+    EXPECT_TRUE(run.options().validation.keep_best) << "auto keeps the best";
+    EXPECT_EQ(to_string(run.options().validation.metric), "ndcg@5");
+    EXPECT_EQ(run.options().validation.patience, auto_epochs_defaults::patience);
+    const auto records = run.run();
+    ASSERT_EQ(records.size(), 4u);
+    EXPECT_EQ(run.best_epoch(), 2u);
+    EXPECT_DOUBLE_EQ(run.best_value(), 0.7);
+    EXPECT_EQ(run.epochs_run(), 4u);
+    ASSERT_EQ(be.imported, std::vector<uint64_t>{2});
+    EXPECT_EQ(run.state().epochs_done, 2u);
+    EXPECT_EQ(run.state().best_epoch, 2u);
+    EXPECT_TRUE(run.state().epochs_auto);
+    ASSERT_TRUE(run.final_record());
+    EXPECT_EQ(run.final_record()->epoch, 2u);
+    EXPECT_DOUBLE_EQ(run.final_record()->valid_metrics.p_at(1), 0.7);
+    EXPECT_NE(run.record_json(records[0]).find("\"epochs\":\"auto\""), std::string::npos);
+
+    // An explicit metric or patience replaces the default: patience 3 runs into epoch 5,
+    // which is better.
+    scripted_backend patient({3, 7, 5, 6, 9, 8, 8, 8, 8}, 40);
+    o.validation.patience = 3;
+    o.validation.keep_best = true;
+    o.validation.metric = parse_selection_metric("p@3");
+    trainer run3(patient, train, nullptr, o);
+    EXPECT_EQ(to_string(run3.options().validation.metric), "p@3");
+    EXPECT_EQ(run3.run().size(), 8u);
+    EXPECT_EQ(run3.best_epoch(), 5u);
+
+    // Without a validation set auto cannot choose: the front ends hold one out.
+    trainer_options none = auto_options();
+    try {
+        trainer(be, train, nullptr, none);
+        FAIL() << "auto without a validation set";
+    } catch (const error& e) {
+        EXPECT_NE(std::string(e.what()).find("--epochs auto needs a validation set"),
+                  std::string::npos)
+            << e.what();
+    }
+}
+
+TEST(EpochsAuto, AFixedCountTrainsExactlyThatManyEpochs) {
+    const dataset train = labelled_points(40);
+    scripted_backend be({3, 7, 5, 6, 9, 9, 9}, 40);
+    trainer_options o = auto_options();
+    parse_epochs("6", o.train);
+    trainer run(be, train, nullptr, o);
+    const auto records = run.run();
+    EXPECT_EQ(records.size(), 6u);
+    EXPECT_EQ(run.state().epochs_done, 6u);
+    EXPECT_FALSE(records.back().validated);
+    EXPECT_FALSE(run.final_record());
+    EXPECT_TRUE(be.imported.empty());
+}
+
+TEST(EpochsAuto, TheCpuBackendEndsWithTheModelOfARunOfBestEpochEpochs) {
+    // The same hold-out for both runs; the fixed run trains exactly the best epoch's count.
+    train_config tc = tiny_train_config();
+    const auto parts = hold_out_for_auto_epochs(tiny_train(), tc.seed);
+    trainer_options o = auto_options();
+    o.train = tc;
+    o.validation.valid = &parts.second;
+    auto automatic = tiny_backend(tc);
+    trainer run(*automatic, parts.first, nullptr, o);
+    const auto records = run.run();
+    const uint32_t best = run.best_epoch();
+    ASSERT_GE(best, 1u);
+    EXPECT_LT(run.epochs_run(), tc.epochs) << "this learning rate overfits: auto stops early";
+    EXPECT_EQ(run.epochs_run(), best + auto_epochs_defaults::patience);
+    EXPECT_EQ(records.size(), run.epochs_run());
+
+    // Validated every epoch too (nothing kept, no stop): predictions catch up the input
+    // layer's lazy Adam rows (--adam input-catch-up), so a run without them rounds otherwise.
+    train_config fixed_tc = tc;
+    parse_epochs(std::to_string(best), fixed_tc);
+    trainer_options fixed = auto_options();
+    fixed.train = fixed_tc;
+    fixed.validation.valid = &parts.second;
+    auto exact = tiny_backend(fixed_tc);
+    trainer(*exact, parts.first, nullptr, fixed).run();
+    expect_identical(exported(*automatic), exported(*exact));
+}
+
+TEST(EpochsAuto, AnInterruptedRunResumedFromItsCheckpointEndsAsTheUninterruptedOne) {
+    temp_dir dir;
+    const train_config tc = tiny_train_config();
+    const auto parts = hold_out_for_auto_epochs(tiny_train(), tc.seed);
+    trainer_options o = auto_options();
+    o.train = tc;
+    o.validation.valid = &parts.second;
+
+    auto straight = tiny_backend(tc);
+    trainer whole(*straight, parts.first, nullptr, o);
+    whole.run();
+    const uint32_t best = whole.best_epoch(), ran = whole.epochs_run();
+    ASSERT_GE(ran, 2u);
+
+    // Interrupted after the epoch before the last: its checkpoint holds the best so far.
+    trainer_options first = o;
+    first.save_path = dir.file("auto.ckpt");
+    auto half = tiny_backend(tc);
+    trainer interrupted(*half, parts.first, nullptr, first);
+    interrupted.run([&](const epoch_record& r) {
+        if (r.epoch == ran - 1) interrupted.request_stop();
+    });
+    checkpoint_contents ck = load_checkpoint(first.save_path);
+    EXPECT_TRUE(ck.trainer.epochs_auto);
+    EXPECT_EQ(ck.trainer.best_epoch, ck.trainer.epochs_done) << "the best so far";
+    EXPECT_LE(ck.trainer.epochs_done, ran - 1);
+
+    trainer_options second = o;
+    second.resume = ck.trainer;
+    check_resume_epochs(tc, ck.trainer, first.save_path);
+    backend_options bo;
+    bo.kind = backend_kind::cpu;
+    bo.threads = 2;
+    auto resumed_backend = create_backend(bo, std::move(ck.model), tc);
+    trainer resumed(*resumed_backend, parts.first, nullptr, second);
+    resumed.run();
+    EXPECT_EQ(resumed.best_epoch(), best);
+    EXPECT_EQ(resumed.epochs_run(), ran);
+    expect_identical(exported(*resumed_backend), exported(*straight));
+
+    // A fixed run cannot resume an auto run's checkpoint, nor auto a fixed one's.
+    train_config fixed = tc;
+    parse_epochs("20", fixed);
+    EXPECT_THROW(check_resume_epochs(fixed, ck.trainer, first.save_path), error);
+    trainer_state fixed_state;
+    fixed_state.epochs_done = 2;
+    try {
+        check_resume_epochs(tc, fixed_state, "x.ckpt");
+        FAIL() << "auto resumed a fixed run's checkpoint";
+    } catch (const error& e) {
+        EXPECT_NE(std::string(e.what()).find("--epochs N"), std::string::npos) << e.what();
+    }
+}
+
+namespace {
+
+const std::string& tiny_dir() {
+    static temp_dir dir;
+    static bool made = false;
+    if (!made) {
+        const auto r = run_hslide("gen --preset tiny --seed 5 --out " + dir.path() + " -q");
+        EXPECT_EQ(r.exit_code, 0) << r.output;
+        made = true;
+    }
+    return dir.path();
+}
+
+std::string tiny_args() {
+    return " --train " + tiny_dir() + "/train.txt --test " + tiny_dir() +
+           "/test.txt --no-cache --no-progress --threads 2 --hidden 16 --min-active 64 ";
+}
+
+}  // namespace
+
+TEST(EpochsAutoCli, TheDefaultHoldsOutStopsAndSaysWhichEpochWon) {
+    temp_dir dir;
+    const std::string metrics = dir.file("m.jsonl"), model = dir.file("best.ckpt");
+    auto r = run_hslide("train" + tiny_args() + "--lr 0.03 --metrics-out " + metrics + " --save " +
+                        model);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("(--epochs auto; --epochs N uses them all)"), std::string::npos)
+        << r.output;
+    const auto lines = hslide::testing::read_lines(metrics);
+    ASSERT_GE(lines.size(), 2u);
+    const auto final_record = nlohmann::json::parse(lines.back());
+    ASSERT_TRUE(final_record.value("final", false)) << lines.back();
+    const uint32_t best = final_record.at("epoch"), ran = final_record.at("epochs_run");
+    EXPECT_EQ(lines.size(), size_t(ran) + 1);
+    EXPECT_LT(ran, auto_epochs_defaults::max_epochs);
+    EXPECT_EQ(ran, best + auto_epochs_defaults::patience);
+    // The epochs score the validation set, not the test set: only the kept model is tested.
+    for (size_t i = 0; i + 1 < lines.size(); ++i) {
+        const auto j = nlohmann::json::parse(lines[i]);
+        EXPECT_TRUE(j.contains("valid")) << lines[i];
+        EXPECT_FALSE(j.contains("p@1")) << lines[i];
+        EXPECT_EQ(j.at("epochs"), "auto");
+    }
+    const double p1 = final_record.at("p@1");
+    // Chosen by nDCG@5 on the hold-out; the line gives its P@1 too.
+    EXPECT_EQ(final_record.at("valid_metric"), "ndcg@5");
+    EXPECT_NE(r.output.find(fmt::format("best epoch {} of {} (valid P@1 {:.4f} ndcg@5 {:.4f})",
+                                        best, ran, double(final_record.at("valid").at("p@1")),
+                                        double(final_record.at("valid").at("ndcg@5")))),
+              std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find(fmt::format("final: P@1 {:.4f}", p1)), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(fmt::format("epoch   1/auto")), std::string::npos) << r.output;
+    // The checkpoint is the kept model: eval gives the final line's P@1.
+    r = run_hslide("eval --model " + model + " --test " + tiny_dir() +
+                   "/test.txt --no-cache -q --metrics-out " + dir.file("eval.jsonl"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto eval = nlohmann::json::parse(hslide::testing::read_lines(dir.file("eval.jsonl"))[0]);
+    EXPECT_DOUBLE_EQ(double(eval.at("p@1")), p1);
+    // Resuming it under auto ends at the same model (it redoes the epochs past the best).
+    r = run_hslide("train" + tiny_args() + "--lr 0.03 --resume " + model + " --save " +
+                   dir.file("again.ckpt"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find(fmt::format("final: P@1 {:.4f}", p1)), std::string::npos) << r.output;
+    // ... and a fixed run cannot resume it.
+    r = run_hslide("train" + tiny_args() + "--epochs 20 -q --resume " + model);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("resume it with --epochs auto"), std::string::npos) << r.output;
+}
+
+TEST(EpochsAutoCli, EpochsNTrainsExactlyNOnEveryPoint) {
+    temp_dir dir;
+    const std::string metrics = dir.file("m.jsonl");
+    auto r = run_hslide("train" + tiny_args() + "--epochs 3 --metrics-out " + metrics);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(r.output.find("holding out"), std::string::npos) << r.output;
+    const auto lines = hslide::testing::read_lines(metrics);
+    ASSERT_EQ(lines.size(), 3u);
+    for (const std::string& line : lines) {
+        const auto j = nlohmann::json::parse(line);
+        EXPECT_FALSE(j.contains("valid")) << line;
+        EXPECT_FALSE(j.contains("epochs")) << line;
+        EXPECT_TRUE(j.contains("p@1")) << line << ": every epoch is tested, as before";
+    }
+    EXPECT_NE(r.output.find("epoch   3/3"), std::string::npos) << r.output;
+}
+
+TEST(EpochsAutoCli, BadEpochsAreRefusedNamingTheOption) {
+    for (const char* bad : {"0", "foo", "-1"}) {
+        const auto r = run_hslide(std::string("train --preset tiny -q --epochs ") + bad);
+        EXPECT_EQ(r.exit_code, 2) << bad << ": " << r.output;
+        EXPECT_NE(r.output.find("--epochs"), std::string::npos) << r.output;
+        EXPECT_NE(r.output.find("'auto' or a positive"), std::string::npos) << r.output;
+    }
+}
