@@ -10,7 +10,9 @@ packages=(build-essential cmake pkg-config libcli11-dev libfmt-dev libspdlog-dev
           # scripts/reproduce.sh: the PyTorch baseline, the report's plots (for /usr/bin/python3)
           python3-torch python3-numpy python3-matplotlib
           # the Python module (build/python/hslide) and its tests (ctest's python_tests)
-          pybind11-dev python3-pybind11 python3-dev python3-scipy python3-pytest)
+          pybind11-dev python3-pybind11 python3-dev python3-scipy python3-pytest
+          # the output layer sharded across MPI ranks (mpirun -np N hslide train; HSLIDE_MPI)
+          openmpi-bin libopenmpi-dev)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -11,6 +11,7 @@
 #include "hslide/config.hpp"
 #include "hslide/isa.hpp"
 #include "hslide/model.hpp"
+#include "hslide/output_shard.hpp"
 
 #include <array>
 #include <cstdint>
@@ -46,6 +47,10 @@ struct backend_options {
     precision_mode precision = precision_mode::fp32;
     /// CPU kernel level; unset = active_isa() (the --isa flag, HSLIDE_ISA or the best level).
     std::optional<isa_level> isa;
+    /// The output layer's rows this rank holds in a label-sharded run (output_shard.hpp; the
+    /// model given to create_backend holds them: model_state::create_shard). Default: the
+    /// whole layer. Only the cpu kind runs sharded; the others refuse it.
+    output_shard shard;
 };
 
 /// What a backend supports. The hybrid's entry is its workers' union; what one of its

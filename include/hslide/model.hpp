@@ -99,6 +99,14 @@ struct model_state {
     std::vector<layer_state> layers;
     uint64_t adam_step = 0;            ///< Adam's t (batches applied so far)
     std::vector<uint64_t> hash_seeds;  ///< per layer: the seed of its current hash functions
+    /// A rank's shard (create_shard): the whole layer's id of the output layer's row 0 (its
+    /// rows are layers.back().rows of config.output_dim()); 0 for a whole model.
+    uint32_t output_first = 0;
+
+    /// Whether the output layer holds a shard of its rows (create_shard) rather than all.
+    bool holds_output_shard() const {
+        return !layers.empty() && layers.back().rows != config.output_dim();
+    }
 
     /// Allocates every layer for `config` and initialises the weights from `seed`
     /// (He-normal for ReLU layers, a smaller normal for the softmax layer; biases zero). With
@@ -106,6 +114,12 @@ struct model_state {
     /// keeps them in bf16 and starts them at zero), so they never take memory.
     static model_state create(const model_config& config, uint64_t seed,
                               moment_storage moments = moment_storage::fp32);
+    /// create() holding only rows [first, first + count) of the output layer (a rank's shard,
+    /// output_shard.hpp), as row 0..count of its last layer (rows = count; the config keeps
+    /// the whole layer's size). Each row is initialised as create() initialises it in the
+    /// whole layer, so a sharded run starts from the whole run's model.
+    static model_state create_shard(const model_config& config, uint64_t seed,
+                                    moment_storage moments, uint32_t first, uint32_t count);
 
     /// The shapes of every layer for `config` (rows, width, stride) with nothing allocated:
     /// for loaders that fill the buffers themselves (a checkpoint), so a large model is

@@ -108,6 +108,9 @@ struct trainer_options {
     /// abandon the run mid-epoch (the Python module raises KeyboardInterrupt there on Ctrl-C,
     /// which otherwise would wait for the epoch's end). Empty: nothing is called.
     std::function<void()> between_steps;
+    /// Called after every checkpoint written to save_path (a sharded run's ranks each write
+    /// their file there; the hook then writes the manifest). Empty: nothing is called.
+    std::function<void()> after_checkpoint;
 };
 
 /// Runs training on `engine` (a backend holding the initial replica of the model).

@@ -22,7 +22,7 @@ std::unique_ptr<backend> create_cpu(const backend_options& o, model_state initia
                                     const train_config& train) {
     return std::make_unique<cpu::cpu_backend>(std::move(initial), train, o.threads,
                                               cpu::kernels_for(o.isa ? *o.isa : active_isa()),
-                                              o.precision);
+                                              o.precision, o.shard);
 }
 
 std::unique_ptr<backend> create_cpu_dense(const backend_options& o, model_state initial,
@@ -299,6 +299,11 @@ std::unique_ptr<backend> create_backend(const backend_options& options, model_st
                       "--backend {} does not find top-k sets with --top-k-search ivf; use "
                       "--top-k-search exact with it",
                       e.name);
+    HSLIDE_CHECK_KIND(!options.shard.sharded() || options.kind == backend_kind::cpu,
+                      error_kind::unsupported,
+                      "--backend {}: only --backend cpu runs with its output layer sharded across "
+                      "MPI ranks ({} ranks); run one process, or --backend cpu",
+                      e.name, options.shard.sharded() ? options.shard.comm->size() : 1);
     const std::string what = fmt::format("creating the {} backend (its buffers and tables for {})",
                                          e.name, describe_model_allocation(initial, true));
     try {

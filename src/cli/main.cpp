@@ -5,6 +5,7 @@
 #include "hslide/error.hpp"
 #include "hslide/memory.hpp"
 #include "hslide/progress.hpp"
+#include "hslide/shard_comm.hpp"
 #include "hslide/system_info.hpp"
 
 #include <spdlog/spdlog.h>
@@ -30,6 +31,25 @@ const char* usage =
     "  gen       write a synthetic dataset (train.txt, test.txt) in XC format\n"
     "  info      show the CPU, SIMD levels, threads and GPUs this build can use\n";
 
+/// Ends the command after an error: prints it (with the rank in a run of several MPI ranks,
+/// whose other ranks would otherwise wait in a collective for ever) and returns the exit code,
+/// or, in a run of several ranks, ends every rank of the job with it (MPI_Abort).
+int fail(const std::string& command, int exit_code, const char* message) {
+    if (hslide::shard_comm* comm = hslide::started_multi_rank_comm()) {
+        std::fprintf(stderr, "hslide %s: error on rank %d of %d: %s\n", command.c_str(),
+                     comm->rank(), comm->size(), message);
+        comm->abort(exit_code);
+    }
+    std::fprintf(stderr, "hslide %s: error: %s\n", command.c_str(), message);
+    return exit_code;
+}
+
+/// The command's exit code, after MPI's end in a run of several ranks.
+int finish(int exit_code) {
+    hslide::finish_world_comm();
+    return exit_code;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -47,7 +67,7 @@ int main(int argc, char** argv) {
     }
     try {
         using namespace hslide::cli;
-        if (command == "train") return run_train(argc - 1, argv + 1);
+        if (command == "train") return finish(run_train(argc - 1, argv + 1));
         if (command == "eval") return run_eval(argc - 1, argv + 1);
         if (command == "predict") return run_predict(argc - 1, argv + 1);
         if (command == "gen") return run_gen(argc - 1, argv + 1);
@@ -55,16 +75,14 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "hslide: unknown command '%s'\n\n%s", command.c_str(), usage);
         return 2;
     } catch (const hslide::error& e) {
-        std::fprintf(stderr, "hslide %s: error: %s\n", command.c_str(), e.what());
-        return e.exit_code();
+        return fail(command, e.exit_code(), e.what());
     } catch (const std::bad_alloc&) {
         // Sized allocations say what they were (hslide/memory.hpp); this is any other one.
-        std::fprintf(
-            stderr, "hslide %s: error: out of memory (an allocation failed; %s available)\n",
-            command.c_str(), hslide::human_bytes(double(hslide::available_host_bytes())).c_str());
-        return 1;
+        const std::string message = "out of memory (an allocation failed; " +
+                                    hslide::human_bytes(double(hslide::available_host_bytes())) +
+                                    " available)";
+        return fail(command, 1, message.c_str());
     } catch (const std::exception& e) {
-        std::fprintf(stderr, "hslide %s: error: %s\n", command.c_str(), e.what());
-        return 1;
+        return fail(command, 1, e.what());
     }
 }

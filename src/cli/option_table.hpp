@@ -88,6 +88,8 @@ struct train_settings {
     /// --epochs: "auto" (the default) or a count, parsed into train.epochs/epochs_auto.
     std::string epochs = "auto";
     std::string valid, valid_split, keep_best, resume;
+    std::string
+        shard_weights;  ///< --shard-weights: the ranks' shares of the output layer ("" = equal)
     double valid_fraction = 0;
     bool progress = false;  ///< hslide.Model's progress bars (the CLI has --no-progress)
 

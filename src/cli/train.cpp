@@ -9,7 +9,10 @@
 #include "hslide/hybrid.hpp"
 #include "hslide/input_check.hpp"
 #include "hslide/model.hpp"
+#include "hslide/output_shard.hpp"
 #include "hslide/progress.hpp"
+#include "hslide/shard_checkpoint.hpp"
+#include "hslide/shard_comm.hpp"
 #include "hslide/system_info.hpp"
 #include "hslide/trainer.hpp"
 
@@ -85,7 +88,17 @@ int run_train(int argc, char** argv) {
     const std::string &valid_path = settings.valid, &valid_split = settings.valid_split,
                       &keep_best = settings.keep_best, &resume_path = settings.resume;
     const double valid_fraction = settings.valid_fraction;
-    const bool show_progress = apply_output_options(settings.output);
+    bool show_progress = apply_output_options(settings.output);
+    // Under mpirun -np N (N > 1) this process is one rank of a label-sharded run
+    // (hslide/shard_comm.hpp): rank 0 alone prints progress, epochs and --metrics-out.
+    shard_comm& comm = world_comm();
+    const bool sharded = comm.size() > 1;
+    const bool speaks = comm.rank() == 0;
+    if (!speaks) {
+        show_progress = false;
+        if (spdlog::get_level() < spdlog::level::warn) spdlog::set_level(spdlog::level::warn);
+        to.metrics_out.clear();
+    }
     data.show_progress = show_progress;
     settings.apply_names();
     to.eval.show_progress = show_progress;
@@ -95,6 +108,22 @@ int run_train(int argc, char** argv) {
     validate(to.eval.metrics);
 
     if (tc.threads > 0) omp_set_num_threads(tc.threads);
+    if (sharded) {
+        HSLIDE_CHECK_KIND(kind == backend_kind::cpu, error_kind::unsupported,
+                          "--backend {}: only --backend cpu runs sharded across MPI ranks ({} "
+                          "ranks) in this build",
+                          backend_name, comm.size());
+        spdlog::info("{} ranks ({}): the output layer's rows are split across them", comm.size(),
+                     comm.name());
+        if (!resume_path.empty() && !settings.shard_weights.empty())
+            spdlog::warn("--shard-weights {}: ignored with --resume (the checkpoint's split)",
+                         settings.shard_weights);
+    } else if (!settings.shard_weights.empty()) {
+        spdlog::warn(
+            "--shard-weights {}: ignored in a run of one process (launch with mpirun "
+            "-np N, N > 1)",
+            settings.shard_weights);
+    }
 
     HSLIDE_CHECK(
         int(!valid_path.empty()) + int(!valid_split.empty()) + int(valid_fraction > 0) <= 1,
@@ -131,11 +160,28 @@ int run_train(int argc, char** argv) {
         d.train.n_labels = d.test.n_labels = valid.n_labels = n_labels;
     }
     check_model_dimensions(d.train);
+    // Every rank must train on the same data with the same settings: a rank that read another
+    // file would train another model without a word.
+    comm.check_same(d.train.size(), "the number of training points");
+    comm.check_same(d.test.size(), "the number of test points");
+    comm.check_same(d.train.n_features * 0x9e3779b97f4a7c15ull ^ d.train.n_labels,
+                    "the data's feature and label counts");
+    comm.check_same(tc.seed, "--seed");
+    comm.check_same(tc.batch_size, "--batch-size");
+    comm.check_same(uint64_t(tc.epochs) * 2 + uint64_t(tc.epochs_auto), "--epochs");
+    output_shard shard;
 
     model_state initial;
     std::string output_choice;  // what an automatic output layer became, and why
+    HSLIDE_CHECK(sharded || resume_path.empty() || !is_shard_manifest(resume_path),
+                 "--resume {}: a checkpoint sharded across MPI ranks; resume it under mpirun with "
+                 "as many ranks",
+                 resume_path);
     if (!resume_path.empty()) {
-        checkpoint_contents ck = load_checkpoint(resume_path);
+        // A sharded run resumes its rank's file of the checkpoint, and the split it was saved
+        // with (shard_checkpoint.hpp).
+        checkpoint_contents ck = sharded ? load_shard_checkpoint(comm, resume_path, shard)
+                                         : load_checkpoint(resume_path);
         HSLIDE_CHECK(ck.model.config.input_dim >= d.train.n_features &&
                          ck.model.config.output_dim() >= d.train.n_labels,
                      "{}: the checkpoint's model ({} features, {} labels) does not fit the data "
@@ -157,6 +203,13 @@ int run_train(int argc, char** argv) {
         }
         if (!ignored.empty())
             spdlog::warn("--resume: the checkpoint's model is used; ignoring {}", ignored);
+    } else if (sharded) {
+        // Each rank creates only its rows of the output layer, as the whole layer draws them.
+        const model_config config = make_model_config(mopt, uint32_t(d.train.n_features),
+                                                      uint32_t(d.train.n_labels), &output_choice);
+        shard = make_output_shard(comm, config.output_dim(), settings.shard_weights);
+        initial =
+            model_state::create_shard(config, tc.seed, tc.adam_moments, shard.first, shard.count);
     } else {
         initial = model_state::create(make_model_config(mopt, uint32_t(d.train.n_features),
                                                         uint32_t(d.train.n_labels), &output_choice),
@@ -199,8 +252,20 @@ int run_train(int argc, char** argv) {
                              : mc.selection(l) == neuron_selection::top_k
                                  ? top_k_description(mc.layers[l])
                                  : std::string());
-    spdlog::info("model: {} ({:.1f} M parameters, {} with optimizer state)", shape,
-                 initial.parameter_count() / 1e6, human_bytes(double(initial.memory_bytes())));
+    if (sharded) {
+        std::string shares;
+        for (int r = 0; r < comm.size(); ++r)
+            shares += fmt::format("{}[{}, {})", r ? " " : "", shard.bounds[size_t(r)],
+                                  shard.bounds[size_t(r) + 1]);
+        spdlog::info(
+            "model: {}; output rows per rank {}; rank {} holds {:.1f} M parameters, {} "
+            "with optimizer state",
+            shape, shares, comm.rank(), initial.parameter_count() / 1e6,
+            human_bytes(double(initial.memory_bytes())));
+    } else {
+        spdlog::info("model: {} ({:.1f} M parameters, {} with optimizer state)", shape,
+                     initial.parameter_count() / 1e6, human_bytes(double(initial.memory_bytes())));
+    }
     if (!output_choice.empty()) spdlog::info("output layer: {}", output_choice);
     for (size_t l = 0; l < mc.layers.size(); ++l)
         if (mc.uses_lsh(l))
@@ -238,6 +303,15 @@ int run_train(int argc, char** argv) {
     backend_options bo;
     bo.kind = kind;
     bo.threads = tc.threads;
+    bo.shard = shard;
+    if (sharded && !to.save_path.empty()) {
+        // Each rank saves its own file; then rank 0 the manifest at --save's path.
+        const std::string manifest = to.save_path;
+        to.save_path = shard_checkpoint_path(manifest, comm.rank(), comm.size());
+        to.after_checkpoint = [&comm, &shard, manifest] {
+            write_shard_manifest(comm, manifest, shard);
+        };
+    }
     apply_compute_options(compute, bo);
     std::unique_ptr<backend> engine;
     if (kind == backend_kind::hybrid) {
@@ -266,6 +340,7 @@ int run_train(int argc, char** argv) {
         return text;
     };
     const auto records = run.run([&](const epoch_record& r) {
+        if (!speaks) return;
         std::string line = fmt::format(
             "epoch {:>3}/{}  {:7.1f} s  {:9.0f} samples/s  loss {:.4f}  active {:.0f}", r.epoch,
             epochs_to_string(tc), r.epoch_seconds, r.samples_per_s, r.loss, r.mean_active_output);
@@ -294,7 +369,9 @@ int run_train(int argc, char** argv) {
         for (const worker_stats& w : r.workers) print_worker(w, /*whole_run=*/false);
         std::fflush(stdout);
     });
-    if (const auto& kept = run.final_record()) {
+    if (!speaks) {
+        // Rank 0 alone prints the run's end.
+    } else if (const auto& kept = run.final_record()) {
         // keep_best (and --epochs auto): the kept model's metrics, and which epoch won.
         const std::string won =
             fmt::format("best epoch {} of {}", kept->epoch, run.epochs_run()) +

@@ -19,15 +19,17 @@
 namespace hslide::cpu {
 
 cpu_backend::cpu_backend(model_state initial, const train_config& train, int threads,
-                         const kernel_table& kernels, precision_mode precision)
+                         const kernel_table& kernels, precision_mode precision, output_shard shard)
     : model_(std::move(initial)),
       train_(train),
       threads_(threads > 0 ? threads : omp_get_max_threads()),
       k_(kernels),
-      precision_(precision) {
+      precision_(precision),
+      shard_(std::move(shard)) {
     offer_rows(this);
     validate(model_.config);
     const size_t n_layers = model_.layers.size();
+    if (shard_.sharded()) check_shardable();
     if (model_.config.selection(n_layers - 1) == neuron_selection::top_k) {
         // Top-k scores every output row each step, so every row would have to catch up
         // every step: that is dense Adam, which --adam dense runs directly.
@@ -61,7 +63,8 @@ cpu_backend::cpu_backend(model_state initial, const train_config& train, int thr
     selections_.resize(n_layers);
     for (size_t l = 1; l < n_layers; ++l) {
         selections_[l] = make_selector(
-            model_.config, l, [this, l] { return rows_of(l); }, train_.seed, k_, threads_);
+            model_.config, l, [this, l] { return rows_of(l); }, train_.seed, k_, threads_,
+            l + 1 == n_layers ? &shard_ : nullptr);
         selections_[l]->refresh({model_.adam_step, model_.hash_seeds[l]});
     }
     if (catches_up()) {
@@ -258,30 +261,38 @@ void cpu_backend::output_loss(const label_row& y, uint32_t s, thread_scratch& sc
     }
     scratch.times.forward += seconds_since(t0);
 }
-void cpu_backend::backward_sample(uint32_t s, thread_scratch& scratch) {
-    sample_buffers& sb = samples_[s];
+void cpu_backend::transpose_product(size_t l, uint32_t s, float* out_gradient) const {
+    const layer_state& layer = model_.layers[l];
+    const layer_buffers& out = samples_[s].layers[l];
+    std::fill(out_gradient, out_gradient + layer.width, 0.0f);
+    const uint32_t n_active = out.ids.empty() ? layer.rows : uint32_t(out.ids.size());
+    const uint32_t* ids = out.ids.empty() ? nullptr : out.ids.data();
+    if (use_bf16()) {
+        const bf16_weights& w16 = weights16_[l];
+        k_.weighted_row_sum_bf16(w16.values.data(), w16.stride, layer.width, ids, out.delta.data(),
+                                 n_active, out_gradient);
+    } else {
+        k_.weighted_row_sum(layer.weights.data(), layer.stride, layer.width, ids, out.delta.data(),
+                            n_active, out_gradient);
+    }
+}
+
+void cpu_backend::mask_delta(size_t l, uint32_t s, const float* gradient) {
+    layer_buffers& in = samples_[s].layers[l];
+    in.delta.resize(in.act.size());
+    for (size_t i = 0; i < in.act.size(); ++i) {
+        const uint32_t unit = in.ids.empty() ? uint32_t(i) : in.ids[i];
+        in.delta[i] = in.act[i] > 0.0f ? gradient[unit] : 0.0f;
+    }
+}
+
+void cpu_backend::backward_sample(uint32_t s, thread_scratch& scratch, size_t top) {
     const auto t0 = clock_type::now();
-    for (size_t l = model_.layers.size() - 1; l >= 1; --l) {
-        const layer_state& layer = model_.layers[l];
-        const layer_buffers& out = sb.layers[l];
-        layer_buffers& in = sb.layers[l - 1];
+    for (size_t l = top; l >= 1; --l) {
         // dL/d a_{l-1} = W_l^T delta_l over the active neurons, then the ReLU mask.
-        scratch.dense.assign(layer.width, 0.0f);
-        const uint32_t n_active = out.ids.empty() ? layer.rows : uint32_t(out.ids.size());
-        const uint32_t* ids = out.ids.empty() ? nullptr : out.ids.data();
-        if (use_bf16()) {
-            const bf16_weights& w16 = weights16_[l];
-            k_.weighted_row_sum_bf16(w16.values.data(), w16.stride, layer.width, ids,
-                                     out.delta.data(), n_active, scratch.dense.data());
-        } else {
-            k_.weighted_row_sum(layer.weights.data(), layer.stride, layer.width, ids,
-                                out.delta.data(), n_active, scratch.dense.data());
-        }
-        in.delta.resize(in.act.size());
-        for (size_t i = 0; i < in.act.size(); ++i) {
-            const uint32_t unit = in.ids.empty() ? uint32_t(i) : in.ids[i];
-            in.delta[i] = in.act[i] > 0.0f ? scratch.dense[unit] : 0.0f;
-        }
+        scratch.dense.resize(model_.layers[l].width);
+        transpose_product(l, s, scratch.dense.data());
+        mask_delta(l - 1, s, scratch.dense.data());
     }
     scratch.times.backward += seconds_since(t0);
 }
@@ -310,17 +321,27 @@ void cpu_backend::run_forward_backward(const batch_view& batch, step_report& rep
     for (size_t l = 1; l < n_layers; ++l) {
         select_active_sets(batch, l, /*training=*/true, report);
         const bool output = l + 1 == n_layers;
+        // A sharded output layer: this rank's members of each set; the loss and backward need
+        // every rank's sums (sharded_output_backward, after the products).
+        const bool sharded = output && shard_.sharded();
+        const bool sparse = model_.config.has_active_sets(l);
+        if (sharded) keep_shard_members(batch);
 #pragma omp parallel num_threads(threads_)
         {
             thread_scratch& scratch = scratch_[omp_get_thread_num()];
 #pragma omp for schedule(dynamic, 2)
             for (int64_t s = 0; s < int64_t(batch.size); ++s) {
+                if (sharded && sparse && samples_[s].layers[l].ids.empty()) {
+                    samples_[s].layers[l].act.clear();  // no member here (not every neuron)
+                    continue;
+                }
                 layer_products(l, uint32_t(s), scratch);
-                if (!output) continue;
+                if (!output || sharded) continue;
                 output_loss(data.labels(batch.rows[s]), uint32_t(s), scratch);
-                if (samples_[s].trained) backward_sample(uint32_t(s), scratch);
+                if (samples_[s].trained) backward_sample(uint32_t(s), scratch, l);
             }
         }
+        if (sharded) sharded_output_backward(batch, report);
     }
     if (catches_up()) mark_caught_up_rows();
     report.samples = batch.size;
@@ -336,7 +357,11 @@ void cpu_backend::run_forward_backward(const batch_view& batch, step_report& rep
         }
         for (size_t l = 0; l < n_layers; ++l) {
             const auto& lb = samples_[s].layers[l];
-            report.active_per_layer[l] += lb.ids.empty() ? model_.neurons(l) : lb.ids.size();
+            const bool sharded_set =
+                l + 1 == n_layers && shard_.sharded() && model_.config.has_active_sets(l);
+            report.active_per_layer[l] += sharded_set      ? samples_[s].set_size
+                                          : lb.ids.empty() ? model_.neurons(l)
+                                                           : lb.ids.size();
         }
     }
     // Per-thread CPU seconds, averaged: the share of the parallel phase each stage took.
@@ -534,7 +559,7 @@ step_report cpu_backend::train_batch(const batch_view& batch, float learning_rat
             if (moments16)
                 k_.adam_bf16_moments(layer.weights.data() + off, moments16->m.data() + off,
                                      moments16->v.data() + off, grad, layer.width, step,
-                                     uint32_t(derive_seed(moment_seed, row)));
+                                     uint32_t(derive_seed(moment_seed, global_row(l, row))));
             else
                 k_.adam(layer.weights.data() + off, layer.adam_m.data() + off,
                         layer.adam_v.data() + off, grad, layer.width, step);
@@ -630,6 +655,10 @@ backend_info cpu_backend::info() const {
     bi.device = read_system_info().cpu_model + " (" + std::to_string(threads_) + " threads, " +
                 k_.name + ")";
     bi.precision = to_string(precision_);
+    if (shard_.sharded())
+        bi.device += fmt::format(", rank {} of {}: output rows [{}, {}) of {}", shard_.comm->rank(),
+                                 shard_.comm->size(), shard_.first, shard_.first + shard_.count,
+                                 shard_.total);
     bi.memory_bytes = model_.memory_bytes();
     for (const bf16_weights& w16 : weights16_) bi.memory_bytes += w16.values.size() * sizeof(bf16);
     return bi;

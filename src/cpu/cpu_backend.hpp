@@ -29,7 +29,22 @@
 //
 // The files: cpu_backend.cpp (the step), cpu_backend_selection.cpp (the seam's calls, the
 // selection probe), cpu_backend_predict.cpp, cpu_backend_catch_up.cpp, cpu_backend_rows.cpp
-// (changed-row tracking, exports and imports).
+// (changed-row tracking, exports and imports), cpu_backend_shard.cpp (a label-sharded output
+// layer's step and prediction).
+//
+// A label-sharded output layer (issue 32, DESIGN.md "Past one device"). Given an output_shard
+// that is sharded, the backend is one rank of several: model_'s output layer holds only the
+// shard's rows (rows = shard.count; config keeps the whole layer's size), the input and hidden
+// layers are whole and kept bit-identical on every rank. In a step every rank computes the
+// hidden layers identically; the output layer's selection (every neuron, or exact top-k whose
+// candidates the ranks merge) gives every rank the same set, and each keeps its own members
+// (local row ids in layers.back().ids; empty is "no member" there, not "every neuron", unless
+// the layer is dense). The set softmax takes the all-reduced maximum and sum of exponentials,
+// the loss the all-reduced label logits (Megatron's vocab-parallel cross-entropy); each rank's
+// share of the hidden layer's gradient is summed across ranks in rank order, so every rank
+// backpropagates the same bits; each rank updates its own rows. Prediction scores the shard
+// exactly and merges the ranks' top k. LSH, IVF and --fill-correction are not sharded (the
+// constructor refuses them, naming the option).
 //
 // In bf16 precision the backend also holds a bf16 copy of every layer's weights (rows padded
 // to 32 values, one cache line): the forward products and the backward W^T delta read it, and
@@ -57,6 +72,7 @@
 
 #include "adam_catch_up.hpp"
 #include "hslide/backend.hpp"
+#include "hslide/output_shard.hpp"
 #include "hslide/rng.hpp"
 #include "hslide/row_transfer.hpp"
 #include "hslide/seed_streams.hpp"
@@ -76,9 +92,11 @@ namespace hslide::cpu {
 
 class cpu_backend final : public backend, public row_transfer {
   public:
+    /// With a `shard` that is sharded, `initial`'s output layer holds that shard's rows
+    /// (model_state::create_shard) and the backend is that rank's (see above).
     cpu_backend(model_state initial, const train_config& train, int threads,
                 const kernel_table& kernels = best_kernels(),
-                precision_mode precision = precision_mode::fp32);
+                precision_mode precision = precision_mode::fp32, output_shard shard = {});
 
     step_report train_batch(const batch_view& batch, float learning_rate) override;
     void refresh_selections(bool new_functions) override;
@@ -87,6 +105,13 @@ class cpu_backend final : public backend, public row_transfer {
     void export_state(model_state& out, bool with_optimizer) const override;
     void import_state(const model_state& in, bool with_optimizer) override;
     backend_info info() const override;
+    /// Sharded: checks that every rank's replicated layers are the same bits
+    /// (replicated_checksum), throwing hslide::error when not; nothing otherwise.
+    step_report synchronize() override;
+    /// An XXH3 hash of the layers every rank holds whole (all but the output layer): weights,
+    /// biases and their fp32 Adam moments, and the Adam step.
+    uint64_t replicated_checksum() const;
+    const output_shard& shard() const { return shard_; }
     /// The model, with every row brought up to date first under --adam catch-up.
     const model_state* host_state() const override;
     /// --adam catch-up: brings every row the steps left behind up to date (they count as
@@ -140,6 +165,10 @@ class cpu_backend final : public backend, public row_transfer {
         double log_partition = 0;  // exact top-k: log sum_j exp(logit j) over every output neuron
         double dropped_mass = 0;   // exact top-k: softmax mass of the output rows left out
         uint32_t set_drawn_from = 0;  // top-k: the set's first random neuron (labels, top-k before)
+        // A sharded top-k output layer: the whole set's size, and how many of the labels (the
+        // set's first members) are this rank's (the first members of its list).
+        uint32_t set_size = 0;
+        uint32_t shard_labels = 0;
     };
     struct thread_scratch {
         std::vector<float> dense;
@@ -223,7 +252,26 @@ class cpu_backend final : public backend, public row_transfer {
     template <typename ScoreChunk>
     void predict_chunks(const batch_view& batch, uint32_t k, uint32_t* labels, float* scores,
                         ScoreChunk score_chunk);
-    void backward_sample(uint32_t s, thread_scratch& scratch);
+    /// Backward of sample s from layer `top` down to layer 1 (top: the output layer unless a
+    /// sharded step did the output layer's part).
+    void backward_sample(uint32_t s, thread_scratch& scratch, size_t top);
+    /// W_l^T delta_l of sample s over its active neurons of layer l (empty ids: every neuron),
+    /// into out[0..width) (overwritten).
+    void transpose_product(size_t l, uint32_t s, float* out) const;
+    /// Sets layer l's deltas of sample s from the gradient of its activations (ReLU mask).
+    void mask_delta(size_t l, uint32_t s, const float* gradient);
+    /// Sharded output layer (cpu_backend_shard.cpp): the constructor's checks of what is
+    /// sharded; each sample's set reduced to this rank's members (local ids); the set softmax,
+    /// loss and output deltas with the all-reduced maximum and sums, the hidden gradient summed
+    /// across ranks and the backward of the layers below; prediction's merge across ranks.
+    void check_shardable() const;
+    void keep_shard_members(const batch_view& batch);
+    void sharded_output_backward(const batch_view& batch, step_report& report);
+    void merge_shard_predictions(uint32_t n, uint32_t k, uint32_t* labels, float* scores);
+    /// The whole layer's id of row `row` of layer l (a sharded output layer's rows are local).
+    uint32_t global_row(size_t l, uint32_t row) const {
+        return l + 1 == model_.layers.size() ? row + shard_.first : row;
+    }
     void run_forward_backward(const batch_view& batch, step_report& report);
     void group_rows(const batch_view& batch, size_t l);
     /// Calls visit(row, grad_row, bias_grad) for every row of layer l the batch touched,
@@ -302,6 +350,13 @@ class cpu_backend final : public backend, public row_transfer {
     // Whether a step since the last complete_deferred_updates may have left rows behind: predict
     // (called a chunk of points at a time) and the exports then skip the O(rows) scan.
     bool rows_behind_ = false;
+    output_shard shard_;  // the output layer's rows this rank holds (default: all, not sharded)
+    // Sharded steps' per-sample buffers: maxima, sums (of exponentials, kept mass and label
+    // logits), the hidden layer's gradient (batch x width), and the merge's messages.
+    std::vector<float> shard_max_;
+    std::vector<double> shard_sums_;
+    std::vector<float> shard_grad_;
+    std::vector<unsigned char> shard_scratch_;
 };
 
 }  // namespace hslide::cpu

@@ -18,6 +18,18 @@ void cpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scor
     complete_deferred_updates();
     const size_t out_layer = model_.layers.size() - 1;
     const bool top_k_layer = model_.config.selection(out_layer) == neuron_selection::top_k;
+    if (shard_.sharded()) {
+        // Each rank scores its rows exactly (the constructor allowed no other selection), then
+        // the ranks' top k are merged: every rank returns the same labels.
+        HSLIDE_CHECK_KIND(scoring == scoring_mode::exact || scoring == scoring_mode::automatic,
+                          error_kind::unsupported,
+                          "--scoring {}: an output layer sharded across MPI ranks is scored "
+                          "exactly (use --scoring exact)",
+                          to_string(scoring));
+        predict_exact(batch, k, labels, scores);
+        merge_shard_predictions(batch.size, k, labels, scores);
+        return;
+    }
     HSLIDE_CHECK_KIND(scoring != scoring_mode::ivf || top_k_layer, error_kind::unsupported,
                       "--scoring ivf searches a top-k output layer's IVF index; this output "
                       "layer has none (use --scoring exact)");

@@ -81,6 +81,7 @@ void cpu_backend::select_active_sets(const batch_view& batch, size_t l, bool tra
 
 selection_quality cpu_backend::measure_selection(const batch_view& batch, uint32_t top) {
     HSLIDE_CHECK(top > 0 && batch.size > 0, "a selection measurement needs points and a top");
+    if (shard_.sharded()) return {};  // not measured across ranks (points == 0: not asked again)
     const size_t out_layer = model_.layers.size() - 1;
     const uint32_t rows = model_.layers[out_layer].rows;
     selection_quality q;

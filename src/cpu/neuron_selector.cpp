@@ -40,18 +40,26 @@ void all_neurons::select_one(selection_sample& sample, bool, int) {
 
 std::unique_ptr<neuron_selector> make_selector(const model_config& config, size_t l,
                                                rows_source rows, uint64_t train_seed,
-                                               const kernel_table& kernels, int threads) {
+                                               const kernel_table& kernels, int threads,
+                                               const output_shard* shard) {
     HSLIDE_ASSERT(l > 0 && l < config.layers.size());
     const layer_config& layer = config.layers[l];
+    const bool sharded = shard && shard->sharded();
+    HSLIDE_ASSERT(!sharded || l + 1 == config.layers.size());
     switch (config.selection(l)) {
         case neuron_selection::all:
             return std::make_unique<all_neurons>(std::move(rows), kernels, threads);
         case neuron_selection::lsh:
+            HSLIDE_ASSERT(!sharded);
             return std::make_unique<lsh_selector>(std::move(rows), layer, kernels, threads);
         case neuron_selection::top_k:
-            if (cpu_top_k_search(layer, kernels.level) == top_k_search::exact)
-                return std::make_unique<exact_top_k>(std::move(rows), layer, train_seed, kernels,
-                                                     threads);
+            if (cpu_top_k_search(layer, kernels.level) == top_k_search::exact) {
+                auto exact = std::make_unique<exact_top_k>(std::move(rows), layer, train_seed,
+                                                           kernels, threads);
+                if (sharded) exact->set_shard(*shard);
+                return exact;
+            }
+            HSLIDE_ASSERT(!sharded);
             return std::make_unique<ivf_top_k>(std::move(rows), layer, train_seed, kernels,
                                                threads);
     }

@@ -1,6 +1,8 @@
 // Top-k neuron selection (top_k_selector.hpp): the sets from candidates, exact and IVF search.
 #include "top_k_selector.hpp"
 
+#include "shard_merge.hpp"
+
 #include "hslide/clock.hpp"
 #include "hslide/error.hpp"
 #include "hslide/seed_streams.hpp"
@@ -28,6 +30,12 @@ uint32_t top_k_selector::fill() const {
     return std::min(config_.active.min_active, rows_count_);
 }
 
+void top_k_selector::set_shard(const output_shard& shard) {
+    HSLIDE_ASSERT(shard.count == rows().rows && shard.first + shard.count <= shard.total);
+    shard_ = shard;
+    rows_count_ = shard.total;
+}
+
 fill_pool top_k_selector::step_pool(uint64_t step, uint32_t batch) const {
     return {step_seed(train_seed_, seed_stream::fill_pool, step),
             fill_pool_size(config_.fill_pool, rows_count_, fill(), batch)};
@@ -47,6 +55,9 @@ void top_k_selector::select(selection_batch& batch, stage_times& times) {
         log_partition_.assign(n, 0.0);
         search(queries_.data(), n, k, labels_.data(), scores_.data(),
                with_log_partition ? log_partition_.data() : nullptr);
+        if (shard_.sharded())
+            merge_shard_top_k(*shard_.comm, shard_.first, n, k, labels_.data(), scores_.data(),
+                              with_log_partition ? log_partition_.data() : nullptr, merge_scratch_);
         build_sets(batch, begin, n, labels_.data(), k);
         for (uint32_t j = 0; j < n; ++j) batch.samples[begin + j].log_partition = log_partition_[j];
     }

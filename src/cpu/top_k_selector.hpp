@@ -11,6 +11,7 @@
 #include "row_marks.hpp"
 
 #include "hslide/fill_pool.hpp"
+#include "hslide/output_shard.hpp"
 
 #include <vector>
 
@@ -37,6 +38,12 @@ class top_k_selector : public neuron_selector {
     /// reaches (min_active, at most the rows).
     uint32_t top_k() const;
     uint32_t fill() const;
+    /// Makes this the selection of rank shard.comm->rank()'s rows of a label-sharded output
+    /// layer (output_shard.hpp; rows() are the shard's): select searches the shard, merges
+    /// every rank's candidates and log-partitions (merge_shard_top_k), and builds each
+    /// sample's set on the merged list as one rank would, in ids of the whole layer, its fill
+    /// drawn from the whole layer's rows. Every rank then holds the same sets.
+    void set_shard(const output_shard& shard);
 
   protected:
     top_k_selector(rows_source rows, const layer_config& config, uint64_t train_seed,
@@ -48,7 +55,8 @@ class top_k_selector : public neuron_selector {
 
     layer_config config_;
     uint64_t train_seed_;
-    uint32_t rows_count_;  // the layer's rows
+    uint32_t rows_count_;  // the layer's rows (a sharded layer's: the whole layer's)
+    output_shard shard_;   // not sharded by default
 
   private:
     struct thread_scratch {
@@ -62,6 +70,7 @@ class top_k_selector : public neuron_selector {
     std::vector<float> scores_;
     std::vector<double> log_partition_;
     std::vector<const float*> queries_;
+    std::vector<unsigned char> merge_scratch_;
 };
 
 /// Top-k found by scoring every row (top_k_search::exact, and automatic where it means exact).

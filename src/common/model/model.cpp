@@ -45,6 +45,8 @@ model_state model_state::parameters() const {
     model_state p = layout(config);
     p.adam_step = adam_step;
     p.hash_seeds = hash_seeds;
+    p.output_first = output_first;
+    if (!layers.empty()) p.layers.back().rows = layers.back().rows;  // a shard's
     for (size_t l = 0; l < layers.size(); ++l) {
         p.layers[l].weights = layers[l].weights;
         p.layers[l].bias = layers[l].bias;
@@ -87,13 +89,22 @@ uint64_t model_allocation_bytes(const model_state& m, bool with_optimizer) {
 }
 
 model_state model_state::create(const model_config& config, uint64_t seed, moment_storage moments) {
+    return create_shard(config, seed, moments, 0, config.layers.back().size);
+}
+
+model_state model_state::create_shard(const model_config& config, uint64_t seed,
+                                      moment_storage moments, uint32_t first, uint32_t count) {
     model_state m = layout(config);
+    HSLIDE_ASSERT(count > 0 && uint64_t(first) + count <= m.layers.back().rows);
+    m.layers.back().rows = count;
+    m.output_first = first;
     const std::string what = describe_model_allocation(m, true);
     check_host_allocation(what, model_allocation_bytes(m, true));
     for (size_t l = 0; l < config.layers.size(); ++l) {
         layer_state& layer = m.layers[l];
         const uint32_t fan_in = l == 0 ? config.input_dim : config.layers[l - 1].size;
-        const uint32_t neurons = config.layers[l].size;
+        const bool output = l + 1 == config.layers.size();
+        const uint32_t neurons = output ? count : config.layers[l].size;
         const size_t total = static_cast<size_t>(layer.rows) * layer.stride;
         allocate_checked(fmt::format("{}: layer {}'s {} x {} weights and Adam state", what, l,
                                      layer.rows, layer.stride),
@@ -108,20 +119,26 @@ model_state model_state::create(const model_config& config, uint64_t seed, momen
                              layer.bias_v.assign(neurons, 0.0f);
                          });
 
-        const bool output = l + 1 == config.layers.size();
         // Layer 0 sums a handful of feature rows, so its scale follows the typical number of
         // nonzeros rather than D; He-style for ReLU layers, smaller for the softmax layer.
         const double std_dev = l == 0 ? 0.1 : (output ? 1.0 : 2.0) / std::sqrt(double(fan_in));
-        const uint32_t rows = layer.rows;
+        // The layer's rows [lo, hi) of the whole layer's (all but a shard's output layer: all).
+        const uint32_t lo = output ? first : 0, hi = lo + layer.rows;
         const uint32_t width = layer.width;
         const uint64_t layer_seed = derive_seed(seed, 1000 + l);
+        const int64_t first_block = lo / 1024, end_block = (int64_t(hi) + 1023) / 1024;
 #pragma omp parallel for schedule(static)
-        for (int64_t block = 0; block < (int64_t(rows) + 1023) / 1024; ++block) {
-            // Each block of rows has its own stream: the result does not depend on threads.
+        for (int64_t block = first_block; block < end_block; ++block) {
+            // Each block of rows has its own stream: the result does not depend on threads,
+            // and a shard's rows are drawn as the whole layer draws them.
             rng gen(derive_seed(layer_seed, block));
-            const uint32_t end = std::min<uint32_t>(rows, uint32_t(block + 1) * 1024);
+            const uint32_t end = std::min<uint32_t>(hi, uint32_t(block + 1) * 1024);
             for (uint32_t r = uint32_t(block) * 1024; r < end; ++r) {
-                float* w = layer.row(r);
+                if (r < lo) {
+                    for (uint32_t i = 0; i < width; ++i) gen.normal();
+                    continue;
+                }
+                float* w = layer.row(r - lo);
                 for (uint32_t i = 0; i < width; ++i) w[i] = float(gen.normal() * std_dev);
             }
         }

@@ -65,6 +65,10 @@ void save_checkpoint(const std::string& path, const model_state& model,
         meta["trainer"]["best_value"] = trainer.best_value;
     }
     meta["train_points"] = train_points;
+    if (model.holds_output_shard())  // a rank's file of a sharded checkpoint (shard_checkpoint.hpp)
+        meta["output_shard"] = {{"first", model.output_first},
+                                {"count", model.layers.back().rows},
+                                {"rows", model.config.output_dim()}};
     w.add_json("meta", meta);
     for (size_t l = 0; l < model.layers.size(); ++l) {
         const layer_state& layer = model.layers[l];
@@ -103,6 +107,21 @@ checkpoint_contents load_checkpoint(const std::string& path) {
         c.trainer.best_epoch = detail::json_integer_or<uint32_t>(t, "best_epoch", 0);
         c.trainer.best_value = t.value("best_value", 0.0);
         c.train_points = detail::json_integer_or<uint64_t>(meta, "train_points", 0);
+        if (meta.contains("output_shard")) {
+            // One rank's rows of the output layer: [first, first + count) of `rows`.
+            const auto& shard = meta.at("output_shard");
+            const uint32_t first = detail::json_integer<uint32_t>(shard, "first");
+            const uint32_t count = detail::json_integer<uint32_t>(shard, "count");
+            const uint32_t rows = detail::json_integer<uint32_t>(shard, "rows");
+            if (rows != config.output_dim() || count == 0 || first >= rows || count > rows - first)
+                throw input_error(
+                    path, 0,
+                    fmt::format("bad output shard: rows [{}, {}) of {}, the model "
+                                "has {}",
+                                first, uint64_t(first) + count, rows, config.output_dim()));
+            c.model.layers.back().rows = count;
+            c.model.output_first = first;
+        }
         if (!(c.trainer.rebuild_period >= 0 && std::isfinite(c.trainer.rebuild_period) &&
               c.trainer.seconds >= 0 && std::isfinite(c.trainer.seconds)))
             throw input_error(path, 0, "bad checkpoint metadata: a negative or non-finite time");
@@ -121,7 +140,7 @@ checkpoint_contents load_checkpoint(const std::string& path) {
         read_floats(r, section(l, "weights"), layer.weights, n);
         read_floats(r, section(l, "adam_m"), layer.adam_m, n);
         read_floats(r, section(l, "adam_v"), layer.adam_v, n);
-        const size_t neurons = c.model.neurons(l);
+        const size_t neurons = l == 0 ? c.model.neurons(0) : layer.rows;  // a shard's rows
         read_floats(r, section(l, "bias"), layer.bias, neurons);
         read_floats(r, section(l, "bias_m"), layer.bias_m, neurons);
         read_floats(r, section(l, "bias_v"), layer.bias_v, neurons);

@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# ctest `mpi_ranks`: `hslide train` under mpirun with its output layer sharded across 2 ranks
+# (issue 32), against one process: on the tiny synthetic preset (always) and on Bibtex (when
+# ../shared/data has it), dense and top-k searched exactly, the same P@1 to four digits and the
+# same losses (1e-5 relative) every epoch, the replicated layers' checksums the same on both
+# ranks (the backend compares them at every epoch's end; --log-level debug shows it), unequal
+# shares (--shard-weights 3,1); only rank 0 writes --metrics-out and prints epochs. Failures:
+# one rank given a missing file, or ranks given different seeds, make both exit non-zero within
+# 10 s, naming the rank or the setting; IVF and other backends are refused by name. Sharded
+# checkpoints (--save: a file per rank and a manifest) resume under 2 ranks to the
+# uninterrupted run's epoch, bit for bit; under 3 ranks, in one process, or from files of
+# different saves they are refused.
+# In-process tests of the same code (weights, bytes per rank): tests/test_shard.cpp.
+#
+# Usage: tests/test_mpi.sh HSLIDE_BINARY HAVE_MPI(ON|OFF) SHARED_DATA_DIR
+# Exit 77 (skipped) when hslide was built without MPI or mpirun is missing.
+set -euo pipefail
+hslide="$(realpath "${1:?usage: test_mpi.sh HSLIDE_BINARY HAVE_MPI SHARED_DATA_DIR}")"
+have_mpi="${2:?}"
+shared="${3:-}"
+if [[ $have_mpi != ON ]]; then
+    echo "mpi_ranks skipped: hslide was built without MPI (HSLIDE_MPI; needs libopenmpi-dev)"
+    exit 77
+fi
+if ! command -v mpirun >/dev/null; then
+    echo "mpi_ranks skipped: no mpirun on PATH (Debian's openmpi-bin)"
+    exit 77
+fi
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+cd "$tmp"
+fail() {
+    echo "FAIL: $*"
+    exit 1
+}
+# Two ranks on a shared machine: one thread each, and ranks that yield while they wait.
+export OMPI_MCA_mpi_yield_when_idle=1
+mpi2=(mpirun --oversubscribe -np 2)
+
+# epochs_of FILE: "epoch p@1 loss" per record of a --metrics-out file.
+epochs_of() {
+    python3 -c '
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    print(r["epoch"], "%.4f" % r["p@1"], repr(r["loss"]))' "$1"
+}
+
+# same_run NAME ARGS...: trains with ARGS as one process and as 2 ranks; the epochs' P@1 must
+# agree to four digits and the losses within 1e-5 relative.
+same_run() {
+    local name=$1
+    shift
+    timeout 300 "$hslide" train "$@" --metrics-out "one_$name.jsonl" >"one_$name.log" 2>&1 ||
+        fail "$name: one process failed: $(tail -5 "one_$name.log")"
+    timeout 300 "${mpi2[@]}" "$hslide" train "$@" --log-level debug \
+        --metrics-out "two_$name.jsonl" >"two_$name.log" 2>&1 ||
+        fail "$name: 2 ranks failed: $(tail -20 "two_$name.log")"
+    grep -q "2 ranks (MPI" "two_$name.log" || fail "$name: the run did not say it had 2 MPI ranks"
+    grep -q "the replicated layers are the same on all 2 ranks (checksum" "two_$name.log" ||
+        fail "$name: no checksum comparison in the log"
+    local epochs
+    epochs=$(grep -c '^epoch ' "two_$name.log")
+    [[ $epochs -eq 3 ]] || fail "$name: $epochs epoch lines printed (rank 0 alone prints 3)"
+    [[ $(wc -l <"two_$name.jsonl") -eq 3 ]] || fail "$name: --metrics-out has other than 3 records"
+    paste <(epochs_of "one_$name.jsonl") <(epochs_of "two_$name.jsonl") | while read -r e1 p1 l1 e2 p2 l2; do
+        [[ $e1 == "$e2" && $p1 == "$p2" ]] ||
+            fail "$name: epoch $e1: P@1 $p1 with one process, $p2 with 2 ranks"
+        python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(abs(a - b) > 1e-5 * abs(a))" "$l1" "$l2" ||
+            fail "$name: epoch $e1: loss $l1 with one process, $l2 with 2 ranks"
+    done
+    echo "ok: $name: $(epochs_of "two_$name.jsonl" | tr '\n' ' ')"
+}
+
+"$hslide" gen --preset tiny --out tiny --no-progress -q
+tiny=(--train tiny/train.txt --test tiny/test.txt --hidden 64 --threads 1 --seed 5 --no-progress)
+sparse=(--output-sparsity topk --top-k-search exact --top-k 16 --min-active 64)
+same_run tiny_dense "${tiny[@]}" --epochs 3 --output-sparsity dense
+same_run tiny_topk "${tiny[@]}" --epochs 3 "${sparse[@]}"
+same_run tiny_topk_3_1 "${tiny[@]}" --epochs 3 "${sparse[@]}" --shard-weights 3,1
+grep -q "output rows per rank \[0, 375) \[375, 500)" two_tiny_topk_3_1.log ||
+    fail "--shard-weights 3,1 did not give rank 0 rows [0, 375) of 500"
+
+if [[ -n $shared && -f $shared/bibtex/Bibtex_data.txt ]]; then
+    b=$shared/bibtex
+    bibtex=(--train "$b/Bibtex_data.txt" --train-split "$b/bibtex_trSplit.txt"
+        --test-split "$b/bibtex_tstSplit.txt" --epochs 3 --threads 1 --seed 1 --no-progress)
+    same_run bibtex_dense "${bibtex[@]}" --output-sparsity dense
+    same_run bibtex_topk "${bibtex[@]}" --output-sparsity topk --top-k-search exact --top-k 16 \
+        --min-active 48
+else
+    echo "note: Bibtex runs skipped: $shared/bibtex not found"
+fi
+
+# Sharded checkpoints: 2 epochs saved, then resumed to 3, end where 3 epochs in one run end (bit
+# for bit: the same loss and P@1 to the last digit).
+"${mpi2[@]}" "$hslide" train "${tiny[@]}" "${sparse[@]}" --epochs 2 --save ck >save.log 2>&1 ||
+    fail "the sharded save failed: $(tail -5 save.log)"
+for f in ck ck.rank0-of-2 ck.rank1-of-2; do [[ -s $f ]] || fail "--save wrote no $f"; done
+grep -q '"hslide_sharded_checkpoint"' ck || fail "ck is not a manifest: $(head -c 200 ck)"
+cp ck.rank1-of-2 epoch2.rank1
+"${mpi2[@]}" "$hslide" train "${tiny[@]}" "${sparse[@]}" --epochs 3 --resume ck \
+    --metrics-out resumed.jsonl >resume.log 2>&1 || fail "the sharded resume failed: $(tail -5 resume.log)"
+[[ $(wc -l <resumed.jsonl) -eq 1 ]] || fail "the resumed run has other than one epoch's record"
+[[ $(epochs_of resumed.jsonl) == "$(epochs_of two_tiny_topk.jsonl | tail -1)" ]] ||
+    fail "resumed: $(epochs_of resumed.jsonl), uninterrupted: $(epochs_of two_tiny_topk.jsonl | tail -1)"
+echo "ok: sharded checkpoint resumed: $(epochs_of resumed.jsonl)"
+
+# expect_failure NAME PATTERN COMMAND...: exits non-zero within 10 s, its output matching PATTERN.
+expect_failure() {
+    local name=$1 pattern=$2
+    shift 2
+    local start rc=0
+    start=$(date +%s.%N)
+    timeout 60 "$@" >"$name.log" 2>&1 || rc=$?
+    local seconds
+    seconds=$(python3 -c "import sys; print('%.1f' % (float(sys.argv[2]) - float(sys.argv[1])))" \
+        "$start" "$(date +%s.%N)")
+    [[ $rc -ne 0 ]] || fail "$name: exited 0"
+    [[ $rc -ne 124 ]] || fail "$name: hung (killed by timeout after 60 s)"
+    python3 -c "import sys; sys.exit(float(sys.argv[1]) > 10)" "$seconds" ||
+        fail "$name: took $seconds s to exit"
+    grep -q -- "$pattern" "$name.log" || fail "$name: no '$pattern' in: $(cat "$name.log")"
+    echo "ok: $name: exit $rc after $seconds s"
+}
+one_rank=(--train tiny/train.txt --test tiny/test.txt --hidden 64 --threads 1 --no-progress)
+expect_failure missing_file "error on rank 1 of 2: missing.txt" \
+    mpirun --oversubscribe -np 1 "$hslide" train "${one_rank[@]}" : \
+    -np 1 "$hslide" train --train missing.txt --test tiny/test.txt --hidden 64 --threads 1 \
+    --no-progress
+expect_failure other_seed "the ranks disagree on --seed (rank 0: 1, rank 1: 2)" \
+    mpirun --oversubscribe -np 1 "$hslide" train "${one_rank[@]}" --seed 1 : \
+    -np 1 "$hslide" train "${one_rank[@]}" --seed 2
+expect_failure ivf "--top-k-search ivf" "${mpi2[@]}" "$hslide" train "${one_rank[@]}" \
+    --output-sparsity topk --top-k-search ivf
+expect_failure dense_backend "only --backend cpu" "${mpi2[@]}" "$hslide" train "${one_rank[@]}" \
+    --backend cpu-dense
+expect_failure no_rows "would hold none" "${mpi2[@]}" "$hslide" train "${one_rank[@]}" \
+    --shard-weights 1000000,1
+expect_failure resume_other_ranks "resume it with mpirun -np 2" mpirun --oversubscribe -np 3 \
+    "$hslide" train "${one_rank[@]}" --epochs 3 --resume ck
+expect_failure resume_one_process "sharded across MPI ranks" "$hslide" train "${one_rank[@]}" \
+    --epochs 3 --resume ck
+"${mpi2[@]}" "$hslide" train "${tiny[@]}" "${sparse[@]}" --epochs 3 --save ck >save3.log 2>&1 ||
+    fail "the second sharded save failed: $(tail -5 save3.log)"
+cp epoch2.rank1 ck.rank1-of-2  # a rank's file of another save
+expect_failure resume_mixed_saves "the ranks' files are of different saves" "${mpi2[@]}" \
+    "$hslide" train "${one_rank[@]}" --epochs 4 --resume ck
+echo "mpi_ranks: all passed"

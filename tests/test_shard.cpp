@@ -1,0 +1,457 @@
+// The label-sharded output layer without MPI (issue 32): the row ranges and --shard-weights,
+// the communicators' rank-ordered reductions, a shard's initial rows, and CPU backends trained
+// as 2 and 3 ranks on threads of this process (local_group) against one: the same model (every
+// weight within 1e-5 relative), the replicated layers bit-identical on every rank, the same
+// P@1, and each rank holding its share of the output layer's bytes. The same code under
+// mpirun is tests/test_mpi.sh's.
+#include "test_util.hpp"
+
+#include "cpu/cpu_backend.hpp"
+
+#include "hslide/checkpoint.hpp"
+#include "hslide/dataset.hpp"
+#include "hslide/error.hpp"
+#include "hslide/output_shard.hpp"
+#include "hslide/shard_checkpoint.hpp"
+#include "hslide/shard_comm.hpp"
+#include "hslide/trainer.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <numeric>
+#include <thread>
+
+namespace hslide {
+namespace {
+
+using testing::random_dataset;
+using testing::two_layer_model;
+
+TEST(ShardBounds, EqualSharesCoverEveryRowOnce) {
+    EXPECT_EQ(shard_bounds(10, 1, {}), (std::vector<uint32_t>{0, 10}));
+    EXPECT_EQ(shard_bounds(10, 3, {}), (std::vector<uint32_t>{0, 3, 6, 10}));
+    EXPECT_EQ(shard_bounds(159, 2, {}), (std::vector<uint32_t>{0, 79, 159}));
+}
+
+TEST(ShardBounds, WeightsSplitInProportion) {
+    EXPECT_EQ(shard_bounds(100, 2, {3, 1}), (std::vector<uint32_t>{0, 75, 100}));
+    EXPECT_EQ(shard_bounds(100, 3, {1, 2, 1}), (std::vector<uint32_t>{0, 25, 75, 100}));
+    EXPECT_EQ(parse_shard_weights("3,1", 2), (std::vector<double>{3, 1}));
+    EXPECT_EQ(parse_shard_weights("0.5,1.5", 2), (std::vector<double>{0.5, 1.5}));
+    EXPECT_TRUE(parse_shard_weights("", 4).empty());
+}
+
+TEST(ShardBounds, RefusesSharesThatLeaveARankNoRowsOrDoNotParse) {
+    auto message = [](auto&& call) {
+        try {
+            call();
+        } catch (const error& e) {
+            return std::string(e.what());
+        }
+        return std::string("no error");
+    };
+    EXPECT_NE(message([] { shard_bounds(2, 3, {}); }).find("would hold none"), std::string::npos);
+    EXPECT_NE(message([] {
+                  shard_bounds(10, 2, {1000, 1});
+              }).find("--shard-weights"),
+              std::string::npos);
+    EXPECT_NE(message([] { parse_shard_weights("3,1", 3); }).find("2 shares for 3 ranks"),
+              std::string::npos);
+    EXPECT_NE(message([] { parse_shard_weights("3,x", 2); }).find("'x' is not a positive"),
+              std::string::npos);
+    EXPECT_NE(message([] { parse_shard_weights("3,-1", 2); }).find("--shard-weights"),
+              std::string::npos);
+}
+
+/// Runs body(comm) on `ranks` threads, one communicator each; rethrows the first failure.
+template <typename Body>
+void on_ranks(int ranks, Body body) {
+    auto comms = local_group::make(ranks);
+    std::vector<std::exception_ptr> failures(static_cast<size_t>(ranks));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < ranks; ++r)
+        threads.emplace_back([&, r] {
+            try {
+                body(*comms[size_t(r)]);
+            } catch (...) {
+                failures[size_t(r)] = std::current_exception();
+            }
+        });
+    for (auto& t : threads) t.join();
+    for (auto& f : failures)
+        if (f) std::rethrow_exception(f);
+}
+
+TEST(ShardComm, OneProcessIsTheIdentity) {
+    single_process_comm comm;
+    std::vector<double> v{1.5, -2};
+    comm.all_reduce_sum(v.data(), v.size());
+    EXPECT_EQ(v, (std::vector<double>{1.5, -2}));
+    comm.check_same(7, "a value");
+    comm.barrier();
+    EXPECT_FALSE(make_output_shard(comm, 10, "").sharded());
+}
+
+TEST(ShardComm, ReductionsAreInRankOrderAndTheSameOnEveryRank) {
+    constexpr int ranks = 3;
+    std::vector<std::vector<float>> maxima(ranks), float_sums(ranks);
+    std::vector<std::vector<double>> sums(ranks);
+    std::vector<std::vector<uint8_t>> gathered(ranks);
+    on_ranks(ranks, [&](shard_comm& comm) {
+        const int r = comm.rank();
+        // Values whose sum depends on the order: 1e16 + 1 - 1e16 is 0 left to right.
+        std::vector<double> s{r == 0 ? 1e16 : r == 1 ? 1.0 : -1e16, double(r)};
+        comm.all_reduce_sum(s.data(), s.size());
+        std::vector<float> m{float(r), -float(r)};
+        comm.all_reduce_max(m.data(), m.size());
+        std::vector<float> f{r == 0 ? 1e8f : r == 1 ? 1.0f : -1e8f};
+        comm.all_reduce_sum(f.data(), f.size());
+        std::vector<uint8_t> g(size_t(ranks) * 2);
+        const uint8_t mine[2] = {uint8_t(r), uint8_t(10 + r)};
+        comm.all_gather(mine, 2, g.data());
+        comm.barrier();
+        comm.check_same(42, "a value");
+        sums[size_t(r)] = s;
+        maxima[size_t(r)] = m;
+        float_sums[size_t(r)] = f;
+        gathered[size_t(r)] = g;
+    });
+    for (int r = 0; r < ranks; ++r) {
+        EXPECT_EQ(sums[size_t(r)], (std::vector<double>{(1e16 + 1.0) - 1e16, 3.0}));
+        EXPECT_EQ(maxima[size_t(r)], (std::vector<float>{2.0f, 0.0f}));
+        EXPECT_EQ(float_sums[size_t(r)], (std::vector<float>{(1e8f + 1.0f) - 1e8f}));
+        EXPECT_EQ(gathered[size_t(r)], (std::vector<uint8_t>{0, 10, 1, 11, 2, 12}));
+    }
+}
+
+TEST(ShardComm, CheckSameNamesTheDisagreement) {
+    std::vector<std::string> messages(2);
+    on_ranks(2, [&](shard_comm& comm) {
+        try {
+            comm.check_same(uint64_t(comm.rank()) + 5, "--seed");
+        } catch (const error& e) {
+            messages[size_t(comm.rank())] = e.what();
+        }
+    });
+    for (const std::string& m : messages)
+        EXPECT_NE(m.find("disagree on --seed (rank 0: 5, rank 1: 6)"), std::string::npos) << m;
+}
+
+TEST(ShardModel, AShardHoldsTheWholeModelsRows) {
+    const model_config config = two_layer_model(30, 24, 2500, sparsity_mode::dense);
+    const model_state whole = model_state::create(config, 7);
+    for (auto [first, count] : {std::pair<uint32_t, uint32_t>{0, 1250},
+                                {1250, 1250},
+                                {1000, 77},
+                                {2047, 453},
+                                {0, 2500}}) {
+        const model_state shard =
+            model_state::create_shard(config, 7, moment_storage::fp32, first, count);
+        ASSERT_EQ(shard.layers.back().rows, count);
+        ASSERT_EQ(shard.layers.back().bias.size(), count);
+        EXPECT_EQ(shard.config.output_dim(), 2500u);
+        EXPECT_EQ(std::memcmp(shard.layers[0].weights.data(), whole.layers[0].weights.data(),
+                              whole.layers[0].weights.size() * sizeof(float)),
+                  0);
+        const layer_state& out = whole.layers.back();
+        EXPECT_EQ(std::memcmp(shard.layers.back().weights.data(), out.row(first),
+                              size_t(count) * out.stride * sizeof(float)),
+                  0)
+            << "rows [" << first << ", " << first + count << ")";
+        EXPECT_EQ(shard.layers.back().adam_m.size(), size_t(count) * out.stride);
+    }
+}
+
+TEST(ShardModel, AShardsCheckpointKeepsItsRows) {
+    const model_config config = two_layer_model(30, 24, 2500, sparsity_mode::dense);
+    testing::temp_dir dir;
+    const model_state shard = model_state::create_shard(config, 7, moment_storage::fp32, 1000, 77);
+    save_checkpoint(dir.file("shard.ckpt"), shard, trainer_state{});
+    const checkpoint_contents back = load_checkpoint(dir.file("shard.ckpt"));
+    EXPECT_TRUE(back.model.holds_output_shard());
+    EXPECT_EQ(back.model.output_first, 1000u);
+    EXPECT_EQ(back.model.layers.back().rows, 77u);
+    EXPECT_EQ(back.model.config.output_dim(), 2500u);
+    EXPECT_EQ(back.model.layers.back().bias.size(), 77u);
+    EXPECT_EQ(
+        std::memcmp(back.model.layers.back().weights.data(), shard.layers.back().weights.data(),
+                    shard.layers.back().weights.size() * sizeof(float)),
+        0);
+    // A whole model's checkpoint is no shard.
+    save_checkpoint(dir.file("whole.ckpt"), model_state::create(config, 7), trainer_state{});
+    EXPECT_FALSE(load_checkpoint(dir.file("whole.ckpt")).model.holds_output_shard());
+    EXPECT_FALSE(is_shard_manifest(dir.file("whole.ckpt")));
+}
+
+/// What one rank of a sharded training run ends with.
+struct rank_result {
+    model_state model;
+    std::vector<double> losses;
+    double p_at_1 = 0;
+    uint64_t checksum = 0;
+    uint64_t memory_bytes = 0;
+    output_shard shard;  // its comm is gone once the ranks end
+    int rank = 0;
+};
+
+/// Trains `config` on `train` for `epochs` epochs as `ranks` ranks (threads; 1: an unsharded
+/// backend) and evaluates on `test` after each epoch.
+std::vector<rank_result> train_as_ranks(const model_config& config, const train_config& tc,
+                                        const dataset& train, const dataset& test, int ranks,
+                                        const std::string& weights = "") {
+    std::vector<rank_result> results(static_cast<size_t>(ranks));
+    auto run = [&](shard_comm* comm) {
+        rank_result& out = results[comm ? size_t(comm->rank()) : 0];
+        if (comm) out.shard = make_output_shard(*comm, config.output_dim(), weights);
+        if (comm) out.rank = comm->rank();
+        model_state initial = comm ? model_state::create_shard(config, tc.seed, tc.adam_moments,
+                                                               out.shard.first, out.shard.count)
+                                   : model_state::create(config, tc.seed, tc.adam_moments);
+        cpu::cpu_backend engine(std::move(initial), tc, 1, cpu::best_kernels(),
+                                precision_mode::fp32, out.shard);
+        trainer_options to;
+        to.train = tc;
+        to.show_progress = false;
+        to.eval.show_progress = false;
+        trainer run(engine, train, &test, to);
+        for (const epoch_record& r : run.run()) {
+            out.losses.push_back(r.loss);
+            if (r.evaluated) out.p_at_1 = r.metrics.p_at(1);
+        }
+        engine.export_state(out.model, /*with_optimizer=*/true);
+        out.checksum = engine.replicated_checksum();
+        out.memory_bytes = engine.info().memory_bytes;
+    };
+    if (ranks == 1)
+        run(nullptr);
+    else
+        on_ranks(ranks, [&](shard_comm& comm) { run(&comm); });
+    return results;
+}
+
+/// How far a rank's rows of a layer are from the one-rank model's: the largest |a - b| over
+/// the layer's largest |a| (every weight within `max_scaled` of the layer's scale), and
+/// ||a - b|| / ||a|| (the model as a whole). Rows [a_first, a_first + b.rows) of a against b's
+/// rows (weights, and biases: per row past layer 0, layer 0's whole).
+struct difference {
+    double max_scaled = 0;
+    double norm = 0;
+};
+difference compare_layers(const layer_state& a, uint32_t a_first, const layer_state& b,
+                          bool bias_per_row) {
+    double worst = 0, scale = 0, diff2 = 0, norm2 = 0;
+    auto add = [&](float x, float y) {
+        const double d = double(x) - double(y);
+        worst = std::max(worst, std::fabs(d));
+        scale = std::max(scale, std::fabs(double(x)));
+        diff2 += d * d;
+        norm2 += double(x) * double(x);
+    };
+    for (uint32_t r = 0; r < b.rows; ++r) {
+        for (uint32_t i = 0; i < a.width; ++i) add(a.row(a_first + r)[i], b.row(r)[i]);
+        if (bias_per_row) add(a.bias[a_first + r], b.bias[r]);
+    }
+    if (!bias_per_row)
+        for (size_t i = 0; i < a.bias.size(); ++i) add(a.bias[i], b.bias[i]);
+    return {worst / scale, std::sqrt(diff2 / norm2)};
+}
+
+/// What "the same model" allows: every weight within max_scaled of its layer's largest, and
+/// the layers within `norm` as wholes.
+struct tolerance {
+    double max_scaled = 1e-5;
+    double norm = 1e-5;
+};
+
+/// Checks `ranks` ranks against one: the replicated layers bit-identical across ranks, every
+/// rank's layers within `tol` of the one-rank model's, the same P@1 to four digits and the
+/// same losses (1e-5 relative), and each rank's share of the output layer's bytes.
+void expect_same_model(const model_config& config, const train_config& tc, const dataset& train,
+                       const dataset& test, int ranks, const std::string& weights = "",
+                       tolerance tol = {}) {
+    const rank_result one = train_as_ranks(config, tc, train, test, 1).front();
+    const std::vector<rank_result> many = train_as_ranks(config, tc, train, test, ranks, weights);
+    const size_t out = config.layers.size() - 1;
+    const layer_state& whole_out = one.model.layers[out];
+    uint32_t rows_seen = 0;
+    auto expect_close = [&](const difference& d, const std::string& what) {
+        EXPECT_LE(d.max_scaled, tol.max_scaled) << what << ": the largest difference over the "
+                                                << "layer's largest weight";
+        EXPECT_LE(d.norm, tol.norm) << what << ": ||difference|| / ||layer||";
+    };
+    for (const rank_result& r : many) {
+        SCOPED_TRACE("rank " + std::to_string(r.rank) + " of " + std::to_string(ranks));
+        EXPECT_EQ(r.checksum, many[0].checksum);
+        for (size_t l = 0; l < out; ++l) {
+            const layer_state& a = r.model.layers[l];
+            const layer_state& b = many[0].model.layers[l];
+            EXPECT_EQ(
+                std::memcmp(a.weights.data(), b.weights.data(), a.weights.size() * sizeof(float)),
+                0)
+                << "layer " << l << " differs between ranks";
+            EXPECT_EQ(a.bias, b.bias);
+            expect_close(compare_layers(one.model.layers[l], 0, a, l > 0),
+                         "layer " + std::to_string(l));
+        }
+        const layer_state& shard_out = r.model.layers[out];
+        EXPECT_EQ(r.shard.first, rows_seen);
+        EXPECT_EQ(shard_out.rows, r.shard.count);
+        rows_seen += shard_out.rows;
+        expect_close(compare_layers(whole_out, r.shard.first, shard_out, true),
+                     "the output layer's rows [" + std::to_string(r.shard.first) + ", " +
+                         std::to_string(r.shard.first + r.shard.count) + ")");
+        // Its share of the output layer's bytes (weights, biases and their Adam state), and the
+        // rest whole.
+        const uint64_t whole_output_bytes =
+            3 * (whole_out.weights.size() + whole_out.bias.size()) * sizeof(float);
+        const uint64_t shard_output_bytes =
+            3 * (uint64_t(r.shard.count) * whole_out.stride + r.shard.count) * sizeof(float);
+        EXPECT_EQ(r.memory_bytes, one.memory_bytes - whole_output_bytes + shard_output_bytes);
+        EXPECT_EQ(std::round(r.p_at_1 * 1e4), std::round(one.p_at_1 * 1e4));
+        ASSERT_EQ(r.losses.size(), one.losses.size());
+        for (size_t e = 0; e < one.losses.size(); ++e)
+            EXPECT_NEAR(r.losses[e], one.losses[e], 1e-5 * one.losses[e]) << "epoch " << e + 1;
+    }
+    EXPECT_EQ(rows_seen, config.output_dim());
+}
+
+model_config small_model(sparsity_mode output) {
+    model_config config = two_layer_model(60, 32, 97, output);
+    if (output == sparsity_mode::topk) {
+        config.layers.back().top_k = 8;
+        config.layers.back().active.min_active = 24;
+        config.layers.back().search = top_k_search::exact;
+    }
+    return config;
+}
+
+train_config small_training() {
+    train_config tc;
+    tc.epochs = 3;
+    tc.batch_size = 32;
+    tc.seed = 3;
+    return tc;
+}
+
+TEST(ShardTraining, DenseOutputOnTwoAndThreeRanksTrainsTheOneRankModel) {
+    // Every 7th point unlabelled: skipped by the loss, counted in the batch mean, on every rank.
+    const dataset train = random_dataset(600, 60, 97, 11, 7),
+                  test = random_dataset(200, 60, 97, 12);
+    expect_same_model(small_model(sparsity_mode::dense), small_training(), train, test, 2);
+    expect_same_model(small_model(sparsity_mode::dense), small_training(), train, test, 3);
+}
+
+TEST(ShardTraining, ExactTopKOnTwoAndThreeRanksTrainsTheOneRankModel) {
+    const dataset train = random_dataset(600, 60, 97, 11, 7),
+                  test = random_dataset(200, 60, 97, 12);
+    expect_same_model(small_model(sparsity_mode::topk), small_training(), train, test, 2);
+    expect_same_model(small_model(sparsity_mode::topk), small_training(), train, test, 3, "1,2,1");
+}
+
+TEST(ShardTraining, TopKLargerThanAShardTrainsTheOneRankModel) {
+    // 97 rows on 3 ranks (32 or 33 each) and a top 40: each rank's candidates are all its rows,
+    // padded, and the merge still keeps the 40 best of the layer.
+    const dataset train = random_dataset(600, 60, 97, 11), test = random_dataset(200, 60, 97, 12);
+    model_config config = small_model(sparsity_mode::topk);
+    config.layers.back().top_k = 40;
+    config.layers.back().active.min_active = 60;
+    expect_same_model(config, small_training(), train, test, 3);
+}
+
+TEST(ShardTraining, UnequalSharesTrainTheOneRankModel) {
+    const dataset train = random_dataset(600, 60, 97, 11), test = random_dataset(200, 60, 97, 12);
+    expect_same_model(small_model(sparsity_mode::topk), small_training(), train, test, 2, "3,1");
+    expect_same_model(small_model(sparsity_mode::dense), small_training(), train, test, 2, "1,5");
+}
+
+/// Bibtex (train/test splits of ../shared/data/bibtex), hidden 256.
+void bibtex(dataset& train, dataset& test) {
+    const std::string dir = testing::shared_data_dir() + "/bibtex/";
+    const dataset all = read_xc(dir + "Bibtex_data.txt");
+    train = subset(all, read_split(dir + "bibtex_trSplit.txt", 1, all.size()));
+    test = subset(all, read_split(dir + "bibtex_tstSplit.txt", 1, all.size()));
+}
+
+TEST(ShardTraining, BibtexForcedSparseAndDenseOnTwoRanks) {
+    HSLIDE_REQUIRE_SHARED_DATA();
+    dataset train, test;
+    bibtex(train, test);
+    train_config tc;
+    tc.epochs = 3;
+    tc.seed = 1;
+    // Two ranks add the same terms as one in another order (each rank's share of the hidden
+    // gradient, then the shares; the softmax's sums), so their models differ by roundings
+    // that training carries on. Adam makes a few of them large: a weight whose gradient is a
+    // near-cancelled sum (a rare feature's, seen once in a step) moves by lr * g / (|g| + eps),
+    // which a rounding of g can change by a good part of lr (a step-by-step trace of the dense
+    // run: feature 1647's row differs by 0.7 lr after step 72, where the sums of one and two
+    // ranks gave that gradient 5x apart). Measured on 2026-11-29: forced sparse, 1.5e-5 of the
+    // layer's largest weight at most and 2e-7 as a whole; dense, 1.4e-2 (10k of layer 0's 470k
+    // weights moved by more than 1e-3 relative), 7e-4 as a whole, with the losses within 1e-6 and
+    // P@1 equal.
+    model_config sparse = two_layer_model(uint32_t(train.n_features), 256, uint32_t(train.n_labels),
+                                          sparsity_mode::topk);
+    sparse.layers.back().top_k = 16;
+    sparse.layers.back().active.min_active = 48;
+    sparse.layers.back().search = top_k_search::exact;
+    expect_same_model(sparse, tc, train, test, 2, "", {5e-5, 1e-6});
+    expect_same_model(two_layer_model(uint32_t(train.n_features), 256, uint32_t(train.n_labels),
+                                      sparsity_mode::dense),
+                      tc, train, test, 2, "", {5e-2, 5e-3});
+}
+
+TEST(ShardTraining, RefusesWhatIsNotSharded) {
+    const train_config tc = small_training();
+    auto message = [&](model_config config) {
+        std::string text = "no error";
+        on_ranks(2, [&](shard_comm& comm) {
+            const output_shard shard = make_output_shard(comm, config.output_dim(), "");
+            try {
+                cpu::cpu_backend engine(model_state::create_shard(config, 1, moment_storage::fp32,
+                                                                  shard.first, shard.count),
+                                        tc, 1, cpu::best_kernels(), precision_mode::fp32, shard);
+            } catch (const error& e) {
+                if (comm.rank() == 0) text = e.what();
+            }
+        });
+        return text;
+    };
+    EXPECT_NE(message(small_model(sparsity_mode::lsh)).find("--output-sparsity lsh"),
+              std::string::npos);
+    model_config ivf = small_model(sparsity_mode::topk);
+    ivf.layers.back().search = top_k_search::ivf;
+    EXPECT_NE(message(ivf).find("--top-k-search ivf"), std::string::npos);
+    model_config corrected = small_model(sparsity_mode::topk);
+    corrected.layers.back().fill_correction = 1;
+    EXPECT_NE(message(corrected).find("--fill-correction"), std::string::npos);
+}
+
+TEST(ShardTraining, DivergedReplicasAreCaught) {
+    const model_config config = small_model(sparsity_mode::dense);
+    const train_config tc = small_training();
+    std::vector<std::string> messages(2);
+    on_ranks(2, [&](shard_comm& comm) {
+        const output_shard shard = make_output_shard(comm, config.output_dim(), "");
+        model_state m =
+            model_state::create_shard(config, 1, moment_storage::fp32, shard.first, shard.count);
+        if (comm.rank() == 1) m.layers[0].weights[5] += 1e-6f;  // one bit of drift is enough
+        cpu::cpu_backend engine(std::move(m), tc, 1, cpu::best_kernels(), precision_mode::fp32,
+                                shard);
+        try {
+            engine.synchronize();
+        } catch (const error& e) {
+            messages[size_t(comm.rank())] = e.what();
+        }
+    });
+    for (const std::string& m : messages)
+        EXPECT_NE(m.find("replicated layers' checksum"), std::string::npos) << m;
+}
+
+}  // namespace
+}  // namespace hslide
