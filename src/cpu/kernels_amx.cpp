@@ -32,23 +32,6 @@ struct alignas(64) tile_config {
 // same two for the width's last 2-30 elements (a shorter tile).
 constexpr int rows_per_pass = 64;
 
-/// Adds to sums tiles 0-3 the products of rows 0-63 of w, elements k0.., by the queries' pair-rows
-/// from k0 / 2, through row tile `rows_tile` and queries tile `queries_tile` (whose shapes say how
-/// many elements; tile numbers are immediates, hence the template).
-template <int rows_tile, int queries_tile>
-inline void add_products(const bf16* w, size_t stride, const bf16* xp, uint32_t k0) {
-    const size_t row_bytes = stride * sizeof(bf16);
-    _tile_loadd(queries_tile, xp + size_t(k0 / 2) * 32, 64);
-    _tile_loadd(rows_tile, w + k0, row_bytes);
-    _tile_dpbf16ps(0, rows_tile, queries_tile);
-    _tile_loadd(rows_tile, w + 16 * stride + k0, row_bytes);
-    _tile_dpbf16ps(1, rows_tile, queries_tile);
-    _tile_loadd(rows_tile, w + 32 * stride + k0, row_bytes);
-    _tile_dpbf16ps(2, rows_tile, queries_tile);
-    _tile_loadd(rows_tile, w + 48 * stride + k0, row_bytes);
-    _tile_dpbf16ps(3, rows_tile, queries_tile);
-}
-
 void dots16_amx(const bf16* rows, size_t stride, uint32_t width, uint32_t n, const bf16* xp,
                 const float* bias, float* out) {
     const auto& fallback = *avx512bf16_kernels().dots16_bf16;
@@ -69,6 +52,7 @@ void dots16_amx(const bf16* rows, size_t stride, uint32_t width, uint32_t n, con
             config.bytes_per_row[7] = 64;
         }
         _tile_loadconfig(&config);
+        const size_t row_bytes = stride * sizeof(bf16);
         for (uint32_t pass = 0; pass < passes; ++pass) {
             const uint32_t a0 = pass * rows_per_pass;
             const bf16* w = rows + size_t(a0) * stride;
@@ -76,8 +60,30 @@ void dots16_amx(const bf16* rows, size_t stride, uint32_t width, uint32_t n, con
             _tile_zero(1);
             _tile_zero(2);
             _tile_zero(3);
-            for (uint32_t k0 = 0; k0 < full; k0 += 32) add_products<4, 5>(w, stride, xp, k0);
-            if (tail > 0) add_products<6, 7>(w, stride, xp, full);
+            for (uint32_t k0 = 0; k0 < full; k0 += 32) {
+                _tile_loadd(5, xp + size_t(k0 / 2) * 32, 64);
+                _tile_loadd(4, w + k0, row_bytes);
+                _tile_dpbf16ps(0, 4, 5);
+                _tile_loadd(4, w + 16 * stride + k0, row_bytes);
+                _tile_dpbf16ps(1, 4, 5);
+                _tile_loadd(4, w + 32 * stride + k0, row_bytes);
+                _tile_dpbf16ps(2, 4, 5);
+                _tile_loadd(4, w + 48 * stride + k0, row_bytes);
+                _tile_dpbf16ps(3, 4, 5);
+            }
+            // The same products through the short tiles (GCC's tile intrinsics paste their
+            // tile numbers into the assembly: they must be literals, not parameters).
+            if (tail > 0) {
+                _tile_loadd(7, xp + size_t(full / 2) * 32, 64);
+                _tile_loadd(6, w + full, row_bytes);
+                _tile_dpbf16ps(0, 6, 7);
+                _tile_loadd(6, w + 16 * stride + full, row_bytes);
+                _tile_dpbf16ps(1, 6, 7);
+                _tile_loadd(6, w + 32 * stride + full, row_bytes);
+                _tile_dpbf16ps(2, 6, 7);
+                _tile_loadd(6, w + 48 * stride + full, row_bytes);
+                _tile_dpbf16ps(3, 6, 7);
+            }
             float* o = out + size_t(a0) * 16;
             _tile_stored(0, o, 64);
             _tile_stored(1, o + 16 * 16, 64);
