@@ -12,25 +12,14 @@
 #include <sstream>
 #include <string>
 
+using hslide::testing::generated_data_dir;
 using hslide::testing::run_hslide;
 using hslide::testing::temp_dir;
 
 namespace {
 
-/// A small synthetic dataset, generated once per test binary.
-const std::string& tiny_data_dir() {
-    static temp_dir dir;
-    static bool made = false;
-    if (!made) {
-        const auto r = run_hslide("gen --preset tiny --seed 5 --out " + dir.path() + " -q");
-        EXPECT_EQ(r.exit_code, 0) << r.output;
-        made = true;
-    }
-    return dir.path();
-}
-
 std::string tiny_args() {
-    return " --train " + tiny_data_dir() + "/train.txt --test " + tiny_data_dir() +
+    return " --train " + generated_data_dir() + "/train.txt --test " + generated_data_dir() +
            "/test.txt --no-cache --no-progress --threads 2 ";
 }
 
@@ -91,14 +80,14 @@ TEST(Cli, TrainEvalPredictOnSyntheticData) {
     EXPECT_EQ(records, 3);
     EXPECT_GT(last_p1, 0.2);  // the tiny preset is learnable; chance is ~0.01
 
-    r = run_hslide("eval --model " + model + " --test " + tiny_data_dir() +
+    r = run_hslide("eval --model " + model + " --test " + generated_data_dir() +
                    "/test.txt --no-cache -q --scoring exact");
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find("P@1"), std::string::npos);
     EXPECT_NE(r.output.find("PSP@1"), std::string::npos) << "label counts travel in the checkpoint";
 
     const std::string preds = dir.file("preds.txt");
-    r = run_hslide("predict --model " + model + " --data " + tiny_data_dir() +
+    r = run_hslide("predict --model " + model + " --data " + generated_data_dir() +
                    "/test.txt --no-cache -q --topk 3 --out " + preds);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find("--topk is deprecated"), std::string::npos) << r.output;
@@ -120,7 +109,7 @@ TEST(Cli, TrainEvalPredictOnSyntheticData) {
     // --labels-per-point, and --topk, its deprecated spelling (easily read as --top-k), say
     // the same.
     const std::string renamed = dir.file("renamed.txt");
-    r = run_hslide("predict --model " + model + " --data " + tiny_data_dir() +
+    r = run_hslide("predict --model " + model + " --data " + generated_data_dir() +
                    "/test.txt --no-cache -q --labels-per-point 3 --out " + renamed);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_EQ(r.output.find("deprecated"), std::string::npos) << r.output;
@@ -292,7 +281,7 @@ TEST(Cli, BadInputIsAClearErrorWithExitCode2) {
     EXPECT_EQ(r.exit_code, 2) << r.output;
 
     hslide::testing::write_text(dir.file("junk.ckpt"), "this is not a checkpoint");
-    r = run_hslide("eval --model " + dir.file("junk.ckpt") + " --test " + tiny_data_dir() +
+    r = run_hslide("eval --model " + dir.file("junk.ckpt") + " --test " + generated_data_dir() +
                    "/test.txt -q");
     EXPECT_EQ(r.exit_code, 2) << r.output;
     EXPECT_NE(r.output.find("junk.ckpt"), std::string::npos) << r.output;
@@ -447,7 +436,7 @@ TEST(Cli, KeepBestWithPatienceSavesTheBestEpochsModel) {
     EXPECT_DOUBLE_EQ(double(last.at("p@1")), double(best_record.at("p@1")));
     EXPECT_NE(r.output.find(fmt::format("best epoch {} of {}", best, ran)), std::string::npos)
         << r.output;
-    r = run_hslide("eval --model " + model + " --test " + tiny_data_dir() +
+    r = run_hslide("eval --model " + model + " --test " + generated_data_dir() +
                    "/test.txt --no-cache -q --metrics-out " + dir.file("eval.jsonl"));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const auto eval = nlohmann::json::parse(hslide::testing::read_lines(dir.file("eval.jsonl"))[0]);

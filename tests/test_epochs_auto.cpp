@@ -12,6 +12,7 @@
 #include "hslide/synthetic.hpp"
 #include "hslide/trainer.hpp"
 #include "hslide/validation.hpp"
+#include "scripted_backend.hpp"
 #include "test_util.hpp"
 
 #include <gtest/gtest.h>
@@ -22,7 +23,9 @@
 #include <vector>
 
 using namespace hslide;
+using hslide::testing::generated_data_dir;
 using hslide::testing::run_hslide;
+using hslide::testing::scripted_backend;
 using hslide::testing::temp_dir;
 
 namespace {
@@ -40,50 +43,6 @@ dataset labelled_points(uint32_t n) {
     }
     return d;
 }
-
-/// A backend whose validation P@1 after epoch e is quality[e-1] / 10 (the first quality
-/// tenths of every ten points are right); its "model" is the epoch it reached.
-class scripted_backend final : public backend {
-  public:
-    scripted_backend(std::vector<int> quality, uint32_t points)
-        : quality_(std::move(quality)), points_(points) {}
-    std::vector<uint64_t> imported;
-
-    step_report train_batch(const batch_view& batch, float) override {
-        samples_ += batch.size;
-        step_report r;
-        r.samples = batch.size;
-        r.loss_sum = batch.size;
-        r.active_per_layer = {1, 1};
-        return r;
-    }
-    void refresh_selections(bool) override {}
-    void predict(const batch_view& batch, uint32_t k, scoring_mode, uint32_t* labels,
-                 float* scores) override {
-        const int q = quality_.at(size_t(epoch() - 1));
-        for (uint32_t s = 0; s < batch.size; ++s) {
-            const uint32_t row = batch.rows[s];
-            const uint32_t truth = batch.data->labels(row).ids[0];
-            for (uint32_t i = 0; i < k; ++i) {
-                labels[size_t(s) * k + i] = UINT32_MAX;
-                scores[size_t(s) * k + i] = -1;
-            }
-            labels[size_t(s) * k] = int(row % 10) < q ? truth : (truth + 1) % 3;
-        }
-    }
-    void export_state(model_state& out, bool) const override { out.adam_step = epoch(); }
-    void import_state(const model_state& in, bool) override {
-        imported.push_back(in.adam_step);
-        samples_ = in.adam_step * points_;
-    }
-    backend_info info() const override { return {}; }
-    uint64_t epoch() const { return samples_ / points_; }
-
-  private:
-    std::vector<int> quality_;
-    uint64_t samples_ = 0;
-    uint32_t points_;
-};
 
 trainer_options auto_options() {
     trainer_options o;
@@ -346,19 +305,8 @@ TEST(EpochsAuto, AnInterruptedRunResumedFromItsCheckpointEndsAsTheUninterruptedO
 
 namespace {
 
-const std::string& tiny_dir() {
-    static temp_dir dir;
-    static bool made = false;
-    if (!made) {
-        const auto r = run_hslide("gen --preset tiny --seed 5 --out " + dir.path() + " -q");
-        EXPECT_EQ(r.exit_code, 0) << r.output;
-        made = true;
-    }
-    return dir.path();
-}
-
 std::string tiny_args() {
-    return " --train " + tiny_dir() + "/train.txt --test " + tiny_dir() +
+    return " --train " + generated_data_dir() + "/train.txt --test " + generated_data_dir() +
            "/test.txt --no-cache --no-progress --threads 2 --hidden 16 --min-active 64 ";
 }
 
@@ -398,7 +346,7 @@ TEST(EpochsAutoCli, TheDefaultHoldsOutStopsAndSaysWhichEpochWon) {
     EXPECT_NE(r.output.find(fmt::format("final: P@1 {:.4f}", p1)), std::string::npos) << r.output;
     EXPECT_NE(r.output.find(fmt::format("epoch   1/auto")), std::string::npos) << r.output;
     // The checkpoint is the kept model: eval gives the final line's P@1.
-    r = run_hslide("eval --model " + model + " --test " + tiny_dir() +
+    r = run_hslide("eval --model " + model + " --test " + generated_data_dir() +
                    "/test.txt --no-cache -q --metrics-out " + dir.file("eval.jsonl"));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const auto eval = nlohmann::json::parse(hslide::testing::read_lines(dir.file("eval.jsonl"))[0]);

@@ -38,6 +38,7 @@ extern char** environ;
 namespace {
 
 using hslide::testing::files_in;
+using hslide::testing::generated_data_dir;
 using hslide::testing::read_text;
 using hslide::testing::run_hslide;
 using hslide::testing::temp_dir;
@@ -64,20 +65,9 @@ void expect_refused(const hslide::testing::command_result& r, const std::string&
     EXPECT_TRUE(contains(r.output, part)) << "expected '" << part << "' in:\n" << r.output;
 }
 
-const std::string& tiny_dir() {
-    static temp_dir dir;
-    static bool made = false;
-    if (!made) {
-        const auto r =
-            run_hslide("gen --preset tiny --scale 0.2 --seed 3 --out " + dir.path() + " -q");
-        EXPECT_EQ(r.exit_code, 0) << r.output;
-        made = true;
-    }
-    return dir.path();
-}
-
 std::string tiny_args() {
-    return " --train " + tiny_dir() + "/train.txt --test " + tiny_dir() +
+    return " --train " + generated_data_dir("--scale 0.2 --seed 3") + "/train.txt --test " +
+           generated_data_dir("--scale 0.2 --seed 3") +
            "/test.txt --no-cache --no-progress --threads 2 --hidden 16 ";
 }
 
@@ -214,9 +204,10 @@ TEST(HostileCheckpoints, DeeplyNestedMetaIsRefusedNotACrash) {
     rewrite_meta(good, dir.file("deep.ck"), text);
     const std::string why = error_of([&] { hslide::load_checkpoint(dir.file("deep.ck")); });
     EXPECT_TRUE(contains(why, "nested deeper than 64")) << why;
-    expect_refused(run_hslide("eval --model " + dir.file("deep.ck") + " --test " + tiny_dir() +
-                              "/test.txt --no-cache -q"),
-                   "nested deeper than 64");
+    expect_refused(
+        run_hslide("eval --model " + dir.file("deep.ck") + " --test " +
+                   generated_data_dir("--scale 0.2 --seed 3") + "/test.txt --no-cache -q"),
+        "nested deeper than 64");
     // Depth within the limit still parses; strings with brackets do not count.
     EXPECT_EQ(hslide::detail::parse_json_limited("[[\"[[[[\"]]", "t", 2).dump(), "[[\"[[[[\"]]");
 }
@@ -320,10 +311,12 @@ TEST(HostileOutput, MetricsOutOnAFullDiskFailsTheCommand) {
                    "No space left on device");
     temp_dir dir;
     const std::string ck = small_checkpoint(dir);
-    expect_refused(run_hslide("eval --model " + ck + " --test " + tiny_dir() +
-                              "/test.txt --no-cache -q --metrics-out /dev/full"),
-                   "No space left on device");
-    expect_refused(run_hslide("predict --model " + ck + " --data " + tiny_dir() +
+    expect_refused(
+        run_hslide("eval --model " + ck + " --test " + generated_data_dir("--scale 0.2 --seed 3") +
+                   "/test.txt --no-cache -q --metrics-out /dev/full"),
+        "No space left on device");
+    expect_refused(run_hslide("predict --model " + ck + " --data " +
+                              generated_data_dir("--scale 0.2 --seed 3") +
                               "/test.txt --no-cache -q --out /dev/full"),
                    "No space left on device");
     EXPECT_EQ(files_in(dir.path()), std::vector<std::string>{"model.ck"});
@@ -352,7 +345,7 @@ TEST(HostileOutput, KillDuringSaveKeepsTheLastCheckpointAndCleansUp) {
     const std::string ck = dir.file("model.ck");
     const std::vector<std::string> args{"train",
                                         "--train",
-                                        tiny_dir() + "/train.txt",
+                                        generated_data_dir("--scale 0.2 --seed 3") + "/train.txt",
                                         "--no-cache",
                                         "--threads",
                                         "2",
@@ -393,7 +386,7 @@ TEST(HostileOutput, KillDuringSaveKeepsTheLastCheckpointAndCleansUp) {
 // --- 6, 9. pipes and FIFOs ----------------------------------------------------------------
 
 TEST(HostilePipes, TrainingDataFromAPipeIsRead) {
-    const std::string train = tiny_dir() + "/train.txt";
+    const std::string train = generated_data_dir("--scale 0.2 --seed 3") + "/train.txt";
     auto r = run_hslide("train --train /dev/stdin --epochs 1 --hidden 8 --threads 2 -q < " + train);
     EXPECT_EQ(r.exit_code, 0) << r.output;
     r = run_hslide("train --train /dev/stdin --epochs 1 --hidden 8 --threads 2 < /dev/null");
@@ -415,7 +408,8 @@ TEST(HostilePipes, FifoAsModelOrCacheDoesNotBlock) {
     const std::string fifo = dir.file("fifo");
     ASSERT_EQ(mkfifo(fifo.c_str(), 0644), 0);
     const auto t0 = std::chrono::steady_clock::now();
-    expect_refused(run_hslide("eval --model " + fifo + " --test " + tiny_dir() + "/test.txt -q"),
+    expect_refused(run_hslide("eval --model " + fifo + " --test " +
+                              generated_data_dir("--scale 0.2 --seed 3") + "/test.txt -q"),
                    "not a regular file");
     const std::string data = dir.file("data.txt");
     write_text(data, "2 3 2\n0 0:1 2:0.5\n1 1:2\n");

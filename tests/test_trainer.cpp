@@ -7,6 +7,7 @@
 #include "hslide/backend_registry.hpp"
 #include "hslide/error.hpp"
 #include "hslide/trainer.hpp"
+#include "scripted_backend.hpp"
 
 #include <gtest/gtest.h>
 
@@ -17,6 +18,7 @@
 #include <vector>
 
 using namespace hslide;
+using hslide::testing::scripted_backend;
 
 namespace {
 
@@ -287,55 +289,6 @@ TEST(Trainer, LargeBatchRulesScaleTheRateAndTheWarmUpRampsItUp) {
     o.train.lr_base_batch = 0;
     EXPECT_THROW(validate(o.train), hslide::error);
 }
-
-namespace {
-
-/// A backend whose predictions get better or worse with the epochs as `quality` says: after
-/// epoch e, the first quality[e-1] tenths of every ten points are predicted right (P@1 =
-/// quality / 10). Its "model" is the epoch it has reached, which export/import carry.
-class scripted_backend final : public backend {
-  public:
-    explicit scripted_backend(std::vector<int> quality, uint32_t points)
-        : quality_(std::move(quality)), points_(points) {}
-    std::vector<uint64_t> imported;  // the epochs import_state brought back
-
-    step_report train_batch(const batch_view& batch, float) override {
-        samples_ += batch.size;
-        step_report r;
-        r.samples = batch.size;
-        r.loss_sum = batch.size;
-        r.active_per_layer = {1, 1};
-        return r;
-    }
-    void refresh_selections(bool) override {}
-    void predict(const batch_view& batch, uint32_t k, scoring_mode, uint32_t* labels,
-                 float* scores) override {
-        const int q = quality_.at(size_t(epoch() - 1));
-        for (uint32_t s = 0; s < batch.size; ++s) {
-            const uint32_t row = batch.rows[s];
-            const uint32_t truth = batch.data->labels(row).ids[0];
-            for (uint32_t i = 0; i < k; ++i) {
-                labels[size_t(s) * k + i] = UINT32_MAX;
-                scores[size_t(s) * k + i] = -1;
-            }
-            labels[size_t(s) * k] = int(row % 10) < q ? truth : (truth + 1) % 3;
-        }
-    }
-    void export_state(model_state& out, bool) const override { out.adam_step = epoch(); }
-    void import_state(const model_state& in, bool) override {
-        imported.push_back(in.adam_step);
-        samples_ = in.adam_step * points_;
-    }
-    backend_info info() const override { return {}; }
-    uint64_t epoch() const { return samples_ / points_; }
-
-  private:
-    std::vector<int> quality_;
-    uint64_t samples_ = 0;
-    uint32_t points_;
-};
-
-}  // namespace
 
 TEST(Trainer, KeepBestEndsWithTheBestEpochsModelAndPatienceStopsEarly) {
     const dataset train = points(40), valid = points(20);

@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <sstream>
 #include <stdexcept>
@@ -165,6 +166,17 @@ command_result run_hslide(const std::string& args) {
     while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) output.append(buf.data(), n);
     const int status = pclose(pipe);
     return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), output};
+}
+
+const std::string& generated_data_dir(const std::string& gen_args) {
+    static std::map<std::string, temp_dir> dirs;
+    auto [it, made] = dirs.try_emplace(gen_args);
+    if (made) {
+        const auto r =
+            run_hslide("gen --preset tiny " + gen_args + " --out " + it->second.path() + " -q");
+        if (r.exit_code != 0) throw std::runtime_error("hslide gen failed: " + r.output);
+    }
+    return it->second.path();
 }
 
 double max_parameter_difference(const layer_state& a, const layer_state& b) {

@@ -107,4 +107,8 @@ class file_size_limit {
 /// output.
 command_result run_hslide(const std::string& args);
 
+/// The folder of `hslide gen --preset tiny <gen_args> --out DIR` (train.txt, test.txt), made
+/// once per test binary and distinct arguments, in a temporary folder removed at exit.
+const std::string& generated_data_dir(const std::string& gen_args = "--seed 5");
+
 }  // namespace hslide::testing
