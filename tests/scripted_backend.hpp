@@ -3,12 +3,29 @@
 #pragma once
 
 #include "hslide/backend.hpp"
+#include "hslide/dataset.hpp"
 
 #include <cstdint>
 #include <utility>
 #include <vector>
 
 namespace hslide::testing {
+
+/// n points of 4 features (the same two values each) and 3 labels, point i labelled i % 3: the
+/// data a scripted backend is trained and validated on.
+inline dataset labelled_points(uint32_t n) {
+    dataset d;
+    d.source = "points";
+    d.n_features = 4;
+    d.n_labels = 3;
+    const uint32_t f[] = {1, 3};
+    const float v[] = {0.5f, 0.25f};
+    for (uint32_t i = 0; i < n; ++i) {
+        const uint32_t label = i % 3;
+        d.push_back(f, v, 2, &label, 1);
+    }
+    return d;
+}
 
 /// A backend whose predictions get better or worse with the epochs as `quality` says: after
 /// epoch e, the first quality[e-1] tenths of every ten points are predicted right (P@1 =

@@ -24,25 +24,12 @@
 
 using namespace hslide;
 using hslide::testing::generated_data_dir;
+using hslide::testing::labelled_points;
 using hslide::testing::run_hslide;
 using hslide::testing::scripted_backend;
 using hslide::testing::temp_dir;
 
 namespace {
-
-dataset labelled_points(uint32_t n) {
-    dataset d;
-    d.source = "points";
-    d.n_features = 4;
-    d.n_labels = 3;
-    const uint32_t f[] = {1, 3};
-    const float v[] = {0.5f, 0.25f};
-    for (uint32_t i = 0; i < n; ++i) {
-        const uint32_t label = i % 3;
-        d.push_back(f, v, 2, &label, 1);
-    }
-    return d;
-}
 
 trainer_options auto_options() {
     trainer_options o;

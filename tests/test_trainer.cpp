@@ -70,17 +70,7 @@ class recording_backend final : public backend {
 };
 
 dataset points(uint32_t n) {
-    dataset d;
-    d.source = "points";
-    d.n_features = 4;
-    d.n_labels = 3;
-    const uint32_t f[] = {1, 3};
-    const float v[] = {0.5f, 0.25f};
-    for (uint32_t i = 0; i < n; ++i) {
-        const uint32_t label = i % 3;
-        d.push_back(f, v, 2, &label, 1);
-    }
-    return d;
+    return hslide::testing::labelled_points(n);
 }
 
 trainer_options options(uint32_t epochs) {
