@@ -119,6 +119,9 @@ struct layer_config {
 /// The clusters of an IVF index over `rows` rows when layer_config::ivf_clusters is 0: about
 /// sqrt(rows) / 2, at least 1, at most rows.
 uint32_t automatic_ivf_clusters(uint32_t rows);
+/// The clusters of an IVF index over `rows` rows with `given` asked for (--ivf-clusters; 0:
+/// automatic_ivf_clusters): at most one a row.
+uint32_t ivf_cluster_count(uint32_t given, uint32_t rows);
 
 /// How many rows AMX tiles score exactly in the time an IVF search scores one of the rows it
 /// probes and keeps its index current (bench/peers.md: at 670,091 rows, 48 of 409 clusters

@@ -224,8 +224,7 @@ int run_train(int argc, char** argv) {
         std::string text = " (top-k";
         const std::string ivf =
             fmt::format("IVF: {} probes, refresh every {} steps", c.ivf_probes, c.ivf_refresh);
-        const uint32_t clusters =
-            std::min(c.ivf_clusters ? c.ivf_clusters : automatic_ivf_clusters(c.size), c.size);
+        const uint32_t clusters = ivf_cluster_count(c.ivf_clusters, c.size);
         const bool amx = active_isa() >= isa_level::amx;
         const std::string cpu_search =
             cpu_top_k_search(c, active_isa()) == top_k_search::ivf

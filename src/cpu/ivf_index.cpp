@@ -238,7 +238,7 @@ void build_ivf_index(ivf_index& index, const ivf_rows& layer, uint32_t clusters,
                      const kernel_table& k, int threads) {
     HSLIDE_ASSERT(layer.rows > 0 && layer.width > 0);
     const uint32_t rows = layer.rows, d = point_dims(layer);
-    const uint32_t C = std::min(clusters ? clusters : automatic_ivf_clusters(rows), rows);
+    const uint32_t C = ivf_cluster_count(clusters, rows);
     index.rows = rows;
     index.width = layer.width;
     index.stride = padded16(d);

@@ -147,10 +147,13 @@ uint32_t automatic_ivf_clusters(uint32_t rows) {
     return uint32_t(std::clamp<double>(c, 1.0, std::max(1.0, double(rows))));
 }
 
+uint32_t ivf_cluster_count(uint32_t given, uint32_t rows) {
+    return std::min(given ? given : automatic_ivf_clusters(rows), rows);
+}
+
 top_k_search cpu_top_k_search(const layer_config& layer, isa_level level) {
     if (layer.search != top_k_search::automatic) return layer.search;
-    const uint32_t clusters = std::min(
-        layer.ivf_clusters ? layer.ivf_clusters : automatic_ivf_clusters(layer.size), layer.size);
+    const uint32_t clusters = ivf_cluster_count(layer.ivf_clusters, layer.size);
     const uint64_t exact_rows_per_ivf_row =
         level >= isa_level::amx ? amx_exact_rows_per_ivf_row : 1;
     return uint64_t(layer.ivf_probes) * exact_rows_per_ivf_row >= clusters ? top_k_search::exact
