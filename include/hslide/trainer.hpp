@@ -150,6 +150,8 @@ class trainer {
     /// a resumed run continues the same schedule).
     float learning_rate_now() const;
     void write_metrics_record(const epoch_record& record);
+    /// Evaluates the test set into `record` (its metrics and seconds, counted in the run's).
+    void test_into(epoch_record& record);
     /// Evaluates the validation set into `record`, and keeps the model when it is the best.
     void validate_epoch(epoch_record& record);
     void save_checkpoint_now();

@@ -165,9 +165,8 @@ epoch_record trainer::run_epoch(bool synchronize_at_end) {
         backend_.refresh_selections(false);
         record.times.rebuild += seconds_since(t0);
     }
-    progress bar(fmt::format("epoch {}/{}", record.epoch,
-                             tc.epochs_auto ? "auto" : std::to_string(tc.epochs)),
-                 order.size(), "samples", options_.show_progress);
+    progress bar(fmt::format("epoch {}/{}", record.epoch, epochs_to_string(tc)), order.size(),
+                 "samples", options_.show_progress);
     // Reports count the samples they cover: an asynchronous backend (hybrid) reports batches
     // as they finish, possibly after the epoch that queued them.
     double loss_sum = 0, dropped_mass_sum = 0;
@@ -305,6 +304,14 @@ void trainer::save_checkpoint_now() {
     if (options_.after_checkpoint) options_.after_checkpoint();
 }
 
+void trainer::test_into(epoch_record& record) {
+    const auto t0 = clock_type::now();
+    record.metrics = evaluate(backend_, *test_, options_.eval, inverse_propensities_);
+    record.eval_seconds = seconds_since(t0);
+    record.evaluated = true;
+    state_.seconds += record.eval_seconds;
+}
+
 void trainer::validate_epoch(epoch_record& record) {
     const validation_options& v = options_.validation;
     const auto t0 = clock_type::now();
@@ -363,11 +370,7 @@ std::vector<epoch_record> trainer::run(const std::function<void(const epoch_reco
         }
         if (validating) validate_epoch(record);
         if (evaluate_now) {
-            const auto t0 = clock_type::now();
-            record.metrics = evaluate(backend_, *test_, options_.eval, inverse_propensities_);
-            record.eval_seconds = seconds_since(t0);
-            record.evaluated = true;
-            state_.seconds += record.eval_seconds;
+            test_into(record);
             record.seconds = state_.seconds;
         }
         // Under auto the checkpoint is always the best model so far: a resumed run then
@@ -407,13 +410,7 @@ std::vector<epoch_record> trainer::run(const std::function<void(const epoch_reco
             kept.epoch = best_epoch_;
             kept.best_epoch = best_epoch_;
         }
-        if (testing && !kept.evaluated) {
-            const auto t0 = clock_type::now();
-            kept.metrics = evaluate(backend_, *test_, options_.eval, inverse_propensities_);
-            kept.eval_seconds = seconds_since(t0);
-            kept.evaluated = true;
-            state_.seconds += kept.eval_seconds;
-        }
+        if (testing && !kept.evaluated) test_into(kept);
         kept.seconds = state_.seconds;
         for (epoch_record& r : records)
             if (r.epoch == best_epoch_ && !r.evaluated && kept.evaluated) {
