@@ -7,19 +7,11 @@ set -euo pipefail
 out=$1 tag=$2 sets=$3 seeds=$4
 shift 4
 extra=("$@")
-D=${HSLIDE_DATA:-../shared/data}
+source "$(dirname "$0")/real_sets.sh"
 BIN=${HSLIDE_BIN:-build-cpu/hslide}
 mkdir -p "$out"
 for set in $sets; do
-    case $set in
-        bibtex) data=(--train $D/bibtex/Bibtex_data.txt --train-split $D/bibtex/bibtex_trSplit.txt
-                      --test-split $D/bibtex/bibtex_tstSplit.txt) ;;
-        corel5k) data=(--train $D/corel5k/corel5k_train.txt --test $D/corel5k/corel5k_test.txt) ;;
-        debian) data=(--train $D/debian-recs/train.txt --test $D/debian-recs/test.txt
-                      --min-active 128 --top-k 32 --top-k-search exact) ;;
-        yeast) data=(--train $D/yeast/yeast_train.txt --test $D/yeast/yeast_test.txt) ;;
-        *) echo "unknown set $set" >&2; exit 2 ;;
-    esac
+    real_set_flags "$set"
     for seed in $seeds; do
         name=$set-s$seed-$tag
         rm -f "$out/$name.jsonl"
