@@ -8,7 +8,9 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -383,6 +385,59 @@ TEST(Cli, InfoReportsTheMachine) {
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find("cpu"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("gpus"), std::string::npos) << r.output;
+}
+
+/// Sets (or, given nullptr, unsets) an environment variable for this scope.
+class scoped_env {
+  public:
+    scoped_env(const char* name, const char* value) : name_(name) {
+        if (const char* old = std::getenv(name)) old_ = old;
+        if (value)
+            setenv(name, value, 1);
+        else
+            unsetenv(name);
+    }
+    ~scoped_env() {
+        if (old_)
+            setenv(name_, old_->c_str(), 1);
+        else
+            unsetenv(name_);
+    }
+
+  private:
+    const char* name_;
+    std::optional<std::string> old_;
+};
+
+TEST(Cli, ShortensLibgompsSpinUnlessTheUserChoseAWaitPolicy) {
+    // hslide/openmp_wait.hpp: the command runs itself again with GOMP_SPINCOUNT set, and says so.
+    scoped_env policy("OMP_WAIT_POLICY", nullptr), spin("GOMP_SPINCOUNT", nullptr),
+        marker("HSLIDE_SET_GOMP_SPINCOUNT", nullptr), keep("HSLIDE_KEEP_OPENMP_WAIT", nullptr);
+    auto r = run_hslide("info");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+#if defined(__GNUC__) && !defined(__clang__)
+    EXPECT_NE(r.output.find("openmp threads wait: GOMP_SPINCOUNT=1000 (hslide's)"),
+              std::string::npos)
+        << r.output;
+#endif
+    {
+        scoped_env user("OMP_WAIT_POLICY", "passive");
+        r = run_hslide("info");
+        EXPECT_NE(r.output.find("openmp threads wait: OMP_WAIT_POLICY=passive (yours)"),
+                  std::string::npos)
+            << r.output;
+    }
+    {
+        scoped_env user("HSLIDE_KEEP_OPENMP_WAIT", "1");
+        r = run_hslide("info");
+        EXPECT_NE(r.output.find("openmp threads wait: the OpenMP runtime's default"),
+                  std::string::npos)
+            << r.output;
+    }
+    // Run again, the command keeps its arguments and its exit code.
+    r = run_hslide("train --preset tiny --epochs 0");
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("--epochs"), std::string::npos) << r.output;
 }
 
 TEST(Cli, VersionSaysWhatWasBuilt) {

@@ -4,6 +4,7 @@
 #include "hslide/error.hpp"
 #include "hslide/gpu_devices.hpp"
 #include "hslide/isa.hpp"
+#include "hslide/openmp_wait.hpp"
 #include "hslide/progress.hpp"
 #include "hslide/synthetic.hpp"
 #include "hslide/system_info.hpp"
@@ -56,6 +57,7 @@ int run_info(int argc, char** argv) {
     const isa_level active = active_isa();
     std::printf("cpu kernels: %s (best on this cpu: %s; --isa or HSLIDE_ISA picks another)\n",
                 to_string(active), to_string(detected_isa()));
+    std::printf("openmp threads wait: %s\n", openmp_wait_setting());
     std::printf("cuda backend in this build: %s\n", cuda_build() ? "yes" : "no");
     std::string problem;
     const auto gpus = list_gpus(&problem);

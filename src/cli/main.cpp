@@ -4,6 +4,7 @@
 #include "cli_common.hpp"
 #include "hslide/error.hpp"
 #include "hslide/memory.hpp"
+#include "hslide/openmp_wait.hpp"
 #include "hslide/progress.hpp"
 #include "hslide/shard_comm.hpp"
 #include "hslide/system_info.hpp"
@@ -53,6 +54,7 @@ int finish(int exit_code) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    hslide::settle_openmp_wait(argv);  // may run this executable again, with GOMP_SPINCOUNT set
     if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
         std::fputs(usage, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
