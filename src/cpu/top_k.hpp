@@ -25,6 +25,22 @@ struct rank_order {
     }
 };
 
+/// Puts c, which ranks above the worst of the full heap heap[0..k), in the worst's place: one
+/// sift down from the top, where std::pop_heap and std::push_heap walk down to a leaf and back
+/// up (twice the comparisons; the replacement was a tenth of a Debian-recs epoch).
+inline void replace_worst(scored_label* heap, uint32_t k, const scored_label& c) {
+    uint32_t at = 0;
+    for (;;) {
+        uint32_t child = 2 * at + 1;
+        if (child >= k) break;
+        if (child + 1 < k && ranks_above(heap[child], heap[child + 1])) ++child;  // the worse
+        if (!ranks_above(c, heap[child])) break;
+        heap[at] = heap[child];
+        at = child;
+    }
+    heap[at] = c;
+}
+
 /// Offers c to `heap`, a heap of the best `count` <= k labels so far with the worst on top
 /// (std heap order under ranks_above): kept when there is room or it ranks above the worst.
 /// NaN scores are skipped.
@@ -34,9 +50,7 @@ inline void offer_top_k(scored_label* heap, uint32_t& count, uint32_t k, const s
         heap[count++] = c;
         std::push_heap(heap, heap + count, rank_order{});
     } else if (ranks_above(c, heap[0])) {
-        std::pop_heap(heap, heap + k, rank_order{});
-        heap[k - 1] = c;
-        std::push_heap(heap, heap + k, rank_order{});
+        replace_worst(heap, k, c);
     }
 }
 
