@@ -5,6 +5,7 @@
 // probes everything, does not depend on the thread count, and its settings round-trip; the
 // GPU refuses it.
 #include "cpu/cpu_backend.hpp"
+#include "cpu/exact_scoring.hpp"
 #include "cpu/ivf_index.hpp"
 #include "cpu/top_k.hpp"
 #include "hslide/backend_registry.hpp"
@@ -17,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <numeric>
 #include <vector>
@@ -129,6 +131,97 @@ std::vector<const kernel_table*> tables() {
     std::vector<const kernel_table*> t{&scalar_kernels()};
     if (&best_kernels() != &scalar_kernels()) t.push_back(&best_kernels());
     return t;
+}
+
+/// Every row's score for queries[0..n), scores[j * rows + r], as exact_top_k computes them but
+/// 16 queries a kernel call (one a lane): the same sums, lane by lane.
+std::vector<float> all_scores(const test_layer& layer, const kernel_table& k, bool in_bf16,
+                              const std::vector<const float*>& queries) {
+    const uint32_t w = layer.width, pairs = (w + 1) / 2, n = uint32_t(queries.size());
+    std::vector<float> out(size_t(layer.rows) * 16), z(size_t(n) * layer.rows);
+    std::vector<bf16> q16(w);
+    for (uint32_t s0 = 0; s0 < n; s0 += 16) {
+        const uint32_t lanes = std::min(16u, n - s0);
+        if (in_bf16 && !k.dots16_bf16) {
+            for (uint32_t j = 0; j < lanes; ++j) {
+                k.to_bf16(queries[s0 + j], q16.data(), w);
+                k.active_dots_bf16(layer.weights16.data(), layer.stride16, w, nullptr, layer.rows,
+                                   q16.data(), layer.bias.data(),
+                                   z.data() + size_t(s0 + j) * layer.rows);
+            }
+            continue;
+        }
+        if (in_bf16) {
+            std::vector<bf16> xp(size_t(pairs) * 32, 0);
+            for (uint32_t j = 0; j < lanes; ++j) {
+                k.to_bf16(queries[s0 + j], q16.data(), w);
+                for (uint32_t e = 0; e < w; ++e) xp[size_t(e / 2) * 32 + j * 2 + e % 2] = q16[e];
+            }
+            k.dots16_bf16(layer.weights16.data(), layer.stride16, w, layer.rows, xp.data(),
+                          layer.bias.data(), out.data());
+        } else {
+            std::vector<float> xt(size_t(w) * 16, 0.0f);
+            for (uint32_t j = 0; j < lanes; ++j)
+                for (uint32_t e = 0; e < w; ++e) xt[size_t(e) * 16 + j] = queries[s0 + j][e];
+            k.dots16(layer.weights.data(), layer.stride, w, nullptr, layer.rows, xt.data(),
+                     layer.bias.data(), out.data());
+        }
+        for (uint32_t j = 0; j < lanes; ++j)
+            for (uint32_t r = 0; r < layer.rows; ++r)
+                z[size_t(s0 + j) * layer.rows + r] = out[size_t(r) * 16 + j];
+    }
+    return z;
+}
+
+TEST(ExactScoring, TopKAndLogPartitionMatchEveryRowScoredOnAnyThreadCount) {
+    // exact_scoring::score shares the blocks out among the threads when a thread would have
+    // less than a group of 16 queries, and the groups otherwise: both give, on every thread
+    // count, each query's top k of all its rows' scores (ids, order and scores), and the
+    // log-sum-exp of its logits within 1e-5. 2500 rows of width 200 are 2-4 blocks.
+    for (const kernel_table* k : tables())
+        for (bool in_bf16 : {false, true})
+            for (uint32_t rows : {1u, 17u, 33u, 2500u}) {
+                const test_layer layer(rows, 200, rows + 3);
+                for (uint32_t n : {1u, 15u, 16u, 17u, 33u, 100u}) {
+                    const auto q = random_queries(n, layer.width, n * 31 + rows);
+                    std::vector<const float*> queries;
+                    for (const auto& v : q) queries.push_back(v.data());
+                    const std::vector<float> z = all_scores(layer, *k, in_bf16, queries);
+                    std::vector<double> want_log_z(n);
+                    for (uint32_t j = 0; j < n; ++j) {
+                        const float* zj = z.data() + size_t(j) * rows;
+                        const double m = *std::max_element(zj, zj + rows);
+                        double sum = 0;
+                        for (uint32_t r = 0; r < rows; ++r) sum += std::exp(double(zj[r]) - m);
+                        want_log_z[j] = m + std::log(sum);
+                    }
+                    for (uint32_t top : {1u, 5u, 32u}) {
+                        std::vector<uint32_t> want(size_t(n) * top);
+                        std::vector<float> want_s(size_t(n) * top);
+                        std::vector<scored_label> heap;
+                        for (uint32_t j = 0; j < n; ++j)
+                            select_top_k(z.data() + size_t(j) * rows, nullptr, rows, top,
+                                         want.data() + size_t(j) * top,
+                                         want_s.data() + size_t(j) * top, heap);
+                        for (int threads : {1, 2, 3}) {
+                            SCOPED_TRACE(::testing::Message()
+                                         << "bf16 " << in_bf16 << " rows " << rows << " n " << n
+                                         << " top " << top << " threads " << threads);
+                            exact_scoring scoring;
+                            std::vector<uint32_t> labels(size_t(n) * top);
+                            std::vector<float> scores(size_t(n) * top);
+                            std::vector<double> log_z(n);
+                            scoring.score(layer.view(in_bf16), *k, threads, queries.data(), n, top,
+                                          labels.data(), scores.data(), log_z.data());
+                            ASSERT_EQ(labels, want);
+                            ASSERT_EQ(scores, want_s);
+                            for (uint32_t j = 0; j < n; ++j)
+                                ASSERT_NEAR(log_z[j], want_log_z[j],
+                                            1e-5 * (1 + std::abs(want_log_z[j])));
+                        }
+                    }
+                }
+            }
 }
 
 TEST(IvfIndex, EveryRowIsInExactlyOneClusterAscending) {

@@ -96,7 +96,8 @@ std::vector<option_spec> make_table() {
         spec("hidden", group::essentials, "hidden layer sizes, e.g. 128 or 256,128 (given once)",
              HSLIDE_FIELD(model.hidden), {}, {}, both),
         spec("epochs", group::essentials,
-             "auto: train until P@1 on a validation set (--valid..., else 5% of the training "
+             "auto: train until nDCG@5 (--keep-best) on a validation set (--valid..., else 5% of "
+             "the training "
              "points, at most 2,000, held out by --seed) has not improved for --patience (2) "
              "epochs, at most 30, and keep the best epoch's model; or N: exactly N epochs on "
              "all the points (in total, when resuming)",

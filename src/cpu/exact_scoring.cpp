@@ -135,52 +135,67 @@ void exact_scoring::score(const layer_rows& layer, const kernel_table& k_, int t
         logits.resize(size_t(inputs) * block_rows);
         std::vector<float>& one_query = scratch.one_query;  // a query's logits of the block
         if (with_log_partition && one_query.size() < block_rows) one_query.resize(block_rows);
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t blk = 0; blk < n_blocks; ++blk) {
+        // Block blk's scores of the 16 queries from s0: offered to this thread's heaps of them.
+        auto score_block = [&](int64_t blk, uint32_t s0) {
             const uint32_t r0 = uint32_t(blk) * block_rows;
             const uint32_t nb = std::min(block_rows, layer.rows - r0);
-            for (uint32_t s0 = 0; s0 < n; s0 += inputs) {
-                const uint32_t n_x = std::min(inputs, n - s0);
-                // Score of row r0 + i for query s0 + j: logits[i * row_step + j * col_step].
-                size_t row_step = 1, col_step = block_rows;
-                if (paired) {
-                    k_.dots16_bf16(layer.row16(r0), layer.stride16, width, nb,
-                                   hidden16 + size_t(s0 / 16) * pairs * 32, layer.bias + r0,
-                                   logits.data());
-                    row_step = inputs;
-                    col_step = 1;
-                } else if (bf16_rows) {
-                    for (uint32_t j = 0; j < n_x; ++j)
-                        k_.active_dots_bf16(layer.row16(r0), layer.stride16, width, nullptr, nb,
-                                            hidden16 + size_t(s0 + j) * in_stride, layer.bias + r0,
-                                            logits.data() + size_t(j) * block_rows);
-                } else {
-                    k_.dots16(layer.row(r0), layer.stride, width, nullptr, nb,
-                              hidden_.data() + size_t(s0) * width, layer.bias + r0, logits.data());
-                    row_step = inputs;
-                    col_step = 1;
-                }
-                if (row_step == inputs)
-                    offer_rows_of_16(logits.data(), nb, r0, n_x, kept,
-                                     heaps.data() + size_t(s0) * kept, counts.data() + s0);
-                for (uint32_t j = 0; j < n_x; ++j) {
-                    const float* z = logits.data() + size_t(j) * col_step;
-                    if (row_step != inputs)
-                        offer_scores_top_k(heaps.data() + size_t(s0 + j) * kept, counts[s0 + j],
-                                           kept, z, row_step, nullptr, nb, r0);
-                    if (with_log_partition) {
-                        // The softmax kernel returns the block's log-sum-exp (its
-                        // probabilities go to scratch).
-                        for (uint32_t i = 0; i < nb; ++i) one_query[i] = z[size_t(i) * row_step];
-                        block_log_partition_[size_t(blk) * n + s0 + j] =
-                            k_.softmax(one_query.data(), one_query.data(), nb);
-                    }
+            const uint32_t n_x = std::min(inputs, n - s0);
+            // Score of row r0 + i for query s0 + j: logits[i * row_step + j * col_step].
+            size_t row_step = 1, col_step = block_rows;
+            if (paired) {
+                k_.dots16_bf16(layer.row16(r0), layer.stride16, width, nb,
+                               hidden16 + size_t(s0 / 16) * pairs * 32, layer.bias + r0,
+                               logits.data());
+                row_step = inputs;
+                col_step = 1;
+            } else if (bf16_rows) {
+                for (uint32_t j = 0; j < n_x; ++j)
+                    k_.active_dots_bf16(layer.row16(r0), layer.stride16, width, nullptr, nb,
+                                        hidden16 + size_t(s0 + j) * in_stride, layer.bias + r0,
+                                        logits.data() + size_t(j) * block_rows);
+            } else {
+                k_.dots16(layer.row(r0), layer.stride, width, nullptr, nb,
+                          hidden_.data() + size_t(s0) * width, layer.bias + r0, logits.data());
+                row_step = inputs;
+                col_step = 1;
+            }
+            if (row_step == inputs)
+                offer_rows_of_16(logits.data(), nb, r0, n_x, kept, heaps.data() + size_t(s0) * kept,
+                                 counts.data() + s0);
+            for (uint32_t j = 0; j < n_x; ++j) {
+                const float* z = logits.data() + size_t(j) * col_step;
+                if (row_step != inputs)
+                    offer_scores_top_k(heaps.data() + size_t(s0 + j) * kept, counts[s0 + j], kept,
+                                       z, row_step, nullptr, nb, r0);
+                if (with_log_partition) {
+                    // The softmax kernel returns the block's log-sum-exp (its probabilities go
+                    // to scratch).
+                    for (uint32_t i = 0; i < nb; ++i) one_query[i] = z[size_t(i) * row_step];
+                    block_log_partition_[size_t(blk) * n + s0 + j] =
+                        k_.softmax(one_query.data(), one_query.data(), nb);
                 }
             }
-        }
-        // Merge the team's candidates per query (after the loop's implicit barrier; the
-        // team may be smaller than `threads` when OpenMP limits it).
+        };
+        // With a group of 16 queries or more a thread, each thread takes whole groups and scores
+        // them against every block: a query's candidates then meet one heap, not one a thread,
+        // and a heap of k fed n rows takes ~k ln(n / k) of them (Debian-recs, 2 threads: 200
+        // offers a query instead of 324, the offers being most of the search after the tile
+        // products). Each block is read once a thread instead of once. Fewer groups than
+        // threads: the blocks are shared out instead.
         const int team = omp_get_num_threads();
+        const uint32_t groups = (n + inputs - 1) / inputs;
+        if (groups >= uint32_t(team)) {
+            for (int64_t blk = 0; blk < n_blocks; ++blk)
+                for (uint32_t g = uint32_t(thread); g < groups; g += uint32_t(team))
+                    score_block(blk, g * inputs);
+#pragma omp barrier
+        } else {
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t blk = 0; blk < n_blocks; ++blk)
+                for (uint32_t s0 = 0; s0 < n; s0 += inputs) score_block(blk, s0);
+        }
+        // Merge the team's candidates per query (after the barrier; the team may be smaller
+        // than `threads` when OpenMP limits it).
         std::vector<scored_label> top;
         std::vector<float> cand_score;
         std::vector<uint32_t> cand_id;

@@ -4,7 +4,8 @@
 // Scoring a query against every row one query at a time streams the whole layer from memory
 // per query (686 MB at 670k x 256): memory-bound, ~30 ms a query on 2 cores. Here a block of
 // rows small enough to stay in L2 is scored against the chunk's queries before the next block
-// is read, so the layer streams once a chunk. In fp32, dots16 multiplies the block by 16
+// is read, so the layer streams once a chunk (once a thread, where the threads share out the
+// chunk's queries rather than the blocks). In fp32, dots16 multiplies the block by 16
 // queries at once (the queries transposed): a GEMM without horizontal sums; in bf16,
 // dots16_bf16 does the same with vdpbf16ps. Their sums run in another order than the
 // per-query kernels', so scores can differ from those of the forward pass in the last bits.

@@ -11,6 +11,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace hslide::cpu {
@@ -32,75 +33,106 @@ struct alignas(64) tile_config {
 // same two for the width's last 2-30 elements (a shorter tile).
 constexpr int rows_per_pass = 64;
 
+/// The configuration for passes whose row tiles (and sums) have `m` rows, 1..16, at a width
+/// whose last `tail` elements (0..30, even) make the short tiles 6 and 7.
+tile_config configure(uint32_t m, uint32_t tail) {
+    tile_config config;
+    for (int t = 0; t < 6; ++t) {
+        config.rows[t] = uint8_t(t == 5 ? 16 : m);
+        config.bytes_per_row[t] = 64;
+    }
+    if (tail > 0) {
+        config.rows[6] = uint8_t(m);
+        config.bytes_per_row[6] = uint16_t(tail * 2);
+        config.rows[7] = uint8_t(tail / 2);
+        config.bytes_per_row[7] = 64;
+    }
+    return config;
+}
+
+/// Adds bias[a] to the 16 sums of each of rows [0, m) of o.
+void add_bias(float* o, const float* bias, uint32_t m) {
+    for (uint32_t a = 0; a < m; ++a)
+        _mm512_storeu_ps(o + size_t(a) * 16, _mm512_add_ps(_mm512_loadu_ps(o + size_t(a) * 16),
+                                                           _mm512_set1_ps(bias[a])));
+}
+
 void dots16_amx(const bf16* rows, size_t stride, uint32_t width, uint32_t n, const bf16* xp,
                 const float* bias, float* out) {
-    const auto& fallback = *avx512bf16_kernels().dots16_bf16;
-    // An odd width would need a tile that reads one element past it; rows past the last whole
-    // pass of 64 go to the vdpbf16ps kernel (their sums land in the same places).
-    const uint32_t passes = width % 2 == 0 ? n / rows_per_pass : 0;
-    if (passes > 0) {
-        const uint32_t full = width / 32 * 32, tail = width - full;
-        tile_config config;
-        for (int t = 0; t < 6; ++t) {
-            config.rows[t] = 16;
-            config.bytes_per_row[t] = 64;
+    // An odd width would need a tile that reads one element past it: the vdpbf16ps kernel
+    // takes it whole.
+    if (width % 2 != 0 || n == 0)
+        return avx512bf16_kernels().dots16_bf16(rows, stride, width, n, xp, bias, out);
+    const uint32_t full = width / 32 * 32, tail = width - full;
+    const size_t row_bytes = stride * sizeof(bf16);
+    tile_config config = configure(16, tail);
+    _tile_loadconfig(&config);
+    const uint32_t passes = n / rows_per_pass;
+    for (uint32_t pass = 0; pass < passes; ++pass) {
+        const uint32_t a0 = pass * rows_per_pass;
+        const bf16* w = rows + size_t(a0) * stride;
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (uint32_t k0 = 0; k0 < full; k0 += 32) {
+            _tile_loadd(5, xp + size_t(k0 / 2) * 32, 64);
+            _tile_loadd(4, w + k0, row_bytes);
+            _tile_dpbf16ps(0, 4, 5);
+            _tile_loadd(4, w + 16 * stride + k0, row_bytes);
+            _tile_dpbf16ps(1, 4, 5);
+            _tile_loadd(4, w + 32 * stride + k0, row_bytes);
+            _tile_dpbf16ps(2, 4, 5);
+            _tile_loadd(4, w + 48 * stride + k0, row_bytes);
+            _tile_dpbf16ps(3, 4, 5);
+        }
+        // The same products through the short tiles (GCC's tile intrinsics paste their
+        // tile numbers into the assembly: they must be literals, not parameters).
+        if (tail > 0) {
+            _tile_loadd(7, xp + size_t(full / 2) * 32, 64);
+            _tile_loadd(6, w + full, row_bytes);
+            _tile_dpbf16ps(0, 6, 7);
+            _tile_loadd(6, w + 16 * stride + full, row_bytes);
+            _tile_dpbf16ps(1, 6, 7);
+            _tile_loadd(6, w + 32 * stride + full, row_bytes);
+            _tile_dpbf16ps(2, 6, 7);
+            _tile_loadd(6, w + 48 * stride + full, row_bytes);
+            _tile_dpbf16ps(3, 6, 7);
+        }
+        float* o = out + size_t(a0) * 16;
+        _tile_stored(0, o, 64);
+        _tile_stored(1, o + 16 * 16, 64);
+        _tile_stored(2, o + 32 * 16, 64);
+        _tile_stored(3, o + 48 * 16, 64);
+        if (bias) add_bias(o, bias + a0, rows_per_pass);
+    }
+    // The rest a tile at a time, the last one shorter: every row is summed by the tiles in the
+    // same order wherever it falls in a call, so a row's score does not depend on how the rows
+    // were split into calls (vdpbf16ps rounds some rows' sums an ulp apart from the tiles: exact
+    // scoring's blocks moved scores in its top k).
+    for (uint32_t a0 = passes * rows_per_pass; a0 < n; a0 += 16) {
+        const uint32_t m = std::min(16u, n - a0);
+        if (m < 16) {
+            config = configure(m, tail);
+            _tile_loadconfig(&config);
+        }
+        const bf16* w = rows + size_t(a0) * stride;
+        _tile_zero(0);
+        for (uint32_t k0 = 0; k0 < full; k0 += 32) {
+            _tile_loadd(5, xp + size_t(k0 / 2) * 32, 64);
+            _tile_loadd(4, w + k0, row_bytes);
+            _tile_dpbf16ps(0, 4, 5);
         }
         if (tail > 0) {
-            config.rows[6] = 16;
-            config.bytes_per_row[6] = uint16_t(tail * 2);
-            config.rows[7] = uint8_t(tail / 2);
-            config.bytes_per_row[7] = 64;
+            _tile_loadd(7, xp + size_t(full / 2) * 32, 64);
+            _tile_loadd(6, w + full, row_bytes);
+            _tile_dpbf16ps(0, 6, 7);
         }
-        _tile_loadconfig(&config);
-        const size_t row_bytes = stride * sizeof(bf16);
-        for (uint32_t pass = 0; pass < passes; ++pass) {
-            const uint32_t a0 = pass * rows_per_pass;
-            const bf16* w = rows + size_t(a0) * stride;
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_zero(2);
-            _tile_zero(3);
-            for (uint32_t k0 = 0; k0 < full; k0 += 32) {
-                _tile_loadd(5, xp + size_t(k0 / 2) * 32, 64);
-                _tile_loadd(4, w + k0, row_bytes);
-                _tile_dpbf16ps(0, 4, 5);
-                _tile_loadd(4, w + 16 * stride + k0, row_bytes);
-                _tile_dpbf16ps(1, 4, 5);
-                _tile_loadd(4, w + 32 * stride + k0, row_bytes);
-                _tile_dpbf16ps(2, 4, 5);
-                _tile_loadd(4, w + 48 * stride + k0, row_bytes);
-                _tile_dpbf16ps(3, 4, 5);
-            }
-            // The same products through the short tiles (GCC's tile intrinsics paste their
-            // tile numbers into the assembly: they must be literals, not parameters).
-            if (tail > 0) {
-                _tile_loadd(7, xp + size_t(full / 2) * 32, 64);
-                _tile_loadd(6, w + full, row_bytes);
-                _tile_dpbf16ps(0, 6, 7);
-                _tile_loadd(6, w + 16 * stride + full, row_bytes);
-                _tile_dpbf16ps(1, 6, 7);
-                _tile_loadd(6, w + 32 * stride + full, row_bytes);
-                _tile_dpbf16ps(2, 6, 7);
-                _tile_loadd(6, w + 48 * stride + full, row_bytes);
-                _tile_dpbf16ps(3, 6, 7);
-            }
-            float* o = out + size_t(a0) * 16;
-            _tile_stored(0, o, 64);
-            _tile_stored(1, o + 16 * 16, 64);
-            _tile_stored(2, o + 32 * 16, 64);
-            _tile_stored(3, o + 48 * 16, 64);
-            if (bias)
-                for (uint32_t a = 0; a < uint32_t(rows_per_pass); ++a)
-                    _mm512_storeu_ps(o + size_t(a) * 16,
-                                     _mm512_add_ps(_mm512_loadu_ps(o + size_t(a) * 16),
-                                                   _mm512_set1_ps(bias[a0 + a])));
-        }
-        _tile_release();
+        float* o = out + size_t(a0) * 16;
+        _tile_stored(0, o, 64);
+        if (bias) add_bias(o, bias + a0, m);
     }
-    const uint32_t done = passes * rows_per_pass;
-    if (done < n)
-        fallback(rows + size_t(done) * stride, stride, width, n - done, xp,
-                 bias ? bias + done : nullptr, out + size_t(done) * 16);
+    _tile_release();
 }
 
 }  // namespace
