@@ -98,7 +98,7 @@ std::vector<option_spec> make_table() {
         spec("epochs", group::essentials,
              "auto: train until nDCG@5 (--keep-best) on a validation set (--valid..., else 5% of "
              "the training "
-             "points, at most 2,000, held out by --seed) has not improved for --patience (2) "
+             "points, at most 2,000, held out by --seed) has not improved for --patience (1) "
              "epochs, at most 30, and keep the best epoch's model; or N: exactly N epochs on "
              "all the points (in total, when resuming)",
              HSLIDE_FIELD(epochs), {}, {}, both),
@@ -148,7 +148,7 @@ std::vector<option_spec> make_table() {
              HSLIDE_FIELD(keep_best), {}, {}, both),
         spec("patience", group::essentials,
              "stop after this many epochs without improvement on the validation set (by "
-             "--keep-best's metric, else p@1; 0 = never, or under --epochs auto its default, 2)",
+             "--keep-best's metric, else p@1; 0 = never, or under --epochs auto its default, 1)",
              HSLIDE_FIELD(trainer.validation.patience), {}, {}, both),
         spec("metrics-out", group::essentials,
              "append one JSON record per epoch to this JSONL file",

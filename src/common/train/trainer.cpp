@@ -383,8 +383,9 @@ std::vector<epoch_record> trainer::run(const std::function<void(const epoch_reco
         records.push_back(std::move(record));
         if (v.patience > 0 && epoch < total && epoch - best_epoch_ >= v.patience) {
             spdlog::info(
-                "stopping early: {} has not improved for {} epochs (best: epoch {}, {:.4f})",
-                to_string(v.metric), v.patience, best_epoch_, best_value_);
+                "stopping early: {} has not improved for {} epoch{} (best: epoch {}, {:.4f})",
+                to_string(v.metric), v.patience, v.patience == 1 ? "" : "s", best_epoch_,
+                best_value_);
             break;
         }
     }
