@@ -280,8 +280,9 @@ class cpu_backend final : public backend, public row_transfer {
     template <class Visit, class Prefetch>
     void for_each_row_gradient(const batch_view& batch, size_t l, Visit&& visit,
                                Prefetch&& prefetch);
-    /// Marks the rows phase 3 of layer l updated (changed_, and its selector's rows_changed).
-    void mark_updated_rows(size_t l, bool every_row);
+    /// Marks the rows phase 3 of layer l updated (changed_, and its selector's rows_changed
+    /// unless the update wrote them into the selector's bf16 copy: copy_written).
+    void mark_updated_rows(size_t l, bool every_row, bool copy_written);
     /// Adds the batch-mean gradient of layer 0's bias (width floats) to `out`.
     void add_layer0_bias_gradient(const batch_view& batch, float* out) const;
     /// Rounds the bf16 copy of every row of layer l (bf16 precision only).

@@ -12,15 +12,15 @@
 
 namespace hslide::cpu {
 
-void cpu_backend::mark_updated_rows(size_t l, bool every_row) {
+void cpu_backend::mark_updated_rows(size_t l, bool every_row, bool copy_written) {
     if (every_row) {
         changed_[l].mark_all();
-        if (selections_[l]) selections_[l]->all_rows_changed();
+        if (selections_[l] && !copy_written) selections_[l]->all_rows_changed();
         return;
     }
     const std::vector<uint32_t>& touched = groups_[l].touched;
     for (uint32_t row : touched) changed_[l].mark(row);
-    selection_rows_changed(l, touched.data(), touched.size());
+    if (!copy_written) selection_rows_changed(l, touched.data(), touched.size());
 }
 
 void cpu_backend::export_state(model_state& out, bool with_optimizer) const {

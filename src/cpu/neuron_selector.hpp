@@ -108,6 +108,15 @@ class neuron_selector {
     virtual void rows_changed(const uint32_t* ids, size_t n) {}
     /// Every row changed (a dense update, an imported model).
     virtual void all_rows_changed() {}
+    /// A bf16 copy of the rows that the selection scores and that the update may write as it
+    /// changes rows (row r at rows + r * stride16, the layer's width of it rounded by the
+    /// kernels' to_bf16); rows the update wrote there need no rows_changed. rows == nullptr:
+    /// none (the default).
+    struct bf16_rows {
+        bf16* rows = nullptr;
+        size_t stride16 = 0;
+    };
+    virtual bf16_rows writable_bf16_copy() { return {}; }
     /// Brings the selection's structures up to the rows as they are (LSH: re-hash the stale
     /// rows, new functions when the seed changed, rebuild the tables; IVF: rebuild the index).
     /// Default: nothing to refresh.

@@ -94,6 +94,11 @@ class exact_top_k final : public top_k_selector {
                 float* scores, double* log_partition) override;
     void rows_changed(const uint32_t* ids, size_t n) override;
     void all_rows_changed() override { stale_.mark_all(); }
+    /// The copy the search scores: the update writes the rows it changes straight into it, a
+    /// row hot in cache, instead of marking it for a second pass over it before the search.
+    bf16_rows writable_bf16_copy() override {
+        return bf16_copy_ ? bf16_rows{rows16_.data(), stride16_} : bf16_rows{};
+    }
     /// Whether the search scores the selection's bf16 copy of the rows.
     bool scores_bf16_copy() const { return bf16_copy_; }
 
