@@ -180,11 +180,14 @@ void exact_scoring::score(const layer_rows& layer, const kernel_table& k_, int t
         // them against every block: a query's candidates then meet one heap, not one a thread,
         // and a heap of k fed n rows takes ~k ln(n / k) of them (Debian-recs, 2 threads: 200
         // offers a query instead of 324, the offers being most of the search after the tile
-        // products). Each block is read once a thread instead of once. Fewer groups than
-        // threads: the blocks are shared out instead.
+        // products). Each block is then read once a thread instead of once: only where the
+        // rows fit in a cache (16 MiB), as a layer streamed from memory once a thread would cost
+        // more than the offers save. Otherwise, or with fewer groups than threads, the blocks
+        // are shared out instead.
         const int team = omp_get_num_threads();
         const uint32_t groups = (n + inputs - 1) / inputs;
-        if (groups >= uint32_t(team)) {
+        const size_t layer_bytes = size_t(layer.rows) * in_stride * value_bytes;
+        if (groups >= uint32_t(team) && layer_bytes <= (size_t(16) << 20)) {
             for (int64_t blk = 0; blk < n_blocks; ++blk)
                 for (uint32_t g = uint32_t(thread); g < groups; g += uint32_t(team))
                     score_block(blk, g * inputs);
