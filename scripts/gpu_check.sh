@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The GPU check every session with a GPU machine runs: build here, test and measure there.
 #
-#   scripts/gpu_check.sh pack               # here: build with CUDA into build-gpu/ and pack
-#                                           # the binaries, the shared libraries they need and
-#                                           # the Bibtex data into gpu-pack/hslide-gpu.tar.gz
-#                                           # (git-ignored; about 18 MB, the device tool
-#                                           # carries at most 64 MiB)
+#   scripts/gpu_check.sh pack               # here: build with CUDA and MPI into build-gpu/ and
+#                                           # pack the binaries, the shared libraries they need,
+#                                           # Open MPI (below) and the Bibtex data into
+#                                           # gpu-pack/hslide-gpu.tar.gz (git-ignored; about
+#                                           # 20 MB, the device tool carries at most 64 MiB).
+#                                           # PACK_CUDA=OFF: the same pack of a CPU build
+#                                           # (build-pack-cpu/, no GPU tests), to try the pack
+#                                           # here (the `mpi` step) without the CUDA build
 #   scripts/gpu_check.sh all [EPOCHS] [BUDGET]
 #                                           # on the GPU machine: THE check (issue 22), in
 #                                           # BUDGET seconds (460): the GPU tests; Amazon-670K-
@@ -18,9 +21,11 @@
 #                                           # WikiLSHTC-325K at 0.25 (2 epochs: topk, topk
 #                                           # corrected, dense, LSH); memcheck and racecheck;
 #                                           # an Nsight Compute table of LSH, top-k (cuBLAS
-#                                           # and fused) and dense steps; PyTorch bf16, then
-#                                           # fp32, as time is left. Each part runs only while
-#                                           # its estimate fits; one summary.md.
+#                                           # and fused) and dense steps; PyTorch bf16; the
+#                                           # peers; the `ranks` rows (2 epochs on the
+#                                           # profiles' Amazon-670K slice); PyTorch fp32. Each
+#                                           # part runs only while its estimate fits; one
+#                                           # summary.md.
 #   scripts/gpu_check.sh tests              # on the GPU machine: the GPU tests, then
 #                                           # compute-sanitizer memcheck and racecheck on the
 #                                           # LSH and top-k kernels' tests (where it exists)
@@ -56,6 +61,26 @@
 #                                           # hslide's time to napkinXC's P@1 (the pack carries
 #                                           # napkinXC when packed with NAPKINXC=/path/to/nxc;
 #                                           # `all` ends with it)
+#   scripts/gpu_check.sh ranks [EPOCHS] [PRESET@SCALE] [BUDGET]
+#                                           # on the GPU machine: issue 32's rows, EPOCHS (2)
+#                                           # on PRESET@SCALE (amazon670k@0.02: full label and
+#                                           # feature counts, 9,809 training points), exact
+#                                           # top-k, in BUDGET seconds (540): the `mpi` check;
+#                                           # 1 GPU process against 2 ranks on the one GPU
+#                                           # (P@1 per epoch, s/epoch of both); a GPU rank
+#                                           # with 3/4 of the output rows beside a CPU rank
+#                                           # with 1/4 (--shard-weights 3,1, MPMD: `mpirun -np
+#                                           # 1 hslide ... --backend gpu : -np 1 hslide ...
+#                                           # --backend cpu`); 2 CPU ranks. Each mpirun under
+#                                           # a timeout (120-150 s, then killed with its ranks);
+#                                           # a run the engine refuses (GPU ranks, until they
+#                                           # are built) is a row with hslide's message.
+#   scripts/gpu_check.sh mpi                # wherever the pack is unpacked (here too): the
+#                                           # pack's Open MPI (ompi_info's folders, ldd) and 2
+#                                           # CPU ranks of the packed hslide on the tiny preset
+#                                           # beside one process, under strace where there is
+#                                           # one: any file of Open MPI, PMIx, hwloc, libevent
+#                                           # or munge opened outside the pack is listed
 #   scripts/gpu_check.sh reproduce [SCALE] [EPOCHS] [PRESET] [REPRODUCE OPTIONS...]
 #                                           # on the GPU machine: scripts/reproduce.sh with its
 #                                           # default configurations (every CPU one, the GPU,
@@ -71,6 +96,7 @@
 #   run(command="scripts/gpu_check.sh topk 3", carry=["gpu-pack"])
 #   run(command="scripts/gpu_check.sh bench 0.1 2 amazon670k", carry=["gpu-pack"])
 #   run(command="scripts/gpu_check.sh bench 0.1 2 wikilshtc325k,amazon3m", carry=["gpu-pack"])
+#   run(command="scripts/gpu_check.sh ranks", carry=["gpu-pack"], timeout_s=560)
 #   run(command="scripts/gpu_check.sh reproduce 0.01 2", carry=["gpu-pack"])
 #   run(command="scripts/gpu_check.sh reproduce 0.01 2 amazon3m --configs 'gpu:bf16 gpu-dense:bf16' --eval-max 2000", carry=["gpu-pack"])
 #     (time to a P@1 of the LSH path against the dense bf16 output layer, issue 4's check)
@@ -81,6 +107,30 @@
 # The GPU machine has no Debian packages: the pack carries libfmt, libspdlog, libxxhash,
 # libgomp, libopenblas and libstdc++ beside the binaries; the CUDA runtime is linked statically
 # and cuBLAS (gpu-dense only) is loaded from the machine's CUDA or PyTorch (set HSLIDE_CUBLAS).
+# Open MPI (issue 32's ranks) travels too, from this machine's Debian openmpi-bin 4.1
+# (pack_open_mpi): orterun (as mpirun and mpiexec), orted and ompi_info in bin/; libmpi,
+# libopen-rte, libopen-pal and what they and the plugins load (Debian's external PMIx, hwloc,
+# libevent, munge, udev, zlib) in lib/; the plugins in lib/openmpi (PMIx's in lib/pmix), all
+# but those of fabrics the pack does not carry (UCX, libfabric, verbs, PSM, netlink) and
+# OpenSHMEM's (share/openmpi/pack-left-out.txt names them); the help texts in share/openmpi and
+# share/pmix; openmpi-mca-params.conf in etc/. Debian's layout is multiarch and partly outside
+# the prefix (libdir /usr/lib/x86_64-linux-gnu/openmpi/lib, plugins in .../openmpi3,
+# configuration in /etc/openmpi, PMIx under /usr/lib/x86_64-linux-gnu/pmix2 with its plugin
+# path written in its own configuration file), so OPAL_PREFIX alone is not enough:
+# open_mpi_env sets OPAL_PREFIX and every folder the pack moves (OPAL_LIBDIR, OPAL_PKGLIBDIR,
+# OPAL_DATADIR, OPAL_PKGDATADIR, OPAL_SYSCONFDIR, ...), the PMIX_* twins and PMIx's plugin path
+# (PMIX_MCA_mca_base_component_path); mpirun hands that environment to the ranks. hslide's and
+# orterun's RUNPATH name /usr/lib/x86_64-linux-gnu/openmpi/lib; LD_LIBRARY_PATH ($root/lib) is
+# searched before it, and the GPU machine has no such folder. Shared memory's single-copy
+# transfers (CMA, refused in containers without ptrace) are off.
+# The dry run here (bench/scale.md, "Open MPI in the GPU pack"), with the system's Open MPI
+# hidden from the run in a private mount namespace:
+#   PACK_CUDA=OFF scripts/gpu_check.sh pack
+#   unshare -m bash -c 'for d in /usr/lib/x86_64-linux-gnu/openmpi /usr/lib/x86_64-linux-gnu/pmix2 \
+#       /usr/share/openmpi /etc/openmpi; do mount --bind "$(mktemp -d)" $d; done
+#     for f in /usr/lib/x86_64-linux-gnu/lib{mpi,open-pal,open-rte,mca_common,pmix,hwloc,event,munge}*.so* \
+#       /usr/bin/orterun /usr/bin/orted /usr/bin/ompi_info; do [ -e $f ] && mount --bind /dev/null $f; done
+#     GPU_CHECK_UNPACK=/tmp/gpu-pack-test scripts/gpu_check.sh mpi'
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/presets.sh
@@ -608,7 +658,8 @@ EOF
                 grep -cE "openmpi|pmix|hwloc|$libs" || true)
             echo "- strace -f of mpirun and both ranks: $(grep -c "^$root/" <<<"$opened") files of the pack" \
                 "opened, $(grep -cE "^$root/lib/(openmpi|pmix)/" <<<"$opened") of them plugins," \
-                "$(grep -cE "^$root/share/(openmpi|pmix)/|^$root/etc/" <<<"$opened") help texts and configuration"
+                "$(grep -cE "^$root/etc/" <<<"$opened") configuration files," \
+                "$(grep -cE "^$root/share/(openmpi|pmix)/" <<<"$opened") help texts"
             if [[ -n $foreign ]]; then
                 status=1
                 echo "- FILES OF OPEN MPI'S RUNTIME OPENED OUTSIDE THE PACK:"
