@@ -676,20 +676,24 @@ EOF
 }
 
 # rank_run LABEL SECONDS COMMAND...: one run of run_ranks, at most SECONDS (then killed, with its
-# ranks); its row (what ran, or why not) appended to $summary. COMMAND writes --metrics-out
-# $work/ranks-LABEL.jsonl (rank 0's); its GPU memory per process is sampled by nvidia-smi.
+# ranks); its row (what ran, or why not) appended to $summary. Each @metrics in COMMAND becomes
+# --metrics-out $work/ranks-LABEL.jsonl (one in each program of an MPMD launch, as its ranks
+# must agree; rank 0 writes it); its GPU memory per process is sampled by nvidia-smi.
 # Returns 0 whatever the run did: the row says it.
 rank_run() {
-    local label=$1 limit=$2 name rc=0 started=$SECONDS smi_pid="" why=ran
+    local label=$1 limit=$2 name rc=0 started=$SECONDS smi_pid="" why=ran command=() a
     shift 2
     name=ranks-$label
+    for a in "$@"; do
+        if [[ $a == @metrics ]]; then command+=(--metrics-out "$work/$name.jsonl"); else command+=("$a"); fi
+    done
     rm -f "$work/$name.jsonl" "$work/$name.gpumem"
     if command -v nvidia-smi >/dev/null; then
         nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits -lms 500 \
             >"$work/$name.gpumem" 2>/dev/null &
         smi_pid=$!
     fi
-    timeout -k 10 "$limit" "$@" --metrics-out "$work/$name.jsonl" >"$work/$name.log" 2>&1 || rc=$?
+    timeout -k 10 "$limit" "${command[@]}" >"$work/$name.log" 2>&1 || rc=$?
     if [[ -n $smi_pid ]]; then
         kill "$smi_pid" 2>/dev/null || true
         wait "$smi_pid" 2>/dev/null || true
@@ -741,7 +745,7 @@ run_ranks() {
     run_mpi_check || echo "the pack's Open MPI check failed: see the summary" >&2
     common=(--train "$data/train.txt" --test "$data/test.txt" "${network[@]}" --batch-size "$p_batch"
         --epochs "$epochs" --output-sparsity topk --top-k-search exact --seed 1 --eval-every 1
-        --no-progress)
+        --no-progress @metrics)
     {
         echo
         echo "$preset at scale $preset_scale, $epochs epochs, exact top-k, fp32, on $threads cores."
@@ -776,7 +780,7 @@ EOF
         echo "- 2 ranks on one GPU: mpirun -np 2 hslide train --backend gpu --threads $half"
         echo "- GPU + CPU: mpirun -np 1 hslide train --backend gpu --threads 2 --shard-weights 3,1 : -np 1 hslide train --backend cpu --threads $rest --shard-weights 3,1"
         echo "- 2 CPU ranks: mpirun -np 2 hslide train --backend cpu --threads $half"
-        echo "- common: ${common[*]//$work\//}"
+        echo "- common: ${common[*]//$work\//} (@metrics: --metrics-out ranks-RUN.jsonl)"
     } >>"$summary"
 }
 
