@@ -242,8 +242,8 @@ pack)
     # PACK_CUDA=OFF: the same pack from a CPU build (build-pack-cpu: hslide alone, no GPU tests),
     # to try the pack's machinery (Open MPI's relocation: the `mpi` step) on a machine without
     # the time for the CUDA build.
-    build=build-gpu
-    [[ ${PACK_CUDA:-ON} == OFF ]] && { build=build-pack-cpu; gpu_tests=""; }
+    build="build-gpu"
+    [[ ${PACK_CUDA:-ON} == OFF ]] && { build="build-pack-cpu"; gpu_tests=""; }
     # The ranks (the `ranks` step) need MPI in the build: a pack without it is refused here.
     cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DHSLIDE_CUDA="${PACK_CUDA:-ON}" \
         -DHSLIDE_MPI=ON -DHSLIDE_BUILD_BENCH=OFF >/dev/null
@@ -617,7 +617,7 @@ run_mpi_check() {
     timeout -k 5 60 "$root/bin/hslide" train "${tiny[@]}" --metrics-out "$work/mpi-one.jsonl" \
         >"$work/mpi-one.log" 2>&1 || echo "one process: exit $? (mpi-one.log)" >>"$summary"
     command -v strace >/dev/null &&
-        trace=(strace -ff -qq -e trace=openat,execve -e signal=none -o "$work/mpi-strace")
+        trace=(strace -ff -qq -e "trace=openat,execve" -e signal=none -o "$work/mpi-strace")
     timeout -k 10 120 ${trace[@]+"${trace[@]}"} mpirun "${mpirun_opts[@]}" -np 2 "$root/bin/hslide" \
         train "${tiny[@]}" --metrics-out "$work/mpi-two.jsonl" >"$work/mpi-two.log" 2>&1 || rc=$?
     # One file a process (-ff: no call split across lines by another's), then one file.
