@@ -4,8 +4,9 @@
 #   scripts/gpu_check.sh pack               # here: build with CUDA and MPI into build-gpu/ and
 #                                           # pack the binaries, the shared libraries they need,
 #                                           # Open MPI (below) and the Bibtex data into
-#                                           # gpu-pack/hslide-gpu.tar.gz (git-ignored; about
-#                                           # 20 MB, the device tool carries at most 64 MiB).
+#                                           # gpu-pack/hslide-gpu.tar.gz (git-ignored; 31 MB,
+#                                           # Open MPI 3.6 MB of it; the device tool carries
+#                                           # at most 64 MiB).
 #                                           # PACK_CUDA=OFF: the same pack of a CPU build
 #                                           # (build-pack-cpu/, no GPU tests), to try the pack
 #                                           # here (the `mpi` step) without the CUDA build
