@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # The GPU check every session with a GPU machine runs: build here, test and measure there.
 #
-#   scripts/gpu_check.sh pack               # here: build with CUDA into build-gpu/ and pack
-#                                           # the binaries, the shared libraries they need and
-#                                           # the Bibtex data into gpu-pack/hslide-gpu.tar.gz
-#                                           # (git-ignored; about 18 MB, the device tool
-#                                           # carries at most 64 MiB)
+#   scripts/gpu_check.sh pack               # here: build with CUDA and MPI into build-gpu/ and
+#                                           # pack the binaries, the shared libraries they need,
+#                                           # Open MPI (below) and the Bibtex data into
+#                                           # gpu-pack/hslide-gpu.tar.gz (git-ignored; 31 MB,
+#                                           # Open MPI 3.6 MB of it; the device tool carries
+#                                           # at most 64 MiB).
+#                                           # PACK_CUDA=OFF: the same pack of a CPU build
+#                                           # (build-pack-cpu/, no GPU tests), to try the pack
+#                                           # here (the `mpi` step) without the CUDA build
 #   scripts/gpu_check.sh all [EPOCHS] [BUDGET]
 #                                           # on the GPU machine: THE check (issue 22), in
 #                                           # BUDGET seconds (460): the GPU tests; Amazon-670K-
@@ -18,9 +22,11 @@
 #                                           # WikiLSHTC-325K at 0.25 (2 epochs: topk, topk
 #                                           # corrected, dense, LSH); memcheck and racecheck;
 #                                           # an Nsight Compute table of LSH, top-k (cuBLAS
-#                                           # and fused) and dense steps; PyTorch bf16, then
-#                                           # fp32, as time is left. Each part runs only while
-#                                           # its estimate fits; one summary.md.
+#                                           # and fused) and dense steps; PyTorch bf16; the
+#                                           # peers; the `ranks` rows (2 epochs on the
+#                                           # profiles' Amazon-670K slice); PyTorch fp32. Each
+#                                           # part runs only while its estimate fits; one
+#                                           # summary.md.
 #   scripts/gpu_check.sh tests              # on the GPU machine: the GPU tests, then
 #                                           # compute-sanitizer memcheck and racecheck on the
 #                                           # LSH and top-k kernels' tests (where it exists)
@@ -56,6 +62,26 @@
 #                                           # hslide's time to napkinXC's P@1 (the pack carries
 #                                           # napkinXC when packed with NAPKINXC=/path/to/nxc;
 #                                           # `all` ends with it)
+#   scripts/gpu_check.sh ranks [EPOCHS] [PRESET@SCALE] [BUDGET]
+#                                           # on the GPU machine: issue 32's rows, EPOCHS (2)
+#                                           # on PRESET@SCALE (amazon670k@0.02: full label and
+#                                           # feature counts, 9,809 training points), exact
+#                                           # top-k, in BUDGET seconds (540): the `mpi` check;
+#                                           # 1 GPU process against 2 ranks on the one GPU
+#                                           # (P@1 per epoch, s/epoch of both); a GPU rank
+#                                           # with 3/4 of the output rows beside a CPU rank
+#                                           # with 1/4 (--shard-weights 3,1, MPMD: `mpirun -np
+#                                           # 1 hslide ... --backend gpu : -np 1 hslide ...
+#                                           # --backend cpu`); 2 CPU ranks. Each mpirun under
+#                                           # a timeout (120-150 s, then killed with its ranks);
+#                                           # a run the engine refuses (GPU ranks, until they
+#                                           # are built) is a row with hslide's message.
+#   scripts/gpu_check.sh mpi                # wherever the pack is unpacked (here too): the
+#                                           # pack's Open MPI (ompi_info's folders, ldd) and 2
+#                                           # CPU ranks of the packed hslide on the tiny preset
+#                                           # beside one process, under strace where there is
+#                                           # one: any file of Open MPI, PMIx, hwloc, libevent
+#                                           # or munge opened outside the pack is listed
 #   scripts/gpu_check.sh reproduce [SCALE] [EPOCHS] [PRESET] [REPRODUCE OPTIONS...]
 #                                           # on the GPU machine: scripts/reproduce.sh with its
 #                                           # default configurations (every CPU one, the GPU,
@@ -71,6 +97,7 @@
 #   run(command="scripts/gpu_check.sh topk 3", carry=["gpu-pack"])
 #   run(command="scripts/gpu_check.sh bench 0.1 2 amazon670k", carry=["gpu-pack"])
 #   run(command="scripts/gpu_check.sh bench 0.1 2 wikilshtc325k,amazon3m", carry=["gpu-pack"])
+#   run(command="scripts/gpu_check.sh ranks", carry=["gpu-pack"], timeout_s=560)
 #   run(command="scripts/gpu_check.sh reproduce 0.01 2", carry=["gpu-pack"])
 #   run(command="scripts/gpu_check.sh reproduce 0.01 2 amazon3m --configs 'gpu:bf16 gpu-dense:bf16' --eval-max 2000", carry=["gpu-pack"])
 #     (time to a P@1 of the LSH path against the dense bf16 output layer, issue 4's check)
@@ -81,6 +108,30 @@
 # The GPU machine has no Debian packages: the pack carries libfmt, libspdlog, libxxhash,
 # libgomp, libopenblas and libstdc++ beside the binaries; the CUDA runtime is linked statically
 # and cuBLAS (gpu-dense only) is loaded from the machine's CUDA or PyTorch (set HSLIDE_CUBLAS).
+# Open MPI (issue 32's ranks) travels too, from this machine's Debian openmpi-bin 4.1
+# (pack_open_mpi): orterun (as mpirun and mpiexec), orted and ompi_info in bin/; libmpi,
+# libopen-rte, libopen-pal and what they and the plugins load (Debian's external PMIx, hwloc,
+# libevent, munge, udev, zlib) in lib/; the plugins in lib/openmpi (PMIx's in lib/pmix), all
+# but those of fabrics the pack does not carry (UCX, libfabric, verbs, PSM, netlink) and
+# OpenSHMEM's (share/openmpi/pack-left-out.txt names them); the help texts in share/openmpi and
+# share/pmix; openmpi-mca-params.conf in etc/. Debian's layout is multiarch and partly outside
+# the prefix (libdir /usr/lib/x86_64-linux-gnu/openmpi/lib, plugins in .../openmpi3,
+# configuration in /etc/openmpi, PMIx under /usr/lib/x86_64-linux-gnu/pmix2 with its plugin
+# path written in its own configuration file), so OPAL_PREFIX alone is not enough:
+# open_mpi_env sets OPAL_PREFIX and every folder the pack moves (OPAL_LIBDIR, OPAL_PKGLIBDIR,
+# OPAL_DATADIR, OPAL_PKGDATADIR, OPAL_SYSCONFDIR, ...), the PMIX_* twins and PMIx's plugin path
+# (PMIX_MCA_mca_base_component_path); mpirun hands that environment to the ranks. hslide's and
+# orterun's RUNPATH name /usr/lib/x86_64-linux-gnu/openmpi/lib; LD_LIBRARY_PATH ($root/lib) is
+# searched before it, and the GPU machine has no such folder. Shared memory's single-copy
+# transfers (CMA, refused in containers without ptrace) are off.
+# The dry run here (bench/scale.md, "Open MPI in the GPU pack"), with the system's Open MPI
+# hidden from the run in a private mount namespace:
+#   PACK_CUDA=OFF scripts/gpu_check.sh pack
+#   unshare -m bash -c 'for d in /usr/lib/x86_64-linux-gnu/openmpi /usr/lib/x86_64-linux-gnu/pmix2 \
+#       /usr/share/openmpi /etc/openmpi; do mount --bind "$(mktemp -d)" $d; done
+#     for f in /usr/lib/x86_64-linux-gnu/lib{mpi,open-pal,open-rte,mca_common,pmix,hwloc,event,munge}*.so* \
+#       /usr/bin/orterun /usr/bin/orted /usr/bin/ompi_info; do [ -e $f ] && mount --bind /dev/null $f; done
+#     GPU_CHECK_UNPACK=/tmp/gpu-pack-test scripts/gpu_check.sh mpi'
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/presets.sh
@@ -95,22 +146,116 @@ usage() {
     exit 2
 }
 
+# pack_libraries STAGE FILE...: the shared libraries FILEs need (ldd: all of them, transitively),
+# but the C library's, copied into STAGE/lib.
+pack_libraries() {
+    local stage=$1 lib
+    shift
+    for lib in $(ldd "$@" | awk '/=>/ && $3 ~ /^\// {print $3}' | sort -u); do
+        case "$(basename "$lib")" in
+        libc.so* | libm.so* | ld-linux* | libdl.so* | libpthread.so* | librt.so*) ;;
+        *) [[ -f $stage/lib/$(basename "$lib") ]] || cp -L "$lib" "$stage/lib/" ;;
+        esac
+    done
+}
+
+# pack_open_mpi STAGE: the Open MPI this machine runs (Debian's openmpi-bin 4.1), relocatable to
+# wherever the pack is unpacked (open_mpi_env says how): orterun (mpirun, mpiexec), orted and
+# ompi_info in STAGE/bin; libmpi and every library it and the plugins need in STAGE/lib (the
+# external PMIx, hwloc, libevent, munge, udev, zlib); Open MPI's plugins in STAGE/lib/openmpi,
+# PMIx's in STAGE/lib/pmix; the help texts in STAGE/share/openmpi and STAGE/share/pmix;
+# openmpi-mca-params.conf and the default hostfile in STAGE/etc. Plugins for fabrics the pack
+# does not carry (UCX, libfabric, verbs, PSM, netlink) and OpenSHMEM's are left out, as
+# Debian's openmpi-mca-params.conf already turns most of them off: one machine's ranks talk
+# through shared memory (btl vader) and TCP. STAGE/share/openmpi/pack-left-out.txt lists them.
+pack_open_mpi() {
+    local stage=$1 orterun info pkglibdir pkgdatadir sysconfdir pmix_lib pmix_prefix plugin
+    local deps skip fabric='^lib(ucp|ucs|uct|ucm|fabric|ibverbs|rdmacm|efa|psm|psm2|psm_infinipath|infinipath|nl-3|nl-route-3|oshmem|mca_common_(ucx|ofi|verbs))[.-]'
+    orterun=$(readlink -f "$(command -v mpirun)")
+    info=$(dirname "$orterun")/ompi_info
+    [[ $(basename "$orterun") == orterun && -x $info ]] ||
+        { echo "gpu_check.sh pack: mpirun is not Open MPI's orterun (install openmpi-bin)" >&2; exit 1; }
+    pkglibdir=$("$info" --path pkglibdir --parsable | cut -d: -f3)
+    pkgdatadir=$("$info" --path pkgdatadir --parsable | cut -d: -f3)
+    sysconfdir=$("$info" --path sysconfdir --parsable | cut -d: -f3)
+    mkdir -p "$stage/lib/openmpi" "$stage/lib/pmix" "$stage/share" "$stage/etc"
+    cp "$orterun" "$(dirname "$orterun")/orted" "$info" "$stage/bin/"
+    ln -sf orterun "$stage/bin/mpirun"
+    ln -sf orterun "$stage/bin/mpiexec"
+    pack_libraries "$stage" "$stage/bin/orterun" "$stage/bin/orted" "$stage/bin/ompi_info"
+    : >"$stage/lib/openmpi/.left-out"
+    for plugin in "$pkglibdir"/*.so; do
+        deps=$(ldd "$plugin" | awk '/=>/ {print $1 ($3 == "not" ? "(not-found)" : "")}')
+        skip=$(grep -E "$fabric|not-found" <<<"$deps" | tr '\n' ' ' || true)
+        if [[ -n $skip ]]; then
+            echo "$(basename "$plugin"): needs $skip" >>"$stage/lib/openmpi/.left-out"
+        else
+            cp "$plugin" "$stage/lib/openmpi/"
+            pack_libraries "$stage" "$plugin"
+        fi
+    done
+    # PMIx (external to Debian's Open MPI): its plugins and help texts beside its library.
+    pmix_lib=$(readlink -f "$(ldd "$stage"/lib/openmpi/mca_pmix_*.so | awk '$1 ~ /^libpmix\.so/ {print $3; exit}')")
+    [[ -f $pmix_lib ]] || { echo "gpu_check.sh pack: no PMIx library behind Open MPI's pmix plugin" >&2; exit 1; }
+    pmix_prefix=$(dirname "$(dirname "$pmix_lib")")
+    for plugin in "$(dirname "$pmix_lib")"/pmix/*.so; do
+        [[ -f $plugin ]] || continue
+        cp "$plugin" "$stage/lib/pmix/"
+        pack_libraries "$stage" "$plugin"
+    done
+    cp -r "$pkgdatadir" "$stage/share/openmpi"
+    [[ -d $pmix_prefix/share/pmix ]] && cp -r "$pmix_prefix/share/pmix" "$stage/share/pmix"
+    cp "$sysconfdir/openmpi-mca-params.conf" "$sysconfdir/openmpi-default-hostfile" "$stage/etc/"
+    mv "$stage/lib/openmpi/.left-out" "$stage/share/openmpi/pack-left-out.txt"
+    echo "$("$info" --version | head -1):" \
+        "$(ls "$stage/lib/openmpi" | wc -l) plugins packed," \
+        "$(wc -l <"$stage/share/openmpi/pack-left-out.txt") left out (share/openmpi/pack-left-out.txt)"
+}
+
+# open_mpi_env: the pack's Open MPI (pack_open_mpi), unpacked at $root, in this shell's
+# environment, which mpirun passes on to its ranks. Debian builds Open MPI with its libdir at
+# /usr/lib/x86_64-linux-gnu/openmpi/lib, its plugins in .../openmpi3, its help texts in
+# /usr/share/openmpi, its configuration in /etc/openmpi (absolute, not under the prefix) and an
+# external PMIx whose own configuration names its plugins' absolute folder: OPAL_PREFIX alone
+# would move only what is under the prefix, so every folder the pack's layout changes is given
+# (Open MPI's installdirs "env" component; PMIx's twin reads PMIX_*), and PMIx's plugin path as
+# an MCA variable, which outranks its file. The libraries come from LD_LIBRARY_PATH ($root/lib,
+# searched before the binaries' RUNPATH, /usr/lib/x86_64-linux-gnu/openmpi/lib, which the GPU
+# machine does not have); hwloc's plugins (PCI, XML, OpenCL) are not carried, and it is kept
+# from the build machine's. The single-copy transfers of shared memory (CMA) are off: containers
+# without ptrace refuse them, and the ranks' messages are small.
+open_mpi_env() {
+    [[ -x $root/bin/orterun ]] || return 0
+    export PATH="$root/bin:$PATH"
+    export OPAL_PREFIX=$root OPAL_EXEC_PREFIX=$root OPAL_BINDIR=$root/bin OPAL_LIBDIR=$root/lib \
+        OPAL_PKGLIBDIR=$root/lib/openmpi OPAL_DATAROOTDIR=$root/share OPAL_DATADIR=$root/share \
+        OPAL_PKGDATADIR=$root/share/openmpi OPAL_SYSCONFDIR=$root/etc
+    export PMIX_PREFIX=$root PMIX_EXEC_PREFIX=$root PMIX_LIBDIR=$root/lib \
+        PMIX_PKGLIBDIR=$root/lib/pmix PMIX_DATADIR=$root/share PMIX_PKGDATADIR=$root/share/pmix \
+        PMIX_SYSCONFDIR=$root/etc PMIX_MCA_mca_base_component_path=$root/lib/pmix
+    export HWLOC_PLUGINS_PATH=$root/lib/hwloc
+    export OMPI_MCA_btl_vader_single_copy_mechanism=none
+}
+
 case "$mode" in
 pack)
     ./scripts/setup.sh
-    cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DHSLIDE_CUDA=ON \
-        -DHSLIDE_BUILD_BENCH=OFF >/dev/null
-    cmake --build build-gpu -j "$(nproc)" --target hslide $gpu_tests
-    stage=build-gpu/pack
+    # PACK_CUDA=OFF: the same pack from a CPU build (build-pack-cpu: hslide alone, no GPU tests),
+    # to try the pack's machinery (Open MPI's relocation: the `mpi` step) on a machine without
+    # the time for the CUDA build.
+    build="build-gpu"
+    [[ ${PACK_CUDA:-ON} == OFF ]] && { build="build-pack-cpu"; gpu_tests=""; }
+    # The ranks (the `ranks` step) need MPI in the build: a pack without it is refused here.
+    cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DHSLIDE_CUDA="${PACK_CUDA:-ON}" \
+        -DHSLIDE_MPI=ON -DHSLIDE_BUILD_BENCH=OFF >/dev/null
+    cmake --build "$build" -j "$(nproc)" --target hslide $gpu_tests
+    stage=$build/pack
     rm -rf "$stage" gpu-pack
     mkdir -p "$stage/bin" "$stage/lib" "$stage/data" gpu-pack
-    cp build-gpu/hslide $(printf 'build-gpu/%s ' $gpu_tests) "$stage/bin/"
-    for lib in $(ldd "$stage"/bin/* | awk '/=>/ {print $3}' | sort -u); do
-        case "$(basename "$lib")" in
-        libc.so* | libm.so* | ld-linux* | libdl.so* | libpthread.so* | librt.so*) ;;
-        *) cp -L "$lib" "$stage/lib/" ;;
-        esac
-    done
+    cp "$build/hslide" "$stage/bin/"
+    for t in $gpu_tests; do cp "$build/$t" "$stage/bin/"; done
+    pack_libraries "$stage" "$stage"/bin/*
+    pack_open_mpi "$stage"
     shared=${HSLIDE_SHARED_DATA:-../shared/data}
     for set in bibtex debian-recs corel5k; do
         if [[ -d $shared/$set ]]; then cp -r "$shared/$set" "$stage/data/"; fi
@@ -128,21 +273,23 @@ pack)
     tar -C "$stage" -czf "$pack_file" .
     du -h "$pack_file"
     ;;
-tests | bench | topk | all | peers | reproduce)
+tests | bench | topk | all | peers | reproduce | mpi | ranks)
     [[ -f $pack_file ]] || { echo "gpu_check.sh: no $pack_file: run '$0 pack' first and carry gpu-pack" >&2; exit 1; }
-    # Unpacked once per machine (again when the pack is newer).
-    root=gpu-pack/unpacked
+    # Unpacked once per machine (again when the pack is newer), in gpu-pack/unpacked or in
+    # $GPU_CHECK_UNPACK (the `mpi` step's dry run here: a folder outside the repository).
+    root=${GPU_CHECK_UNPACK:-gpu-pack/unpacked}
     if [[ ! -f $root/.done || $pack_file -nt $root/.done ]]; then
         rm -rf "$root"
         mkdir -p "$root"
         tar -C "$root" -xzf "$pack_file"
         touch "$root/.done"
     fi
-    root="$PWD/$root"
+    root=$(cd "$root" && pwd)
     work="$PWD/results/gpu-$mode"
     out=${OUT:-$work}
     mkdir -p "$work" "$out"
     export LD_LIBRARY_PATH="$root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    open_mpi_env
     export HSLIDE_SHARED_DATA="$root/data"
     export HSLIDE_BINARY="$root/bin/hslide"  # the tests' CLI runs use the packed binary
     # Where PyTorch brings its own cuBLAS, gpu-dense can use it.
@@ -435,11 +582,237 @@ EOF
     done
 }
 
+# The pack's mpirun for this check's runs: as root (the GPU machine's tool runs as root), more
+# ranks than cores allowed, and no binding (a rank's OpenMP threads would share one core).
+mpirun_opts=(--allow-run-as-root --oversubscribe --bind-to none)
+
+# run_mpi_check: whether the pack's Open MPI works where it was unpacked, appended to $summary:
+# its folders (ompi_info), where hslide's and mpirun's MPI libraries resolve (ldd), then 2 CPU
+# ranks of the packed hslide on the tiny preset beside one process (exact top-k: the same P@1
+# every epoch). Where the machine has strace, mpirun and the ranks run under it, and every file
+# of Open MPI, PMIx, hwloc, libevent or munge they opened outside the pack is listed (none: the
+# unpacked copy alone served them). Returns non-zero when the ranks failed or such a file was
+# opened.
+run_mpi_check() {
+    local status=0 rc=0 tiny=() trace=() opened foreign probed
+    local libs='libmpi|libopen-(pal|rte)|libpmix|libhwloc|libevent|libmunge|libmca_common'
+    { echo; echo "## Open MPI from the pack"; echo; } >>"$summary"
+    if [[ ! -x $root/bin/orterun ]]; then
+        echo "no Open MPI in the pack (packed before the \`ranks\` step): run '$0 pack' again" >>"$summary"
+        return 1
+    fi
+    {
+        echo '```'
+        echo "mpirun: $(command -v mpirun) -> $(readlink -f "$(command -v mpirun)")"
+        ompi_info --version | head -1
+        for p in prefix libdir pkglibdir pkgdatadir sysconfdir; do ompi_info --path "$p" --parsable; done
+        ompi_info --param mca base --level 9 --parsable | grep -E 'component_path:value' || true
+        ldd "$root/bin/hslide" "$root/bin/orterun" | grep -E "^/|$libs"
+        echo '```'
+    } >>"$summary" 2>&1
+    [[ -f $work/data-tiny/test.txt ]] || "$root/bin/hslide" gen --preset tiny --out "$work/data-tiny" -q
+    tiny=(--train "$work/data-tiny/train.txt" --test "$work/data-tiny/test.txt" --hidden 64 --seed 5
+        --epochs 2 --threads 1 --no-progress --output-sparsity topk --top-k-search exact
+        --top-k 16 --min-active 64)
+    rm -f "$work"/mpi-*.jsonl "$work"/mpi-strace*
+    timeout -k 5 60 "$root/bin/hslide" train "${tiny[@]}" --metrics-out "$work/mpi-one.jsonl" \
+        >"$work/mpi-one.log" 2>&1 || echo "one process: exit $? (mpi-one.log)" >>"$summary"
+    command -v strace >/dev/null &&
+        trace=(strace -ff -qq -e "trace=openat,execve" -e signal=none -o "$work/mpi-strace")
+    timeout -k 10 120 ${trace[@]+"${trace[@]}"} mpirun "${mpirun_opts[@]}" -np 2 "$root/bin/hslide" \
+        train "${tiny[@]}" --metrics-out "$work/mpi-two.jsonl" >"$work/mpi-two.log" 2>&1 || rc=$?
+    # One file a process (-ff: no call split across lines by another's), then one file.
+    if compgen -G "$work/mpi-strace.*" >/dev/null; then
+        cat "$work"/mpi-strace.* >"$work/mpi-strace.txt"
+        rm -f "$work"/mpi-strace.[0-9]*
+    fi
+    {
+        echo
+        if ((rc == 0)) && grep -q '2 ranks (MPI' "$work/mpi-two.log"; then
+            echo "2 ranks of hslide (cpu, tiny preset, exact top-k) under the pack's mpirun:" \
+                "$(grep -o '2 ranks (MPI.*): the output' "$work/mpi-two.log" | head -1 | sed 's/: the output//')"
+            python3 - "$work/mpi-one.jsonl" "$work/mpi-two.jsonl" <<'EOF' || status=1
+import json, sys
+one, two = ([json.loads(l) for l in open(f) if l.strip()] for f in sys.argv[1:3])
+for a, b in zip(one, two):
+    print(f"- epoch {a['epoch']}: P@1 {a['p@1']:.4f} in one process, {b['p@1']:.4f} on 2 ranks; "
+          f"loss {a['loss']:.6f}, {b['loss']:.6f}")
+same = len(one) == len(two) and all(f"{a['p@1']:.4f}" == f"{b['p@1']:.4f}" for a, b in zip(one, two))
+print("- the same P@1 every epoch" if same else "- P@1 DIFFERS between one process and 2 ranks")
+sys.exit(not same)
+EOF
+        else
+            status=1
+            echo "2 ranks under the pack's mpirun FAILED (exit $rc$( ((rc == 124)) && echo ', timed out after 120 s')):"
+            echo '```'
+            tail -15 "$work/mpi-two.log"
+            echo '```'
+        fi
+        if [[ -s $work/mpi-strace.txt ]]; then
+            # Files opened (not merely probed) and programs run, outside the pack.
+            opened=$(grep -E 'openat\(|execve\(' "$work/mpi-strace.txt" | grep -v ' = -1 ' |
+                grep -oE '"/[^"]*"' | tr -d '"' | sort -u)
+            foreign=$(grep -vE "^($root|$work|/proc|/sys|/dev|/tmp)" <<<"$opened" |
+                grep -E "openmpi|pmix|hwloc|$libs" || true)
+            probed=$(grep -E 'openat\(' "$work/mpi-strace.txt" | grep ' = -1 ' | grep -oE '"/[^"]*"' |
+                tr -d '"' | sort -u | grep -vE "^($root|$work|/proc|/sys|/dev|/tmp)" |
+                grep -cE "openmpi|pmix|hwloc|$libs" || true)
+            echo "- strace -f of mpirun and both ranks: $(grep -c "^$root/" <<<"$opened") files of the pack" \
+                "opened, $(grep -cE "^$root/lib/(openmpi|pmix)/" <<<"$opened") of them plugins," \
+                "$(grep -cE "^$root/etc/" <<<"$opened") configuration files," \
+                "$(grep -cE "^$root/share/(openmpi|pmix)/" <<<"$opened") help texts"
+            if [[ -n $foreign ]]; then
+                status=1
+                echo "- FILES OF OPEN MPI'S RUNTIME OPENED OUTSIDE THE PACK:"
+                sed 's/^/  - /' <<<"$foreign"
+            else
+                echo "- no file of Open MPI, PMIx, hwloc, libevent or munge opened outside the pack" \
+                    "(${probed:-0} paths of theirs outside it looked for and not found)"
+            fi
+        else
+            echo "- no strace on this machine: where the files came from is not traced"
+        fi
+    } >>"$summary"
+    return $status
+}
+
+# rank_run LABEL SECONDS COMMAND...: one run of run_ranks, at most SECONDS (then killed, with its
+# ranks); its row (what ran, or why not) appended to $summary. Each @metrics in COMMAND becomes
+# --metrics-out $work/ranks-LABEL.jsonl (one in each program of an MPMD launch, as its ranks
+# must agree; rank 0 writes it); its GPU memory per process is sampled by nvidia-smi.
+# Returns 0 whatever the run did: the row says it.
+rank_run() {
+    local label=$1 limit=$2 name rc=0 started=$SECONDS smi_pid="" why=ran command=() a
+    shift 2
+    name=ranks-$label
+    for a in "$@"; do
+        if [[ $a == @metrics ]]; then command+=(--metrics-out "$work/$name.jsonl"); else command+=("$a"); fi
+    done
+    rm -f "$work/$name.jsonl" "$work/$name.gpumem"
+    if command -v nvidia-smi >/dev/null; then
+        nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits -lms 500 \
+            >"$work/$name.gpumem" 2>/dev/null &
+        smi_pid=$!
+    fi
+    timeout -k 10 "$limit" "${command[@]}" >"$work/$name.log" 2>&1 || rc=$?
+    if [[ -n $smi_pid ]]; then
+        kill "$smi_pid" 2>/dev/null || true
+        wait "$smi_pid" 2>/dev/null || true
+    fi
+    echo "$name: $((SECONDS - started)) s, exit $rc"
+    if ((rc == 124 || rc == 137)); then
+        why="timed out after $limit s (killed with its ranks)"
+    elif ((rc != 0)); then
+        # The error hslide printed (with its rank), else Open MPI's, else the log's last line.
+        why=$(grep -m1 -E '^hslide .*error' "$work/$name.log" ||
+            grep -m1 -iE 'error|MPI_ABORT' "$work/$name.log" || tail -1 "$work/$name.log")
+        why="exit $rc: ${why//|/\\|}"
+        grep -qiE 'only --backend|unsupported|not supported' "$work/$name.log" && why="refused, $why"
+    fi
+    python3 - "$work/$name.jsonl" "$work/$name.gpumem" "$label" "$why" \
+        "$(grep -o 'output rows per rank [^;]*' "$work/$name.log" | head -1)" >>"$summary" <<'EOF'
+import collections, json, os, sys
+metrics, gpumem, label, result, split = sys.argv[1:6]
+rows = [json.loads(l) for l in open(metrics) if l.strip()] if os.path.exists(metrics) else []
+mem = collections.defaultdict(int)
+if os.path.exists(gpumem):
+    for line in open(gpumem):
+        f = [x.strip() for x in line.split(",")]
+        if len(f) == 2 and f[1].isdigit():
+            mem[f[0]] = max(mem[f[0]], int(f[1]))
+secs = ", ".join(f"{r['epoch_seconds']:.2f}" for r in rows) or "-"
+p1 = ", ".join(f"{r['p@1']:.4f}" for r in rows if "p@1" in r) or "-"
+comm = ", ".join(f"{r.get('stage_seconds', {}).get('transfer', 0):.2f}" for r in rows) or "-"
+rss = f"{rows[-1]['peak_rss_bytes'] / 2**30:.2f} GiB" if rows and "peak_rss_bytes" in rows[-1] else "-"
+gpu = " + ".join(f"{m / 1024:.1f}" for m in sorted(mem.values(), reverse=True)) + " GiB" if mem else "-"
+print(f"| {label} | {result}{'; ' + split if split else ''} | {secs} | {p1} | {comm} | {rss} | {gpu} |")
+EOF
+    [[ $out == "$work" ]] || { cp "$summary" "$out/"; ship_logs; }
+}
+
+# run_ranks EPOCHS: issue 32's GPU rows on the prepared preset, exact top-k, each mpirun under a
+# timeout and each run only while the budget has room for it (fits: the `all` budget's, or the
+# `ranks` step's own): the pack's Open MPI (run_mpi_check); 1 GPU process against 2 ranks on the
+# one GPU (the same P@1 every epoch, s/epoch of both); a GPU rank holding three quarters of the
+# output rows beside a CPU rank holding the rest (MPMD: one mpirun, two programs); 2 CPU ranks
+# (the pack's MPI at this size, whatever the GPU ranks do). What the engine refuses (GPU ranks,
+# until they are built) is a row saying so, with hslide's message.
+run_ranks() {
+    local epochs=$1 threads half rest common=() one=gpu-1-process two=gpu-2-ranks
+    threads=$(nproc)
+    half=$((threads > 1 ? threads / 2 : 1))
+    rest=$((threads > 2 ? threads - 2 : 1))
+    { echo; echo "## Ranks (issue 32): the output layer sharded across MPI ranks"; } >>"$summary"
+    run_mpi_check || echo "the pack's Open MPI check failed: see the summary" >&2
+    common=(--train "$data/train.txt" --test "$data/test.txt" "${network[@]}" --batch-size "$p_batch"
+        --epochs "$epochs" --output-sparsity topk --top-k-search exact --seed 1 --eval-every 1
+        --no-progress @metrics)
+    {
+        echo
+        echo "$preset at scale $preset_scale, $epochs epochs, exact top-k, fp32, on $threads cores."
+        echo "transfer: the collectives' seconds an epoch (rank 0's stage_seconds.transfer). Memory:"
+        echo "rank 0's peak RSS; each process's GPU memory (nvidia-smi, sampled every 0.5 s)."
+        echo
+        echo "| run | result | s/epoch | P@1 per epoch | transfer s/epoch | peak RSS (rank 0) | GPU memory |"
+        echo "| --- | --- | ---: | ---: | ---: | ---: | ---: |"
+    } >>"$summary"
+    fits 40 && rank_run "$one" 120 "$root/bin/hslide" train --backend gpu --threads "$half" "${common[@]}"
+    fits 40 && rank_run "$two" 120 mpirun "${mpirun_opts[@]}" -np 2 "$root/bin/hslide" train \
+        --backend gpu --threads "$half" "${common[@]}"
+    fits 40 && rank_run gpu-3-cpu-1 150 mpirun "${mpirun_opts[@]}" \
+        -np 1 "$root/bin/hslide" train --backend gpu --threads 2 --shard-weights 3,1 "${common[@]}" \
+        : -np 1 "$root/bin/hslide" train --backend cpu --threads "$rest" --shard-weights 3,1 "${common[@]}"
+    fits 40 && rank_run cpu-2-ranks 150 mpirun "${mpirun_opts[@]}" -np 2 "$root/bin/hslide" train \
+        --backend cpu --threads "$half" "${common[@]}"
+    if [[ -s $work/ranks-$one.jsonl && -s $work/ranks-$two.jsonl ]]; then
+        python3 - "$work/ranks-$one.jsonl" "$work/ranks-$two.jsonl" >>"$summary" <<'EOF'
+import json, sys
+one, two = ([json.loads(l) for l in open(f) if l.strip()] for f in sys.argv[1:3])
+same = len(one) == len(two) and all(f"{a['p@1']:.4f}" == f"{b['p@1']:.4f}" for a, b in zip(one, two))
+ratio = sum(r["epoch_seconds"] for r in two) / max(sum(r["epoch_seconds"] for r in one), 1e-9)
+print(f"\n2 GPU ranks against 1 process: {'the same' if same else 'NOT the same'} P@1 every epoch "
+      f"(four digits); {ratio:.2f}x its seconds an epoch")
+EOF
+    fi
+    {
+        echo
+        echo "Commands (the pack's mpirun with ${mpirun_opts[*]}; every run adds the common options):"
+        echo "- 1 GPU process: hslide train --backend gpu --threads $half"
+        echo "- 2 ranks on one GPU: mpirun -np 2 hslide train --backend gpu --threads $half"
+        echo "- GPU + CPU: mpirun -np 1 hslide train --backend gpu --threads 2 --shard-weights 3,1 : -np 1 hslide train --backend cpu --threads $rest --shard-weights 3,1"
+        echo "- 2 CPU ranks: mpirun -np 2 hslide train --backend cpu --threads $half"
+        echo "- common: ${common[*]//$work\//} (@metrics: --metrics-out ranks-RUN.jsonl)"
+    } >>"$summary"
+}
+
 case "$mode" in
 peers)
     summary="$work/summary.md"
     echo "# gpu_check.sh peers ($(date -u +%FT%TZ))" >"$summary"
     run_peers
+    cat "$summary"
+    ;;
+mpi)
+    summary="$work/summary.md"
+    echo "# gpu_check.sh mpi ($(date -u +%FT%TZ)): the pack at $root" >"$summary"
+    status=0
+    run_mpi_check || status=1
+    cat "$summary"
+    [[ $out == "$work" ]] || { cp "$summary" "$out/"; ship_logs; }
+    exit $status
+    ;;
+ranks)
+    # Issue 32's rows alone: PRESET@SCALE (amazon670k@0.02), EPOCHS (2), in BUDGET seconds (540).
+    epochs=${2:-2}
+    scale=1
+    budget=${4:-540}
+    fits() { ((budget - SECONDS > $1)); }
+    summary="$work/summary.md"
+    echo "# gpu_check.sh ranks ($(date -u +%FT%TZ))" >"$summary"
+    prepare_preset "${3:-amazon670k@0.02}"
+    run_ranks "$epochs"
+    printf '\ndone in %s s\n' "$SECONDS" >>"$summary"
+    [[ $out == "$work" ]] || { cp "$summary" "$out/"; ship_logs; }
     cat "$summary"
     ;;
 tests)
@@ -552,6 +925,14 @@ all)
     epochs=${2:-3}
     have_torch_cuda && fits 130 && run_config "torch bf16"
     fits 60 && run_peers
+    # Issue 32's ranks on the profiles' slice of Amazon-670K, 2 epochs a run, each run only
+    # while 40 s are left (about 60 s in all while GPU ranks are refused; more once they train),
+    # before the last PyTorch row, which already ran only as time was left.
+    if fits 70; then
+        prepare_preset amazon670k@0.02
+        run_ranks 2
+        prepare_preset amazon670k@1
+    fi
     have_torch_cuda && fits 150 && run_config "torch fp32"
     printf '\ndone in %s s\n' "$SECONDS" >>"$summary"
     [[ $out == "$work" ]] || { cp "$summary" "$out/"; ship_logs; }
