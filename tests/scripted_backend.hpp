@@ -35,8 +35,10 @@ class scripted_backend final : public backend {
     explicit scripted_backend(std::vector<int> quality, uint32_t points)
         : quality_(std::move(quality)), points_(points) {}
     std::vector<uint64_t> imported;  // the epochs import_state brought back
+    std::vector<float> rates;        // the learning rate of every batch
 
-    step_report train_batch(const batch_view& batch, float) override {
+    step_report train_batch(const batch_view& batch, float learning_rate) override {
+        rates.push_back(learning_rate);
         samples_ += batch.size;
         step_report r;
         r.samples = batch.size;

@@ -154,6 +154,7 @@ TEST(EpochsAuto, StopsOncePatienceRunsOutAndEndsWithTheBestModel) {
     scripted_backend be({3, 7, 5, 6, 9, 9, 9}, 40);
     trainer_options o = auto_options();
     o.validation.valid = &valid;
+    o.validation.lr_drops = 0;  // stop at the first plateau (below: what a drop does)
     trainer run(be, train, nullptr, o);
     EXPECT_TRUE(run.options().validation.keep_best) << "auto keeps the best";
     EXPECT_EQ(to_string(run.options().validation.metric), "ndcg@5");
@@ -196,6 +197,39 @@ TEST(EpochsAuto, StopsOncePatienceRunsOutAndEndsWithTheBestModel) {
     }
 }
 
+TEST(EpochsAuto, APlateauGoesBackToTheBestModelAtATenthOfTheRate) {
+    const dataset train = labelled_points(40), valid = labelled_points(20);
+    // Validation P@1 0.3, 0.7 (best), 0.5: a plateau. Auto's default (one drop) goes back to
+    // epoch 2's model and state, and trains epoch 3 again at a tenth of the rate (this script
+    // scores a model by its epoch: 0.5 again), then stops at the second plateau.
+    scripted_backend be({3, 7, 5, 6, 9}, 40);
+    trainer_options o = auto_options();
+    o.validation.valid = &valid;
+    o.train.batch_size = 40;  // a batch an epoch
+    trainer run(be, train, nullptr, o);
+    EXPECT_EQ(run.options().validation.lr_drops, auto_epochs_defaults::lr_drops);
+    const auto records = run.run();
+    ASSERT_EQ(records.size(), 4u);
+    EXPECT_EQ(records[2].epoch, 3u);
+    EXPECT_EQ(records[3].epoch, 3u) << "epoch 3 undone and trained again";
+    EXPECT_EQ(run.best_epoch(), 2u);
+    EXPECT_EQ(run.epochs_run(), 3u);
+    EXPECT_EQ(run.epochs_undone(), 1u);
+    EXPECT_EQ(run.state().lr_drops, 1u);
+    // Back to epoch 2 at the plateau, and again at the end (the kept model).
+    EXPECT_EQ(be.imported, (std::vector<uint64_t>{2, 2}));
+    ASSERT_EQ(be.rates.size(), 4u);
+    EXPECT_EQ(be.rates[1], be.rates[0]);
+    EXPECT_FLOAT_EQ(be.rates[3], be.rates[0] * float(auto_epochs_defaults::lr_drop_factor));
+
+    // Drops need a plateau to answer: without keep_best and patience they are refused.
+    trainer_options fixed = auto_options();
+    parse_epochs("3", fixed.train);
+    fixed.validation.valid = &valid;
+    fixed.validation.lr_drops = 1;
+    EXPECT_THROW(trainer(be, train, nullptr, fixed), error);
+}
+
 TEST(EpochsAuto, AFixedCountTrainsExactlyThatManyEpochs) {
     const dataset train = labelled_points(40);
     scripted_backend be({3, 7, 5, 6, 9, 9, 9}, 40);
@@ -217,6 +251,7 @@ TEST(EpochsAuto, TheCpuBackendEndsWithTheModelOfARunOfBestEpochEpochs) {
     trainer_options o = auto_options();
     o.train = tc;
     o.validation.valid = &parts.second;
+    o.validation.lr_drops = 0;  // a drop's epochs run at another rate than a fixed run's
     auto automatic = tiny_backend(tc);
     trainer run(*automatic, parts.first, nullptr, o);
     const auto records = run.run();
@@ -314,9 +349,11 @@ TEST(EpochsAutoCli, TheDefaultHoldsOutStopsAndSaysWhichEpochWon) {
     const auto final_record = nlohmann::json::parse(lines.back());
     ASSERT_TRUE(final_record.value("final", false)) << lines.back();
     const uint32_t best = final_record.at("epoch"), ran = final_record.at("epochs_run");
-    EXPECT_EQ(lines.size(), size_t(ran) + 1);
+    const uint32_t undone = final_record.value("epochs_undone", 0u);
+    EXPECT_EQ(lines.size(), size_t(ran) + undone + 1);
     EXPECT_LT(ran, auto_epochs_defaults::max_epochs);
     EXPECT_EQ(ran, best + auto_epochs_defaults::patience);
+    EXPECT_LE(undone, auto_epochs_defaults::patience * uint32_t(auto_epochs_defaults::lr_drops));
     // The epochs score the validation set, not the test set: only the kept model is tested.
     for (size_t i = 0; i + 1 < lines.size(); ++i) {
         const auto j = nlohmann::json::parse(lines[i]);

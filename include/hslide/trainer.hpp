@@ -50,6 +50,9 @@ struct trainer_state {
     /// carries on from the best with its patience as the uninterrupted run would.
     uint32_t best_epoch = 0;
     double best_value = 0;
+    /// Plateaus answered so far by going back to the best epoch at a lower learning rate
+    /// (validation_options::lr_drops): the rate is multiplied by lr_drop_factor^lr_drops.
+    uint32_t lr_drops = 0;
 };
 
 /// One evaluation record (one line of --metrics-out).
@@ -130,8 +133,11 @@ class trainer {
     uint32_t best_epoch() const { return best_epoch_; }
     /// The validation metric's value at best_epoch().
     double best_value() const { return best_value_; }
-    /// The epochs done when run() ended (before keep_best went back to the best one).
+    /// The epochs done when run() ended (before keep_best went back to the best one), not
+    /// counting those undone at a plateau (lr_drops).
     uint32_t epochs_run() const { return epochs_run_; }
+    /// The epochs trained and then undone at plateaus (validation_options::lr_drops).
+    uint32_t epochs_undone() const { return epochs_undone_; }
     /// With keep_best, after run(): the kept model's record (the best epoch's, with the test
     /// metrics of that model when there is a test set; --metrics-out's last line, marked
     /// "final"). Unset otherwise.
@@ -171,6 +177,7 @@ class trainer {
     std::optional<epoch_record> best_record_;   // keep_best: the best epoch's record
     std::optional<epoch_record> final_record_;  // keep_best: the kept model's, after run()
     uint32_t epochs_run_ = 0;
+    uint32_t epochs_undone_ = 0;
     bool stop_requested_ = false;
 };
 

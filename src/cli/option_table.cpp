@@ -150,6 +150,11 @@ std::vector<option_spec> make_table() {
              "stop after this many epochs without improvement on the validation set (by "
              "--keep-best's metric, else p@1; 0 = never, or under --epochs auto its default, 1)",
              HSLIDE_FIELD(trainer.validation.patience), {}, {}, both),
+        spec("lr-drops", group::essentials,
+             "at a plateau (patience run out) go back to the best epoch's model and go on at a "
+             "tenth of the learning rate, this many times, before stopping (needs --keep-best "
+             "and --patience; -1 = under --epochs auto its default, 1, else 0)",
+             HSLIDE_FIELD(trainer.validation.lr_drops), {}, range(-1, 16), both),
         spec("metrics-out", group::essentials,
              "append one JSON record per epoch to this JSONL file",
              HSLIDE_FIELD(trainer.metrics_out), {}, {}, cli),

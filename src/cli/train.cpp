@@ -374,7 +374,10 @@ int run_train(int argc, char** argv) {
         // keep_best (and --epochs auto): the kept model's metrics, and which epoch won.
         const std::string won =
             fmt::format("best epoch {} of {}", kept->epoch, run.epochs_run()) +
-            (kept->validated ? " (valid " + valid_summary(*kept) + ")" : std::string());
+            (kept->validated ? " (valid " + valid_summary(*kept) + ")" : std::string()) +
+            (run.epochs_undone() > 0
+                 ? fmt::format(", {} more undone at a plateau", run.epochs_undone())
+                 : std::string());
         if (kept->evaluated)
             std::printf("final: %s  (%.1f s, peak memory %s)  %s\n",
                         format_metrics(kept->metrics).c_str(), kept->seconds,

@@ -85,7 +85,12 @@ trainer::trainer(backend& engine, const dataset& train, const dataset* test,
         if (!v.keep_best) v.metric = auto_epochs_defaults::metric();
         v.keep_best = true;
         if (v.patience == 0) v.patience = auto_epochs_defaults::patience;
+        if (v.lr_drops < 0) v.lr_drops = auto_epochs_defaults::lr_drops;
     }
+    if (v.lr_drops < 0) v.lr_drops = 0;
+    HSLIDE_CHECK(v.lr_drops == 0 || (v.keep_best && v.patience > 0),
+                 "--lr-drops goes back to the best epoch at a plateau: it needs --keep-best and "
+                 "--patience (or --epochs auto)");
     if ((test_ && test_->size() > 0) || validating)
         inverse_propensities_ =
             inverse_propensities(label_counts_, train_.size(), options_.eval.metrics.propensity_a,
@@ -132,7 +137,8 @@ trainer::trainer(backend& engine, const dataset& train, const dataset* test,
 
 float trainer::learning_rate_now() const {
     const train_config& tc = options_.train;
-    double rate = scaled_learning_rate(tc);
+    double rate = scaled_learning_rate(tc) *
+                  std::pow(auto_epochs_defaults::lr_drop_factor, double(state_.lr_drops));
     // The warm-up reaches the full rate with the step that ends its samples.
     if (tc.warmup_samples > 0)
         rate *=
@@ -381,6 +387,29 @@ std::vector<epoch_record> trainer::run(const std::function<void(const epoch_reco
         write_metrics_record(record);
         if (on_epoch) on_epoch(record);
         records.push_back(std::move(record));
+        if (v.patience > 0 && epoch < total && epoch - best_epoch_ >= v.patience && best_model_ &&
+            state_.lr_drops < uint32_t(v.lr_drops)) {
+            // A plateau: back to the best epoch's model and trainer state (as a run resumed
+            // from its checkpoint would be), on at a lower rate. The epochs after the best are
+            // undone: the next one is numbered best + 1 again.
+            const uint32_t undone = epoch - best_epoch_;
+            backend_.import_state(*best_model_, /*with_optimizer=*/true);
+            const double seconds = state_.seconds;
+            state_ = best_state_;
+            state_.seconds = seconds;
+            state_.lr_drops = best_state_.lr_drops + 1;
+            best_state_.lr_drops = state_.lr_drops;
+            epochs_undone_ += undone;
+            spdlog::info(
+                "{} has not improved for {} epoch{}: back to epoch {}'s model (best, "
+                "{:.4f}) at {:g} times the learning rate (plateau {} of {})",
+                to_string(v.metric), undone, undone == 1 ? "" : "s", best_epoch_, best_value_,
+                std::pow(auto_epochs_defaults::lr_drop_factor, double(state_.lr_drops)),
+                state_.lr_drops, v.lr_drops);
+            // The checkpoint stays the best epoch's as it was saved: a run resumed from it
+            // redoes the undone epochs, meets the same plateau and drops the rate as this one.
+            continue;
+        }
         if (v.patience > 0 && epoch < total && epoch - best_epoch_ >= v.patience) {
             spdlog::info(
                 "stopping early: {} has not improved for {} epoch{} (best: epoch {}, {:.4f})",
@@ -426,6 +455,7 @@ std::vector<epoch_record> trainer::run(const std::function<void(const epoch_reco
             nlohmann::json j = nlohmann::json::parse(record_json(kept));
             j["final"] = true;
             j["epochs_run"] = epochs_run_;
+            if (epochs_undone_ > 0) j["epochs_undone"] = epochs_undone_;
             append_to_file(options_.metrics_out, j.dump() + '\n');
         }
     }
