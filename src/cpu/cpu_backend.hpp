@@ -41,8 +41,12 @@
 // (local row ids in layers.back().ids; empty is "no member" there, not "every neuron", unless
 // the layer is dense). The set softmax takes the all-reduced maximum and sum of exponentials,
 // the loss the all-reduced label logits (Megatron's vocab-parallel cross-entropy); each rank's
-// share of the hidden layer's gradient is summed across ranks in rank order, so every rank
-// backpropagates the same bits; each rank updates its own rows. Prediction scores the shard
+// share of the hidden layer's gradient, in double, is summed across ranks in rank order and
+// rounded to float once, so every rank backpropagates the same bits, and the bits one rank
+// would: the sums of exponentials and the gradient's shares are double sums rounded once, so
+// the model does not depend on the split (N ranks train the bits of a one-rank group, which
+// takes the same step over the whole layer; a plain backend's float sums differ by roundings).
+// Each rank updates its own rows. Prediction scores the shard
 // exactly and merges the ranks' top k. LSH, IVF and --fill-correction are not sharded (the
 // constructor refuses them, naming the option).
 //
@@ -352,10 +356,11 @@ class cpu_backend final : public backend, public row_transfer {
     bool rows_behind_ = false;
     output_shard shard_;  // the output layer's rows this rank holds (default: all, not sharded)
     // Sharded steps' per-sample buffers: maxima, sums (of exponentials, kept mass and label
-    // logits), the hidden layer's gradient (batch x width), and the merge's messages.
+    // logits), the hidden layer's gradient (batch x width, in double until summed over ranks),
+    // and the merge's messages.
     std::vector<float> shard_max_;
     std::vector<double> shard_sums_;
-    std::vector<float> shard_grad_;
+    std::vector<double> shard_grad_;
     std::vector<unsigned char> shard_scratch_;
 };
 

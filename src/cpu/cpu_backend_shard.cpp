@@ -139,17 +139,30 @@ void cpu_backend::sharded_output_backward(const batch_view& batch, step_report& 
         if (full_partition) sb.dropped_mass = std::max(0.0, 1.0 - sums[1]);
         sb.loss = double(target) * double(y.count) * log_sum - sums[2];
     }
-    report.times.forward += seconds_since(t_forward);
-    // 4. Each rank's share of the last hidden layer's gradient, summed over ranks in rank
-    // order (every rank gets the same bits), then the backward of the layers below.
+    const double forward_comm_seconds = comm_seconds;
+    report.times.forward += seconds_since(t_forward) - forward_comm_seconds;
+    // 4. Each rank's share of the last hidden layer's gradient, in double (its products are
+    // exact there), summed over ranks in rank order and rounded to float once: the result does
+    // not depend on how the rows were split (up to the double sums' roundings, which a float
+    // rounding almost never sees), so N ranks compute the bits one rank does, and every rank
+    // the same bits. Then the backward of the layers below.
     const auto t_backward = clock_type::now();
-    const uint32_t width = model_.layers[out].width;
-    shard_grad_.assign(size_t(n) * width, 0.0f);
+    const layer_state& layer = model_.layers[out];
+    const uint32_t width = layer.width;
+    shard_grad_.assign(size_t(n) * width, 0.0);
 #pragma omp parallel for schedule(dynamic, 2) num_threads(threads_)
     for (int64_t s = 0; s < int64_t(n); ++s) {
         const layer_buffers& lb = samples_[s].layers[out];
         if (!samples_[s].trained || (sparse && lb.ids.empty())) continue;
-        transpose_product(out, uint32_t(s), shard_grad_.data() + size_t(s) * width);
+        const uint32_t members = lb.ids.empty() ? layer.rows : uint32_t(lb.ids.size());
+        const uint32_t* ids = lb.ids.empty() ? nullptr : lb.ids.data();
+        double* share = shard_grad_.data() + size_t(s) * width;
+        if (use_bf16())
+            k_.weighted_row_sum_bf16_f64(weights16_[out].values.data(), weights16_[out].stride,
+                                         width, ids, lb.delta.data(), members, share);
+        else
+            k_.weighted_row_sum_f64(layer.weights.data(), layer.stride, width, ids, lb.delta.data(),
+                                    members, share);
     }
     collective([&] { comm.all_reduce_sum(shard_grad_.data(), shard_grad_.size()); });
 #pragma omp parallel num_threads(threads_)
@@ -158,11 +171,14 @@ void cpu_backend::sharded_output_backward(const batch_view& batch, step_report& 
 #pragma omp for schedule(dynamic, 2)
         for (int64_t s = 0; s < int64_t(n); ++s) {
             if (!samples_[s].trained) continue;
-            mask_delta(out - 1, uint32_t(s), shard_grad_.data() + size_t(s) * width);
+            const double* sum = shard_grad_.data() + size_t(s) * width;
+            scratch.dense.resize(width);  // backward_sample's buffer, free until it starts
+            for (uint32_t i = 0; i < width; ++i) scratch.dense[i] = float(sum[i]);
+            mask_delta(out - 1, uint32_t(s), scratch.dense.data());
             backward_sample(uint32_t(s), scratch, out - 1);
         }
     }
-    report.times.backward += seconds_since(t_backward) - comm_seconds;
+    report.times.backward += seconds_since(t_backward) - (comm_seconds - forward_comm_seconds);
     report.times.transfer += comm_seconds;
 }
 
