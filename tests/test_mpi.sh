@@ -9,7 +9,8 @@
 # 10 s, naming the rank or the setting; IVF and other backends are refused by name. Sharded
 # checkpoints (--save: a file per rank and a manifest) resume under 2 ranks to the
 # uninterrupted run's epoch, bit for bit; under 3 ranks, in one process, or from files of
-# different saves they are refused.
+# different saves they are refused. `hslide eval|predict` score a sharded checkpoint alike under
+# 2 ranks, 3 ranks and in one process; one rank given a missing model makes both exit.
 # In-process tests of the same code (weights, bytes per rank): tests/test_shard.cpp.
 #
 # Usage: tests/test_mpi.sh HSLIDE_BINARY HAVE_MPI(ON|OFF) SHARED_DATA_DIR
@@ -106,6 +107,36 @@ cp ck.rank1-of-2 epoch2.rank1
     fail "resumed: $(epochs_of resumed.jsonl), uninterrupted: $(epochs_of two_tiny_topk.jsonl | tail -1)"
 echo "ok: sharded checkpoint resumed: $(epochs_of resumed.jsonl)"
 
+# Scoring the sharded checkpoint (2 epochs): `hslide eval` under 2 ranks (each its own file), 3
+# ranks (equal shares, read across the files) and one process (the model assembled whole) prints
+# the same metrics, rank 0 alone, those the run printed after epoch 2; `predict` writes the same
+# labels and scores.
+score=(--model ck --threads 1 --no-progress)
+"$hslide" eval "${score[@]}" --test tiny/test.txt --metrics-out eval_one.jsonl >eval_one.log 2>&1 ||
+    fail "eval of the sharded checkpoint in one process failed: $(tail -5 eval_one.log)"
+grep -q "assembled whole" eval_one.log || fail "one process did not say it assembled the model"
+for n in 2 3; do
+    mpirun --oversubscribe -np $n "$hslide" eval "${score[@]}" --test tiny/test.txt \
+        --metrics-out "eval_$n.jsonl" >"eval_$n.log" 2>&1 ||
+        fail "eval of the sharded checkpoint under $n ranks failed: $(tail -5 "eval_$n.log")"
+    [[ $(grep -c '^P@1' "eval_$n.log") -eq 1 ]] || fail "eval under $n ranks: not one metrics line"
+    [[ $(grep '^P@1' "eval_$n.log") == "$(grep '^P@1' eval_one.log)" ]] ||
+        fail "eval: $(grep '^P@1' "eval_$n.log") under $n ranks, $(grep '^P@1' eval_one.log) in one process"
+    [[ $(wc -l <"eval_$n.jsonl") -eq 1 ]] || fail "eval under $n ranks: other than one --metrics-out record"
+done
+grep -q "output rows per rank \[0, 166) \[166, 333) \[333, 500)" eval_3.log ||
+    fail "eval under 3 ranks did not split the rows equally"
+trained_p1=$(epochs_of two_tiny_topk.jsonl | sed -n 2p | cut -d' ' -f2)
+[[ $(grep '^P@1' eval_one.log | cut -d' ' -f2) == "$trained_p1" ]] ||
+    fail "eval: P@1 $(grep '^P@1' eval_one.log | cut -d' ' -f2), the run's epoch 2: $trained_p1"
+"$hslide" predict "${score[@]}" --data tiny/test.txt --out pred_one.txt >pred_one.log 2>&1 ||
+    fail "predict in one process failed: $(tail -5 pred_one.log)"
+"${mpi2[@]}" "$hslide" predict "${score[@]}" --data tiny/test.txt --out pred_two.txt \
+    >pred_two.log 2>&1 || fail "predict under 2 ranks failed: $(tail -5 pred_two.log)"
+cmp -s pred_one.txt pred_two.txt || fail "predict: 2 ranks wrote other labels than one process"
+[[ $(wc -l <pred_two.txt) -eq 500 ]] || fail "predict under 2 ranks: not 500 lines"
+echo "ok: sharded checkpoint scored alike by 1, 2 and 3 ranks: $(grep '^P@1' eval_one.log | cut -d' ' -f1-2)"
+
 # expect_failure NAME PATTERN COMMAND...: exits non-zero within 10 s, its output matching PATTERN.
 expect_failure() {
     local name=$1 pattern=$2
@@ -128,6 +159,9 @@ expect_failure missing_file "error on rank 1 of 2: missing.txt" \
     mpirun --oversubscribe -np 1 "$hslide" train "${one_rank[@]}" : \
     -np 1 "$hslide" train --train missing.txt --test tiny/test.txt --hidden 64 --threads 1 \
     --no-progress
+expect_failure eval_missing_model "error on rank 1 of 2: missing.ckpt" \
+    mpirun --oversubscribe -np 1 "$hslide" eval "${score[@]}" --test tiny/test.txt : \
+    -np 1 "$hslide" eval --model missing.ckpt --test tiny/test.txt --threads 1 --no-progress
 expect_failure other_seed "the ranks disagree on --seed (rank 0: 1, rank 1: 2)" \
     mpirun --oversubscribe -np 1 "$hslide" train "${one_rank[@]}" --seed 1 : \
     -np 1 "$hslide" train "${one_rank[@]}" --seed 2

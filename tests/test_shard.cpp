@@ -12,6 +12,7 @@
 #include "hslide/checkpoint.hpp"
 #include "hslide/dataset.hpp"
 #include "hslide/error.hpp"
+#include "hslide/metrics.hpp"
 #include "hslide/output_shard.hpp"
 #include "hslide/shard_checkpoint.hpp"
 #include "hslide/shard_comm.hpp"
@@ -472,6 +473,161 @@ TEST(ShardTraining, BibtexForcedSparseAndDenseOnTwoRanks) {
     expect_same_model(two_layer_model(uint32_t(train.n_features), 256, uint32_t(train.n_labels),
                                       sparsity_mode::dense),
                       tc, train, test, 2);
+}
+
+/// The top `k` labels (and their scores) of every point of `data` and the metrics, as the
+/// backend `engine` scores them (exactly).
+struct scored {
+    std::vector<uint32_t> labels;
+    std::vector<float> scores;
+    metrics_result metrics;
+};
+scored score(backend& engine, const dataset& data, uint32_t k = 5) {
+    scored out;
+    std::vector<uint32_t> rows(data.size());
+    std::iota(rows.begin(), rows.end(), 0u);
+    out.labels.resize(rows.size() * k);
+    out.scores.resize(rows.size() * k);
+    engine.predict({&data, rows.data(), uint32_t(rows.size())}, k, scoring_mode::exact,
+                   out.labels.data(), out.scores.data());
+    evaluation_options eo;
+    eo.show_progress = false;
+    eo.batch_size = 64;  // several predict calls, each a merge across ranks
+    out.metrics = evaluate(engine, data, eo);
+    return out;
+}
+
+/// The same metrics, up to the roundings of their sums over points (evaluate's threads).
+void expect_same_metrics(const metrics_result& a, const metrics_result& b,
+                         const std::string& what) {
+    EXPECT_EQ(a.n, b.n) << what;
+    ASSERT_EQ(a.precision.size(), b.precision.size()) << what;
+    ASSERT_EQ(a.ndcg.size(), b.ndcg.size()) << what;
+    for (size_t k = 0; k < a.precision.size(); ++k) {
+        EXPECT_NEAR(a.precision[k], b.precision[k], 1e-12) << what << ", P@" << k + 1;
+        EXPECT_NEAR(a.ndcg[k], b.ndcg[k], 1e-12) << what << ", nDCG@" << k + 1;
+    }
+}
+
+void expect_same_scores(const scored& a, const scored& b, const std::string& what) {
+    EXPECT_EQ(a.labels, b.labels) << what;
+    EXPECT_EQ(a.scores, b.scores) << what;
+    expect_same_metrics(a.metrics, b.metrics, what);
+}
+
+/// `ranks` ranks (threads) score the checkpoint `path` as hslide eval|predict do
+/// (load_for_scoring); rank r's result at [r]. One rank: the plain backend, the whole model.
+std::vector<scored> score_as_ranks(const std::string& path, const dataset& test, int ranks,
+                                   std::vector<output_shard>* shards = nullptr) {
+    std::vector<scored> out(static_cast<size_t>(ranks));
+    if (shards) shards->assign(size_t(ranks), {});
+    on_ranks(ranks, [&](shard_comm& comm) {
+        output_shard shard;
+        checkpoint_contents ck = load_for_scoring(comm, path, shard);
+        EXPECT_EQ(shard.sharded(), ranks > 1);
+        if (ranks > 1) EXPECT_EQ(ck.model.layers.back().rows, shard.count);
+        EXPECT_TRUE(ck.model.layers.back().adam_m.size() == 0 || !is_shard_manifest(path))
+            << "scoring keeps no Adam moments of a sharded checkpoint";
+        cpu::cpu_backend engine(std::move(ck.model), train_config{}, 1, cpu::best_kernels(),
+                                precision_mode::fp32, shard);
+        out[size_t(comm.rank())] = score(engine, test);
+        if (shards) (*shards)[size_t(comm.rank())] = shard;
+    });
+    return out;
+}
+
+TEST(ShardEvaluation, ASavedShardedModelScoresTheSameOnRanksAndInOneProcess) {
+    // 2 ranks train and save a sharded checkpoint as `hslide train --save` does under mpirun;
+    // then it is scored as `hslide eval|predict` score it: under 2 ranks (each its own file),
+    // 3 ranks (equal shares, read across the files), and in one process (assembled whole).
+    // Every way returns the same top 5 labels and scores of every point and the same metrics,
+    // those of the training run's last evaluation (the same model, scored exactly there too).
+    const dataset train = random_dataset(600, 60, 97, 11), test = random_dataset(200, 60, 97, 12);
+    const model_config config = small_model(sparsity_mode::topk);
+    const train_config tc = small_training();
+    testing::temp_dir dir;
+    const std::string path = dir.file("sharded.ckpt");
+    std::vector<metrics_result> trained(2);
+    on_ranks(2, [&](shard_comm& comm) {
+        const output_shard shard = make_output_shard(comm, config.output_dim(), "3,1");
+        cpu::cpu_backend engine(
+            model_state::create_shard(config, tc.seed, tc.adam_moments, shard.first, shard.count),
+            tc, 1, cpu::best_kernels(), precision_mode::fp32, shard);
+        trainer_options to;
+        to.train = tc;
+        to.show_progress = false;
+        to.eval.show_progress = false;
+        to.save_path = shard_checkpoint_path(path, comm.rank(), comm.size());
+        to.after_checkpoint = [&] { write_shard_manifest(comm, path, shard); };
+        trainer run(engine, train, &test, to);
+        trained[size_t(comm.rank())] = run.run().back().metrics;
+    });
+    ASSERT_TRUE(is_shard_manifest(path));
+    EXPECT_EQ(read_shard_manifest(path).bounds, (std::vector<uint32_t>{0, 73, 97}));
+
+    std::vector<output_shard> two_shards, three_shards;
+    const std::vector<scored> two = score_as_ranks(path, test, 2, &two_shards);
+    const std::vector<scored> three = score_as_ranks(path, test, 3, &three_shards);
+    const std::vector<scored> one = score_as_ranks(path, test, 1);
+    EXPECT_EQ(two_shards[1].first, 73u) << "as many ranks as saved it: the saved split";
+    EXPECT_EQ(three_shards[1].first, 32u) << "another number of ranks: equal shares";
+    for (int r = 0; r < 2; ++r)
+        expect_same_scores(two[size_t(r)], one[0], "2 ranks, rank " + std::to_string(r));
+    for (int r = 0; r < 3; ++r)
+        expect_same_scores(three[size_t(r)], one[0], "3 ranks, rank " + std::to_string(r));
+    expect_same_metrics(one[0].metrics, trained[0], "the training run's last evaluation");
+    EXPECT_EQ(one[0].metrics.n, test.size());
+    EXPECT_GT(one[0].metrics.p_at(1), 0.0);
+
+    // A whole checkpoint (the sharded one's rows, with their Adam state, saved as one) scored
+    // by 2 ranks: each takes its equal share of the rows.
+    const std::string whole = dir.file("whole.ckpt");
+    {
+        const checkpoint_contents ck = load_shard_rows(path, 0, 97, /*with_optimizer=*/true);
+        EXPECT_FALSE(ck.model.holds_output_shard());
+        save_checkpoint(whole, ck.model, ck.trainer);
+    }
+    const std::vector<scored> whole_two = score_as_ranks(whole, test, 2);
+    for (int r = 0; r < 2; ++r)
+        expect_same_scores(whole_two[size_t(r)], one[0], "a whole checkpoint on 2 ranks");
+}
+
+TEST(ShardEvaluation, RowsOfAShardedCheckpoint) {
+    // load_shard_rows: any range of rows, across the files' boundary, with or without the
+    // Adam moments; keep_output_rows of a whole model gives the same rows.
+    const model_config config = small_model(sparsity_mode::dense);
+    testing::temp_dir dir;
+    const std::string path = dir.file("ck");
+    const model_state whole = model_state::create(config, 9);
+    on_ranks(2, [&](shard_comm& comm) {
+        const output_shard shard = make_output_shard(comm, config.output_dim(), "");
+        model_state mine = whole;
+        keep_output_rows(mine, shard.first, shard.count);
+        EXPECT_EQ(mine.output_first, shard.first);
+        save_checkpoint(shard_checkpoint_path(path, comm.rank(), comm.size()), mine,
+                        trainer_state{});
+        write_shard_manifest(comm, path, shard);
+    });
+    for (auto [first, count] : {std::pair<uint32_t, uint32_t>{0, 97}, {40, 20}, {0, 48}, {96, 1}}) {
+        for (bool optimizer : {false, true}) {
+            SCOPED_TRACE("rows [" + std::to_string(first) + ", " + std::to_string(first + count) +
+                         (optimizer ? "), with Adam state" : ")"));
+            const checkpoint_contents c = load_shard_rows(path, first, count, optimizer);
+            const layer_state& got = c.model.layers.back();
+            const layer_state& want = whole.layers.back();
+            EXPECT_EQ(c.model.output_first, first);
+            ASSERT_EQ(got.rows, count);
+            EXPECT_EQ(std::memcmp(got.weights.data(), want.row(first),
+                                  size_t(count) * want.stride * sizeof(float)),
+                      0);
+            EXPECT_TRUE(std::equal(got.bias.begin(), got.bias.end(), want.bias.begin() + first));
+            EXPECT_EQ(got.adam_m.size(), optimizer ? size_t(count) * want.stride : 0u);
+            EXPECT_EQ(std::memcmp(c.model.layers[0].weights.data(), whole.layers[0].weights.data(),
+                                  whole.layers[0].weights.size() * sizeof(float)),
+                      0);
+        }
+    }
+    EXPECT_THROW(load_shard_rows(path, 90, 8, false), error);
 }
 
 TEST(ShardTraining, RefusesWhatIsNotSharded) {

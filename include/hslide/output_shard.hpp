@@ -40,5 +40,8 @@ std::vector<uint32_t> shard_bounds(uint32_t rows, int ranks, const std::vector<d
 
 /// This rank's shard of an output layer of `rows` rows split by `weights_text` across `comm`.
 output_shard make_output_shard(shard_comm& comm, uint32_t rows, const std::string& weights_text);
+/// This rank's shard of the split `bounds` (shard_bounds' form: comm.size() + 1 values, the
+/// last the layer's rows).
+output_shard make_output_shard(shard_comm& comm, std::vector<uint32_t> bounds);
 
 }  // namespace hslide
