@@ -4,7 +4,9 @@
 # ../shared/data has it), dense and top-k searched exactly, the same P@1 to four digits and the
 # same losses (1e-5 relative) every epoch, the replicated layers' checksums the same on both
 # ranks (the backend compares them at every epoch's end; --log-level debug shows it), unequal
-# shares (--shard-weights 3,1); only rank 0 writes --metrics-out and prints epochs. Failures:
+# shares (--shard-weights 3,1); only rank 0 writes --metrics-out and prints epochs, its records
+# holding every rank's output-layer bytes (half the one process's each), peak memory and
+# communication. Failures:
 # one rank given a missing file, or ranks given different seeds, make both exit non-zero within
 # 10 s, naming the rank or the setting; IVF and other backends are refused by name. Sharded
 # checkpoints (--save: a file per rank and a manifest) resume under 2 ranks to the
@@ -70,6 +72,33 @@ same_run() {
         python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(abs(a - b) > 1e-5 * abs(a))" "$l1" "$l2" ||
             fail "$name: epoch $e1: loss $l1 with one process, $l2 with 2 ranks"
     done
+    # Rank 0's records hold every rank's memory and traffic: each rank's output-layer bytes are
+    # its rows' share of the one process's (equal shares: half, within a row's), and both ranks
+    # received the same bytes.
+    python3 - "one_$name.jsonl" "two_$name.jsonl" <<'PY' || fail "$name: the records' per-rank figures"
+import json, sys
+one = [json.loads(l) for l in open(sys.argv[1])]
+two = [json.loads(l) for l in open(sys.argv[2])]
+whole = one[-1]["output_layer_bytes"]
+for r in two:
+    ranks = r["ranks"]
+    assert len(ranks) == 2, ranks
+    rows = ranks[1]["output_rows"][1]
+    row_bytes = whole // rows
+    equal = abs(ranks[0]["output_rows"][1] - rows / 2) <= 1
+    for f in ranks:
+        share = f["output_layer_bytes"]
+        first, end = f["output_rows"]
+        assert share == row_bytes * (end - first), (share, whole, f)
+        assert not equal or abs(share - whole / 2) <= row_bytes, (share, whole, row_bytes)
+        assert f["peak_rss_bytes"] > 0
+        c = f["communication"]
+        assert c["bytes"] > 0 and c["steps"] > 0 and c["seconds"] >= 0, c
+        assert abs(c["bytes_per_step"] - c["bytes"] / c["steps"]) < 1e-6, c
+    assert ranks[0]["communication"]["bytes"] == ranks[1]["communication"]["bytes"]
+    assert sum(f["output_layer_bytes"] for f in ranks) == whole
+    assert "ranks" not in one[-1] and "communication" not in one[-1]
+PY
     echo "ok: $name: $(epochs_of "two_$name.jsonl" | tr '\n' ' ')"
 }
 

@@ -19,6 +19,7 @@
 #include "hslide/trainer.hpp"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -26,6 +27,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <fstream>
 #include <numeric>
 #include <thread>
 
@@ -628,6 +630,90 @@ TEST(ShardEvaluation, RowsOfAShardedCheckpoint) {
         }
     }
     EXPECT_THROW(load_shard_rows(path, 90, 8, false), error);
+}
+
+/// The --metrics-out records of `ranks` ranks (threads) training `config` 2 epochs with
+/// trainer_options::ranks set, rank 0 writing them; and one plain process's backend_info.
+std::vector<nlohmann::json> sharded_records(const model_config& config, const dataset& train,
+                                            int ranks, backend_info& plain) {
+    train_config tc = small_training();
+    tc.epochs = 2;
+    testing::temp_dir dir;
+    const std::string out = dir.file("metrics.jsonl");
+    on_ranks(ranks, [&](shard_comm& comm) {
+        const output_shard shard = make_output_shard(comm, config.output_dim(), "");
+        cpu::cpu_backend engine(
+            model_state::create_shard(config, tc.seed, tc.adam_moments, shard.first, shard.count),
+            tc, 1, cpu::best_kernels(), precision_mode::fp32, shard);
+        trainer_options to;
+        to.train = tc;
+        to.show_progress = false;
+        to.eval.show_progress = false;
+        to.ranks = &comm;
+        if (comm.rank() == 0) to.metrics_out = out;
+        trainer run(engine, train, &train, to);
+        run.run();
+    });
+    plain = cpu::cpu_backend(model_state::create(config, tc.seed), tc, 1).info();
+    std::vector<nlohmann::json> records;
+    std::ifstream in(out);
+    for (std::string line; std::getline(in, line);) records.push_back(nlohmann::json::parse(line));
+    return records;
+}
+
+TEST(ShardMetrics, RankZerosRecordsHoldEveryRanksBytesAndTraffic) {
+    // Each rank's output-layer bytes (weights, biases, Adam state) as reported are 1/N of the
+    // whole layer's, within one row's; together exactly the whole. The bytes a rank receives a
+    // step are the model of bench/scale.md: per sample, 4 (the maximum) + 24 (three sums) +
+    // 8 x hidden (the hidden gradient's share, doubles), and with exact top-k 8 x (k + 1) (the
+    // candidates' ids and scores, the log-partition), each from N - 1 ranks.
+    const dataset train = random_dataset(300, 60, 97, 11);
+    const uint32_t hidden = 32, top_k = 8;
+    for (sparsity_mode mode : {sparsity_mode::dense, sparsity_mode::topk}) {
+        for (int ranks : {2, 3}) {
+            SCOPED_TRACE(std::string(mode == sparsity_mode::dense ? "dense" : "top-k") + ", " +
+                         std::to_string(ranks) + " ranks");
+            backend_info whole;
+            const std::vector<nlohmann::json> records =
+                sharded_records(small_model(mode), train, ranks, whole);
+            ASSERT_EQ(records.size(), 2u);
+            const uint64_t row_bytes = 3 * (uint64_t(padded_stride(hidden)) + 1) * sizeof(float);
+            EXPECT_EQ(whole.output_rows, 97u);
+            EXPECT_EQ(whole.output_layer_bytes, 97 * row_bytes);
+            const std::vector<uint32_t> bounds = shard_bounds(97, ranks, {});
+            const uint64_t per_sample =
+                4 + 24 + 8 * hidden + (mode == sparsity_mode::topk ? 8 * (top_k + 1) : 0);
+            for (const nlohmann::json& j : records) {
+                ASSERT_EQ(j.at("ranks").size(), size_t(ranks));
+                uint64_t total = 0;
+                for (int r = 0; r < ranks; ++r) {
+                    const nlohmann::json& f = j.at("ranks")[size_t(r)];
+                    EXPECT_EQ(f.at("rank"), r);
+                    EXPECT_EQ(f.at("output_rows"),
+                              (std::vector<uint32_t>{bounds[size_t(r)], bounds[size_t(r) + 1]}));
+                    const uint64_t bytes = f.at("output_layer_bytes");
+                    total += bytes;
+                    EXPECT_LE(std::fabs(double(bytes) - double(whole.output_layer_bytes) / ranks),
+                              double(row_bytes))
+                        << "rank " << r << "'s output-layer bytes against 1/" << ranks
+                        << " of the layer's";
+                    EXPECT_GT(f.at("peak_rss_bytes").get<uint64_t>(), 0u);
+                    const nlohmann::json& c = f.at("communication");
+                    EXPECT_EQ(c.at("steps"), (300u + 31) / 32);
+                    EXPECT_EQ(c.at("bytes").get<uint64_t>(),
+                              uint64_t(ranks - 1) * 300 * per_sample);
+                    EXPECT_DOUBLE_EQ(c.at("bytes_per_step").get<double>(),
+                                     c.at("bytes").get<double>() / c.at("steps").get<double>());
+                    EXPECT_GE(c.at("collectives").get<uint64_t>(),
+                              3 * c.at("steps").get<uint64_t>());
+                    EXPECT_GT(c.at("seconds").get<double>(), 0.0);
+                }
+                EXPECT_EQ(total, whole.output_layer_bytes);
+                EXPECT_EQ(j.at("output_layer_bytes"), j.at("ranks")[0].at("output_layer_bytes"));
+                EXPECT_EQ(j.at("communication"), j.at("ranks")[0].at("communication"));
+            }
+        }
+    }
 }
 
 TEST(ShardTraining, RefusesWhatIsNotSharded) {

@@ -178,8 +178,8 @@ void cpu_backend::sharded_output_backward(const batch_view& batch, step_report& 
             backward_sample(uint32_t(s), scratch, out - 1);
         }
     }
+    // The collectives' seconds are the step's transfer (train_batch reads them off the group).
     report.times.backward += seconds_since(t_backward) - (comm_seconds - forward_comm_seconds);
-    report.times.transfer += comm_seconds;
 }
 
 uint64_t cpu_backend::replicated_checksum() const {

@@ -46,6 +46,7 @@ void top_k_selector::select(selection_batch& batch, stage_times& times) {
     const uint32_t k = top_k();
     const uint32_t chunk = exact_scoring::chunk(k);
     const bool with_log_partition = computes_log_partition();
+    double merge_seconds = 0;  // the merges' collectives: the step's transfer, not this stage
     for (uint32_t begin = 0; begin < batch.size; begin += chunk) {
         const uint32_t n = std::min(chunk, batch.size - begin);
         queries_.resize(n);
@@ -55,13 +56,16 @@ void top_k_selector::select(selection_batch& batch, stage_times& times) {
         log_partition_.assign(n, 0.0);
         search(queries_.data(), n, k, labels_.data(), scores_.data(),
                with_log_partition ? log_partition_.data() : nullptr);
-        if (shard_.sharded())
+        if (shard_.sharded()) {
+            const double before = shard_.comm->traffic().seconds;
             merge_shard_top_k(*shard_.comm, shard_.first, n, k, labels_.data(), scores_.data(),
                               with_log_partition ? log_partition_.data() : nullptr, merge_scratch_);
+            merge_seconds += shard_.comm->traffic().seconds - before;
+        }
         build_sets(batch, begin, n, labels_.data(), k);
         for (uint32_t j = 0; j < n; ++j) batch.samples[begin + j].log_partition = log_partition_[j];
     }
-    times.active_sets += seconds_since(t0);
+    times.active_sets += seconds_since(t0) - merge_seconds;
 }
 
 void top_k_selector::build_sets(selection_batch& batch, uint32_t first, uint32_t n,
