@@ -46,9 +46,11 @@
 // would: the sums of exponentials and the gradient's shares are double sums rounded once, so
 // the model does not depend on the split (N ranks train the bits of a one-rank group, which
 // takes the same step over the whole layer; a plain backend's float sums differ by roundings).
-// Each rank updates its own rows. Prediction scores the shard
-// exactly and merges the ranks' top k. LSH, IVF and --fill-correction are not sharded (the
-// constructor refuses them, naming the option).
+// Each rank updates its own rows. A top-k layer searched by IVF keeps one index per rank, over
+// its rows (clusters and probes as the options say, per rank), whose candidates merge as exact
+// scoring's do. Prediction scores the shard exactly or through its index and merges the ranks'
+// top k. LSH and --fill-correction are not sharded (the constructor refuses them, naming the
+// option).
 //
 // In bf16 precision the backend also holds a bf16 copy of every layer's weights (rows padded
 // to 32 values, one cache line): the forward products and the backward W^T delta read it, and

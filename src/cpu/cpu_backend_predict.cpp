@@ -18,21 +18,23 @@ void cpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scor
     complete_deferred_updates();
     const size_t out_layer = model_.layers.size() - 1;
     const bool top_k_layer = model_.config.selection(out_layer) == neuron_selection::top_k;
-    if (shard_.sharded()) {
-        // Each rank scores its rows exactly (the constructor allowed no other selection), then
-        // the ranks' top k are merged: every rank returns the same labels.
-        HSLIDE_CHECK_KIND(scoring == scoring_mode::exact || scoring == scoring_mode::automatic,
-                          error_kind::unsupported,
-                          "--scoring {}: an output layer sharded across MPI ranks is scored "
-                          "exactly (use --scoring exact)",
-                          to_string(scoring));
-        predict_exact(batch, k, labels, scores);
-        merge_shard_predictions(batch.size, k, labels, scores);
-        return;
-    }
     HSLIDE_CHECK_KIND(scoring != scoring_mode::ivf || top_k_layer, error_kind::unsupported,
                       "--scoring ivf searches a top-k output layer's IVF index; this output "
                       "layer has none (use --scoring exact)");
+    if (shard_.sharded()) {
+        // Each rank scores its rows, exactly or through its IVF index over them, then the
+        // ranks' top k are merged: every rank returns the same labels.
+        HSLIDE_CHECK_KIND(scoring != scoring_mode::lsh, error_kind::unsupported,
+                          "--scoring lsh: an output layer sharded across MPI ranks is scored "
+                          "exactly or by its IVF index (use --scoring exact or ivf)");
+        if (scoring == scoring_mode::ivf ||
+            (scoring == scoring_mode::automatic && output_selection().searches_ivf()))
+            predict_ivf(batch, k, labels, scores);
+        else
+            predict_exact(batch, k, labels, scores);
+        merge_shard_predictions(batch.size, k, labels, scores);
+        return;
+    }
     if (scoring == scoring_mode::ivf ||
         (scoring == scoring_mode::automatic && output_selection().searches_ivf()))
         return predict_ivf(batch, k, labels, scores);
@@ -110,10 +112,12 @@ void cpu_backend::predict_ivf(const batch_view& batch, uint32_t k, uint32_t* lab
     std::unique_ptr<neuron_selector> built;
     if (!index->searches_ivf()) {
         const size_t out_layer = model_.layers.size() - 1;
-        built =
+        auto ivf =
             std::make_unique<ivf_top_k>([this, out_layer] { return rows_of(out_layer); },
                                         model_.config.layers[out_layer], train_.seed, k_, threads_);
-        built->refresh({model_.adam_step, model_.hash_seeds[out_layer]});
+        if (shard_.sharded()) ivf->set_shard(shard_);  // its clusters (the merge is predict's)
+        ivf->refresh({model_.adam_step, model_.hash_seeds[out_layer]});
+        built = std::move(ivf);
         index = built.get();
     }
     predict_chunks(batch, k, labels, scores,

@@ -29,13 +29,6 @@ void cpu_backend::check_shardable() const {
                       "--output-sparsity lsh is not sharded across MPI ranks ({} ranks): use "
                       "--output-sparsity topk --top-k-search exact, or a dense output layer",
                       ranks);
-    HSLIDE_CHECK_KIND(
-        model_.config.selection(out) != neuron_selection::top_k ||
-            cpu_top_k_search(c, k_.level) == top_k_search::exact,
-        error_kind::unsupported,
-        "--top-k-search {}: the IVF search is not sharded across MPI ranks ({} ranks) yet; use "
-        "--top-k-search exact",
-        to_string(c.search), ranks);
     HSLIDE_CHECK_KIND(c.fill_correction == 0.0f, error_kind::unsupported,
                       "--fill-correction is not sharded across MPI ranks ({} ranks): leave it at 0",
                       ranks);

@@ -59,9 +59,10 @@ std::unique_ptr<neuron_selector> make_selector(const model_config& config, size_
                 if (sharded) exact->set_shard(*shard);
                 return exact;
             }
-            HSLIDE_ASSERT(!sharded);
-            return std::make_unique<ivf_top_k>(std::move(rows), layer, train_seed, kernels,
-                                               threads);
+            auto ivf =
+                std::make_unique<ivf_top_k>(std::move(rows), layer, train_seed, kernels, threads);
+            if (sharded) ivf->set_shard(*shard);
+            return ivf;
     }
     HSLIDE_ASSERT(false);
     return nullptr;

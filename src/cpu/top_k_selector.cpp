@@ -10,6 +10,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 namespace hslide::cpu {
@@ -175,9 +176,18 @@ void ivf_top_k::rows_changed(const uint32_t* ids, size_t n) {
     for (size_t i = 0; i < n; ++i) stale_.mark(ids[i]);
 }
 
+uint32_t ivf_top_k::index_clusters() const {
+    if (!shard_.sharded()) return config_.ivf_clusters;  // 0: build_ivf_index's automatic count
+    // The whole layer's count scaled by the square root of the rank's share: what the
+    // automatic count gives the rank's rows (sqrt(rows) / 2), and a given count alike.
+    const double whole = ivf_cluster_count(config_.ivf_clusters, shard_.total);
+    return uint32_t(
+        std::max(1.0, std::round(whole * std::sqrt(double(shard_.count) / double(shard_.total)))));
+}
+
 void ivf_top_k::refresh(const refresh_point& at) {
     stale_.take(stale_rows_);  // the index is built from the rows as they are now
-    build_ivf_index(index_, rows(), config_.ivf_clusters,
+    build_ivf_index(index_, rows(), index_clusters(),
                     step_seed(train_seed_, seed_stream::ivf_build, at.step), k_, threads_);
 }
 
