@@ -42,6 +42,11 @@ class shard_comm {
     /// A short name of the implementation ("one process", "MPI (Open MPI 4.1.4)", ...).
     virtual const char* name() const = 0;
 
+    /// Every rank sends `bytes` bytes of `send`, a count of its own; `recv` receives every
+    /// rank's, rank r's at recv[offsets[r]..offsets[r + 1]) (offsets: size() + 1 values), on
+    /// every rank. Two all-gathers: the counts, then the messages padded to the longest.
+    void all_gather_varying(const void* send, size_t bytes, std::vector<unsigned char>& recv,
+                            std::vector<size_t>& offsets);
     /// Waits until every rank arrived.
     void barrier();
     /// values[0..n) becomes the maximum over ranks, element by element.
@@ -71,6 +76,7 @@ class shard_comm {
 
   private:
     std::vector<unsigned char> gathered_;  // all_gather's receive buffer of the reductions
+    std::vector<unsigned char> padded_;    // all_gather_varying's message and receive buffer
     traffic_count traffic_;
 };
 

@@ -47,10 +47,11 @@
 // the model does not depend on the split (N ranks train the bits of a one-rank group, which
 // takes the same step over the whole layer; a plain backend's float sums differ by roundings).
 // Each rank updates its own rows. A top-k layer searched by IVF keeps one index per rank, over
-// its rows (clusters and probes as the options say, per rank), whose candidates merge as exact
-// scoring's do. Prediction scores the shard exactly or through its index and merges the ranks'
-// top k. LSH and --fill-correction are not sharded (the constructor refuses them, naming the
-// option).
+// its rows, whose candidates merge as exact scoring's do (top_k_selector.hpp); an LSH layer one
+// set of tables per rank, whose candidates every rank builds the sets from (lsh_selector.hpp).
+// Prediction scores the shard exactly, through its index or its tables, and merges the ranks'
+// top k. --fill-correction, catch-up Adam of an LSH output layer and sparse hidden layers are
+// not sharded (the constructor refuses them, naming the option).
 //
 // In bf16 precision the backend also holds a bf16 copy of every layer's weights (rows padded
 // to 32 values, one cache line): the forward products and the backward W^T delta read it, and
@@ -247,6 +248,10 @@ class cpu_backend final : public backend, public row_transfer {
     /// The hidden layers (forward_sample, output skipped) of points batch.rows[begin..+n) into
     /// sample buffers 0..n-1, point i drawing from derive_seed(seed, i).
     void forward_hidden_chunk(const batch_view& batch, uint32_t begin, uint32_t n, uint64_t seed);
+    /// predict's scoring of the rows this backend holds (a sharded layer's: its shard's, in
+    /// its own ids), by `scoring`: exact, IVF or the per-sample pass.
+    void predict_rows(const batch_view& batch, uint32_t k, scoring_mode scoring, uint32_t* labels,
+                      float* scores);
     /// predict with exact scores, a chunk of points at a time (the output selector's
     /// score_exactly).
     void predict_exact(const batch_view& batch, uint32_t k, uint32_t* labels, float* scores);
@@ -274,6 +279,10 @@ class cpu_backend final : public backend, public row_transfer {
     void keep_shard_members(const batch_view& batch);
     void sharded_output_backward(const batch_view& batch, step_report& report);
     void merge_shard_predictions(uint32_t n, uint32_t k, uint32_t* labels, float* scores);
+    /// A sharded LSH layer's predict_rows: each point's set built with the other ranks as one
+    /// process's (lsh_selector's sharded select, multi-probe), its members here scored, their
+    /// top k (this shard's ids).
+    void predict_shard_sets(const batch_view& batch, uint32_t k, uint32_t* labels, float* scores);
     /// The whole layer's id of row `row` of layer l (a sharded output layer's rows are local).
     uint32_t global_row(size_t l, uint32_t row) const {
         return l + 1 == model_.layers.size() ? row + shard_.first : row;

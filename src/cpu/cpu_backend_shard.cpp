@@ -4,6 +4,7 @@
 // replicas' check and prediction's merge.
 #include "cpu_backend.hpp"
 #include "shard_merge.hpp"
+#include "top_k.hpp"
 
 #include "hslide/clock.hpp"
 #include "hslide/error.hpp"
@@ -25,10 +26,11 @@ void cpu_backend::check_shardable() const {
     HSLIDE_ASSERT(model_.layers[out].rows == shard_.count &&
                   model_.layers[out].bias.size() == shard_.count &&
                   shard_.first + shard_.count <= shard_.total && c.size == shard_.total);
-    HSLIDE_CHECK_KIND(!model_.config.uses_lsh(out), error_kind::unsupported,
-                      "--output-sparsity lsh is not sharded across MPI ranks ({} ranks): use "
-                      "--output-sparsity topk --top-k-search exact, or a dense output layer",
-                      ranks);
+    HSLIDE_CHECK_KIND(!model_.config.uses_lsh(out) || !adam_catches_up_rows(train_.adam, out),
+                      error_kind::unsupported,
+                      "--adam {}: an LSH output layer sharded across MPI ranks ({} ranks) does "
+                      "not catch its rows up (use input-catch-up, the default, or sparse)",
+                      to_string(train_.adam), ranks);
     HSLIDE_CHECK_KIND(c.fill_correction == 0.0f, error_kind::unsupported,
                       "--fill-correction is not sharded across MPI ranks ({} ranks): leave it at 0",
                       ranks);
@@ -205,6 +207,45 @@ step_report cpu_backend::synchronize() {
     spdlog::debug("the replicated layers are the same on all {} ranks (checksum {:016x})",
                   shard_.comm->size(), checksum);
     return {};
+}
+
+void cpu_backend::predict_shard_sets(const batch_view& batch, uint32_t k, uint32_t* labels,
+                                     float* scores) {
+    const size_t out = model_.layers.size() - 1;
+    const uint32_t chunk = 256, first = shard_.first, count = shard_.count;
+    const uint64_t seed = predict_seed();
+    ensure_buffers(std::min(chunk, batch.size));
+    std::vector<selection_sample> views;
+    for (uint32_t begin = 0; begin < batch.size; begin += chunk) {
+        const uint32_t n = std::min(chunk, batch.size - begin);
+        // Point begin + s draws from derive_seed(seed, begin + s), as the per-sample pass.
+        forward_hidden_chunk(batch, begin, n, seed);
+        views.resize(n);
+        for (uint32_t s = 0; s < n; ++s) views[s] = selection_view(out, s);  // no labels
+        selection_batch b{views.data(), n, /*training=*/false, model_.adam_step, n};
+        stage_times ignored;
+        output_selection().select(b, ignored);
+#pragma omp parallel num_threads(threads_)
+        {
+            thread_scratch& scratch = scratch_[omp_get_thread_num()];
+            std::vector<scored_label> heap;
+#pragma omp for schedule(dynamic, 4)
+            for (int64_t s = 0; s < int64_t(n); ++s) {
+                layer_buffers& lb = samples_[s].layers[out];
+                size_t kept = 0;  // this rank's members, in its ids
+                for (uint32_t id : lb.ids)
+                    if (id - first < count) lb.ids[kept++] = id - first;
+                lb.ids.resize(kept);
+                if (kept == 0)
+                    lb.act.clear();  // no member here (empty ids would be every row)
+                else
+                    layer_products(out, uint32_t(s), scratch);
+                const size_t at = size_t(begin + uint32_t(s)) * k;
+                select_top_k(lb.act.data(), lb.ids.data(), uint32_t(lb.act.size()), k, labels + at,
+                             scores + at, heap);
+            }
+        }
+    }
 }
 
 void cpu_backend::merge_shard_predictions(uint32_t n, uint32_t k, uint32_t* labels, float* scores) {

@@ -49,9 +49,11 @@ std::unique_ptr<neuron_selector> make_selector(const model_config& config, size_
     switch (config.selection(l)) {
         case neuron_selection::all:
             return std::make_unique<all_neurons>(std::move(rows), kernels, threads);
-        case neuron_selection::lsh:
-            HSLIDE_ASSERT(!sharded);
-            return std::make_unique<lsh_selector>(std::move(rows), layer, kernels, threads);
+        case neuron_selection::lsh: {
+            auto lsh = std::make_unique<lsh_selector>(std::move(rows), layer, kernels, threads);
+            if (sharded) lsh->set_shard(*shard);
+            return lsh;
+        }
         case neuron_selection::top_k:
             if (cpu_top_k_search(layer, kernels.level) == top_k_search::exact) {
                 auto exact = std::make_unique<exact_top_k>(std::move(rows), layer, train_seed,

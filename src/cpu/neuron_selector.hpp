@@ -160,8 +160,8 @@ class all_neurons final : public neuron_selector {
 /// rows through `rows`; `train_seed` seeds its random structures (seed_streams.hpp). With a
 /// `shard` that is sharded (the output layer of a label-sharded run, whose rows are the
 /// shard's), a top-k selection (exact or IVF) searches the shard and merges the ranks'
-/// candidates (top_k_selector::set_shard); every neuron needs nothing more; LSH is not sharded
-/// (the backend refuses it first).
+/// candidates (top_k_selector::set_shard), LSH queries the shard's tables and builds the sets
+/// with the other ranks (lsh_selector::set_shard); every neuron needs nothing more.
 std::unique_ptr<neuron_selector> make_selector(const model_config& config, size_t l,
                                                rows_source rows, uint64_t train_seed,
                                                const kernel_table& kernels, int threads,

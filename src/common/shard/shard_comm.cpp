@@ -25,6 +25,26 @@ void shard_comm::all_gather(const void* send, size_t bytes, void* recv) {
     traffic_.bytes += uint64_t(size() - 1) * bytes;
 }
 
+void shard_comm::all_gather_varying(const void* send, size_t bytes,
+                                    std::vector<unsigned char>& recv,
+                                    std::vector<size_t>& offsets) {
+    const size_t ranks = size_t(size());
+    std::vector<uint64_t> counts(ranks);
+    const uint64_t mine = bytes;
+    all_gather(&mine, sizeof mine, counts.data());
+    const size_t longest = size_t(*std::max_element(counts.begin(), counts.end()));
+    padded_.resize(longest * (ranks + 1));
+    if (bytes) std::memcpy(padded_.data(), send, bytes);
+    all_gather(padded_.data(), longest, padded_.data() + longest);
+    offsets.assign(ranks + 1, 0);
+    for (size_t r = 0; r < ranks; ++r) offsets[r + 1] = offsets[r] + size_t(counts[r]);
+    recv.resize(offsets[ranks]);
+    for (size_t r = 0; r < ranks; ++r)
+        if (counts[r])
+            std::memcpy(recv.data() + offsets[r], padded_.data() + longest * (r + 1),
+                        size_t(counts[r]));
+}
+
 void shard_comm::barrier() {
     unsigned char token = 0;
     gathered_.resize(size_t(size()));
