@@ -30,7 +30,8 @@ std::string shard_checkpoint_path(const std::string& path, int rank, int ranks);
 /// on rank 0, writes the manifest PATH. Every rank calls it.
 void write_shard_manifest(shard_comm& comm, const std::string& path, const output_shard& shard);
 
-/// Whether `path` is a sharded checkpoint's manifest (rather than a checkpoint).
+/// Whether `path` is a sharded checkpoint's manifest (rather than a checkpoint): a regular file
+/// that says so (anything else, a FIFO included, is left to the checkpoint loader unread).
 bool is_shard_manifest(const std::string& path);
 
 /// What a manifest says.

@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstring>
 #include <fstream>
@@ -73,6 +75,9 @@ void write_shard_manifest(shard_comm& comm, const std::string& path, const outpu
 }
 
 bool is_shard_manifest(const std::string& path) {
+    // Only a regular file is read (a FIFO would block here; the checkpoint loader refuses it).
+    struct stat st {};
+    if (stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
     std::ifstream in(path, std::ios::binary);
     char head[64] = {};
     in.read(head, sizeof head - 1);
