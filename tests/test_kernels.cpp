@@ -846,6 +846,62 @@ TEST_P(kernel_level, weighted_row_sum_bf16) {
     check_weighted_row_sum<bf16>(k().weighted_row_sum_bf16, ref().weighted_row_sum_bf16, g);
 }
 
+/// weighted_row_sum_f64 or its bf16 variant of one level against the scalar one: the same bits
+/// (each product is exact in double, so an FMA rounds as the reference's add), the output's
+/// guards intact; and split-independence: the rows summed in two parts (as two ranks would),
+/// the parts added in double and rounded to float, equal the float rounding of the whole sum.
+template <class T, class Sum>
+void check_weighted_row_sum_f64(Sum got_fn, Sum want_fn, rng& g) {
+    const double canary_d = -7777.25;
+    for (uint32_t width : test_sizes) {
+        for (uint32_t n : row_counts) {
+            const uint32_t rows = 2 * n + 3;
+            rows_block<T> block = random_rows_of<T>(rows, width, g);
+            const auto coef = random_vector(n, g, nan_f);
+            const auto ids = distinct_ids(n, rows, g);
+            guarded<double> out0(width, canary_d);
+            for (uint32_t i = 0; i < width; ++i) out0[i] = double(normal(g));
+            for (int use_ids = 0; use_ids < 2; ++use_ids) {
+                SCOPED_TRACE("width = " + std::to_string(width) + ", n = " + std::to_string(n) +
+                             (use_ids ? ", ids" : ", ids = nullptr"));
+                const uint32_t* id_ptr = use_ids ? ids.data() : nullptr;
+                auto got = copy_of(out0), want = copy_of(out0);
+                got_fn(block.data.data(), block.stride, width, id_ptr, coef.data(), n, got.data());
+                want_fn(block.data.data(), block.stride, width, id_ptr, coef.data(), n,
+                        want.data());
+                EXPECT_EQ(std::memcmp(got.data(), want.data(), width * sizeof(double)), 0);
+                EXPECT_TRUE(got.guards_intact());
+                if (!use_ids || n < 2) continue;
+                // The first n/2 ids from zero, the rest from zero, added: as two ranks' shares.
+                guarded<double> whole(width, canary_d), part0(width, canary_d),
+                    part1(width, canary_d);
+                for (uint32_t i = 0; i < width; ++i) whole[i] = part0[i] = part1[i] = 0;
+                const uint32_t half = n / 2;
+                got_fn(block.data.data(), block.stride, width, id_ptr, coef.data(), n,
+                       whole.data());
+                got_fn(block.data.data(), block.stride, width, id_ptr, coef.data(), half,
+                       part0.data());
+                got_fn(block.data.data(), block.stride, width, id_ptr + half, coef.data() + half,
+                       n - half, part1.data());
+                for (uint32_t i = 0; i < width; ++i)
+                    EXPECT_EQ(bits_of(float(whole[i])), bits_of(float(part0[i] + part1[i])))
+                        << "element " << i;
+            }
+        }
+    }
+}
+
+TEST_P(kernel_level, weighted_row_sum_f64) {
+    rng g = gen(17);
+    check_weighted_row_sum_f64<float>(k().weighted_row_sum_f64, ref().weighted_row_sum_f64, g);
+}
+
+TEST_P(kernel_level, weighted_row_sum_bf16_f64) {
+    rng g = gen(18);
+    check_weighted_row_sum_f64<bf16>(k().weighted_row_sum_bf16_f64, ref().weighted_row_sum_bf16_f64,
+                                     g);
+}
+
 TEST_P(kernel_level, to_bf16_random_floats_and_bit_patterns) {
     rng g = gen(11);
     for (int patterns = 0; patterns < 2; ++patterns) {

@@ -44,6 +44,12 @@ struct backend_info {
     std::string precision;           ///< "fp32" or "bf16"
     uint64_t memory_bytes = 0;       ///< bytes the model replica holds
     uint64_t free_memory_bytes = 0;  ///< free device memory (0 when not applicable)
+    /// Of memory_bytes, the output layer's: its weights, biases and Adam state (and any bf16
+    /// copy), over rows [output_first, output_first + output_rows) of the layer (a rank's
+    /// shard, or all of it). 0 rows: not reported (backends that do not count it).
+    uint64_t output_layer_bytes = 0;
+    uint32_t output_first = 0;
+    uint32_t output_rows = 0;
 };
 
 class backend {

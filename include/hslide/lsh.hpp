@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace hslide {
@@ -208,6 +209,44 @@ struct active_set_config {
     uint32_t probes = 0;
 };
 
+/// The cut of a bucket union over max_active (active_set_builder's rule): keep the items hit
+/// more than `level` times, and of those hit exactly `level` times the first `quota` in the
+/// union's order (SIZE_MAX: every one).
+struct hits_cut {
+    uint32_t level;
+    size_t quota;
+};
+/// The cut keeping `room` of a union whose items hit h times number hist[h] (h in
+/// [threshold, L + 1], L + 1 standing for more): the highest hit counts first.
+hits_cut cut_by_hits(const uint32_t* hist, int L, uint32_t threshold, size_t room);
+
+/// The random fill of a set (active_set_builder's rule; a sharded output layer's sets draw
+/// theirs by it too): `need` more of the ids in [0, n) that are not chosen, drawn by `gen`, by
+/// rejection (gen.below(n) until an unchosen id) or, when more than half of the `available`
+/// unchosen ids are needed, by a partial shuffle of their list in id order. is_chosen(id) reads
+/// the membership, choose(id) adds an id; `scratch` holds the list.
+template <class IsChosen, class Choose>
+void fill_randomly(rng& gen, uint32_t n, size_t need, size_t available, IsChosen&& is_chosen,
+                   Choose&& choose, std::vector<uint32_t>& scratch) {
+    if (2 * need > available) {
+        scratch.clear();
+        for (uint32_t id = 0; id < n; ++id)
+            if (!is_chosen(id)) scratch.push_back(id);
+        for (size_t i = 0; i < need; ++i) {
+            const size_t j = i + static_cast<size_t>(gen.below(scratch.size() - i));
+            std::swap(scratch[i], scratch[j]);
+            choose(scratch[i]);
+        }
+    } else {
+        while (need > 0) {
+            const uint32_t id = static_cast<uint32_t>(gen.below(n));
+            if (is_chosen(id)) continue;
+            choose(id);
+            --need;
+        }
+    }
+}
+
 /// Per-thread scratch for active-set queries: a stamp array over the items, so no memset of
 /// n_items per query. One builder per thread; it grows to tables.n_items() on first use.
 class active_set_builder {
@@ -224,10 +263,12 @@ class active_set_builder {
     /// than half of them are needed (the only case with O(n_items) work). Throws
     /// hslide::error when a forced id is >= tables.n_items(). With `codes_per_table` > 1
     /// (multi-probe queries, hash_family::probe_codes_dense), table t's buckets are those of
-    /// codes[t * codes_per_table .. + codes_per_table), a repeated code counted once.
+    /// codes[t * codes_per_table .. + codes_per_table), a repeated code counted once. With
+    /// `hits`, hits[i] becomes the tables that listed out[i] (0 for forced and fill ids).
     void build(const lsh_tables& tables, const uint32_t* codes, const uint32_t* forced,
                uint32_t n_forced, const active_set_config& config, rng& gen,
-               std::vector<uint32_t>& out, uint32_t codes_per_table = 1);
+               std::vector<uint32_t>& out, uint32_t codes_per_table = 1,
+               std::vector<uint32_t>* hits = nullptr);
 
   private:
     struct mark {

@@ -13,7 +13,10 @@
 namespace hslide {
 
 /// Rank comm->rank()'s rows [first, first + count) of an output layer of `total` rows. A
-/// default one (no comm) is the whole layer: not sharded.
+/// default one (no comm) is the whole layer: not sharded. One of a group of one rank holds the
+/// whole layer and takes the sharded step all the same (its arithmetic, which does not depend
+/// on the split: the reference N ranks are compared against in tests); the CLI makes one only
+/// under more than one rank.
 struct output_shard {
     shard_comm* comm = nullptr;
     uint32_t first = 0;
@@ -22,7 +25,8 @@ struct output_shard {
     /// Every rank's first row, and `total` last (size() + 1 values).
     std::vector<uint32_t> bounds;
 
-    bool sharded() const { return comm && comm->size() > 1; }
+    /// Whether the backend takes the sharded step (any group, one rank included).
+    bool sharded() const { return comm != nullptr; }
 };
 
 /// The `weights` as --shard-weights spells them ("3,1"; "" = equal), one per rank, each a
@@ -36,5 +40,8 @@ std::vector<uint32_t> shard_bounds(uint32_t rows, int ranks, const std::vector<d
 
 /// This rank's shard of an output layer of `rows` rows split by `weights_text` across `comm`.
 output_shard make_output_shard(shard_comm& comm, uint32_t rows, const std::string& weights_text);
+/// This rank's shard of the split `bounds` (shard_bounds' form: comm.size() + 1 values, the
+/// last the layer's rows).
+output_shard make_output_shard(shard_comm& comm, std::vector<uint32_t> bounds);
 
 }  // namespace hslide

@@ -2,11 +2,12 @@
 // whether MPI is there (issue 32, DESIGN.md "Past one device").
 //
 // A shard_comm is a group of `size()` ranks, each a process (MPI) or, in tests, a thread
-// (local_group). One virtual moves data, all_gather; the reductions a sharded step needs (the
-// maximum and the sum of exponentials of the set softmax, the hidden layer's gradient, the
-// loss) are built on it here and reduce in rank order on every rank, so that every rank holds
-// the same bits, whatever the MPI library's reduction order would have been. A step moves
-// O(batch x (hidden + k)) values, so the all-gather's N copies cost nothing that matters.
+// (local_group). One virtual moves data, all_gather's (counted: traffic()); the reductions a
+// sharded step needs (the maximum and the sum of exponentials of the set softmax, the hidden
+// layer's gradient, the loss) are built on it here and reduce in rank order on every rank, so that
+// every rank holds the same bits, whatever the MPI library's reduction order would have been. A
+// step moves O(batch x (hidden + k)) values, so the all-gather's N copies cost nothing that
+// matters.
 //
 // world_comm() is the process's group: MPI_COMM_WORLD when hslide was built with MPI
 // (HSLIDE_MPI) and launched by mpirun with more than one rank, else one rank. The backend and
@@ -33,13 +34,19 @@ class shard_comm {
     /// Ranks in the group (1: not sharded).
     virtual int size() const = 0;
     /// Every rank sends `bytes` bytes of `send`; `recv` (size() * bytes) receives rank r's at
-    /// r * bytes, on every rank. Every rank calls it with the same `bytes`.
-    virtual void all_gather(const void* send, size_t bytes, void* recv) = 0;
+    /// r * bytes, on every rank. Every rank calls it with the same `bytes`. Counted in
+    /// traffic().
+    void all_gather(const void* send, size_t bytes, void* recv);
     /// Ends every rank of the group with `exit_code` (never returns).
     [[noreturn]] virtual void abort(int exit_code) = 0;
     /// A short name of the implementation ("one process", "MPI (Open MPI 4.1.4)", ...).
     virtual const char* name() const = 0;
 
+    /// Every rank sends `bytes` bytes of `send`, a count of its own; `recv` receives every
+    /// rank's, rank r's at recv[offsets[r]..offsets[r + 1]) (offsets: size() + 1 values), on
+    /// every rank. Two all-gathers: the counts, then the messages padded to the longest.
+    void all_gather_varying(const void* send, size_t bytes, std::vector<unsigned char>& recv,
+                            std::vector<size_t>& offsets);
     /// Waits until every rank arrived.
     void barrier();
     /// values[0..n) becomes the maximum over ranks, element by element.
@@ -51,8 +58,26 @@ class shard_comm {
     /// and the ranks' values (configurations that must agree: row counts, seeds, data sizes).
     void check_same(uint64_t value, const char* what);
 
+    /// What this rank's collectives moved since the group started (every one is an
+    /// all-gather). Read by the thread that calls them.
+    struct traffic_count {
+        uint64_t collectives = 0;
+        /// Bytes received from the other ranks: (size() - 1) x each all-gather's message (what
+        /// a ring all-gather also sends).
+        uint64_t bytes = 0;
+        /// Wall seconds inside the collectives, waiting for the slowest rank included.
+        double seconds = 0;
+    };
+    const traffic_count& traffic() const { return traffic_; }
+
+  protected:
+    /// all_gather's transfer (the implementation's).
+    virtual void all_gather_impl(const void* send, size_t bytes, void* recv) = 0;
+
   private:
     std::vector<unsigned char> gathered_;  // all_gather's receive buffer of the reductions
+    std::vector<unsigned char> padded_;    // all_gather_varying's message and receive buffer
+    traffic_count traffic_;
 };
 
 /// One rank: every collective is a copy.
@@ -60,9 +85,11 @@ class single_process_comm final : public shard_comm {
   public:
     int rank() const override { return 0; }
     int size() const override { return 1; }
-    void all_gather(const void* send, size_t bytes, void* recv) override;
     [[noreturn]] void abort(int exit_code) override;
     const char* name() const override { return "one process"; }
+
+  protected:
+    void all_gather_impl(const void* send, size_t bytes, void* recv) override;
 };
 
 /// `ranks` ranks as threads of one process (tests: sharded backends side by side without MPI).

@@ -14,7 +14,7 @@ struct stage_times {
     double backward = 0;     ///< backpropagation of deltas
     double update = 0;       ///< gradient reduction and the optimizer
     double rebuild = 0;      ///< table rebuilds
-    double transfer = 0;     ///< host<->device copies (GPU backends)
+    double transfer = 0;     ///< host<->device copies (GPU backends), collectives across ranks
 
     stage_times& operator+=(const stage_times& o);
     double total() const {
@@ -38,6 +38,10 @@ struct step_report {
     uint64_t steps_counted = 0;
     stage_times times;
     double seconds = 0;  ///< wall time of the step
+    /// A sharded step's collectives across ranks (shard_comm.hpp): how many, and the bytes this
+    /// rank received (times.transfer holds their seconds).
+    uint64_t collectives = 0;
+    uint64_t transfer_bytes = 0;
 
     /// Sums another report into this one (per-layer counts elementwise).
     step_report& operator+=(const step_report& o);

@@ -7,6 +7,7 @@
 #include "hslide/dataset.hpp"
 #include "hslide/metrics.hpp"
 #include "hslide/model.hpp"
+#include "hslide/shard_comm.hpp"
 #include "hslide/validation.hpp"
 
 #include <cstdint>
@@ -55,6 +56,24 @@ struct trainer_state {
     uint32_t lr_drops = 0;
 };
 
+/// One rank's figures of an epoch in a run sharded across ranks (every rank's are gathered
+/// into each epoch_record). Plain numbers: they travel as bytes.
+struct rank_figures {
+    uint32_t rank = 0;
+    uint32_t output_first = 0;  ///< its rows of the output layer: [first, first + rows)
+    uint32_t output_rows = 0;
+    uint32_t unused = 0;
+    uint64_t output_layer_bytes = 0;  ///< their weights, biases and Adam state (backend_info)
+    uint64_t memory_bytes = 0;        ///< the rank's model replica (backend_info)
+    uint64_t peak_rss_bytes = 0;      ///< the rank's process, so far
+    /// The epoch's training steps and their collectives: how many, the bytes received from
+    /// the other ranks, the seconds inside them.
+    uint64_t steps = 0;
+    uint64_t collectives = 0;
+    uint64_t transfer_bytes = 0;
+    double transfer_seconds = 0;
+};
+
 /// One evaluation record (one line of --metrics-out).
 struct epoch_record {
     uint32_t epoch = 0;
@@ -76,6 +95,13 @@ struct epoch_record {
     double selection_seconds = 0;
     stage_times times;                  ///< summed over the epoch
     std::vector<worker_stats> workers;  ///< per worker of a hybrid backend (else empty)
+    /// The epoch's training steps, and their collectives across ranks (a sharded run's: how
+    /// many, the bytes this rank received; times.transfer holds their seconds).
+    uint64_t steps = 0;
+    uint64_t collectives = 0;
+    uint64_t transfer_bytes = 0;
+    /// A sharded run (trainer_options::ranks): every rank's figures, rank r's at [r].
+    std::vector<rank_figures> ranks;
     bool evaluated = false;
     metrics_result metrics;
     double eval_seconds = 0;
@@ -114,6 +140,10 @@ struct trainer_options {
     /// Called after every checkpoint written to save_path (a sharded run's ranks each write
     /// their file there; the hook then writes the manifest). Empty: nothing is called.
     std::function<void()> after_checkpoint;
+    /// A run sharded across ranks: their group. At every epoch's end each rank's figures
+    /// (rank_figures) are gathered into the record on every rank, so that rank 0's
+    /// --metrics-out holds them all. Every rank's trainer must have it. Null: one process.
+    shard_comm* ranks = nullptr;
 };
 
 /// Runs training on `engine` (a backend holding the initial replica of the model).
@@ -156,6 +186,8 @@ class trainer {
     /// a resumed run continues the same schedule).
     float learning_rate_now() const;
     void write_metrics_record(const epoch_record& record);
+    /// A sharded run: every rank's figures of the epoch into record.ranks (a collective).
+    void gather_rank_figures(epoch_record& record);
     /// Evaluates the test set into `record` (its metrics and seconds, counted in the run's).
     void test_into(epoch_record& record);
     /// Evaluates the validation set into `record`, and keeps the model when it is the best.

@@ -1,4 +1,5 @@
-// `hslide eval` and `hslide predict`: load a checkpoint, score a data file.
+// `hslide eval` and `hslide predict`: load a checkpoint, score a data file (in one process, or
+// under mpirun as ranks that each score a share of the output layer's rows).
 #include "cli_common.hpp"
 
 #include "hslide/backend.hpp"
@@ -7,7 +8,10 @@
 #include "hslide/error.hpp"
 #include "hslide/metrics.hpp"
 #include "hslide/output_file.hpp"
+#include "hslide/output_shard.hpp"
 #include "hslide/progress.hpp"
+#include "hslide/shard_checkpoint.hpp"
+#include "hslide/shard_comm.hpp"
 #include "hslide/trainer.hpp"
 
 #include <fmt/format.h>
@@ -17,6 +21,7 @@
 
 #include <cstdio>
 #include <numeric>
+#include <optional>
 #include <sstream>
 
 namespace hslide::cli {
@@ -31,7 +36,8 @@ struct scoring_options {
 };
 
 void add_scoring_options(CLI::App& app, scoring_options& o, std::vector<std::string> table_names) {
-    app.add_option("--model", o.model_path, "checkpoint written by `hslide train --save`")
+    app.add_option("--model", o.model_path,
+                   "checkpoint written by `hslide train --save` (or a sharded one's manifest)")
         ->required();
     o.settings.model.probes.clear();  // the model's own unless given
     for (const char* name : {"scoring", "threads", "backend", "isa", "precision", "gpu",
@@ -49,10 +55,17 @@ void add_scoring_options(CLI::App& app, scoring_options& o, std::vector<std::str
 }
 
 /// The checkpoint's model on the --backend, checked against the data's dimensions;
-/// scales `data` as the model's training inputs were.
+/// scales `data` as the model's training inputs were. Under mpirun -np N (N > 1, `comm`) each
+/// rank holds and scores a share of the output layer's rows and the ranks merge their top k
+/// (cpu_backend's sharded prediction); in one process a sharded checkpoint is assembled whole
+/// (load_for_scoring, shard_checkpoint.hpp).
 std::unique_ptr<backend> open_backend(const scoring_options& o, dataset& data,
-                                      checkpoint_contents& ck) {
-    ck = load_checkpoint(o.model_path);
+                                      checkpoint_contents& ck, shard_comm& comm) {
+    const bool ranks = comm.size() > 1;
+    output_shard shard;
+    ck = load_for_scoring(comm, o.model_path, shard);
+    if (is_shard_manifest(o.model_path) && !ranks)
+        spdlog::info("{}: a checkpoint sharded across MPI ranks, assembled whole", o.model_path);
     HSLIDE_CHECK(data.n_features <= ck.model.config.input_dim,
                  "{} has {} features but the model {} takes {}", data.source, data.n_features,
                  o.model_path, ck.model.config.input_dim);
@@ -64,7 +77,24 @@ std::unique_ptr<backend> open_backend(const scoring_options& o, dataset& data,
     backend_options bo;
     bo.kind = parse_backend_kind(s.backend);
     bo.threads = s.train.threads;
+    bo.shard = shard;
     apply_compute_options(s.compute, bo);
+    if (ranks) {
+        // Every rank must score the same points: one that read another file would wait in
+        // another collective.
+        comm.check_same(data.size(), "the number of points");
+        comm.check_same(data.n_features * 0x9e3779b97f4a7c15ull ^ data.n_labels,
+                        "the data's feature and label counts");
+        HSLIDE_CHECK_KIND(bo.kind == backend_kind::cpu, error_kind::unsupported,
+                          "--backend {}: only --backend cpu scores a model sharded across MPI "
+                          "ranks ({} ranks) in this build",
+                          s.backend, comm.size());
+        std::string shares;
+        for (int r = 0; r < comm.size(); ++r)
+            shares += fmt::format("{}[{}, {})", r ? " " : "", shard.bounds[size_t(r)],
+                                  shard.bounds[size_t(r) + 1]);
+        spdlog::info("{} ranks ({}): output rows per rank {}", comm.size(), comm.name(), shares);
+    }
     if (!s.model.probes.empty()) set_probes(ck.model.config, s.model.probes);
     train_config scoring_only;
     scoring_only.adam = adam_mode::sparse;  // no training: every backend takes its Adam mode
@@ -72,6 +102,15 @@ std::unique_ptr<backend> open_backend(const scoring_options& o, dataset& data,
     train_config tc;
     normalize_inputs(data, ck.model.config);
     return create_backend(bo, std::move(ck.model), tc);
+}
+
+/// Under several MPI ranks, whether this rank is the one that prints and writes (rank 0); the
+/// others stay quiet (warnings and errors only) and draw no progress.
+bool speaks(shard_comm& comm, bool& show_progress) {
+    if (comm.rank() == 0) return true;
+    show_progress = false;
+    if (spdlog::get_level() < spdlog::level::warn) spdlog::set_level(spdlog::level::warn);
+    return false;
 }
 
 }  // namespace
@@ -89,8 +128,11 @@ int run_eval(int argc, char** argv) {
     if (const auto exit_code = parse_command_line(app, argc, argv)) return *exit_code;
     data_options& data = so.settings.data;
     evaluation_options eo = so.settings.trainer.eval;
-    const std::string& metrics_out = so.settings.trainer.metrics_out;
     eo.show_progress = apply_output_options(so.settings.output);
+    // Under mpirun -np N, every rank scores its rows; rank 0 prints and writes --metrics-out.
+    shard_comm& comm = world_comm();
+    const bool rank0 = speaks(comm, eo.show_progress);
+    const std::string metrics_out = rank0 ? so.settings.trainer.metrics_out : std::string();
     data.show_progress = eo.show_progress;
     eo.scoring = parse_scoring(so.settings.scoring);
     validate(eo.metrics);
@@ -100,12 +142,13 @@ int run_eval(int argc, char** argv) {
                        ? std::move(file)
                        : subset(file, read_split(data.test_split, data.split_column, file.size()));
     checkpoint_contents ck;
-    auto engine = open_backend(so, test, ck);
+    auto engine = open_backend(so, test, ck, comm);
     std::vector<double> inv_prop;
     if (!ck.label_counts.empty() && ck.train_points > 0)
         inv_prop = inverse_propensities(ck.label_counts, ck.train_points, eo.metrics.propensity_a,
                                         eo.metrics.propensity_b);
     const metrics_result r = evaluate(*engine, test, eo, inv_prop);
+    if (!rank0) return 0;
     std::printf("%s  (%zu points)\n", format_metrics(r).c_str(), r.n);
     if (!metrics_out.empty()) {
         std::ostringstream out;
@@ -144,7 +187,10 @@ int run_predict(int argc, char** argv) {
     app.add_option("--out", out_path, "output file")->required();
     if (const auto exit_code = parse_command_line(app, argc, argv)) return *exit_code;
     data_options& data = so.settings.data;
-    const bool show_progress = apply_output_options(so.settings.output);
+    bool show_progress = apply_output_options(so.settings.output);
+    // Under mpirun -np N, every rank scores its rows of each point; rank 0 writes --out.
+    shard_comm& comm = world_comm();
+    const bool rank0 = speaks(comm, show_progress);
     data.show_progress = show_progress;
     if (topk_alias->count() > 0) {
         HSLIDE_CHECK(app.get_option("--labels-per-point")->count() == 0,
@@ -157,10 +203,11 @@ int run_predict(int argc, char** argv) {
     const uint32_t topk = labels_per_point;
     dataset points = load_file(data, input);
     checkpoint_contents ck;
-    auto engine = open_backend(so, points, ck);
+    auto engine = open_backend(so, points, ck, comm);
     const scoring_mode scoring = parse_scoring(so.settings.scoring);
 
-    output_file out(out_path);
+    std::optional<output_file> out;
+    if (rank0) out.emplace(out_path);
     const uint32_t batch = 1024;
     std::vector<uint32_t> rows, labels;
     std::vector<float> scores;
@@ -173,6 +220,7 @@ int run_predict(int argc, char** argv) {
         labels.resize(size_t(size) * topk);
         scores.resize(size_t(size) * topk);
         engine->predict({&points, rows.data(), size}, topk, scoring, labels.data(), scores.data());
+        if (!rank0) continue;  // the same labels: rank 0 writes them
         for (uint32_t s = 0; s < size; ++s) {
             line.clear();
             for (uint32_t i = 0; i < topk; ++i) {
@@ -182,12 +230,13 @@ int run_predict(int argc, char** argv) {
                                scores[size_t(s) * topk + i]);
             }
             line.push_back('\n');
-            out.write(line.data(), line.size());
+            out->write(line.data(), line.size());
         }
         bar.add(size);
     }
     bar.finish();
-    out.commit();
+    if (!rank0) return 0;
+    out->commit();
     spdlog::info("wrote the top {} labels of {} points to {}", topk, points.size(), out_path);
     return 0;
 }

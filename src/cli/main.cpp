@@ -70,8 +70,8 @@ int main(int argc, char** argv) {
     try {
         using namespace hslide::cli;
         if (command == "train") return finish(run_train(argc - 1, argv + 1));
-        if (command == "eval") return run_eval(argc - 1, argv + 1);
-        if (command == "predict") return run_predict(argc - 1, argv + 1);
+        if (command == "eval") return finish(run_eval(argc - 1, argv + 1));
+        if (command == "predict") return finish(run_predict(argc - 1, argv + 1));
         if (command == "gen") return run_gen(argc - 1, argv + 1);
         if (command == "info") return run_info(argc - 1, argv + 1);
         std::fprintf(stderr, "hslide: unknown command '%s'\n\n%s", command.c_str(), usage);

@@ -303,6 +303,7 @@ int run_train(int argc, char** argv) {
     bo.kind = kind;
     bo.threads = tc.threads;
     bo.shard = shard;
+    if (sharded) to.ranks = &comm;  // every rank's memory and traffic in rank 0's records
     if (sharded && !to.save_path.empty()) {
         // Each rank saves its own file; then rank 0 the manifest at --save's path.
         const std::string manifest = to.save_path;

@@ -532,7 +532,17 @@ step_report cpu_backend::train_batch(const batch_view& batch, float learning_rat
     // the step's selection so that rows imported since the last step are included.
     for (size_t l = 1; l < model_.layers.size(); ++l)
         report.times.rebuild += selections_[l]->before_step(model_.adam_step);
+    // A sharded step's collectives (the selection's merge, the softmax's sums, the hidden
+    // gradient): counted by the group; their stages leave their seconds out.
+    const shard_comm::traffic_count before =
+        shard_.sharded() ? shard_.comm->traffic() : shard_comm::traffic_count{};
     run_forward_backward(batch, report);
+    if (shard_.sharded()) {
+        const shard_comm::traffic_count& after = shard_.comm->traffic();
+        report.collectives = after.collectives - before.collectives;
+        report.transfer_bytes = after.bytes - before.bytes;
+        report.times.transfer += after.seconds - before.seconds;
+    }
 
     auto t0 = clock_type::now();
     model_.adam_step += 1;
@@ -666,6 +676,20 @@ backend_info cpu_backend::info() const {
                                  shard_.total);
     bi.memory_bytes = model_.memory_bytes();
     for (const bf16_weights& w16 : weights16_) bi.memory_bytes += w16.values.size() * sizeof(bf16);
+    // --adam-moments bf16: the moments model_ does not hold.
+    for (const bf16_moments_of_layer& m16 : moments16_)
+        bi.memory_bytes += (m16.m.size() + m16.v.size()) * sizeof(bf16);
+    const size_t out = model_.layers.size() - 1;
+    const layer_state& layer = model_.layers[out];
+    bi.output_first = shard_.sharded() ? shard_.first : 0;
+    bi.output_rows = layer.rows;
+    bi.output_layer_bytes = (layer.weights.size() + layer.adam_m.size() + layer.adam_v.size() +
+                             layer.bias.size() + layer.bias_m.size() + layer.bias_v.size()) *
+                            sizeof(float);
+    if (!weights16_.empty()) bi.output_layer_bytes += weights16_[out].values.size() * sizeof(bf16);
+    if (bf16_moments(out))
+        bi.output_layer_bytes +=
+            (moments16_[out].m.size() + moments16_[out].v.size()) * sizeof(bf16);
     return bi;
 }
 

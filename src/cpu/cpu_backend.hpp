@@ -41,10 +41,17 @@
 // (local row ids in layers.back().ids; empty is "no member" there, not "every neuron", unless
 // the layer is dense). The set softmax takes the all-reduced maximum and sum of exponentials,
 // the loss the all-reduced label logits (Megatron's vocab-parallel cross-entropy); each rank's
-// share of the hidden layer's gradient is summed across ranks in rank order, so every rank
-// backpropagates the same bits; each rank updates its own rows. Prediction scores the shard
-// exactly and merges the ranks' top k. LSH, IVF and --fill-correction are not sharded (the
-// constructor refuses them, naming the option).
+// share of the hidden layer's gradient, in double, is summed across ranks in rank order and
+// rounded to float once, so every rank backpropagates the same bits, and the bits one rank
+// would: the sums of exponentials and the gradient's shares are double sums rounded once, so
+// the model does not depend on the split (N ranks train the bits of a one-rank group, which
+// takes the same step over the whole layer; a plain backend's float sums differ by roundings).
+// Each rank updates its own rows. A top-k layer searched by IVF keeps one index per rank, over
+// its rows, whose candidates merge as exact scoring's do (top_k_selector.hpp); an LSH layer one
+// set of tables per rank, whose candidates every rank builds the sets from (lsh_selector.hpp).
+// Prediction scores the shard exactly, through its index or its tables, and merges the ranks'
+// top k. --fill-correction, catch-up Adam of an LSH output layer and sparse hidden layers are
+// not sharded (the constructor refuses them, naming the option).
 //
 // In bf16 precision the backend also holds a bf16 copy of every layer's weights (rows padded
 // to 32 values, one cache line): the forward products and the backward W^T delta read it, and
@@ -241,6 +248,10 @@ class cpu_backend final : public backend, public row_transfer {
     /// The hidden layers (forward_sample, output skipped) of points batch.rows[begin..+n) into
     /// sample buffers 0..n-1, point i drawing from derive_seed(seed, i).
     void forward_hidden_chunk(const batch_view& batch, uint32_t begin, uint32_t n, uint64_t seed);
+    /// predict's scoring of the rows this backend holds (a sharded layer's: its shard's, in
+    /// its own ids), by `scoring`: exact, IVF or the per-sample pass.
+    void predict_rows(const batch_view& batch, uint32_t k, scoring_mode scoring, uint32_t* labels,
+                      float* scores);
     /// predict with exact scores, a chunk of points at a time (the output selector's
     /// score_exactly).
     void predict_exact(const batch_view& batch, uint32_t k, uint32_t* labels, float* scores);
@@ -268,6 +279,10 @@ class cpu_backend final : public backend, public row_transfer {
     void keep_shard_members(const batch_view& batch);
     void sharded_output_backward(const batch_view& batch, step_report& report);
     void merge_shard_predictions(uint32_t n, uint32_t k, uint32_t* labels, float* scores);
+    /// A sharded LSH layer's predict_rows: each point's set built with the other ranks as one
+    /// process's (lsh_selector's sharded select, multi-probe), its members here scored, their
+    /// top k (this shard's ids).
+    void predict_shard_sets(const batch_view& batch, uint32_t k, uint32_t* labels, float* scores);
     /// The whole layer's id of row `row` of layer l (a sharded output layer's rows are local).
     uint32_t global_row(size_t l, uint32_t row) const {
         return l + 1 == model_.layers.size() ? row + shard_.first : row;
@@ -353,10 +368,11 @@ class cpu_backend final : public backend, public row_transfer {
     bool rows_behind_ = false;
     output_shard shard_;  // the output layer's rows this rank holds (default: all, not sharded)
     // Sharded steps' per-sample buffers: maxima, sums (of exponentials, kept mass and label
-    // logits), the hidden layer's gradient (batch x width), and the merge's messages.
+    // logits), the hidden layer's gradient (batch x width, in double until summed over ranks),
+    // and the merge's messages.
     std::vector<float> shard_max_;
     std::vector<double> shard_sums_;
-    std::vector<float> shard_grad_;
+    std::vector<double> shard_grad_;
     std::vector<unsigned char> shard_scratch_;
 };
 

@@ -18,21 +18,18 @@ void cpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scor
     complete_deferred_updates();
     const size_t out_layer = model_.layers.size() - 1;
     const bool top_k_layer = model_.config.selection(out_layer) == neuron_selection::top_k;
-    if (shard_.sharded()) {
-        // Each rank scores its rows exactly (the constructor allowed no other selection), then
-        // the ranks' top k are merged: every rank returns the same labels.
-        HSLIDE_CHECK_KIND(scoring == scoring_mode::exact || scoring == scoring_mode::automatic,
-                          error_kind::unsupported,
-                          "--scoring {}: an output layer sharded across MPI ranks is scored "
-                          "exactly (use --scoring exact)",
-                          to_string(scoring));
-        predict_exact(batch, k, labels, scores);
-        merge_shard_predictions(batch.size, k, labels, scores);
-        return;
-    }
     HSLIDE_CHECK_KIND(scoring != scoring_mode::ivf || top_k_layer, error_kind::unsupported,
                       "--scoring ivf searches a top-k output layer's IVF index; this output "
                       "layer has none (use --scoring exact)");
+    predict_rows(batch, k, scoring, labels, scores);
+    // Sharded: each rank scored its rows (exactly, through its IVF index or its LSH tables);
+    // the ranks' top k are merged, and every rank returns the same labels.
+    if (shard_.sharded()) merge_shard_predictions(batch.size, k, labels, scores);
+}
+
+void cpu_backend::predict_rows(const batch_view& batch, uint32_t k, scoring_mode scoring,
+                               uint32_t* labels, float* scores) {
+    const size_t out_layer = model_.layers.size() - 1;
     if (scoring == scoring_mode::ivf ||
         (scoring == scoring_mode::automatic && output_selection().searches_ivf()))
         return predict_ivf(batch, k, labels, scores);
@@ -41,6 +38,8 @@ void cpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scor
     // The blocked exact path needs the output layer's input as a dense vector per sample.
     if (exact && !model_.config.has_active_sets(out_layer - 1))
         return predict_exact(batch, k, labels, scores);
+    // A sharded LSH layer's sets are built across ranks, a batch at a time.
+    if (shard_.sharded()) return predict_shard_sets(batch, k, labels, scores);
     // One buffer set per thread, not per sample: exact scores of 670k labels are 2.7 MB a point.
     ensure_buffers(uint32_t(threads_));
     const uint64_t seed = predict_seed();
@@ -110,10 +109,12 @@ void cpu_backend::predict_ivf(const batch_view& batch, uint32_t k, uint32_t* lab
     std::unique_ptr<neuron_selector> built;
     if (!index->searches_ivf()) {
         const size_t out_layer = model_.layers.size() - 1;
-        built =
+        auto ivf =
             std::make_unique<ivf_top_k>([this, out_layer] { return rows_of(out_layer); },
                                         model_.config.layers[out_layer], train_.seed, k_, threads_);
-        built->refresh({model_.adam_step, model_.hash_seeds[out_layer]});
+        if (shard_.sharded()) ivf->set_shard(shard_);  // its clusters (the merge is predict's)
+        ivf->refresh({model_.adam_step, model_.hash_seeds[out_layer]});
+        built = std::move(ivf);
         index = built.get();
     }
     predict_chunks(batch, k, labels, scores,

@@ -4,6 +4,7 @@
 // replicas' check and prediction's merge.
 #include "cpu_backend.hpp"
 #include "shard_merge.hpp"
+#include "top_k.hpp"
 
 #include "hslide/clock.hpp"
 #include "hslide/error.hpp"
@@ -25,17 +26,11 @@ void cpu_backend::check_shardable() const {
     HSLIDE_ASSERT(model_.layers[out].rows == shard_.count &&
                   model_.layers[out].bias.size() == shard_.count &&
                   shard_.first + shard_.count <= shard_.total && c.size == shard_.total);
-    HSLIDE_CHECK_KIND(!model_.config.uses_lsh(out), error_kind::unsupported,
-                      "--output-sparsity lsh is not sharded across MPI ranks ({} ranks): use "
-                      "--output-sparsity topk --top-k-search exact, or a dense output layer",
-                      ranks);
-    HSLIDE_CHECK_KIND(
-        model_.config.selection(out) != neuron_selection::top_k ||
-            cpu_top_k_search(c, k_.level) == top_k_search::exact,
-        error_kind::unsupported,
-        "--top-k-search {}: the IVF search is not sharded across MPI ranks ({} ranks) yet; use "
-        "--top-k-search exact",
-        to_string(c.search), ranks);
+    HSLIDE_CHECK_KIND(!model_.config.uses_lsh(out) || !adam_catches_up_rows(train_.adam, out),
+                      error_kind::unsupported,
+                      "--adam {}: an LSH output layer sharded across MPI ranks ({} ranks) does "
+                      "not catch its rows up (use input-catch-up, the default, or sparse)",
+                      to_string(train_.adam), ranks);
     HSLIDE_CHECK_KIND(c.fill_correction == 0.0f, error_kind::unsupported,
                       "--fill-correction is not sharded across MPI ranks ({} ranks): leave it at 0",
                       ranks);
@@ -139,17 +134,30 @@ void cpu_backend::sharded_output_backward(const batch_view& batch, step_report& 
         if (full_partition) sb.dropped_mass = std::max(0.0, 1.0 - sums[1]);
         sb.loss = double(target) * double(y.count) * log_sum - sums[2];
     }
-    report.times.forward += seconds_since(t_forward);
-    // 4. Each rank's share of the last hidden layer's gradient, summed over ranks in rank
-    // order (every rank gets the same bits), then the backward of the layers below.
+    const double forward_comm_seconds = comm_seconds;
+    report.times.forward += seconds_since(t_forward) - forward_comm_seconds;
+    // 4. Each rank's share of the last hidden layer's gradient, in double (its products are
+    // exact there), summed over ranks in rank order and rounded to float once: the result does
+    // not depend on how the rows were split (up to the double sums' roundings, which a float
+    // rounding almost never sees), so N ranks compute the bits one rank does, and every rank
+    // the same bits. Then the backward of the layers below.
     const auto t_backward = clock_type::now();
-    const uint32_t width = model_.layers[out].width;
-    shard_grad_.assign(size_t(n) * width, 0.0f);
+    const layer_state& layer = model_.layers[out];
+    const uint32_t width = layer.width;
+    shard_grad_.assign(size_t(n) * width, 0.0);
 #pragma omp parallel for schedule(dynamic, 2) num_threads(threads_)
     for (int64_t s = 0; s < int64_t(n); ++s) {
         const layer_buffers& lb = samples_[s].layers[out];
         if (!samples_[s].trained || (sparse && lb.ids.empty())) continue;
-        transpose_product(out, uint32_t(s), shard_grad_.data() + size_t(s) * width);
+        const uint32_t members = lb.ids.empty() ? layer.rows : uint32_t(lb.ids.size());
+        const uint32_t* ids = lb.ids.empty() ? nullptr : lb.ids.data();
+        double* share = shard_grad_.data() + size_t(s) * width;
+        if (use_bf16())
+            k_.weighted_row_sum_bf16_f64(weights16_[out].values.data(), weights16_[out].stride,
+                                         width, ids, lb.delta.data(), members, share);
+        else
+            k_.weighted_row_sum_f64(layer.weights.data(), layer.stride, width, ids, lb.delta.data(),
+                                    members, share);
     }
     collective([&] { comm.all_reduce_sum(shard_grad_.data(), shard_grad_.size()); });
 #pragma omp parallel num_threads(threads_)
@@ -158,12 +166,15 @@ void cpu_backend::sharded_output_backward(const batch_view& batch, step_report& 
 #pragma omp for schedule(dynamic, 2)
         for (int64_t s = 0; s < int64_t(n); ++s) {
             if (!samples_[s].trained) continue;
-            mask_delta(out - 1, uint32_t(s), shard_grad_.data() + size_t(s) * width);
+            const double* sum = shard_grad_.data() + size_t(s) * width;
+            scratch.dense.resize(width);  // backward_sample's buffer, free until it starts
+            for (uint32_t i = 0; i < width; ++i) scratch.dense[i] = float(sum[i]);
+            mask_delta(out - 1, uint32_t(s), scratch.dense.data());
             backward_sample(uint32_t(s), scratch, out - 1);
         }
     }
-    report.times.backward += seconds_since(t_backward) - comm_seconds;
-    report.times.transfer += comm_seconds;
+    // The collectives' seconds are the step's transfer (train_batch reads them off the group).
+    report.times.backward += seconds_since(t_backward) - (comm_seconds - forward_comm_seconds);
 }
 
 uint64_t cpu_backend::replicated_checksum() const {
@@ -196,6 +207,45 @@ step_report cpu_backend::synchronize() {
     spdlog::debug("the replicated layers are the same on all {} ranks (checksum {:016x})",
                   shard_.comm->size(), checksum);
     return {};
+}
+
+void cpu_backend::predict_shard_sets(const batch_view& batch, uint32_t k, uint32_t* labels,
+                                     float* scores) {
+    const size_t out = model_.layers.size() - 1;
+    const uint32_t chunk = 256, first = shard_.first, count = shard_.count;
+    const uint64_t seed = predict_seed();
+    ensure_buffers(std::min(chunk, batch.size));
+    std::vector<selection_sample> views;
+    for (uint32_t begin = 0; begin < batch.size; begin += chunk) {
+        const uint32_t n = std::min(chunk, batch.size - begin);
+        // Point begin + s draws from derive_seed(seed, begin + s), as the per-sample pass.
+        forward_hidden_chunk(batch, begin, n, seed);
+        views.resize(n);
+        for (uint32_t s = 0; s < n; ++s) views[s] = selection_view(out, s);  // no labels
+        selection_batch b{views.data(), n, /*training=*/false, model_.adam_step, n};
+        stage_times ignored;
+        output_selection().select(b, ignored);
+#pragma omp parallel num_threads(threads_)
+        {
+            thread_scratch& scratch = scratch_[omp_get_thread_num()];
+            std::vector<scored_label> heap;
+#pragma omp for schedule(dynamic, 4)
+            for (int64_t s = 0; s < int64_t(n); ++s) {
+                layer_buffers& lb = samples_[s].layers[out];
+                size_t kept = 0;  // this rank's members, in its ids
+                for (uint32_t id : lb.ids)
+                    if (id - first < count) lb.ids[kept++] = id - first;
+                lb.ids.resize(kept);
+                if (kept == 0)
+                    lb.act.clear();  // no member here (empty ids would be every row)
+                else
+                    layer_products(out, uint32_t(s), scratch);
+                const size_t at = size_t(begin + uint32_t(s)) * k;
+                select_top_k(lb.act.data(), lb.ids.data(), uint32_t(lb.act.size()), k, labels + at,
+                             scores + at, heap);
+            }
+        }
+    }
 }
 
 void cpu_backend::merge_shard_predictions(uint32_t n, uint32_t k, uint32_t* labels, float* scores) {

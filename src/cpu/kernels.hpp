@@ -144,6 +144,20 @@ struct kernel_table {
     /// weighted_row_sum over bf16 rows, accumulating into fp32 `out`.
     void (*weighted_row_sum_bf16)(const bf16* rows, size_t stride, uint32_t width,
                                   const uint32_t* ids, const float* coef, uint32_t n, float* out);
+
+    // --- double accumulation (the split-independent sums of a label-sharded output layer) ---
+    /// weighted_row_sum into double `out`: out[i] += double(coef[k]) * row_k[i] for k = 0..n-1
+    /// in order. Each product is exact in double (24 x 24 bits), so an FMA rounds as the
+    /// separate add does and every level returns the scalar reference's bits. A rank's share of
+    /// the sharded output layer's hidden gradient (cpu_backend_shard.cpp): the shares are added
+    /// in double and rounded to float once, so the result does not depend on how the rows were
+    /// split across ranks.
+    void (*weighted_row_sum_f64)(const float* rows, size_t stride, uint32_t width,
+                                 const uint32_t* ids, const float* coef, uint32_t n, double* out);
+    /// weighted_row_sum_f64 over bf16 rows.
+    void (*weighted_row_sum_bf16_f64)(const bf16* rows, size_t stride, uint32_t width,
+                                      const uint32_t* ids, const float* coef, uint32_t n,
+                                      double* out);
 };
 
 /// The scalar reference kernels.

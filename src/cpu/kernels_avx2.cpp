@@ -101,6 +101,14 @@ struct avx2_ops {
         }
     }
 
+    using dvec = __m256d;
+    static dvec dset1(double x) { return _mm256_set1_pd(x); }
+    static dvec dload(const double* p) { return _mm256_loadu_pd(p); }
+    static void dstore(double* p, dvec x) { _mm256_storeu_pd(p, x); }
+    static dvec dfmadd(dvec a, dvec b, dvec c) { return _mm256_fmadd_pd(a, b, c); }
+    static dvec widen_low(vec x) { return _mm256_cvtps_pd(_mm256_castps256_ps128(x)); }
+    static dvec widen_high(vec x) { return _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)); }
+
     static vec fmadd(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
     static vec add(vec a, vec b) { return _mm256_add_ps(a, b); }
     static vec sub(vec a, vec b) { return _mm256_sub_ps(a, b); }

@@ -88,6 +88,14 @@ struct avx512_ops {
             _mm256_mask_storeu_epi16(p, mask(n), h);
     }
 
+    using dvec = __m512d;
+    static dvec dset1(double x) { return _mm512_set1_pd(x); }
+    static dvec dload(const double* p) { return _mm512_loadu_pd(p); }
+    static void dstore(double* p, dvec x) { _mm512_storeu_pd(p, x); }
+    static dvec dfmadd(dvec a, dvec b, dvec c) { return _mm512_fmadd_pd(a, b, c); }
+    static dvec widen_low(vec x) { return _mm512_cvtps_pd(_mm512_castps512_ps256(x)); }
+    static dvec widen_high(vec x) { return _mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1)); }
+
     static vec fmadd(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
     static vec add(vec a, vec b) { return _mm512_add_ps(a, b); }
     static vec sub(vec a, vec b) { return _mm512_sub_ps(a, b); }

@@ -97,6 +97,15 @@ void weighted_row_sum_impl(const T* rows, size_t stride, uint32_t width, const u
     }
 }
 
+template <class T, class ToFloat>
+void weighted_row_sum_f64_impl(const T* rows, size_t stride, uint32_t width, const uint32_t* ids,
+                               const float* coef, uint32_t n, double* out, ToFloat to_float) {
+    for (uint32_t k = 0; k < n; ++k) {
+        const T* row = rows + size_t(ids ? ids[k] : k) * stride;
+        for (uint32_t i = 0; i < width; ++i) out[i] += double(coef[k]) * double(to_float(row[i]));
+    }
+}
+
 void weighted_vector_sum_scalar(const float* const* vectors, const float* coef, uint32_t n,
                                 uint32_t width, float* out) {
     for (uint32_t k = 0; k < n; ++k)
@@ -155,6 +164,17 @@ void weighted_row_sum_bf16_scalar(const bf16* rows, size_t stride, uint32_t widt
     weighted_row_sum_impl(rows, stride, width, ids, coef, n, out, bf16_to_float);
 }
 
+void weighted_row_sum_f64_scalar(const float* rows, size_t stride, uint32_t width,
+                                 const uint32_t* ids, const float* coef, uint32_t n, double* out) {
+    weighted_row_sum_f64_impl(rows, stride, width, ids, coef, n, out, identity);
+}
+
+void weighted_row_sum_bf16_f64_scalar(const bf16* rows, size_t stride, uint32_t width,
+                                      const uint32_t* ids, const float* coef, uint32_t n,
+                                      double* out) {
+    weighted_row_sum_f64_impl(rows, stride, width, ids, coef, n, out, bf16_to_float);
+}
+
 }  // namespace
 
 const kernel_table& scalar_kernels() {
@@ -174,7 +194,9 @@ const kernel_table& scalar_kernels() {
                                     to_bf16_scalar,
                                     active_dots_bf16_scalar,
                                     dots16_bf16_scalar,
-                                    weighted_row_sum_bf16_scalar};
+                                    weighted_row_sum_bf16_scalar,
+                                    weighted_row_sum_f64_scalar,
+                                    weighted_row_sum_bf16_f64_scalar};
     return table;
 }
 

@@ -7,7 +7,9 @@
 // store/store_n, store_bf16/store_bf16_n, ivec with stochastic_hash, high_half, low_half and
 // store_bf16_stochastic, fmadd, add, sub, mul, div, sqrt, max, round,
 // scale2 (x * 2^n for integral n), reduce_add, reduce_max, gather/gather_n, has_scatter and
-// scatter_fmadd. A `_n` operation touches only the first n < lanes elements.
+// scatter_fmadd; and for double accumulation dvec (lanes / 2 doubles), dset1, dload, dstore,
+// dfmadd, widen_low/widen_high (a vec's first or last lanes / 2 floats as doubles). A `_n`
+// operation touches only the first n < lanes elements.
 #pragma once
 
 #include <type_traits>
@@ -301,6 +303,58 @@ void weighted_vector_sum_simd(const float* const* vectors, const float* coef, ui
     weighted_sum<V, float>([&](uint32_t k) { return vectors[k]; }, width, coef, n, out);
 }
 
+inline float as_float(float x) {
+    return x;
+}
+inline float as_float(bf16 x) {
+    return bf16_to_float(x);
+}
+
+// out[0..width) (double) += sum_k coef[k] * row_at(k)[0..width), k in order: each row vector
+// widened to two double vectors, whose products with the coefficient are exact, so an FMA
+// rounds as the scalar reference's add. Blocks of B row vectors (2B double accumulators) are
+// held in registers while the rows stream past; the last width % lanes elements are summed
+// one by one, in the same order.
+template <class V, class T, class RowAt>
+inline void weighted_sum_f64(RowAt row_at, uint32_t width, const float* coef, uint32_t n,
+                             double* out) {
+    constexpr uint32_t L = V::lanes, H = L / 2;
+    uint32_t c = 0;
+    auto blocks = [&](auto vectors) {
+        constexpr uint32_t B = decltype(vectors)::value;
+        for (; c + B * L <= width; c += B * L) {
+            typename V::dvec acc[2 * B];
+            for (uint32_t j = 0; j < 2 * B; ++j) acc[j] = V::dload(out + c + j * H);
+            for (uint32_t k = 0; k < n; ++k) {
+                if (k + prefetch_rows_ahead < n)
+                    prefetch_span(row_at(k + prefetch_rows_ahead) + c, B * L);
+                const T* row = row_at(k) + c;
+                const auto ck = V::dset1(double(coef[k]));
+                for (uint32_t j = 0; j < B; ++j) {
+                    const auto x = V::load(row + j * L);
+                    acc[2 * j] = V::dfmadd(ck, V::widen_low(x), acc[2 * j]);
+                    acc[2 * j + 1] = V::dfmadd(ck, V::widen_high(x), acc[2 * j + 1]);
+                }
+            }
+            for (uint32_t j = 0; j < 2 * B; ++j) V::dstore(out + c + j * H, acc[j]);
+        }
+    };
+    blocks(std::integral_constant<uint32_t, 4>{});
+    blocks(std::integral_constant<uint32_t, 1>{});
+    for (; c < width; ++c) {
+        double s = out[c];
+        for (uint32_t k = 0; k < n; ++k) s += double(coef[k]) * double(as_float(row_at(k)[c]));
+        out[c] = s;
+    }
+}
+
+template <class V, class T>
+void weighted_row_sum_f64_simd(const T* rows, size_t stride, uint32_t width, const uint32_t* ids,
+                               const float* coef, uint32_t n, double* out) {
+    weighted_sum_f64<V, T>([&](uint32_t k) { return rows + size_t(ids ? ids[k] : k) * stride; },
+                           width, coef, n, out);
+}
+
 template <class V>
 void to_bf16_simd(const float* x, bf16* out, uint32_t n) {
     constexpr uint32_t L = V::lanes;
@@ -331,7 +385,9 @@ constexpr kernel_table make_table(const char* name, isa_level level,
                         to_bf16_simd<V>,
                         dots_bf16,
                         dots16_bf16,
-                        weighted_row_sum_simd<V, bf16>};
+                        weighted_row_sum_simd<V, bf16>,
+                        weighted_row_sum_f64_simd<V, float>,
+                        weighted_row_sum_f64_simd<V, bf16>};
 }
 
 }  // namespace

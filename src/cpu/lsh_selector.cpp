@@ -49,6 +49,7 @@ void lsh_selector::refresh(const refresh_point& at) {
 }
 
 void lsh_selector::select(selection_batch& batch, stage_times& times) {
+    if (shard_.sharded()) return select_sharded(batch, times);
     for (thread_scratch& s : scratch_) s.times = {};
 #pragma omp parallel num_threads(threads_)
     {
@@ -64,9 +65,9 @@ void lsh_selector::select(selection_batch& batch, stage_times& times) {
     }
 }
 
-void lsh_selector::select_one(selection_sample& sample, bool training, int thread) {
-    thread_scratch& scratch = scratch_[size_t(thread)];
-    auto t0 = clock_type::now();
+uint32_t lsh_selector::hash_sample(const selection_sample& sample, bool training,
+                                   thread_scratch& scratch) {
+    const auto t0 = clock_type::now();
     const hash_family& hash = *hash_;
     const bool dense = sample.input_ids == nullptr;
     // Queries probe nearby buckets too (a dense input only; training never does).
@@ -80,9 +81,15 @@ void lsh_selector::select_one(selection_sample& sample, bool training, int threa
     else
         hash.codes_sparse(sample.input_ids, sample.input, sample.input_count, scratch.codes.data());
     scratch.times.hashing += seconds_since(t0);
-    t0 = clock_type::now();
+    return 1 + probes;
+}
+
+void lsh_selector::select_one(selection_sample& sample, bool training, int thread) {
+    thread_scratch& scratch = scratch_[size_t(thread)];
+    const uint32_t codes_per_table = hash_sample(sample, training, scratch);
+    const auto t0 = clock_type::now();
     scratch.builder.build(tables_, scratch.codes.data(), sample.labels.ids, sample.labels.count,
-                          active_, *sample.gen, *sample.ids, 1 + probes);
+                          active_, *sample.gen, *sample.ids, codes_per_table);
     scratch.times.active_sets += seconds_since(t0);
 }
 

@@ -49,9 +49,11 @@ std::unique_ptr<neuron_selector> make_selector(const model_config& config, size_
     switch (config.selection(l)) {
         case neuron_selection::all:
             return std::make_unique<all_neurons>(std::move(rows), kernels, threads);
-        case neuron_selection::lsh:
-            HSLIDE_ASSERT(!sharded);
-            return std::make_unique<lsh_selector>(std::move(rows), layer, kernels, threads);
+        case neuron_selection::lsh: {
+            auto lsh = std::make_unique<lsh_selector>(std::move(rows), layer, kernels, threads);
+            if (sharded) lsh->set_shard(*shard);
+            return lsh;
+        }
         case neuron_selection::top_k:
             if (cpu_top_k_search(layer, kernels.level) == top_k_search::exact) {
                 auto exact = std::make_unique<exact_top_k>(std::move(rows), layer, train_seed,
@@ -59,9 +61,10 @@ std::unique_ptr<neuron_selector> make_selector(const model_config& config, size_
                 if (sharded) exact->set_shard(*shard);
                 return exact;
             }
-            HSLIDE_ASSERT(!sharded);
-            return std::make_unique<ivf_top_k>(std::move(rows), layer, train_seed, kernels,
-                                               threads);
+            auto ivf =
+                std::make_unique<ivf_top_k>(std::move(rows), layer, train_seed, kernels, threads);
+            if (sharded) ivf->set_shard(*shard);
+            return ivf;
     }
     HSLIDE_ASSERT(false);
     return nullptr;

@@ -18,14 +18,15 @@
 // update, import or catch-up of a row; refresh when the trainer asks (refresh_selections);
 // before_step at the start of every training step; search and score_exactly for prediction.
 //
-// A label-sharded output layer (issue 32; exact top-k and every neuron, on CPU ranks) plugs in at
-// search: a selection over rank r's contiguous shard of rows [first, first + n) reads a layer_rows
-// view of the shard, and its search returns the shard's candidates (ids + first, scores, and the
-// shard's log-partition). A merge step between search and the set's construction then keeps each
-// sample's best k of the ranks' candidates (ranks_above, as merge_thread_top_k merges threads) and
-// combines the log-partitions by log-sum-exp; top_k_selector::build_set runs on the merged list as
-// it does on one rank's (the fill pool is a function of the seed, the step and the layer's row
-// count, so every rank draws the same fill). Each rank then computes the set's rows it owns.
+// A label-sharded output layer (issue 32; top-k, exact or IVF, and every neuron, on CPU ranks)
+// plugs in at search: a selection over rank r's contiguous shard of rows [first, first + n) reads
+// a layer_rows view of the shard (IVF: its index is over those rows), and its search returns the
+// shard's candidates (ids + first, scores, and the shard's log-partition where computed). A merge
+// step between search and the set's construction then keeps each sample's best k of the ranks'
+// candidates (ranks_above, as merge_thread_top_k merges threads) and combines the log-partitions by
+// log-sum-exp; top_k_selector::build_set runs on the merged list as it does on one rank's (the fill
+// pool is a function of the seed, the step and the layer's row count, so every rank draws the same
+// fill). Each rank then computes the set's rows it owns.
 #pragma once
 
 #include "exact_scoring.hpp"
@@ -167,9 +168,9 @@ class all_neurons final : public neuron_selector {
 /// The selection config.selection(l) names for layer l (> 0) of a model, reading the layer's
 /// rows through `rows`; `train_seed` seeds its random structures (seed_streams.hpp). With a
 /// `shard` that is sharded (the output layer of a label-sharded run, whose rows are the
-/// shard's), an exact top-k selection searches the shard and merges the ranks' candidates
-/// (top_k_selector::set_shard); every neuron needs nothing more; the others are not sharded
-/// (the backend refuses them first).
+/// shard's), a top-k selection (exact or IVF) searches the shard and merges the ranks'
+/// candidates (top_k_selector::set_shard), LSH queries the shard's tables and builds the sets
+/// with the other ranks (lsh_selector::set_shard); every neuron needs nothing more.
 std::unique_ptr<neuron_selector> make_selector(const model_config& config, size_t l,
                                                rows_source rows, uint64_t train_seed,
                                                const kernel_table& kernels, int threads,

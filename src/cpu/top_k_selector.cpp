@@ -10,6 +10,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 namespace hslide::cpu {
@@ -46,6 +47,7 @@ void top_k_selector::select(selection_batch& batch, stage_times& times) {
     const uint32_t k = top_k();
     const uint32_t chunk = exact_scoring::chunk(k);
     const bool with_log_partition = computes_log_partition();
+    double merge_seconds = 0;  // the merges' collectives: the step's transfer, not this stage
     for (uint32_t begin = 0; begin < batch.size; begin += chunk) {
         const uint32_t n = std::min(chunk, batch.size - begin);
         queries_.resize(n);
@@ -55,13 +57,16 @@ void top_k_selector::select(selection_batch& batch, stage_times& times) {
         log_partition_.assign(n, 0.0);
         search(queries_.data(), n, k, labels_.data(), scores_.data(),
                with_log_partition ? log_partition_.data() : nullptr);
-        if (shard_.sharded())
+        if (shard_.sharded()) {
+            const double before = shard_.comm->traffic().seconds;
             merge_shard_top_k(*shard_.comm, shard_.first, n, k, labels_.data(), scores_.data(),
                               with_log_partition ? log_partition_.data() : nullptr, merge_scratch_);
+            merge_seconds += shard_.comm->traffic().seconds - before;
+        }
         build_sets(batch, begin, n, labels_.data(), k);
         for (uint32_t j = 0; j < n; ++j) batch.samples[begin + j].log_partition = log_partition_[j];
     }
-    times.active_sets += seconds_since(t0);
+    times.active_sets += seconds_since(t0) - merge_seconds;
 }
 
 void top_k_selector::build_sets(selection_batch& batch, uint32_t first, uint32_t n,
@@ -171,9 +176,18 @@ void ivf_top_k::rows_changed(const uint32_t* ids, size_t n) {
     for (size_t i = 0; i < n; ++i) stale_.mark(ids[i]);
 }
 
+uint32_t ivf_top_k::index_clusters() const {
+    if (!shard_.sharded()) return config_.ivf_clusters;  // 0: build_ivf_index's automatic count
+    // The whole layer's count scaled by the square root of the rank's share: what the
+    // automatic count gives the rank's rows (sqrt(rows) / 2), and a given count alike.
+    const double whole = ivf_cluster_count(config_.ivf_clusters, shard_.total);
+    return uint32_t(
+        std::max(1.0, std::round(whole * std::sqrt(double(shard_.count) / double(shard_.total)))));
+}
+
 void ivf_top_k::refresh(const refresh_point& at) {
     stale_.take(stale_rows_);  // the index is built from the rows as they are now
-    build_ivf_index(index_, rows(), config_.ivf_clusters,
+    build_ivf_index(index_, rows(), index_clusters(),
                     step_seed(train_seed_, seed_stream::ivf_build, at.step), k_, threads_);
 }
 

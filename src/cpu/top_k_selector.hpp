@@ -137,6 +137,10 @@ class ivf_top_k final : public top_k_selector {
     double before_step(uint64_t step) override;
 
     const ivf_index& index() const { return index_; }
+    /// The clusters its index is built with: config's ivf_clusters (0: automatic); a rank's
+    /// of a sharded layer, the whole layer's count times sqrt(its share of the rows) (the
+    /// automatic count of its rows), each probed --ivf-probes at a time as one process's.
+    uint32_t index_clusters() const;
 
   private:
     ivf_index index_;

@@ -35,6 +35,8 @@ step_report& step_report::operator+=(const step_report& o) {
         active_per_layer[l] += o.active_per_layer[l];
     times += o.times;
     seconds += o.seconds;
+    collectives += o.collectives;
+    transfer_bytes += o.transfer_bytes;
     return *this;
 }
 

@@ -246,10 +246,18 @@ size_t lsh_tables::memory_bytes() const {
 
 active_set_builder::active_set_builder(uint32_t n_items) : marks_(n_items) {}
 
+hits_cut cut_by_hits(const uint32_t* hist, int L, uint32_t threshold, size_t room) {
+    size_t above = 0;
+    uint32_t level = static_cast<uint32_t>(L) + 1;
+    while (level > threshold && above + hist[level] < room) above += hist[level--];
+    return {level, room - above};  // the loop stops with above <= room <= above + hist
+}
+
 void active_set_builder::build(const lsh_tables& tables, const uint32_t* codes,
                                const uint32_t* forced, uint32_t n_forced,
                                const active_set_config& config, rng& gen,
-                               std::vector<uint32_t>& out, uint32_t codes_per_table) {
+                               std::vector<uint32_t>& out, uint32_t codes_per_table,
+                               std::vector<uint32_t>* hits) {
     const uint32_t n = tables.n_items();
     if (marks_.size() < n) marks_.resize(n);
     // Two stamp values per query: `chosen` marks ids in `out`, `seen` ids met in a bucket.
@@ -317,12 +325,11 @@ void active_set_builder::build(const lsh_tables& tables, const uint32_t* codes,
         hist_.assign(static_cast<size_t>(L) + 2, 0);
         for (uint32_t id : scratch_)
             if (marks[id].hits >= threshold) ++hist_[std::min<uint32_t>(marks[id].hits, L + 1)];
-        size_t above = 0;
-        cut_level = static_cast<uint32_t>(L) + 1;
-        while (cut_level > threshold && above + hist_[cut_level] < quota)
-            above += hist_[cut_level--];
-        at_cut_quota = quota - above;  // the loop stops with above <= quota <= above + hist
+        const hits_cut cut = cut_by_hits(hist_.data(), L, threshold, quota);
+        cut_level = cut.level;
+        at_cut_quota = cut.quota;
     }
+    if (hits) hits->assign(out.size(), 0);  // the forced ids
     for (uint32_t id : scratch_) {
         const uint32_t h = marks[id].hits;
         if (h < cut_level) continue;
@@ -332,6 +339,7 @@ void active_set_builder::build(const lsh_tables& tables, const uint32_t* codes,
         }
         marks[id].stamp = chosen;
         out.push_back(id);
+        if (hits) hits->push_back(h);
     }
 
     // Random fill from the ids not chosen (ids seen but dropped are eligible again).
@@ -339,28 +347,15 @@ void active_set_builder::build(const lsh_tables& tables, const uint32_t* codes,
     if (config.max_active > 0) target = std::min<size_t>(target, config.max_active);
     target = std::min<size_t>(target, n);
     if (out.size() >= target) return;
-    size_t need = target - out.size();
-    const size_t available = n - out.size();
-    if (2 * need > available) {
-        // Rejection would take too many draws: pick from the list of unchosen ids.
-        scratch_.clear();
-        for (uint32_t id = 0; id < n; ++id)
-            if (marks[id].stamp != chosen) scratch_.push_back(id);
-        for (size_t i = 0; i < need; ++i) {
-            const size_t j = i + static_cast<size_t>(gen.below(scratch_.size() - i));
-            std::swap(scratch_[i], scratch_[j]);
-            marks[scratch_[i]].stamp = chosen;
-            out.push_back(scratch_[i]);
-        }
-    } else {
-        while (need > 0) {
-            const uint32_t id = static_cast<uint32_t>(gen.below(n));
-            if (marks[id].stamp == chosen) continue;
+    fill_randomly(
+        gen, n, target - out.size(), n - out.size(),
+        [&](uint32_t id) { return marks[id].stamp == chosen; },
+        [&](uint32_t id) {
             marks[id].stamp = chosen;
             out.push_back(id);
-            --need;
-        }
-    }
+        },
+        scratch_);
+    if (hits) hits->resize(out.size(), 0);
 }
 
 }  // namespace hslide

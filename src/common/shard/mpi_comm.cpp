@@ -36,13 +36,6 @@ class mpi_comm final : public shard_comm {
     }
     int rank() const override { return rank_; }
     int size() const override { return size_; }
-    void all_gather(const void* send, size_t bytes, void* recv) override {
-        HSLIDE_CHECK_KIND(bytes <= size_t(INT_MAX), error_kind::runtime,
-                          "an all-gather of {} bytes is past MPI's int counts", bytes);
-        check_mpi(
-            MPI_Allgather(send, int(bytes), MPI_BYTE, recv, int(bytes), MPI_BYTE, MPI_COMM_WORLD),
-            "MPI_Allgather");
-    }
     [[noreturn]] void abort(int exit_code) override {
         std::fflush(stdout);
         std::fflush(stderr);
@@ -50,6 +43,15 @@ class mpi_comm final : public shard_comm {
         std::_Exit(exit_code);  // MPI_Abort does not return; if it did, end this rank anyway
     }
     const char* name() const override { return name_.c_str(); }
+
+  protected:
+    void all_gather_impl(const void* send, size_t bytes, void* recv) override {
+        HSLIDE_CHECK_KIND(bytes <= size_t(INT_MAX), error_kind::runtime,
+                          "an all-gather of {} bytes is past MPI's int counts", bytes);
+        check_mpi(
+            MPI_Allgather(send, int(bytes), MPI_BYTE, recv, int(bytes), MPI_BYTE, MPI_COMM_WORLD),
+            "MPI_Allgather");
+    }
 
   private:
     int rank_ = 0, size_ = 1;

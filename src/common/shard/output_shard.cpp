@@ -51,10 +51,16 @@ std::vector<uint32_t> shard_bounds(uint32_t rows, int ranks, const std::vector<d
 }
 
 output_shard make_output_shard(shard_comm& comm, uint32_t rows, const std::string& weights_text) {
+    return make_output_shard(
+        comm, shard_bounds(rows, comm.size(), parse_shard_weights(weights_text, comm.size())));
+}
+
+output_shard make_output_shard(shard_comm& comm, std::vector<uint32_t> bounds) {
+    HSLIDE_ASSERT(bounds.size() == size_t(comm.size()) + 1 && bounds.front() == 0);
     output_shard shard;
     shard.comm = &comm;
-    shard.total = rows;
-    shard.bounds = shard_bounds(rows, comm.size(), parse_shard_weights(weights_text, comm.size()));
+    shard.total = bounds.back();
+    shard.bounds = std::move(bounds);
     shard.first = shard.bounds[size_t(comm.rank())];
     shard.count = shard.bounds[size_t(comm.rank()) + 1] - shard.first;
     return shard;

@@ -4,6 +4,7 @@
 
 #include "mpi_comm.hpp"
 
+#include "hslide/clock.hpp"
 #include "hslide/error.hpp"
 
 #include <algorithm>
@@ -15,6 +16,34 @@
 #include <string>
 
 namespace hslide {
+
+void shard_comm::all_gather(const void* send, size_t bytes, void* recv) {
+    const auto t0 = clock_type::now();
+    all_gather_impl(send, bytes, recv);
+    traffic_.seconds += seconds_since(t0);
+    traffic_.collectives += 1;
+    traffic_.bytes += uint64_t(size() - 1) * bytes;
+}
+
+void shard_comm::all_gather_varying(const void* send, size_t bytes,
+                                    std::vector<unsigned char>& recv,
+                                    std::vector<size_t>& offsets) {
+    const size_t ranks = size_t(size());
+    std::vector<uint64_t> counts(ranks);
+    const uint64_t mine = bytes;
+    all_gather(&mine, sizeof mine, counts.data());
+    const size_t longest = size_t(*std::max_element(counts.begin(), counts.end()));
+    padded_.resize(longest * (ranks + 1));
+    if (bytes) std::memcpy(padded_.data(), send, bytes);
+    all_gather(padded_.data(), longest, padded_.data() + longest);
+    offsets.assign(ranks + 1, 0);
+    for (size_t r = 0; r < ranks; ++r) offsets[r + 1] = offsets[r] + size_t(counts[r]);
+    recv.resize(offsets[ranks]);
+    for (size_t r = 0; r < ranks; ++r)
+        if (counts[r])
+            std::memcpy(recv.data() + offsets[r], padded_.data() + longest * (r + 1),
+                        size_t(counts[r]));
+}
 
 void shard_comm::barrier() {
     unsigned char token = 0;
@@ -81,7 +110,7 @@ void shard_comm::check_same(uint64_t value, const char* what) {
                  what, listed);
 }
 
-void single_process_comm::all_gather(const void* send, size_t bytes, void* recv) {
+void single_process_comm::all_gather_impl(const void* send, size_t bytes, void* recv) {
     if (bytes) std::memmove(recv, send, bytes);
 }
 
@@ -119,7 +148,14 @@ class local_comm final : public shard_comm {
         : shared_(std::move(shared)), rank_(rank) {}
     int rank() const override { return rank_; }
     int size() const override { return shared_->ranks; }
-    void all_gather(const void* send, size_t bytes, void* recv) override {
+    [[noreturn]] void abort(int exit_code) override {
+        throw std::runtime_error("local_group rank " + std::to_string(rank_) + " aborted with " +
+                                 std::to_string(exit_code));
+    }
+    const char* name() const override { return "threads of one process"; }
+
+  protected:
+    void all_gather_impl(const void* send, size_t bytes, void* recv) override {
         // Post, wait for every rank's post, copy, and wait again so that no rank reuses its
         // send buffer while another still reads it.
         shared_->sends[size_t(rank_)] = send;
@@ -130,11 +166,6 @@ class local_comm final : public shard_comm {
                             shared_->sends[size_t(r)], bytes);
         shared_->wait();
     }
-    [[noreturn]] void abort(int exit_code) override {
-        throw std::runtime_error("local_group rank " + std::to_string(rank_) + " aborted with " +
-                                 std::to_string(exit_code));
-    }
-    const char* name() const override { return "threads of one process"; }
 
   private:
     std::shared_ptr<local_shared> shared_;

@@ -194,11 +194,14 @@ epoch_record trainer::run_epoch(bool synchronize_at_end) {
         if (!report.active_per_layer.empty()) active_output += report.active_per_layer.back();
         reported += report.samples;
         record.times += report.times;
+        record.collectives += report.collectives;
+        record.transfer_bytes += report.transfer_bytes;
     };
     for (size_t begin = 0; begin < order.size(); begin += tc.batch_size) {
         const uint32_t size = uint32_t(std::min<size_t>(tc.batch_size, order.size() - begin));
         add_report(backend_.train_batch({&train_, order.data() + begin, size}, learning_rate_now()),
                    begin);
+        record.steps += 1;
         state_.samples_seen += size;
         if (state_.samples_seen >= state_.next_rebuild) {
             const bool rehash = tc.rehash_every > 0 && state_.samples_seen >= state_.next_rehash;
@@ -227,7 +230,26 @@ epoch_record trainer::run_epoch(bool synchronize_at_end) {
         record.dropped_mass = dropped_mass_sum / double(full_softmax_samples);
     if (steps_counted > 0) record.touched_share = touched_share_sum / double(steps_counted);
     record.workers = backend_.take_worker_stats();
+    if (options_.ranks) gather_rank_figures(record);
     return record;
+}
+
+void trainer::gather_rank_figures(epoch_record& record) {
+    shard_comm& comm = *options_.ranks;
+    const backend_info bi = backend_.info();
+    rank_figures mine;
+    mine.rank = uint32_t(comm.rank());
+    mine.output_first = bi.output_first;
+    mine.output_rows = bi.output_rows;
+    mine.output_layer_bytes = bi.output_layer_bytes;
+    mine.memory_bytes = bi.memory_bytes;
+    mine.peak_rss_bytes = peak_rss_bytes();
+    mine.steps = record.steps;
+    mine.collectives = record.collectives;
+    mine.transfer_bytes = record.transfer_bytes;
+    mine.transfer_seconds = record.times.transfer;
+    record.ranks.resize(size_t(comm.size()));
+    comm.all_gather(&mine, sizeof mine, record.ranks.data());
 }
 
 std::string trainer::record_json(const epoch_record& r) const {
@@ -247,8 +269,32 @@ std::string trainer::record_json(const epoch_record& r) const {
                           {"label_recall", r.selection->label_recall},
                           {"mean_set_size", r.selection->mean_set_size},
                           {"seconds", r.selection_seconds}};
-    j["backend"] = backend_.info().kind;  // its name in the registry
+    const backend_info bi = backend_.info();
+    j["backend"] = bi.kind;  // its name in the registry
     j["peak_rss_bytes"] = peak_rss_bytes();
+    if (bi.output_rows > 0) j["output_layer_bytes"] = bi.output_layer_bytes;  // this process's
+    // Per step averages over the epoch's training steps (the bytes this rank received).
+    auto communication = [](uint64_t steps, uint64_t collectives, uint64_t bytes, double seconds) {
+        const double per = steps ? 1.0 / double(steps) : 0.0;
+        return nlohmann::json{{"steps", steps},
+                              {"collectives", collectives},
+                              {"bytes", bytes},
+                              {"seconds", seconds},
+                              {"bytes_per_step", double(bytes) * per},
+                              {"seconds_per_step", seconds * per}};
+    };
+    if (r.collectives > 0)
+        j["communication"] =
+            communication(r.steps, r.collectives, r.transfer_bytes, r.times.transfer);
+    for (const rank_figures& f : r.ranks)
+        j["ranks"].push_back(
+            {{"rank", f.rank},
+             {"output_rows", {f.output_first, uint64_t(f.output_first) + f.output_rows}},
+             {"output_layer_bytes", f.output_layer_bytes},
+             {"memory_bytes", f.memory_bytes},
+             {"peak_rss_bytes", f.peak_rss_bytes},
+             {"communication",
+              communication(f.steps, f.collectives, f.transfer_bytes, f.transfer_seconds)}});
     j["stage_seconds"] = {{"hashing", r.times.hashing},  {"active_sets", r.times.active_sets},
                           {"forward", r.times.forward},  {"backward", r.times.backward},
                           {"update", r.times.update},    {"rebuild", r.times.rebuild},
