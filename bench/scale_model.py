@@ -50,7 +50,7 @@ def step(labels, ranks, hidden=128, batch=256, k=64, features=135909, per_node=8
     # Communication.
     cand = 0 if dense else B * (8 * k + 8)
     small = 4 * B + 24 * B
-    grad = 4 * B * H
+    grad = 8 * B * H  # doubles: each rank's share summed in rank order, rounded once
     m = cand + small + grad
     if tree and N > 1:
         # Reduce-scatter and all-gather of the gradient (log2 N rounds each), the candidates up
