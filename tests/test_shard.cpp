@@ -477,6 +477,31 @@ TEST(ShardTraining, BibtexForcedSparseAndDenseOnTwoRanks) {
                       tc, train, test, 2);
 }
 
+/// Trains `config` on 2 thread-ranks with the shares `weights` ("" = equal), saving a sharded
+/// checkpoint at `path` after every epoch (each rank its file, rank 0 the manifest); returns each
+/// rank's last epoch's test metrics (none without `test`).
+std::vector<metrics_result> train_two_ranks_and_save(const model_config& config,
+                                                     const train_config& tc, const dataset& train,
+                                                     const dataset* test, const std::string& path,
+                                                     const std::string& weights) {
+    std::vector<metrics_result> trained(2);
+    on_ranks(2, [&](shard_comm& comm) {
+        const output_shard shard = make_output_shard(comm, config.output_dim(), weights);
+        cpu::cpu_backend engine(
+            model_state::create_shard(config, tc.seed, tc.adam_moments, shard.first, shard.count),
+            tc, 1, cpu::best_kernels(), precision_mode::fp32, shard);
+        trainer_options to;
+        to.train = tc;
+        to.show_progress = false;
+        to.eval.show_progress = false;
+        to.save_path = shard_checkpoint_path(path, comm.rank(), comm.size());
+        to.after_checkpoint = [&] { write_shard_manifest(comm, path, shard); };
+        trainer run(engine, train, test, to);
+        trained[size_t(comm.rank())] = run.run().back().metrics;
+    });
+    return trained;
+}
+
 /// The top `k` labels (and their scores) of every point of `data` and the metrics, as the
 /// backend `engine` scores them (exactly).
 struct scored {
@@ -551,21 +576,8 @@ TEST(ShardEvaluation, ASavedShardedModelScoresTheSameOnRanksAndInOneProcess) {
     const train_config tc = small_training();
     testing::temp_dir dir;
     const std::string path = dir.file("sharded.ckpt");
-    std::vector<metrics_result> trained(2);
-    on_ranks(2, [&](shard_comm& comm) {
-        const output_shard shard = make_output_shard(comm, config.output_dim(), "3,1");
-        cpu::cpu_backend engine(
-            model_state::create_shard(config, tc.seed, tc.adam_moments, shard.first, shard.count),
-            tc, 1, cpu::best_kernels(), precision_mode::fp32, shard);
-        trainer_options to;
-        to.train = tc;
-        to.show_progress = false;
-        to.eval.show_progress = false;
-        to.save_path = shard_checkpoint_path(path, comm.rank(), comm.size());
-        to.after_checkpoint = [&] { write_shard_manifest(comm, path, shard); };
-        trainer run(engine, train, &test, to);
-        trained[size_t(comm.rank())] = run.run().back().metrics;
-    });
+    const std::vector<metrics_result> trained =
+        train_two_ranks_and_save(config, tc, train, &test, path, "3,1");
     ASSERT_TRUE(is_shard_manifest(path));
     EXPECT_EQ(read_shard_manifest(path).bounds, (std::vector<uint32_t>{0, 73, 97}));
 
@@ -607,19 +619,7 @@ TEST(ShardEvaluation, LshScoringOfAShardedModelIsOneProcesss) {
     const train_config tc = small_training();
     testing::temp_dir dir;
     const std::string path = dir.file("lsh.ckpt");
-    on_ranks(2, [&](shard_comm& comm) {
-        const output_shard shard = make_output_shard(comm, config.output_dim(), "");
-        cpu::cpu_backend engine(
-            model_state::create_shard(config, tc.seed, tc.adam_moments, shard.first, shard.count),
-            tc, 1, cpu::best_kernels(), precision_mode::fp32, shard);
-        trainer_options to;
-        to.train = tc;
-        to.show_progress = false;
-        to.eval.show_progress = false;
-        to.save_path = shard_checkpoint_path(path, comm.rank(), comm.size());
-        to.after_checkpoint = [&] { write_shard_manifest(comm, path, shard); };
-        trainer(engine, train, nullptr, to).run();
-    });
+    train_two_ranks_and_save(config, tc, train, nullptr, path, "");
     const std::vector<scored> one = score_as_ranks(path, test, 1, nullptr, scoring_mode::lsh);
     for (int ranks : {2, 3}) {
         const std::vector<scored> many =
