@@ -80,61 +80,9 @@ std::vector<std::vector<float>> random_queries(uint32_t n, uint32_t width, uint6
     return q;
 }
 
-/// Exact scoring's top k of one query, computed as exact_scoring (exact_scoring.hpp) does: every
-/// row in one block by dots16 (the query in lane 0), dots16_bf16 (in pairs) or active_dots_bf16.
-void exact_top_k(const test_layer& layer, const kernel_table& k, bool in_bf16, const float* query,
-                 uint32_t top, uint32_t* labels, float* scores) {
-    const uint32_t w = layer.width, pairs = (w + 1) / 2;
-    std::vector<float> out(size_t(layer.rows) * 16), z(layer.rows);
-    std::vector<bf16> q16(w);
-    if (in_bf16) k.to_bf16(query, q16.data(), w);
-    if (in_bf16 && k.dots16_bf16) {
-        std::vector<bf16> xp(size_t(pairs) * 32, 0);
-        for (uint32_t e = 0; e < w; ++e) xp[size_t(e / 2) * 32 + e % 2] = q16[e];
-        k.dots16_bf16(layer.weights16.data(), layer.stride16, w, layer.rows, xp.data(),
-                      layer.bias.data(), out.data());
-        for (uint32_t r = 0; r < layer.rows; ++r) z[r] = out[size_t(r) * 16];
-    } else if (in_bf16) {
-        k.active_dots_bf16(layer.weights16.data(), layer.stride16, w, nullptr, layer.rows,
-                           q16.data(), layer.bias.data(), z.data());
-    } else {
-        std::vector<float> xt(size_t(w) * 16, 0.0f);
-        for (uint32_t e = 0; e < w; ++e) xt[size_t(e) * 16] = query[e];
-        k.dots16(layer.weights.data(), layer.stride, w, nullptr, layer.rows, xt.data(),
-                 layer.bias.data(), out.data());
-        for (uint32_t r = 0; r < layer.rows; ++r) z[r] = out[size_t(r) * 16];
-    }
-    std::vector<scored_label> heap;
-    select_top_k(z.data(), nullptr, layer.rows, top, labels, scores, heap);
-}
-
-/// The share of the queries' exact top `top` rows (fp32) that the index's search returns,
-/// probing `probes` clusters.
-double search_recall(const ivf_index& index, const test_layer& layer,
-                     const std::vector<const float*>& queries, uint32_t probes, uint32_t top) {
-    const uint32_t n = uint32_t(queries.size());
-    std::vector<uint32_t> got(size_t(n) * top), want(top);
-    std::vector<float> got_s(size_t(n) * top), want_s(top);
-    ivf_search(index, layer.view(false), best_kernels(), queries.data(), n, probes, top, got.data(),
-               got_s.data(), 2);
-    double hits = 0;
-    for (uint32_t j = 0; j < n; ++j) {
-        exact_top_k(layer, best_kernels(), false, queries[j], top, want.data(), want_s.data());
-        std::sort(want.begin(), want.end());
-        for (uint32_t i = 0; i < top; ++i)
-            hits += std::binary_search(want.begin(), want.end(), got[size_t(j) * top + i]);
-    }
-    return hits / (double(n) * top);
-}
-
-std::vector<const kernel_table*> tables() {
-    std::vector<const kernel_table*> t{&scalar_kernels()};
-    if (&best_kernels() != &scalar_kernels()) t.push_back(&best_kernels());
-    return t;
-}
-
-/// Every row's score for queries[0..n), scores[j * rows + r], as exact_top_k computes them but
-/// 16 queries a kernel call (one a lane): the same sums, lane by lane.
+/// Every row's score for queries[0..n), scores[j * rows + r], as exact_scoring (exact_scoring.hpp)
+/// computes them: every row in one block by dots16 or dots16_bf16 (16 queries a call, one a lane;
+/// bf16: in pairs), or active_dots_bf16 a query at a time where the level has no dots16_bf16.
 std::vector<float> all_scores(const test_layer& layer, const kernel_table& k, bool in_bf16,
                               const std::vector<const float*>& queries) {
     const uint32_t w = layer.width, pairs = (w + 1) / 2, n = uint32_t(queries.size());
@@ -171,6 +119,39 @@ std::vector<float> all_scores(const test_layer& layer, const kernel_table& k, bo
                 z[size_t(s0 + j) * layer.rows + r] = out[size_t(r) * 16 + j];
     }
     return z;
+}
+
+/// Exact scoring's top k of one query (all_scores, then select_top_k).
+void exact_top_k(const test_layer& layer, const kernel_table& k, bool in_bf16, const float* query,
+                 uint32_t top, uint32_t* labels, float* scores) {
+    const std::vector<float> z = all_scores(layer, k, in_bf16, {query});
+    std::vector<scored_label> heap;
+    select_top_k(z.data(), nullptr, layer.rows, top, labels, scores, heap);
+}
+
+/// The share of the queries' exact top `top` rows (fp32) that the index's search returns,
+/// probing `probes` clusters.
+double search_recall(const ivf_index& index, const test_layer& layer,
+                     const std::vector<const float*>& queries, uint32_t probes, uint32_t top) {
+    const uint32_t n = uint32_t(queries.size());
+    std::vector<uint32_t> got(size_t(n) * top), want(top);
+    std::vector<float> got_s(size_t(n) * top), want_s(top);
+    ivf_search(index, layer.view(false), best_kernels(), queries.data(), n, probes, top, got.data(),
+               got_s.data(), 2);
+    double hits = 0;
+    for (uint32_t j = 0; j < n; ++j) {
+        exact_top_k(layer, best_kernels(), false, queries[j], top, want.data(), want_s.data());
+        std::sort(want.begin(), want.end());
+        for (uint32_t i = 0; i < top; ++i)
+            hits += std::binary_search(want.begin(), want.end(), got[size_t(j) * top + i]);
+    }
+    return hits / (double(n) * top);
+}
+
+std::vector<const kernel_table*> tables() {
+    std::vector<const kernel_table*> t{&scalar_kernels()};
+    if (&best_kernels() != &scalar_kernels()) t.push_back(&best_kernels());
+    return t;
 }
 
 TEST(ExactScoring, TopKAndLogPartitionMatchEveryRowScoredOnAnyThreadCount) {

@@ -210,6 +210,23 @@ struct rank_result {
     int rank = 0;
 };
 
+/// Trainer options for `tc` that print nothing.
+trainer_options quiet_options(const train_config& tc) {
+    trainer_options to;
+    to.train = tc;
+    to.show_progress = false;
+    to.eval.show_progress = false;
+    return to;
+}
+
+/// A rank's backend (1 thread) over its rows of `config`, drawn as the whole layer draws them.
+cpu::cpu_backend rank_backend(const model_config& config, const train_config& tc,
+                              const output_shard& shard) {
+    return cpu::cpu_backend(
+        model_state::create_shard(config, tc.seed, tc.adam_moments, shard.first, shard.count), tc,
+        1, cpu::best_kernels(), precision_mode::fp32, shard);
+}
+
 /// Trains `config` on `train` for `epochs` epochs as `ranks` ranks (threads of a local_group;
 /// one rank takes the sharded step over the whole layer, as N ranks do over their shares) and
 /// evaluates on `test` after each epoch. plain: one unsharded backend instead (ranks = 1), the
@@ -229,11 +246,7 @@ std::vector<rank_result> train_as_ranks(const model_config& config, const train_
                                    : model_state::create(config, tc.seed, tc.adam_moments);
         cpu::cpu_backend engine(std::move(initial), tc, 1, cpu::best_kernels(), precision,
                                 out.shard);
-        trainer_options to;
-        to.train = tc;
-        to.show_progress = false;
-        to.eval.show_progress = false;
-        trainer run(engine, train, &test, to);
+        trainer run(engine, train, &test, quiet_options(tc));
         for (const epoch_record& r : run.run()) {
             out.losses.push_back(r.loss);
             if (r.evaluated) out.p_at_1 = r.metrics.p_at(1);
@@ -454,22 +467,36 @@ void bibtex(dataset& train, dataset& test) {
     test = subset(all, read_split(dir + "bibtex_tstSplit.txt", 1, all.size()));
 }
 
+/// The Bibtex checks: the splits, 3 epochs from seed 1, and the 1836 -> 256 -> 159
+/// network whose output layer is `output` ("forced sparse": sets of 48, top-k's top 16).
+struct bibtex_case {
+    dataset train, test;
+    train_config tc;
+    model_config config;
+};
+bibtex_case bibtex_forced(sparsity_mode output) {
+    bibtex_case c;
+    bibtex(c.train, c.test);
+    c.tc.epochs = 3;
+    c.tc.seed = 1;
+    c.config =
+        two_layer_model(uint32_t(c.train.n_features), 256, uint32_t(c.train.n_labels), output);
+    c.config.layers.back().active.min_active = 48;
+    if (output == sparsity_mode::topk) c.config.layers.back().top_k = 16;
+    return c;
+}
+
 TEST(ShardTraining, BibtexForcedSparseAndDenseOnTwoRanks) {
     HSLIDE_REQUIRE_SHARED_DATA();
-    dataset train, test;
-    bibtex(train, test);
-    train_config tc;
-    tc.epochs = 3;
-    tc.seed = 1;
+    bibtex_case c = bibtex_forced(sparsity_mode::topk);
+    const dataset &train = c.train, &test = c.test;
+    const train_config& tc = c.tc;
     // The check: every weight within 1e-5 relative after 3 epochs. Two ranks add the
     // hidden gradient's shares and the softmax's sums of exponentials in double and round once,
     // so they compute the one rank's bits (measured on 2026-11-29: not one weight differs,
     // sparse or dense). Before, with float shares, Adam amplified their roundings of
     // near-cancelled gradients to 1.5e-5 (sparse) and 1.4e-2 (dense) of a layer's largest weight.
-    model_config sparse = two_layer_model(uint32_t(train.n_features), 256, uint32_t(train.n_labels),
-                                          sparsity_mode::topk);
-    sparse.layers.back().top_k = 16;
-    sparse.layers.back().active.min_active = 48;
+    model_config& sparse = c.config;
     sparse.layers.back().search = top_k_search::exact;
     expect_same_model(sparse, tc, train, test, 2);
     expect_same_model(two_layer_model(uint32_t(train.n_features), 256, uint32_t(train.n_labels),
@@ -487,13 +514,8 @@ std::vector<metrics_result> train_two_ranks_and_save(const model_config& config,
     std::vector<metrics_result> trained(2);
     on_ranks(2, [&](shard_comm& comm) {
         const output_shard shard = make_output_shard(comm, config.output_dim(), weights);
-        cpu::cpu_backend engine(
-            model_state::create_shard(config, tc.seed, tc.adam_moments, shard.first, shard.count),
-            tc, 1, cpu::best_kernels(), precision_mode::fp32, shard);
-        trainer_options to;
-        to.train = tc;
-        to.show_progress = false;
-        to.eval.show_progress = false;
+        cpu::cpu_backend engine = rank_backend(config, tc, shard);
+        trainer_options to = quiet_options(tc);
         to.save_path = shard_checkpoint_path(path, comm.rank(), comm.size());
         to.after_checkpoint = [&] { write_shard_manifest(comm, path, shard); };
         trainer run(engine, train, test, to);
@@ -680,13 +702,8 @@ std::vector<nlohmann::json> sharded_records(const model_config& config, const da
     const std::string out = dir.file("metrics.jsonl");
     on_ranks(ranks, [&](shard_comm& comm) {
         const output_shard shard = make_output_shard(comm, config.output_dim(), "");
-        cpu::cpu_backend engine(
-            model_state::create_shard(config, tc.seed, tc.adam_moments, shard.first, shard.count),
-            tc, 1, cpu::best_kernels(), precision_mode::fp32, shard);
-        trainer_options to;
-        to.train = tc;
-        to.show_progress = false;
-        to.eval.show_progress = false;
+        cpu::cpu_backend engine = rank_backend(config, tc, shard);
+        trainer_options to = quiet_options(tc);
         to.ranks = &comm;
         if (comm.rank() == 0) to.metrics_out = out;
         trainer run(engine, train, &train, to);
@@ -789,19 +806,11 @@ TEST(ShardTraining, BibtexForcedSparseIvfOnTwoRanksWithinAHundredthOfOneRank) {
     // rank after 3 epochs (one rank's index: 8 clusters over 159 rows; each rank's: 8 over its
     // 79 or 80, 2 probed).
     HSLIDE_REQUIRE_SHARED_DATA();
-    dataset train, test;
-    bibtex(train, test);
-    train_config tc;
-    tc.epochs = 3;
-    tc.seed = 1;
-    model_config config = two_layer_model(uint32_t(train.n_features), 256, uint32_t(train.n_labels),
-                                          sparsity_mode::topk);
-    config.layers.back().top_k = 16;
-    config.layers.back().active.min_active = 48;
-    config.layers.back().search = top_k_search::ivf;
-    config.layers.back().ivf_clusters = 8;  // per rank: 2 of 8 clusters probed, not all rows
-    config.layers.back().ivf_probes = 2;
-    expect_close_p_at_1(config, tc, train, test, 2, 0.01);
+    bibtex_case c = bibtex_forced(sparsity_mode::topk);
+    c.config.layers.back().search = top_k_search::ivf;
+    c.config.layers.back().ivf_clusters = 8;  // per rank: 2 of 8 clusters probed, not all rows
+    c.config.layers.back().ivf_probes = 2;
+    expect_close_p_at_1(c.config, c.tc, c.train, c.test, 2, 0.01);
 }
 
 TEST(ShardTraining, LshOnTwoAndThreeRanks) {
@@ -820,15 +829,8 @@ TEST(ShardTraining, LshOnTwoAndThreeRanks) {
 TEST(ShardTraining, BibtexForcedSparseLshOnTwoRanksWithinAHundredthOfOneRank) {
     // The check: 2 ranks within 0.01 P@1 of one rank after 3 epochs, LSH sets.
     HSLIDE_REQUIRE_SHARED_DATA();
-    dataset train, test;
-    bibtex(train, test);
-    train_config tc;
-    tc.epochs = 3;
-    tc.seed = 1;
-    model_config config = two_layer_model(uint32_t(train.n_features), 256, uint32_t(train.n_labels),
-                                          sparsity_mode::lsh);
-    config.layers.back().active.min_active = 48;
-    expect_close_p_at_1(config, tc, train, test, 2, 0.01);
+    const bibtex_case c = bibtex_forced(sparsity_mode::lsh);
+    expect_close_p_at_1(c.config, c.tc, c.train, c.test, 2, 0.01);
 }
 
 TEST(ShardTraining, RefusesWhatIsNotSharded) {
