@@ -29,11 +29,16 @@ inline dataset labelled_points(uint32_t n) {
 
 /// A backend whose predictions get better or worse with the epochs as `quality` says: after
 /// epoch e, the first quality[e-1] tenths of every ten points are predicted right (P@1 =
-/// quality / 10). Its "model" is the epoch it has reached, which export/import carry.
+/// quality / 10). Its "model" is the epoch it has reached, which export/import carry. Where
+/// `quality_at_lower_rate` is given, an epoch whose last batch ran below the first batch's
+/// learning rate (after a drop) scores by it instead.
 class scripted_backend final : public backend {
   public:
-    explicit scripted_backend(std::vector<int> quality, uint32_t points)
-        : quality_(std::move(quality)), points_(points) {}
+    explicit scripted_backend(std::vector<int> quality, uint32_t points,
+                              std::vector<int> quality_at_lower_rate = {})
+        : quality_(std::move(quality)),
+          quality_at_lower_rate_(std::move(quality_at_lower_rate)),
+          points_(points) {}
     std::vector<uint64_t> imported;  // the epochs import_state brought back
     std::vector<float> rates;        // the learning rate of every batch
 
@@ -49,7 +54,9 @@ class scripted_backend final : public backend {
     void refresh_selections(bool) override {}
     void predict(const batch_view& batch, uint32_t k, scoring_mode, uint32_t* labels,
                  float* scores) override {
-        const int q = quality_.at(size_t(epoch() - 1));
+        const bool lower = !quality_at_lower_rate_.empty() && !rates.empty() &&
+                           rates.back() < rates.front();
+        const int q = (lower ? quality_at_lower_rate_ : quality_).at(size_t(epoch() - 1));
         for (uint32_t s = 0; s < batch.size; ++s) {
             const uint32_t row = batch.rows[s];
             const uint32_t truth = batch.data->labels(row).ids[0];
@@ -70,6 +77,7 @@ class scripted_backend final : public backend {
 
   private:
     std::vector<int> quality_;
+    std::vector<int> quality_at_lower_rate_;
     uint64_t samples_ = 0;
     uint32_t points_;
 };

@@ -230,6 +230,49 @@ TEST(EpochsAuto, APlateauGoesBackToTheBestModelAtATenthOfTheRate) {
     EXPECT_THROW(trainer(be, train, nullptr, fixed), error);
 }
 
+TEST(EpochsAuto, ADropTrainsItsEpochsAtTheLowerRateAndThenStops) {
+    const dataset train = labelled_points(40), valid = labelled_points(20);
+    // Validation P@1 0.3, 0.7 (best), 0.5: a plateau, and the drop from epoch 2 scores 0.8,
+    // then 0.9, 0.9 at the lower rate.
+    const std::vector<int> quality{3, 7, 5, 6, 6}, lower{0, 0, 8, 9, 9};
+    trainer_options o = auto_options();
+    o.validation.valid = &valid;
+    o.train.batch_size = 40;  // a batch an epoch
+
+    // Auto's default: one epoch at the dropped rate, which improves and ends the run.
+    scripted_backend one(quality, 40, lower);
+    trainer run(one, train, nullptr, o);
+    EXPECT_EQ(run.options().validation.epochs_per_drop, auto_epochs_defaults::epochs_per_drop);
+    ASSERT_EQ(auto_epochs_defaults::epochs_per_drop, 1);
+    const auto records = run.run();
+    ASSERT_EQ(records.size(), 4u);
+    EXPECT_EQ(records[3].epoch, 3u);
+    EXPECT_EQ(run.best_epoch(), 3u) << "the drop's epoch";
+    EXPECT_EQ(run.epochs_run(), 3u);
+    EXPECT_EQ(run.epochs_undone(), 1u);
+    EXPECT_EQ(run.state().lr_dropped_after, 2u);
+    EXPECT_EQ(one.imported, (std::vector<uint64_t>{2})) << "only at the drop: the last is best";
+
+    // A run resumed from that end (its checkpoint holds the drop's epoch) trains nothing more.
+    trainer_options again = o;
+    again.resume = run.state();
+    scripted_backend resumed_backend(quality, 40, lower);
+    model_state at_the_end;
+    at_the_end.adam_step = 3;  // the scripted backend's "model": the epoch it reached
+    resumed_backend.import_state(at_the_end, false);
+    trainer resumed(resumed_backend, train, nullptr, again);
+    EXPECT_TRUE(resumed.run().empty());
+    EXPECT_EQ(resumed.best_epoch(), 3u);
+
+    // 0: on at the lower rate until the next plateau (epoch 4 improves, epoch 5 does not).
+    o.validation.epochs_per_drop = 0;
+    scripted_backend until(quality, 40, lower);
+    trainer longer(until, train, nullptr, o);
+    EXPECT_EQ(longer.run().size(), 6u);
+    EXPECT_EQ(longer.best_epoch(), 4u);
+    EXPECT_EQ(longer.epochs_run(), 5u);
+}
+
 TEST(EpochsAuto, AFixedCountTrainsExactlyThatManyEpochs) {
     const dataset train = labelled_points(40);
     scripted_backend be({3, 7, 5, 6, 9, 9, 9}, 40);
@@ -282,10 +325,17 @@ TEST(EpochsAuto, AnInterruptedRunResumedFromItsCheckpointEndsAsTheUninterruptedO
     o.validation.valid = &parts.second;
 
     auto straight = tiny_backend(tc);
-    trainer whole(*straight, parts.first, nullptr, o);
+    trainer_options saved = o;
+    saved.save_path = dir.file("whole.ckpt");
+    trainer whole(*straight, parts.first, nullptr, saved);
     whole.run();
     const uint32_t best = whole.best_epoch(), ran = whole.epochs_run();
     ASSERT_GE(ran, 2u);
+    // The kept model's checkpoint carries the drop's state.
+    EXPECT_EQ(whole.state().lr_drops, 1u) << "this rate meets a plateau";
+    const checkpoint_contents end = load_checkpoint(saved.save_path);
+    EXPECT_EQ(end.trainer.lr_drops, whole.state().lr_drops);
+    EXPECT_EQ(end.trainer.lr_dropped_after, whole.state().lr_dropped_after);
 
     // Interrupted after the epoch before the last: its checkpoint holds the best so far.
     trainer_options first = o;
@@ -352,7 +402,9 @@ TEST(EpochsAutoCli, TheDefaultHoldsOutStopsAndSaysWhichEpochWon) {
     const uint32_t undone = final_record.value("epochs_undone", 0u);
     EXPECT_EQ(lines.size(), size_t(ran) + undone + 1);
     EXPECT_LT(ran, auto_epochs_defaults::max_epochs);
-    EXPECT_EQ(ran, best + auto_epochs_defaults::patience);
+    // It ends at a plateau, or after the epoch at the dropped rate (which may be the best).
+    EXPECT_TRUE(ran == best + auto_epochs_defaults::patience || (undone > 0 && ran == best))
+        << "best " << best << " of " << ran;
     EXPECT_LE(undone, auto_epochs_defaults::patience * uint32_t(auto_epochs_defaults::lr_drops));
     // The epochs score the validation set, not the test set: only the kept model is tested.
     for (size_t i = 0; i + 1 < lines.size(); ++i) {

@@ -1,14 +1,13 @@
 # The real sets' flags for bench/epochs' scripts (sourced): real_set_flags NAME sets the array
-# `data` to `hslide train`'s data flags for bibtex, corel5k, debian (with the output layer these
-# runs measured there: sets of 128, top 32, exact) or yeast, from $HSLIDE_DATA (../shared/data).
+# `data` to `hslide train`'s data flags for bibtex, corel5k, debian or yeast, from $HSLIDE_DATA
+# (../shared/data).
 real_set_flags() {
     local D=${HSLIDE_DATA:-../shared/data}
     case $1 in
         bibtex) data=(--train $D/bibtex/Bibtex_data.txt --train-split $D/bibtex/bibtex_trSplit.txt
                       --test-split $D/bibtex/bibtex_tstSplit.txt) ;;
         corel5k) data=(--train $D/corel5k/corel5k_train.txt --test $D/corel5k/corel5k_test.txt) ;;
-        debian) data=(--train $D/debian-recs/train.txt --test $D/debian-recs/test.txt
-                      --min-active 128 --top-k 32 --top-k-search exact) ;;
+        debian) data=(--train $D/debian-recs/train.txt --test $D/debian-recs/test.txt) ;;
         yeast) data=(--train $D/yeast/yeast_train.txt --test $D/yeast/yeast_test.txt) ;;
         *) echo "unknown set $1" >&2; exit 2 ;;
     esac

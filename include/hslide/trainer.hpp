@@ -54,6 +54,9 @@ struct trainer_state {
     /// Plateaus answered so far by going back to the best epoch at a lower learning rate
     /// (validation_options::lr_drops): the rate is multiplied by lr_drop_factor^lr_drops.
     uint32_t lr_drops = 0;
+    /// The epoch whose model the latest drop went on from: the drop's epochs are those after
+    /// it (validation_options::epochs_per_drop).
+    uint32_t lr_dropped_after = 0;
 };
 
 /// One rank's figures of an epoch in a run sharded across ranks (every rank's are gathered
@@ -193,6 +196,8 @@ class trainer {
     /// Evaluates the validation set into `record`, and keeps the model when it is the best.
     void validate_epoch(epoch_record& record);
     void save_checkpoint_now();
+    /// After a drop: its epochs (validation_options::epochs_per_drop) are all trained.
+    bool drop_epochs_spent() const;
 
     backend& backend_;  // holds the model being trained
     const dataset& train_;

@@ -155,6 +155,11 @@ std::vector<option_spec> make_table() {
              "tenth of the learning rate, this many times, before stopping (needs --keep-best "
              "and --patience; -1 = under --epochs auto its default, 1, else 0)",
              HSLIDE_FIELD(trainer.validation.lr_drops), {}, range(-1, 16), both),
+        spec("epochs-per-drop", group::essentials,
+             "after a --lr-drops drop, train at most this many epochs at the lower rate before "
+             "the next drop or the stop (0 = until the next plateau; -1 = under --epochs auto "
+             "its default, 1, else 0)",
+             HSLIDE_FIELD(trainer.validation.epochs_per_drop), {}, range(-1, 1000), both),
         spec("metrics-out", group::essentials,
              "append one JSON record per epoch to this JSONL file",
              HSLIDE_FIELD(trainer.metrics_out), {}, {}, cli),

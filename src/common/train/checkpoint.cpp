@@ -64,7 +64,10 @@ void save_checkpoint(const std::string& path, const model_state& model,
         meta["trainer"]["best_epoch"] = trainer.best_epoch;
         meta["trainer"]["best_value"] = trainer.best_value;
     }
-    if (trainer.lr_drops > 0) meta["trainer"]["lr_drops"] = trainer.lr_drops;
+    if (trainer.lr_drops > 0) {
+        meta["trainer"]["lr_drops"] = trainer.lr_drops;
+        meta["trainer"]["lr_dropped_after"] = trainer.lr_dropped_after;
+    }
     meta["train_points"] = train_points;
     if (model.holds_output_shard())  // a rank's file of a sharded checkpoint (shard_checkpoint.hpp)
         meta["output_shard"] = {{"first", model.output_first},
@@ -108,6 +111,7 @@ checkpoint_contents load_checkpoint(const std::string& path) {
         c.trainer.best_epoch = detail::json_integer_or<uint32_t>(t, "best_epoch", 0);
         c.trainer.best_value = t.value("best_value", 0.0);
         c.trainer.lr_drops = detail::json_integer_or<uint32_t>(t, "lr_drops", 0);
+        c.trainer.lr_dropped_after = detail::json_integer_or<uint32_t>(t, "lr_dropped_after", 0);
         c.train_points = detail::json_integer_or<uint64_t>(meta, "train_points", 0);
         if (meta.contains("output_shard")) {
             // One rank's rows of the output layer: [first, first + count) of `rows`.

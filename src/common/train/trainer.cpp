@@ -86,8 +86,10 @@ trainer::trainer(backend& engine, const dataset& train, const dataset* test,
         v.keep_best = true;
         if (v.patience == 0) v.patience = auto_epochs_defaults::patience;
         if (v.lr_drops < 0) v.lr_drops = auto_epochs_defaults::lr_drops;
+        if (v.epochs_per_drop < 0) v.epochs_per_drop = auto_epochs_defaults::epochs_per_drop;
     }
     if (v.lr_drops < 0) v.lr_drops = 0;
+    if (v.epochs_per_drop < 0) v.epochs_per_drop = 0;
     HSLIDE_CHECK(v.lr_drops == 0 || (v.keep_best && v.patience > 0),
                  "--lr-drops goes back to the best epoch at a plateau: it needs --keep-best and "
                  "--patience (or --epochs auto)");
@@ -133,6 +135,12 @@ trainer::trainer(backend& engine, const dataset& train, const dataset* test,
             state_.best_value = 0;
         }
     }
+}
+
+bool trainer::drop_epochs_spent() const {
+    const int32_t per_drop = options_.validation.epochs_per_drop;
+    return state_.lr_drops > 0 && per_drop > 0 &&
+           state_.epochs_done - state_.lr_dropped_after >= uint32_t(per_drop);
 }
 
 float trainer::learning_rate_now() const {
@@ -396,7 +404,11 @@ std::vector<epoch_record> trainer::run(const std::function<void(const epoch_reco
     const bool testing = test_ && test_->size() > 0;
     stop_requested_ = false;
     final_record_.reset();
-    while (state_.epochs_done < total && !stop_requested_) {
+    // A run resumed from its last drop's last epoch is done, as the uninterrupted run was.
+    const auto drops_done = [&] {
+        return state_.lr_drops >= uint32_t(v.lr_drops) && drop_epochs_spent();
+    };
+    while (state_.epochs_done < total && !stop_requested_ && !drops_done()) {
         // Evaluations, checkpoints and the run's end need the whole epoch applied; other
         // epochs flow into the next without a barrier.
         const uint32_t epoch = state_.epochs_done + 1;
@@ -433,34 +445,49 @@ std::vector<epoch_record> trainer::run(const std::function<void(const epoch_reco
         write_metrics_record(record);
         if (on_epoch) on_epoch(record);
         records.push_back(std::move(record));
-        if (v.patience > 0 && epoch < total && epoch - best_epoch_ >= v.patience && best_model_ &&
+        const bool plateau = v.patience > 0 && epoch - best_epoch_ >= v.patience;
+        if ((plateau || drop_epochs_spent()) && epoch < total && best_model_ &&
             state_.lr_drops < uint32_t(v.lr_drops)) {
-            // A plateau: back to the best epoch's model and trainer state (as a run resumed
-            // from its checkpoint would be), on at a lower rate. The epochs after the best are
-            // undone: the next one is numbered best + 1 again.
+            // A plateau (or the last drop's epochs spent): back to the best epoch's model and
+            // trainer state (as a run resumed from its checkpoint would be), on at a lower
+            // rate. The epochs after the best are undone: the next one is numbered best + 1.
             const uint32_t undone = epoch - best_epoch_;
             backend_.import_state(*best_model_, /*with_optimizer=*/true);
             const double seconds = state_.seconds;
             state_ = best_state_;
             state_.seconds = seconds;
             state_.lr_drops = best_state_.lr_drops + 1;
+            state_.lr_dropped_after = best_epoch_;
             best_state_.lr_drops = state_.lr_drops;
+            best_state_.lr_dropped_after = state_.lr_dropped_after;
             epochs_undone_ += undone;
-            spdlog::info(
-                "{} has not improved for {} epoch{}: back to epoch {}'s model (best, "
-                "{:.4f}) at {:g} times the learning rate (plateau {} of {})",
-                to_string(v.metric), undone, undone == 1 ? "" : "s", best_epoch_, best_value_,
-                std::pow(auto_epochs_defaults::lr_drop_factor, double(state_.lr_drops)),
-                state_.lr_drops, v.lr_drops);
+            const std::string why =
+                plateau ? fmt::format("{} has not improved for {} epoch{}", to_string(v.metric),
+                                      undone, undone == 1 ? "" : "s")
+                        : fmt::format("{} epoch{} at the dropped rate done", v.epochs_per_drop,
+                                      v.epochs_per_drop == 1 ? "" : "s");
+            spdlog::info("{}: on from epoch {}'s model (best, {:.4f}) at {:g} times the learning "
+                         "rate (drop {} of {})",
+                         why, best_epoch_, best_value_,
+                         std::pow(auto_epochs_defaults::lr_drop_factor, double(state_.lr_drops)),
+                         state_.lr_drops, v.lr_drops);
             // The checkpoint stays the best epoch's as it was saved: a run resumed from it
             // redoes the undone epochs, meets the same plateau and drops the rate as this one.
             continue;
         }
-        if (v.patience > 0 && epoch < total && epoch - best_epoch_ >= v.patience) {
+        if (plateau && epoch < total) {
             spdlog::info(
                 "stopping early: {} has not improved for {} epoch{} (best: epoch {}, {:.4f})",
                 to_string(v.metric), v.patience, v.patience == 1 ? "" : "s", best_epoch_,
                 best_value_);
+            break;
+        }
+        if (drops_done() && epoch < total) {
+            spdlog::info("stopping: {} epoch{} at {:g} times the learning rate done (best: epoch "
+                         "{}, {} {:.4f})",
+                         v.epochs_per_drop, v.epochs_per_drop == 1 ? "" : "s",
+                         std::pow(auto_epochs_defaults::lr_drop_factor, double(state_.lr_drops)),
+                         best_epoch_, to_string(v.metric), best_value_);
             break;
         }
     }
