@@ -54,8 +54,8 @@ class scripted_backend final : public backend {
     void refresh_selections(bool) override {}
     void predict(const batch_view& batch, uint32_t k, scoring_mode, uint32_t* labels,
                  float* scores) override {
-        const bool lower = !quality_at_lower_rate_.empty() && !rates.empty() &&
-                           rates.back() < rates.front();
+        const bool lower =
+            !quality_at_lower_rate_.empty() && !rates.empty() && rates.back() < rates.front();
         const int q = (lower ? quality_at_lower_rate_ : quality_).at(size_t(epoch() - 1));
         for (uint32_t s = 0; s < batch.size; ++s) {
             const uint32_t row = batch.rows[s];

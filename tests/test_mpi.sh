@@ -133,6 +133,21 @@ same_run tiny_topk "${tiny[@]}" --epochs 3 "${sparse[@]}"
 same_run tiny_topk_3_1 "${tiny[@]}" --epochs 3 "${sparse[@]}" --shard-weights 3,1
 grep -q "output rows per rank \[0, 375) \[375, 500)" two_tiny_topk_3_1.log ||
     fail "--shard-weights 3,1 did not give rank 0 rows [0, 375) of 500"
+# auto: ranks of 2 and 1 threads (MPMD) split by their measured rates; exact top-k trains the
+# one-process model whatever the split.
+tiny_auto=(--train tiny/train.txt --test tiny/test.txt --hidden 64 --seed 5 --no-progress --epochs 3
+    "${sparse[@]}" --shard-weights auto)
+timeout 300 mpirun --oversubscribe -np 1 "$hslide" train "${tiny_auto[@]}" --threads 2 \
+    --metrics-out two_auto.jsonl : -np 1 "$hslide" train "${tiny_auto[@]}" --threads 1 \
+    >two_auto.log 2>&1 ||
+    fail "--shard-weights auto failed: $(tail -20 two_auto.log)"
+for r in 0 1; do
+    grep -q "shard-weights auto: rank $r (.*) scores .* rows a second and can spare" two_auto.log ||
+        fail "--shard-weights auto: no line for rank $r in: $(cat two_auto.log)"
+done
+[[ $(epochs_of two_auto.jsonl | cut -d' ' -f1-2) == "$(epochs_of one_tiny_topk.jsonl | cut -d' ' -f1-2)" ]] ||
+    fail "auto: P@1 $(epochs_of two_auto.jsonl | tr '\n' ' '), one process: $(epochs_of one_tiny_topk.jsonl | tr '\n' ' ')"
+echo "ok: tiny_topk_auto: $(grep -o 'output rows per rank.*' two_auto.log)"
 # The tiny preset's P@1 climbs 0.3 in these 3 epochs: a looser bound there; Bibtex's is the issue's.
 close_run tiny_lsh 0.05 "${tiny[@]}" --epochs 3 --output-sparsity lsh --min-active 64
 close_run tiny_ivf 0.05 "${tiny[@]}" --epochs 3 --output-sparsity topk --top-k-search ivf --top-k 16 \
@@ -230,6 +245,12 @@ expect_failure dense_backend "only --backend cpu" "${mpi2[@]}" "$hslide" train "
     --backend cpu-dense
 expect_failure no_rows "would hold none" "${mpi2[@]}" "$hslide" train "${one_rank[@]}" \
     --shard-weights 1000000,1
+expect_failure other_weights "the ranks disagree on --shard-weights" \
+    mpirun --oversubscribe -np 1 "$hslide" train "${one_rank[@]}" --shard-weights 3,1 : \
+    -np 1 "$hslide" train "${one_rank[@]}" --shard-weights 1,1
+expect_failure auto_on_one_rank "the ranks disagree on --shard-weights auto" \
+    mpirun --oversubscribe -np 1 "$hslide" train "${one_rank[@]}" --shard-weights auto : \
+    -np 1 "$hslide" train "${one_rank[@]}"
 expect_failure resume_other_ranks "resume it with mpirun -np 2" mpirun --oversubscribe -np 3 \
     "$hslide" train "${one_rank[@]}" --epochs 3 --resume ck
 expect_failure resume_one_process "sharded across MPI ranks" "$hslide" train "${one_rank[@]}" \

@@ -9,6 +9,7 @@
 
 #include "cpu/cpu_backend.hpp"
 
+#include "hslide/backend_registry.hpp"
 #include "hslide/checkpoint.hpp"
 #include "hslide/dataset.hpp"
 #include "hslide/error.hpp"
@@ -151,6 +152,81 @@ TEST(ShardComm, CheckSameNamesTheDisagreement) {
     });
     for (const std::string& m : messages)
         EXPECT_NE(m.find("disagree on --seed (rank 0: 5, rank 1: 6)"), std::string::npos) << m;
+}
+
+/// Rank r's rows of `rows` under `weights` (shard_bounds), as a count.
+uint32_t rows_of_rank(const std::vector<double>& weights, uint32_t rows, size_t r) {
+    const std::vector<uint32_t> b = shard_bounds(rows, int(weights.size()), weights);
+    return b[r + 1] - b[r];
+}
+
+TEST(ShardAuto, SharesFollowTheRatesInSixteenthsOfARanksEqualShare) {
+    constexpr double row = 100, plenty = 1e12;  // bytes a row; memory that never binds
+    // Three times the rate: three quarters of the rows, in units of 1/32 of the layer.
+    const auto w = auto_shard_weights({{3e9, plenty}, {1e9, plenty}}, 1000, row);
+    EXPECT_EQ(w, (std::vector<double>{24, 8}));
+    EXPECT_EQ(rows_of_rank(w, 1000, 0), 750u);
+    // Two measurements of the same machines a percent apart split alike.
+    EXPECT_EQ(auto_shard_weights({{1e9, plenty}, {1.01e9, plenty}}, 1000, row),
+              (std::vector<double>{16, 16}));
+    EXPECT_EQ(auto_shard_weights({{1.01e9, plenty}, {1e9, plenty}}, 1000, row),
+              (std::vector<double>{16, 16}));
+    // Five ranks: the units add up to the layer, every rank at least one however slow.
+    const auto five = auto_shard_weights(
+        {{5e9, plenty}, {1e6, plenty}, {2e9, plenty}, {2e9, plenty}, {1e9, plenty}}, 100000, row);
+    EXPECT_DOUBLE_EQ(std::accumulate(five.begin(), five.end(), 0.0), 80.0);
+    EXPECT_EQ(five[1], 1.0);
+    EXPECT_GT(five[0], five[2]);
+    EXPECT_EQ(five[2], five[3]);
+    EXPECT_GT(five[3], five[4]);
+}
+
+TEST(ShardAuto, ARankGetsNoMoreRowsThanItsMemoryHolds) {
+    constexpr double row = 100;
+    // The fast rank would take 75% of 1000 rows, but holds only 400 of them: the slow one the
+    // rest.
+    const auto w = auto_shard_weights({{3e9, 400 * row}, {1e9, 1e12}}, 1000, row);
+    EXPECT_LE(rows_of_rank(w, 1000, 0), 400u);
+    EXPECT_GE(rows_of_rank(w, 1000, 0), 370u) << "a unit (1/32) below its memory at most";
+    // Memory too tight for whole units (the two hold 510 and 490 of 1000 rows): the shares
+    // as they are, each within its memory.
+    const auto tight = auto_shard_weights({{1e9, 510 * row}, {1e9, 490 * row}}, 1000, row);
+    EXPECT_LE(rows_of_rank(tight, 1000, 0), 510u);
+    EXPECT_LE(rows_of_rank(tight, 1000, 1), 490u);
+    // Not enough memory together: a clear error, not a crash later.
+    try {
+        auto_shard_weights({{1e9, 300 * row}, {1e9, 300 * row}}, 1000, row);
+        FAIL() << "600 rows of room took 1000";
+    } catch (const error& e) {
+        EXPECT_NE(std::string(e.what()).find("--shard-weights auto: the output layer's 1000 rows"),
+                  std::string::npos)
+            << e.what();
+    }
+    EXPECT_THROW(auto_shard_weights({{0, 1e12}, {1e9, 1e12}}, 1000, row), error);
+    EXPECT_THROW(auto_shard_weights({{std::nan(""), 1e12}, {1e9, 1e12}}, 1000, row), error);
+}
+
+TEST(ShardAuto, RanksExchangeTheirOffersAndSplitAlike) {
+    // Two thread-ranks of one host: rank 0 offers three times rank 1's rate.
+    std::vector<std::vector<uint32_t>> bounds(2);
+    on_ranks(2, [&](shard_comm& comm) {
+        bounds[size_t(comm.rank())] =
+            auto_shard_bounds(comm, 4000, 100, 0, comm.rank() == 0 ? 3e9 : 1e9);
+    });
+    EXPECT_EQ(bounds[0], (std::vector<uint32_t>{0, 3000, 4000}));
+    EXPECT_EQ(bounds[1], bounds[0]);
+}
+
+TEST(ShardAuto, TheCpuScoringRateIsMeasured) {
+    backend_options o;
+    o.kind = backend_kind::cpu;
+    o.threads = 1;
+    for (uint32_t width : {17u, 128u}) {
+        const double rate = measure_scoring_rate(o, width);
+        EXPECT_TRUE(std::isfinite(rate) && rate > 1e6) << width << ": " << rate;
+    }
+    o.kind = backend_kind::cpu_dense;
+    EXPECT_THROW(measure_scoring_rate(o, 64), error);
 }
 
 TEST(ShardModel, AShardHoldsTheWholeModelsRows) {

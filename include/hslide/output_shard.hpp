@@ -1,7 +1,8 @@
 // Which rows of the output layer a rank holds: the output layer of a label-sharded run split
 // into contiguous ranges, one per rank (issue 32, DESIGN.md "Past one device"). Equal by
-// default; --shard-weights 3,1 gives rank 0 three quarters. The input and hidden layers are
-// not split (every rank holds them whole and keeps them bit-identical).
+// default; --shard-weights 3,1 gives rank 0 three quarters; --shard-weights auto gives each rank
+// a share in proportion to its measured scoring rate, within the memory it can spare. The input
+// and hidden layers are not split (every rank holds them whole and keeps them bit-identical).
 #pragma once
 
 #include "hslide/shard_comm.hpp"
@@ -37,6 +38,38 @@ std::vector<double> parse_shard_weights(const std::string& text, int ranks);
 /// shares (weights empty: bounds[r] = rows * r / ranks) or shares proportional to `weights`
 /// (one per rank). Throws hslide::error (naming --shard-weights) when a rank would get no row.
 std::vector<uint32_t> shard_bounds(uint32_t rows, int ranks, const std::vector<double>& weights);
+
+/// What one rank can take of the output layer (--shard-weights auto).
+struct rank_capacity {
+    /// Row scores a second of its backend's exact scoring at the layer's width (measured:
+    /// scoring is nearly all of a sharded step's work that the split divides).
+    double scores_per_second = 0;
+    /// Bytes it can give the output layer: its share of its host's available memory (ranks on
+    /// one host share it) less the replicated layers it holds whole.
+    double memory_bytes = 0;
+};
+
+/// Whether --shard-weights asks for auto's shares.
+inline bool is_auto_shard_weights(const std::string& text) {
+    return text == "auto";
+}
+
+/// auto's shares of `rows` rows of `bytes_per_row` bytes each (weights, Adam state, copies):
+/// proportional to the ranks' scores_per_second, except that a rank gets no more rows than its
+/// memory_bytes hold, the rest going to the others by their rates. Each share is a multiple of
+/// 1 / (16 * ranks) of the layer (at least one), so that the small differences between two
+/// measurements of the same machines give the same split. Throws hslide::error
+/// (error_kind::runtime) when the ranks together cannot hold the layer.
+std::vector<double> auto_shard_weights(const std::vector<rank_capacity>& ranks, uint32_t rows,
+                                       double bytes_per_row);
+
+/// auto's split across `comm` (a collective): this rank offers `scores_per_second` (its
+/// backend's measured rate) and its host's available memory (MemAvailable + SwapFree) shared
+/// equally by the ranks on that host, less `replicated_bytes` (the layers every rank holds
+/// whole); every rank computes the same bounds from all the ranks' offers (auto_shard_weights),
+/// and rank 0 logs each rank's offer and share.
+std::vector<uint32_t> auto_shard_bounds(shard_comm& comm, uint32_t rows, double bytes_per_row,
+                                        double replicated_bytes, double scores_per_second);
 
 /// This rank's shard of an output layer of `rows` rows split by `weights_text` across `comm`.
 output_shard make_output_shard(shard_comm& comm, uint32_t rows, const std::string& weights_text);

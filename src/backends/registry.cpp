@@ -4,6 +4,7 @@
 
 #include "cpu/cpu_backend.hpp"
 #include "cpu/dense_backend.hpp"
+#include "cpu/exact_scoring.hpp"
 #include "hslide/error.hpp"
 #include "hslide/memory.hpp"
 #if HSLIDE_HAVE_CUDA
@@ -11,6 +12,7 @@
 #endif
 
 #include <fmt/format.h>
+#include <omp.h>
 
 #include <algorithm>
 
@@ -311,6 +313,15 @@ std::unique_ptr<backend> create_backend(const backend_options& options, model_st
     } catch (const std::bad_alloc&) {
         throw_host_out_of_memory(what, 0);
     }
+}
+
+double measure_scoring_rate(const backend_options& options, uint32_t width) {
+    HSLIDE_CHECK_KIND(options.kind == backend_kind::cpu, error_kind::unsupported,
+                      "--backend {}: only --backend cpu runs sharded across MPI ranks",
+                      to_string(options.kind));
+    const int threads = options.threads > 0 ? options.threads : omp_get_max_threads();
+    return cpu::exact_scoring::measure_rate(
+        cpu::kernels_for(options.isa ? *options.isa : active_isa()), threads, width);
 }
 
 }  // namespace hslide

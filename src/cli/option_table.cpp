@@ -115,8 +115,9 @@ std::vector<option_spec> make_table() {
              "GPU index for --backend gpu/gpu-dense and hybrid gpu workers",
              HSLIDE_FIELD(compute.gpu), {}, non_negative(), both),
         spec("shard-weights", group::essentials,
-             "under mpirun -np N (N > 1): each rank's share of the output layer's rows, e.g. 3,1 "
-             "(default: equal shares)",
+             "under mpirun -np N (N > 1): each rank's share of the output layer's rows, e.g. 3,1, "
+             "or auto: shares by each rank's measured scoring rate, within the memory each can "
+             "spare (default: equal shares)",
              HSLIDE_FIELD(shard_weights), {}, {}, cli),
         spec("precision", group::essentials,
              "fp32, or bf16: bf16 weights and layer inputs in the products (fp32 master weights, "

@@ -18,6 +18,7 @@
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <xxhash.h>
 
 #include <omp.h>
 
@@ -207,7 +208,35 @@ int run_train(int argc, char** argv) {
         // Each rank creates only its rows of the output layer, as the whole layer draws them.
         const model_config config = make_model_config(mopt, uint32_t(d.train.n_features),
                                                       uint32_t(d.train.n_labels), &output_choice);
-        shard = make_output_shard(comm, config.output_dim(), settings.shard_weights);
+        // Every rank must split alike: auto is a collective all of them take, and the bounds
+        // computed are compared (a rank given other --shard-weights would train other rows).
+        const bool automatic = is_auto_shard_weights(settings.shard_weights);
+        comm.check_same(automatic, "--shard-weights auto");
+        std::vector<uint32_t> bounds;
+        if (automatic) {
+            // The rows' bytes: fp32 weights and bias with Adam's two moments, and the bf16 copy
+            // the exact search keeps on AMX; the layers below are held whole by every rank.
+            const size_t out = config.layers.size() - 1;
+            auto fan_in = [&](size_t l) {
+                return l == 0 ? config.input_dim : config.layers[l - 1].size;
+            };
+            const double width = fan_in(out);
+            const double bytes_per_row = 12.0 * (width + 1) + 2.0 * (std::ceil(width / 32) * 32);
+            double replicated = 0;
+            for (size_t l = 0; l < out; ++l)
+                replicated += 12.0 * (double(fan_in(l)) + 1) * config.layers[l].size;
+            backend_options probe;
+            probe.kind = kind;
+            probe.threads = tc.threads;
+            bounds = auto_shard_bounds(comm, config.output_dim(), bytes_per_row, replicated,
+                                       measure_scoring_rate(probe, uint32_t(width)));
+        } else {
+            bounds = shard_bounds(config.output_dim(), comm.size(),
+                                  parse_shard_weights(settings.shard_weights, comm.size()));
+        }
+        comm.check_same(XXH3_64bits(bounds.data(), bounds.size() * sizeof bounds[0]),
+                        "--shard-weights (a hash of the rows each rank holds)");
+        shard = make_output_shard(comm, std::move(bounds));
         initial =
             model_state::create_shard(config, tc.seed, tc.adam_moments, shard.first, shard.count);
     } else {

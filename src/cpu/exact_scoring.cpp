@@ -1,6 +1,9 @@
 // The blocked exact scorer (exact_scoring.hpp says why blocks).
 #include "exact_scoring.hpp"
 
+#include "hslide/clock.hpp"
+#include "hslide/rng.hpp"
+
 #include <omp.h>
 #if defined(__SSE__)
 #include <xmmintrin.h>
@@ -217,6 +220,47 @@ void exact_scoring::score(const layer_rows& layer, const kernel_table& k_, int t
             }
         }
     }
+}
+
+double exact_scoring::measure_rate(const kernel_table& k, int threads, uint32_t width) {
+    // 16 MiB of fp32 rows at most, whatever the width: what a block-by-block scorer keeps in
+    // its caches, so that the rate is the cores' and not the memory's.
+    const uint32_t rows = uint32_t(std::clamp<uint64_t>((uint64_t{4} << 20) / width, 64, 16384));
+    constexpr uint32_t queries = 128, top = 32;
+    const size_t stride16 = (size_t(width) + 31) / 32 * 32;
+    std::vector<float> weights(size_t(rows) * width), bias(rows, 0.0f),
+        inputs(size_t(queries) * width);
+    rng gen(0x5ca1ab1e);  // the values do not matter, only that they are not all zero
+    for (float& w : weights) w = gen.uniform() - 0.5f;
+    for (float& x : inputs) x = gen.uniform() - 0.5f;
+    std::vector<bf16> weights16;
+    layer_rows layer{weights.data(), width, bias.data(), rows, width, nullptr, 0};
+    if (k.level >= isa_level::amx) {  // as exact_top_k searches
+        weights16.assign(size_t(rows) * stride16, bf16{0});
+        for (uint32_t r = 0; r < rows; ++r)
+            k.to_bf16(layer.row(r), weights16.data() + size_t(r) * stride16, width);
+        layer.weights16 = weights16.data();
+        layer.stride16 = stride16;
+    }
+    std::vector<const float*> query(queries);
+    for (uint32_t q = 0; q < queries; ++q) query[q] = inputs.data() + size_t(q) * width;
+    std::vector<uint32_t> labels(size_t(queries) * top);
+    std::vector<float> scores(size_t(queries) * top);
+    exact_scoring scorer;
+    auto score_once = [&] {
+        scorer.score(layer, k, threads, query.data(), queries, top, labels.data(), scores.data(),
+                     nullptr);
+    };
+    score_once();  // buffers and first touches
+    uint64_t calls = 0;
+    const auto t0 = clock_type::now();
+    double seconds = 0;
+    while (calls < 2 || seconds < 0.1) {
+        score_once();
+        ++calls;
+        seconds = seconds_since(t0);
+    }
+    return double(rows) * double(queries) * double(calls) / seconds;
 }
 
 }  // namespace hslide::cpu

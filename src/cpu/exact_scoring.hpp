@@ -37,6 +37,12 @@ class exact_scoring {
                const float* const* queries, uint32_t n, uint32_t top, uint32_t* labels,
                float* scores, double* log_partition);
 
+    /// Row scores a second of this scorer on `threads` threads at rows of `width`, measured
+    /// for about a tenth of a second on random rows that fit in the caches, in bf16 where an
+    /// exact top-k search would copy the rows to bf16 (AMX) and fp32 otherwise: the rate a
+    /// rank of a sharded run offers (--shard-weights auto).
+    static double measure_rate(const kernel_table& k, int threads, uint32_t width);
+
   private:
     struct thread_buffers {
         std::vector<float> logits;     // a block's scores of 16 queries

@@ -466,11 +466,12 @@ std::vector<epoch_record> trainer::run(const std::function<void(const epoch_reco
                                       undone, undone == 1 ? "" : "s")
                         : fmt::format("{} epoch{} at the dropped rate done", v.epochs_per_drop,
                                       v.epochs_per_drop == 1 ? "" : "s");
-            spdlog::info("{}: on from epoch {}'s model (best, {:.4f}) at {:g} times the learning "
-                         "rate (drop {} of {})",
-                         why, best_epoch_, best_value_,
-                         std::pow(auto_epochs_defaults::lr_drop_factor, double(state_.lr_drops)),
-                         state_.lr_drops, v.lr_drops);
+            spdlog::info(
+                "{}: on from epoch {}'s model (best, {:.4f}) at {:g} times the learning "
+                "rate (drop {} of {})",
+                why, best_epoch_, best_value_,
+                std::pow(auto_epochs_defaults::lr_drop_factor, double(state_.lr_drops)),
+                state_.lr_drops, v.lr_drops);
             // The checkpoint stays the best epoch's as it was saved: a run resumed from it
             // redoes the undone epochs, meets the same plateau and drops the rate as this one.
             continue;
@@ -483,11 +484,12 @@ std::vector<epoch_record> trainer::run(const std::function<void(const epoch_reco
             break;
         }
         if (drops_done() && epoch < total) {
-            spdlog::info("stopping: {} epoch{} at {:g} times the learning rate done (best: epoch "
-                         "{}, {} {:.4f})",
-                         v.epochs_per_drop, v.epochs_per_drop == 1 ? "" : "s",
-                         std::pow(auto_epochs_defaults::lr_drop_factor, double(state_.lr_drops)),
-                         best_epoch_, to_string(v.metric), best_value_);
+            spdlog::info(
+                "stopping: {} epoch{} at {:g} times the learning rate done (best: epoch "
+                "{}, {} {:.4f})",
+                v.epochs_per_drop, v.epochs_per_drop == 1 ? "" : "s",
+                std::pow(auto_epochs_defaults::lr_drop_factor, double(state_.lr_drops)),
+                best_epoch_, to_string(v.metric), best_value_);
             break;
         }
     }
