@@ -735,13 +735,16 @@ EOF
 # `ranks` step's own): the pack's Open MPI (run_mpi_check); 1 GPU process against 2 ranks on the
 # one GPU (the same P@1 every epoch, s/epoch of both); a GPU rank holding three quarters of the
 # output rows beside a CPU rank holding the rest (MPMD: one mpirun, two programs); 2 CPU ranks
-# (the pack's MPI at this size, whatever the GPU ranks do). What the engine refuses (GPU ranks,
+# (the pack's MPI at this size, whatever the GPU ranks do); CPU ranks of 3/4 and 1/4 of the cores
+# with --shard-weights auto (the split their measured rates give). What the engine refuses (GPU ranks,
 # until they are built) is a row saying so, with hslide's message.
 run_ranks() {
-    local epochs=$1 threads half rest common=() one=gpu-1-process two=gpu-2-ranks
+    local epochs=$1 threads half rest most few common=() one=gpu-1-process two=gpu-2-ranks
     threads=$(nproc)
     half=$((threads > 1 ? threads / 2 : 1))
     rest=$((threads > 2 ? threads - 2 : 1))
+    most=$((threads > 3 ? threads * 3 / 4 : 1))
+    few=$((threads > most ? threads - most : 1))
     { echo; echo "## Ranks (issue 32): the output layer sharded across MPI ranks"; } >>"$summary"
     run_mpi_check || echo "the pack's Open MPI check failed: see the summary" >&2
     common=(--train "$data/train.txt" --test "$data/test.txt" "${network[@]}" --batch-size "$p_batch"
@@ -764,6 +767,11 @@ run_ranks() {
         : -np 1 "$root/bin/hslide" train --backend cpu --threads "$rest" --shard-weights 3,1 "${common[@]}"
     fits 40 && rank_run cpu-2-ranks 150 mpirun "${mpirun_opts[@]}" -np 2 "$root/bin/hslide" train \
         --backend cpu --threads "$half" "${common[@]}"
+    # Ranks of three quarters and a quarter of the cores, split by their measured rates.
+    fits 40 && rank_run cpu-auto 150 mpirun "${mpirun_opts[@]}" \
+        -np 1 "$root/bin/hslide" train --backend cpu --threads "$most" --shard-weights auto \
+        "${common[@]}" : -np 1 "$root/bin/hslide" train --backend cpu --threads "$few" \
+        --shard-weights auto "${common[@]}"
     if [[ -s $work/ranks-$one.jsonl && -s $work/ranks-$two.jsonl ]]; then
         python3 - "$work/ranks-$one.jsonl" "$work/ranks-$two.jsonl" >>"$summary" <<'EOF'
 import json, sys
@@ -781,6 +789,7 @@ EOF
         echo "- 2 ranks on one GPU: mpirun -np 2 hslide train --backend gpu --threads $half"
         echo "- GPU + CPU: mpirun -np 1 hslide train --backend gpu --threads 2 --shard-weights 3,1 : -np 1 hslide train --backend cpu --threads $rest --shard-weights 3,1"
         echo "- 2 CPU ranks: mpirun -np 2 hslide train --backend cpu --threads $half"
+        echo "- CPU ranks by measured rate: mpirun -np 1 hslide train --backend cpu --threads $most --shard-weights auto : -np 1 hslide train --backend cpu --threads $few --shard-weights auto"
         echo "- common: ${common[*]//$work\//} (@metrics: --metrics-out ranks-RUN.jsonl)"
     } >>"$summary"
 }
