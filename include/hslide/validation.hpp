@@ -69,7 +69,7 @@ struct auto_epochs_defaults {
     /// Epochs at the dropped rate (validation_options::epochs_per_drop): one. Training on at a
     /// tenth of the rate until the next plateau took 2-4 epochs after the drop; stopping after
     /// the first kept the mean test P@1 of seeds 1-4 within 0.002 on every real set (Debian-
-    /// recs +0.0016) for 2-3 epochs fewer (bench/epochs.md).
+    /// recs +0.0016) for 0.7-2.5 epochs fewer (Debian-recs 2.5; bench/epochs.md).
     static constexpr int32_t epochs_per_drop = 1;
     /// What a drop multiplies the learning rate by.
     static constexpr double lr_drop_factor = 0.1;
