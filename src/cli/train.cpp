@@ -214,22 +214,20 @@ int run_train(int argc, char** argv) {
         comm.check_same(automatic, "--shard-weights auto");
         std::vector<uint32_t> bounds;
         if (automatic) {
-            // The rows' bytes: fp32 weights and bias with Adam's two moments, and the bf16 copy
-            // the exact search keeps on AMX; the layers below are held whole by every rank.
-            const size_t out = config.layers.size() - 1;
-            auto fan_in = [&](size_t l) {
-                return l == 0 ? config.input_dim : config.layers[l - 1].size;
-            };
-            const double width = fan_in(out);
-            const double bytes_per_row = 12.0 * (width + 1) + 2.0 * (std::ceil(width / 32) * 32);
-            double replicated = 0;
-            for (size_t l = 0; l < out; ++l)
-                replicated += 12.0 * (double(fan_in(l)) + 1) * config.layers[l].size;
+            // The model's own count of its bytes (model_allocation_bytes: weights and biases
+            // with Adam's two moments): the output layer's a row, plus the bf16 copy the exact
+            // search keeps on AMX; the rest is the layers every rank holds whole.
+            const model_state shape = model_state::layout(config);
+            const layer_state& out = shape.layers.back();
+            const double fp32_row = 3.0 * sizeof(float) * (double(out.stride) + 1);
+            const double bytes_per_row = fp32_row + 2.0 * (std::ceil(out.width / 32.0) * 32);
+            const double replicated =
+                double(model_allocation_bytes(shape, true)) - fp32_row * double(out.rows);
             backend_options probe;
             probe.kind = kind;
             probe.threads = tc.threads;
             bounds = auto_shard_bounds(comm, config.output_dim(), bytes_per_row, replicated,
-                                       measure_scoring_rate(probe, uint32_t(width)));
+                                       measure_scoring_rate(probe, out.width));
         } else {
             bounds = shard_bounds(config.output_dim(), comm.size(),
                                   parse_shard_weights(settings.shard_weights, comm.size()));
