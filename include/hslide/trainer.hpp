@@ -198,6 +198,8 @@ class trainer {
     void save_checkpoint_now();
     /// After a drop: its epochs (validation_options::epochs_per_drop) are all trained.
     bool drop_epochs_spent() const;
+    /// What the drops so far multiply the learning rate by (lr_drop_factor^lr_drops).
+    double lr_drop_multiplier() const;
 
     backend& backend_;  // holds the model being trained
     const dataset& train_;

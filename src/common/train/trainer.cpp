@@ -137,6 +137,10 @@ trainer::trainer(backend& engine, const dataset& train, const dataset* test,
     }
 }
 
+double trainer::lr_drop_multiplier() const {
+    return std::pow(auto_epochs_defaults::lr_drop_factor, double(state_.lr_drops));
+}
+
 bool trainer::drop_epochs_spent() const {
     const int32_t per_drop = options_.validation.epochs_per_drop;
     return state_.lr_drops > 0 && per_drop > 0 &&
@@ -145,8 +149,7 @@ bool trainer::drop_epochs_spent() const {
 
 float trainer::learning_rate_now() const {
     const train_config& tc = options_.train;
-    double rate = scaled_learning_rate(tc) *
-                  std::pow(auto_epochs_defaults::lr_drop_factor, double(state_.lr_drops));
+    double rate = scaled_learning_rate(tc) * lr_drop_multiplier();
     // The warm-up reaches the full rate with the step that ends its samples.
     if (tc.warmup_samples > 0)
         rate *=
@@ -469,9 +472,7 @@ std::vector<epoch_record> trainer::run(const std::function<void(const epoch_reco
             spdlog::info(
                 "{}: on from epoch {}'s model (best, {:.4f}) at {:g} times the learning "
                 "rate (drop {} of {})",
-                why, best_epoch_, best_value_,
-                std::pow(auto_epochs_defaults::lr_drop_factor, double(state_.lr_drops)),
-                state_.lr_drops, v.lr_drops);
+                why, best_epoch_, best_value_, lr_drop_multiplier(), state_.lr_drops, v.lr_drops);
             // The checkpoint stays the best epoch's as it was saved: a run resumed from it
             // redoes the undone epochs, meets the same plateau and drops the rate as this one.
             continue;
@@ -487,8 +488,7 @@ std::vector<epoch_record> trainer::run(const std::function<void(const epoch_reco
             spdlog::info(
                 "stopping: {} epoch{} at {:g} times the learning rate done (best: epoch "
                 "{}, {} {:.4f})",
-                v.epochs_per_drop, v.epochs_per_drop == 1 ? "" : "s",
-                std::pow(auto_epochs_defaults::lr_drop_factor, double(state_.lr_drops)),
+                v.epochs_per_drop, v.epochs_per_drop == 1 ? "" : "s", lr_drop_multiplier(),
                 best_epoch_, to_string(v.metric), best_value_);
             break;
         }
