@@ -931,6 +931,67 @@ TEST(CpuBackend, ExportImportRoundTripAndPredict) {
     EXPECT_GT(hits, 52);
 }
 
+TEST(CpuBackend, ExportsIntoTheSameSnapshotKeepItsBuffersAndFollowTheModel) {
+    // --epochs auto exports the best epoch's model into one snapshot every epoch: the
+    // snapshot's blocks are reused, and each export still holds the model of its moment,
+    // with the moments or (without the optimizer) none of them.
+    const model_config config = small_config(sparsity_mode::dense, sparsity_mode::dense);
+    const dataset data = random_dataset(48, 20, 30, 52);
+    train_config tc;
+    cpu::cpu_backend be(model_state::create(config, 52), tc, 2);
+    std::vector<uint32_t> rows(48);
+    std::iota(rows.begin(), rows.end(), 0u);
+    model_state snapshot;
+    be.export_state(snapshot, true);
+    std::vector<const float*> blocks;
+    for (const layer_state& layer : snapshot.layers)
+        for (const aligned_floats* a : {&layer.weights, &layer.adam_m, &layer.adam_v})
+            blocks.push_back(a->data());
+    for (int e = 0; e < 2; ++e) {
+        for (uint32_t b = 0; b < 48; b += 16) be.train_batch({&data, rows.data() + b, 16}, 0.02f);
+        be.export_state(snapshot, true);
+        model_state fresh;
+        be.export_state(fresh, true);
+        size_t i = 0;
+        for (size_t l = 0; l < snapshot.layers.size(); ++l) {
+            const layer_state& got = snapshot.layers[l];
+            const layer_state& want = fresh.layers[l];
+            for (auto [a, b] :
+                 {std::pair{&got.weights, &want.weights}, std::pair{&got.adam_m, &want.adam_m},
+                  std::pair{&got.adam_v, &want.adam_v}}) {
+                EXPECT_EQ(a->data(), blocks[i++]) << "layer " << l << ": a new block";
+                ASSERT_EQ(a->size(), b->size());
+                EXPECT_EQ(std::memcmp(a->data(), b->data(), a->size() * sizeof(float)), 0)
+                    << "layer " << l;
+            }
+            EXPECT_EQ(got.bias, want.bias);
+            EXPECT_EQ(got.bias_m, want.bias_m);
+        }
+        EXPECT_EQ(snapshot.adam_step, fresh.adam_step);
+    }
+    // Without the optimizer: the parameters() copy, moments dropped; the weights' block kept.
+    const float* weights_block = snapshot.layers[0].weights.data();
+    be.export_state(snapshot, false);
+    const model_state parameters = [&] {
+        model_state full;
+        be.export_state(full, true);
+        return full.parameters();
+    }();
+    EXPECT_EQ(snapshot.layers[0].weights.data(), weights_block);
+    for (size_t l = 0; l < snapshot.layers.size(); ++l) {
+        const layer_state& got = snapshot.layers[l];
+        EXPECT_EQ(got.adam_m.size(), 0u);
+        EXPECT_EQ(got.adam_v.size(), 0u);
+        EXPECT_TRUE(got.bias_m.empty() && got.bias_v.empty());
+        ASSERT_EQ(got.weights.size(), parameters.layers[l].weights.size());
+        EXPECT_EQ(std::memcmp(got.weights.data(), parameters.layers[l].weights.data(),
+                              got.weights.size() * sizeof(float)),
+                  0);
+        EXPECT_EQ(got.bias, parameters.layers[l].bias);
+    }
+    EXPECT_EQ(snapshot.adam_step, parameters.adam_step);
+}
+
 TEST(CpuBackend, Bf16TrainsLikeFp32AndImportRefreshesItsCopy) {
     const model_config config = small_config(sparsity_mode::dense, sparsity_mode::dense);
     const dataset data = random_dataset(64, 20, 30, 52);

@@ -23,6 +23,9 @@ namespace detail {
 /// advised to use huge pages (a kernel that refuses leaves them on normal pages).
 void* allocate_aligned_zeroed(size_t bytes);
 void free_aligned(void* p);
+/// memcpy of `bytes` from `src` to `dst` (not overlapping); blocks of 8 MiB and more are
+/// copied by the OpenMP threads in 2 MiB pieces.
+void copy_bytes(void* dst, const void* src, size_t bytes);
 }  // namespace detail
 
 /// A 64-byte aligned, zero-initialised array of a trivially copyable type (large blocks on
@@ -38,7 +41,7 @@ class aligned_array {
             // Same size: copy into the block held (a fresh one costs page faults and zeroing,
             // which dominated whole-model copies of a few MB).
             if (other.size_ != size_) resize(other.size_);
-            if (size_) __builtin_memcpy(data(), other.data(), size_ * sizeof(T));
+            if (size_) detail::copy_bytes(data(), other.data(), size_ * sizeof(T));
         }
         return *this;
     }
@@ -128,6 +131,11 @@ struct model_state {
 
     /// A copy of the weights, biases, step count and hash seeds, without the Adam moments.
     model_state parameters() const;
+    /// Makes this model a copy of `src` (with_optimizer: with its Adam moments; without: none,
+    /// as parameters() gives), keeping this model's buffers where their sizes match: a backend
+    /// exports into the same snapshot every epoch (--epochs auto's best model), and fresh
+    /// buffers cost page faults and zeroing that took 5-15x the copy itself.
+    void copy_from(const model_state& src, bool with_optimizer);
     /// Takes `in`'s weights, biases and hash seeds (and, with `with_optimizer`, its Adam
     /// moments and step count): what a host backend's import_state does. Throws hslide::error
     /// naming the layer when `in` has other shapes.

@@ -25,7 +25,7 @@ void cpu_backend::mark_updated_rows(size_t l, bool every_row, bool copy_written)
 
 void cpu_backend::export_state(model_state& out, bool with_optimizer) const {
     const_cast<cpu_backend*>(this)->complete_deferred_updates();  // every row up to date
-    out = with_optimizer ? model_ : model_.parameters();
+    out.copy_from(model_, with_optimizer);
     if (with_optimizer) widen_moments(out);
 }
 

@@ -467,7 +467,7 @@ void dense_backend::predict(const batch_view& batch, uint32_t k, scoring_mode sc
 }
 
 void dense_backend::export_state(model_state& out, bool with_optimizer) const {
-    out = with_optimizer ? model_ : model_.parameters();
+    out.copy_from(model_, with_optimizer);
 }
 
 void dense_backend::import_state(const model_state& in, bool with_optimizer) {

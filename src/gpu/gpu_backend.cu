@@ -150,7 +150,15 @@ void gpu_backend::export_state(model_state& out, bool with_optimizer) const {
     // Logically const: bringing the rows up to date changes when the deferred steps are
     // applied, not what the model is (the CPU backend's host_state does the same).
     const_cast<gpu_backend*>(this)->complete_deferred_updates();
-    out = model_state::layout(shape_.config);
+    // Keep out's buffers where it has this model's shapes (the same snapshot is exported into
+    // every epoch under --epochs auto); a layout has none.
+    bool same_shapes = out.layers.size() == shape_.layers.size();
+    for (size_t l = 0; same_shapes && l < out.layers.size(); ++l)
+        same_shapes = out.layers[l].rows == shape_.layers[l].rows &&
+                      out.layers[l].width == shape_.layers[l].width &&
+                      out.layers[l].stride == shape_.layers[l].stride;
+    if (!same_shapes) out = model_state::layout(shape_.config);
+    out.config = shape_.config;
     out.adam_step = shape_.adam_step;
     out.hash_seeds = shape_.hash_seeds;
     for (size_t l = 0; l < 2; ++l) {
@@ -158,7 +166,7 @@ void gpu_backend::export_state(model_state& out, bool with_optimizer) const {
         layer_state& dst = out.layers[l];
         const size_t n = size_t(src.rows) * src.stride;
         auto get = [&](auto& to, const device_array<float>& from, size_t count) {
-            to.resize(count);
+            if (to.size() != count) to.resize(count);
             HSLIDE_CUDA_CHECK(cudaMemcpyAsync(to.data(), from.data(), count * sizeof(float),
                                               cudaMemcpyDeviceToHost, stream_));
         };
@@ -169,6 +177,11 @@ void gpu_backend::export_state(model_state& out, bool with_optimizer) const {
             get(dst.adam_v, src.adam_v, n);
             get(dst.bias_m, src.bias_m, src.bias_m.size());
             get(dst.bias_v, src.bias_v, src.bias_v.size());
+        } else {  // as a layout: no moments
+            dst.adam_m.resize(0);
+            dst.adam_v.resize(0);
+            dst.bias_m.clear();
+            dst.bias_v.clear();
         }
     }
     HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream_));

@@ -7,6 +7,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -41,6 +42,25 @@ void detail::free_aligned(void* p) {
     std::free(p);
 }
 
+void detail::copy_bytes(void* dst, const void* src, size_t bytes) {
+    // Whole-model copies (--epochs auto's best-epoch snapshot and rollback) are GiBs at the
+    // Amazon-670K shape, and one thread does not draw all of the memory's bandwidth (this
+    // 2-core machine, 53 MB: 4.6-8.7 GB/s on one thread, 8.6-10.3 on two).
+    constexpr size_t piece = size_t(2) << 20;
+    if (bytes < 4 * piece) {
+        std::memcpy(dst, src, bytes);
+        return;
+    }
+    char* to = static_cast<char*>(dst);
+    const char* from = static_cast<const char*>(src);
+    const int64_t pieces = int64_t((bytes + piece - 1) / piece);
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < pieces; ++c) {
+        const size_t at = size_t(c) * piece;
+        std::memcpy(to + at, from + at, std::min(piece, bytes - at));
+    }
+}
+
 model_state model_state::parameters() const {
     model_state p = layout(config);
     p.adam_step = adam_step;
@@ -52,6 +72,32 @@ model_state model_state::parameters() const {
         p.layers[l].bias = layers[l].bias;
     }
     return p;
+}
+
+void model_state::copy_from(const model_state& src, bool with_optimizer) {
+    if (this == &src) return;
+    if (with_optimizer) {
+        *this = src;  // element by element: aligned_array's assignment keeps a same-size block
+        return;
+    }
+    config = src.config;
+    adam_step = src.adam_step;
+    hash_seeds = src.hash_seeds;
+    output_first = src.output_first;
+    layers.resize(src.layers.size());
+    for (size_t l = 0; l < layers.size(); ++l) {
+        layer_state& dst = layers[l];
+        const layer_state& from = src.layers[l];
+        dst.rows = from.rows;
+        dst.width = from.width;
+        dst.stride = from.stride;
+        dst.weights = from.weights;
+        dst.bias = from.bias;
+        dst.adam_m.resize(0);
+        dst.adam_v.resize(0);
+        dst.bias_m.clear();
+        dst.bias_v.clear();
+    }
 }
 
 model_state model_state::layout(const model_config& config) {
