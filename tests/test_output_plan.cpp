@@ -13,20 +13,37 @@
 using namespace hslide;
 
 TEST(OutputPlan, SetSizesFollowTheRowsAsMeasured) {
-    // The shapes of bench/peers.md and bench/topk.md: Bibtex, Corel5k, Debian-recs, Amazon-670K.
-    EXPECT_EQ(automatic_set_size(159), 32u);
-    EXPECT_EQ(automatic_set_size(374), 32u);
-    EXPECT_EQ(automatic_set_size(6118), 128u);
-    EXPECT_EQ(automatic_set_size(670091), 1024u);
-    EXPECT_EQ(automatic_set_size(1), 32u);
-    EXPECT_EQ(automatic_set_size(4000000000u), 1024u);
-    uint32_t previous = 0;
-    for (uint32_t rows = 1; rows < 2000000; rows = rows * 3 / 2 + 1) {
-        const uint32_t size = automatic_set_size(rows);
-        EXPECT_EQ(size & (size - 1), 0u) << rows << " rows: a power of two";
-        EXPECT_GE(size, previous) << rows << " rows: never smaller for more rows";
-        EXPECT_GE(double(size), std::min(1024.0, 1.6 * std::sqrt(double(rows)))) << rows;
-        previous = size;
+    // The shapes of bench/peers.md and bench/topk.md at the default batch of 128: Bibtex,
+    // Corel5k, Debian-recs (where a step of sets of 128 touched 88% of the rows), Amazon-670K.
+    EXPECT_EQ(automatic_set_size(159, 128), 32u);
+    EXPECT_EQ(automatic_set_size(374, 128), 32u);
+    EXPECT_EQ(automatic_set_size(6118, 128), 32u);
+    EXPECT_EQ(automatic_set_size(670091, 128), 1024u);
+    EXPECT_EQ(automatic_set_size(1, 128), 32u);
+    EXPECT_EQ(automatic_set_size(4000000000u, 128), 1024u);
+    // Smaller batches touch fewer rows a step: the rows' rule again.
+    EXPECT_EQ(automatic_set_size(6118, 32), 128u);
+    EXPECT_EQ(automatic_set_size(15658, 128), 64u);
+    EXPECT_TRUE(set_size_bounded_by_touch(6118, 128));
+    EXPECT_FALSE(set_size_bounded_by_touch(6118, 32));
+    EXPECT_FALSE(set_size_bounded_by_touch(670091, 128));
+    for (const uint32_t batch : {1u, 32u, 128u, 1024u}) {
+        uint32_t previous = 0;
+        for (uint32_t rows = 1; rows < 2000000; rows = rows * 3 / 2 + 1) {
+            const uint32_t size = automatic_set_size(rows, batch);
+            EXPECT_EQ(size & (size - 1), 0u) << rows << " rows: a power of two";
+            EXPECT_GE(size, previous) << rows << " rows: never smaller for more rows";
+            EXPECT_GE(size, 32u);
+            EXPECT_LE(size, 1024u);
+            const bool by_touch = set_size_bounded_by_touch(rows, batch);
+            if (!by_touch)
+                EXPECT_GE(double(size), std::min(1024.0, 1.6 * std::sqrt(double(rows))))
+                    << rows << " rows, batch " << batch;
+            else if (size > 32)  // a step of these sets touches at most half the rows
+                EXPECT_LE(1.0 - std::exp(-double(batch) * size / rows), 0.5)
+                    << rows << " rows, batch " << batch;
+            previous = size;
+        }
     }
     EXPECT_EQ(automatic_top_k(32), 16u);
     EXPECT_EQ(automatic_top_k(128), 32u);
@@ -34,24 +51,30 @@ TEST(OutputPlan, SetSizesFollowTheRowsAsMeasured) {
 }
 
 TEST(OutputPlan, AutoIsDenseWhereASetWouldHoldEveryRow) {
-    const output_plan yeast = plan_output_layer(14, sparsity_mode::automatic, 0, 0);
+    const output_plan yeast = plan_output_layer(14, 128, sparsity_mode::automatic, 0, 0);
     EXPECT_EQ(yeast.sparsity, sparsity_mode::dense);
     EXPECT_NE(yeast.reason.find("dense"), std::string::npos) << yeast.reason;
-    const output_plan bibtex = plan_output_layer(159, sparsity_mode::automatic, 0, 0);
+    const output_plan bibtex = plan_output_layer(159, 128, sparsity_mode::automatic, 0, 0);
     EXPECT_EQ(bibtex.sparsity, sparsity_mode::topk);
     EXPECT_EQ(bibtex.min_active, 32u);
     EXPECT_EQ(bibtex.top_k, 16u);
     EXPECT_NE(bibtex.reason.find("32"), std::string::npos) << bibtex.reason;
     // Asked for top-k, a layer stays top-k even where the set covers it.
-    EXPECT_EQ(plan_output_layer(14, sparsity_mode::topk, 0, 0).sparsity, sparsity_mode::topk);
+    EXPECT_EQ(plan_output_layer(14, 128, sparsity_mode::topk, 0, 0).sparsity, sparsity_mode::topk);
     // Given sizes are kept; the other one still follows.
-    const output_plan given = plan_output_layer(6118, sparsity_mode::automatic, 0, 512);
+    const output_plan given = plan_output_layer(6118, 128, sparsity_mode::automatic, 0, 512);
     EXPECT_EQ(given.min_active, 512u);
     EXPECT_EQ(given.top_k, 64u);
-    const output_plan given_k = plan_output_layer(6118, sparsity_mode::automatic, 8, 0);
+    const output_plan given_k = plan_output_layer(6118, 32, sparsity_mode::automatic, 8, 0);
     EXPECT_EQ(given_k.min_active, 128u);
     EXPECT_EQ(given_k.top_k, 8u);
-    EXPECT_EQ(plan_output_layer(100, sparsity_mode::automatic, 0, 100).sparsity,
+    EXPECT_NE(given_k.reason.find("1.6 sqrt(rows)"), std::string::npos) << given_k.reason;
+    // Where the rows' rule would touch most of the layer a step, the reason says so.
+    const output_plan bounded = plan_output_layer(6118, 128, sparsity_mode::automatic, 0, 0);
+    EXPECT_EQ(bounded.min_active, 32u);
+    EXPECT_EQ(bounded.top_k, 16u);
+    EXPECT_NE(bounded.reason.find("half the rows"), std::string::npos) << bounded.reason;
+    EXPECT_EQ(plan_output_layer(100, 128, sparsity_mode::automatic, 0, 100).sparsity,
               sparsity_mode::dense);
 }
 
@@ -61,10 +84,15 @@ TEST(OutputPlan, ModelConfigResolvesAutoToNumbers) {
     const model_config debian = make_model_config(o, 100, 6118, &choice);
     const layer_config& out = debian.layers.back();
     EXPECT_EQ(out.sparsity, sparsity_mode::topk);
-    EXPECT_EQ(out.top_k, 32u);
-    EXPECT_EQ(out.active.min_active, 128u);
+    EXPECT_EQ(out.top_k, 16u);
+    EXPECT_EQ(out.active.min_active, 32u);
     EXPECT_EQ(debian.selection(1), neuron_selection::top_k);
-    EXPECT_NE(choice.find("128"), std::string::npos) << choice;
+    EXPECT_NE(choice.find("sets of 32"), std::string::npos) << choice;
+    o.batch_size = 32;  // the batch the options carry sizes the sets
+    const model_config small_batch = make_model_config(o, 100, 6118, &choice);
+    EXPECT_EQ(small_batch.layers.back().active.min_active, 128u);
+    EXPECT_EQ(small_batch.layers.back().top_k, 32u);
+    o.batch_size = model_options{}.batch_size;
 
     const model_config yeast = make_model_config(o, 100, 14, &choice);
     EXPECT_EQ(yeast.layers.back().sparsity, sparsity_mode::dense);

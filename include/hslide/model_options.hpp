@@ -28,6 +28,9 @@ struct model_options {
     float fill_correction = layer_config{}.fill_correction;
     float fill_pool = layer_config{}.fill_pool;
     uint32_t auto_sparse_min = 4096;
+    /// The training batch: an automatic output layer's sets are sized so that a step touches
+    /// at most about half of its rows (output_plan.hpp).
+    uint32_t batch_size = train_config{}.batch_size;
     std::vector<std::string> hash{"dwta"};
     // The library's defaults (hslide/lsh.hpp), so the CLI and the API cannot drift apart.
     std::vector<int> K{lsh_config{}.K}, L{lsh_config{}.L}, bits{lsh_config{}.bits_per_hash},

@@ -4,11 +4,15 @@
 // The measurements behind it (bench/peers.md, bench/topk.md): a top-k set (the labels, the k
 // highest logits, random rows up to the set's size) learns more per epoch than the full softmax
 // at every size measured, from 159 labels (Bibtex: 0.633 against 0.620 after 10 epochs) through
-// 374 and 6,118 to 670,091, and the best set grows with the layer: 32 rows at 159 and 374, 128 at
-// 6,118, 1,024 at 670,091, about 1.6 sqrt(rows) each time; the best k is about a quarter of
-// the set. Where that set would hold every row the layer is dense (the same softmax, no search).
-// How the top-k is found (exact scoring or an IVF index) is the backend's choice
-// (cpu_top_k_search in config.hpp).
+// 374 and 6,118 to 670,091; the best set per epoch grows with the layer, about 1.6 sqrt(rows)
+// (32 rows at 159 and 374, 1,024 at 670,091), and the best k is about a quarter of the set.
+// Per second it is smaller where the steps would touch most of the layer: a step's Adam pass
+// over the rows it touched is then a whole-layer pass, and the set's few extra random rows buy
+// little (Debian-recs, 6,118 rows, batch 128, seeds 1-4: sets of 32 reach the same P@1 as sets
+// of 128, 0.5056 against 0.5069, in 0.30 s an epoch instead of 0.50). So the set is also at most
+// the largest power of two whose step touches half the rows. Where that set would hold every
+// row the layer is dense (the same softmax, no search). How the top-k is found (exact scoring
+// or an IVF index) is the backend's choice (cpu_top_k_search in config.hpp).
 #pragma once
 
 #include "hslide/config.hpp"
@@ -26,16 +30,20 @@ struct output_plan {
     std::string reason;                            ///< one line: what was chosen, and why
 };
 
-/// The set size of an automatic top-k layer of `rows` rows: 1.6 sqrt(rows) rounded up to a
-/// power of two, within [32, 1024].
-uint32_t automatic_set_size(uint32_t rows);
+/// The set size of an automatic top-k layer of `rows` rows trained in steps of `batch` samples:
+/// 1.6 sqrt(rows) rounded up to a power of two, within [32, 1024], and at most the largest
+/// power of two whose step touches half the rows (batch x set uniform draws: batch x set <=
+/// ln 2 x rows), unless that is below 32.
+uint32_t automatic_set_size(uint32_t rows, uint32_t batch);
+/// Whether the half-the-rows bound made the set smaller than 1.6 sqrt(rows) would.
+bool set_size_bounded_by_touch(uint32_t rows, uint32_t batch);
 /// Its top-k: a quarter of the set, within [16, 64].
 uint32_t automatic_top_k(uint32_t set_size);
 
 /// The plan for an output layer of `rows` rows whose sparsity is `asked` (automatic or topk;
-/// automatic becomes topk or dense), with --top-k `top_k` and --min-active `min_active` as
-/// given (0: automatic, sized from the rows).
-output_plan plan_output_layer(uint32_t rows, sparsity_mode asked, uint32_t top_k,
+/// automatic becomes topk or dense), trained in steps of `batch` samples, with --top-k `top_k`
+/// and --min-active `min_active` as given (0: automatic, sized from the rows and the batch).
+output_plan plan_output_layer(uint32_t rows, uint32_t batch, sparsity_mode asked, uint32_t top_k,
                               uint32_t min_active);
 
 }  // namespace hslide

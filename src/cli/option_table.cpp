@@ -229,7 +229,8 @@ std::vector<option_spec> make_table() {
         spec("min-active", group::selection,
              "random fill of an active set (top-k or LSH) up to this many neurons (one, or one per "
              "layer after the first; 0 = auto: a top-k layer's sets about 1.6 sqrt(rows), a power "
-             "of two from 32 to 1024; an LSH layer's 1024)",
+             "of two from 32 to 1024, at most what lets a step of --batch-size touch half the "
+             "rows; an LSH layer's 1024)",
              HSLIDE_FIELD(model.min_active), {}, {}, both),
         spec("hidden-sparsity", group::selection,
              "hidden layers after the first: auto, lsh or dense",

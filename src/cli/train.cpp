@@ -83,6 +83,7 @@ int run_train(int argc, char** argv) {
     data_options& data = settings.data;
     model_options& mopt = settings.model;
     train_config& tc = settings.train;
+    mopt.batch_size = tc.batch_size;  // the automatic output layer's sets follow the batch
     trainer_options& to = settings.trainer;
     const compute_options& compute = settings.compute;
     const std::string& backend_name = settings.backend;

@@ -101,7 +101,11 @@ struct options {
         settings.output.log_level = "warn";
         settings.trainer.eval.show_progress = false;
     }
-    const model_options& model() const { return settings.model; }
+    model_options model() const {
+        model_options m = settings.model;
+        m.batch_size = settings.train.batch_size;  // the automatic output layer's sets follow it
+        return m;
+    }
     const train_config& train() const { return settings.train; }
     const evaluation_options& eval() const { return settings.trainer.eval; }
     const std::string& isa() const { return settings.compute.isa; }

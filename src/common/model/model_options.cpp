@@ -62,8 +62,8 @@ model_config make_model_config(const model_options& o, uint32_t input_dim, uint3
             layer.ivf_refresh = o.ivf_refresh;
             if (layer.sparsity == sparsity_mode::automatic ||
                 layer.sparsity == sparsity_mode::topk) {
-                const output_plan plan = plan_output_layer(layer.size, layer.sparsity, layer.top_k,
-                                                           layer.active.min_active);
+                const output_plan plan = plan_output_layer(layer.size, o.batch_size, layer.sparsity,
+                                                           layer.top_k, layer.active.min_active);
                 layer.sparsity = plan.sparsity;
                 layer.top_k = plan.top_k;
                 layer.active.min_active = plan.min_active;
