@@ -96,8 +96,10 @@ struct layer_config {
     /// --top-k-search ivf: training steps between refreshes of the index (every 4th its rows
     /// reassigned and its centroids recomputed, the others the rows changed since the last
     /// reassigned; 0: none), besides its rebuilds with the LSH tables' schedule
-    /// (bench/topk.md: every 2 steps keeps the first epoch's P@1, every 4 loses 0.02 of it)
-    uint32_t ivf_refresh = 2;
+    /// (bench/topk.md: every 2 steps keeps the first epoch's P@1, every 4 loses 0.02 of it;
+    /// bench/peers.md: under --epochs auto, with its drop of the rate, every 4 ends within 0.001
+    /// of every 2 on the Amazon-670K shape, seeds 1 and 2, in 9-12% less time)
+    uint32_t ivf_refresh = 4;
     /// Top-k: the weight (0..1) of the sampled softmax's log-Q correction on the random fill.
     /// The fill's r neurons are drawn from the M rows outside the labels and the top-k, so each
     /// stands for M / r of them; the gradient's softmax adds fill_correction * log(M / r) to
