@@ -992,6 +992,58 @@ TEST(CpuBackend, ExportsIntoTheSameSnapshotKeepItsBuffersAndFollowTheModel) {
     EXPECT_EQ(snapshot.adam_step, parameters.adam_step);
 }
 
+TEST(CpuBackend, ExactBf16ScoringIsExactScoringInBf16Products) {
+    // exact-bf16 (the hold-out's scoring under --epochs auto): on a level with bf16 products
+    // (the scalar reference's included), each returned score is the label's exact score
+    // within bf16's rounding of rows and inputs (8 significant bits each; logits up to ~2 here,
+    // errors up to 0.003 measured: tolerance 0.01), the top label's exact score is within
+    // twice that of the best, and the top label is the exact one for 90% of the points and
+    // more; on the others (AVX2, AVX-512 without BF16) it is exact scoring, bit for bit.
+    model_config config = small_config(sparsity_mode::dense, sparsity_mode::dense);
+    config.layers[0].size = 33;
+    config.layers.back().size = 300;
+    const dataset data = random_dataset(96, 20, 300, 61);
+    std::vector<uint32_t> rows(96);
+    std::iota(rows.begin(), rows.end(), 0u);
+    for (const isa_level level : {isa_level::scalar, isa_level::avx2, isa_level::avx512,
+                                  isa_level::avx512bf16, isa_level::amx}) {
+        if (!isa_supported(level)) continue;
+        const cpu::kernel_table& kernels = cpu::kernels_for(level);
+        cpu::cpu_backend be(model_state::create(config, 61), train_config{}, 2, kernels);
+        for (int e = 0; e < 3; ++e)
+            for (uint32_t b = 0; b < 96; b += 32)
+                be.train_batch({&data, rows.data() + b, 32}, 0.01f);
+        const uint32_t n = 96, all = 300, k = 5;
+        std::vector<uint32_t> exact(n * all), fast(n * k);
+        std::vector<float> exact_scores(n * all), fast_scores(n * k);
+        be.predict({&data, rows.data(), n}, all, scoring_mode::exact, exact.data(),
+                   exact_scores.data());
+        be.predict({&data, rows.data(), n}, k, scoring_mode::exact_bf16, fast.data(),
+                   fast_scores.data());
+        if (!kernels.dots16_bf16) {
+            for (uint32_t p = 0; p < n; ++p)
+                for (uint32_t i = 0; i < k; ++i) {
+                    EXPECT_EQ(fast[p * k + i], exact[p * all + i]) << to_string(level);
+                    EXPECT_EQ(fast_scores[p * k + i], exact_scores[p * all + i]);
+                }
+            continue;
+        }
+        constexpr float tolerance = 0.01f;
+        uint32_t same_top = 0;
+        for (uint32_t p = 0; p < n; ++p) {
+            std::vector<float> exact_of(all, 0.0f);
+            for (uint32_t i = 0; i < all; ++i)
+                exact_of[exact[p * all + i]] = exact_scores[p * all + i];
+            for (uint32_t i = 0; i < k; ++i)
+                EXPECT_NEAR(fast_scores[p * k + i], exact_of[fast[p * k + i]], tolerance)
+                    << to_string(level) << " point " << p << " rank " << i;
+            EXPECT_GE(exact_of[fast[p * k]], exact_scores[p * all] - 2 * tolerance) << p;
+            same_top += fast[p * k] == exact[p * all];
+        }
+        EXPECT_GT(same_top, n * 9 / 10) << to_string(level);
+    }
+}
+
 TEST(CpuBackend, Bf16TrainsLikeFp32AndImportRefreshesItsCopy) {
     const model_config config = small_config(sparsity_mode::dense, sparsity_mode::dense);
     const dataset data = random_dataset(64, 20, 30, 52);

@@ -351,7 +351,9 @@ std::vector<option_spec> make_table() {
              "default under --epochs auto; else 1)",
              HSLIDE_FIELD(trainer.eval_every), {}, {}, cli),
         spec("scoring", group::evaluation,
-             "evaluation scoring: exact (every label), lsh (the LSH active set only), ivf (a top-k "
+             "evaluation scoring: exact (every label), exact-bf16 (every label, the products in "
+             "bf16 where the CPU has bf16 products, else exact: what --epochs auto scores its "
+             "hold-out with when this is exact), lsh (the LSH active set only), ivf (a top-k "
              "layer's IVF index: the rows of the --ivf-probes best clusters; CPU), or auto (the "
              "output layer's own index: lsh for LSH layers, ivf for top-k layers searched by IVF, "
              "else exact)",

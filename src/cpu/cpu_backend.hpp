@@ -255,6 +255,10 @@ class cpu_backend final : public backend, public row_transfer {
     /// predict with exact scores, a chunk of points at a time (the output selector's
     /// score_exactly).
     void predict_exact(const batch_view& batch, uint32_t k, uint32_t* labels, float* scores);
+    /// predict_exact with bf16 products (--scoring exact-bf16, on a level with dots16_bf16):
+    /// the rows' bf16 copy (--precision bf16's, else rounded now into predict_rows16_) in
+    /// exact scoring's tiles.
+    void predict_exact_bf16(const batch_view& batch, uint32_t k, uint32_t* labels, float* scores);
     /// predict with an IVF index's top k: the output selector's search when it has one, else
     /// an index built from the rows now, for this prediction only.
     void predict_ivf(const batch_view& batch, uint32_t k, uint32_t* labels, float* scores);
@@ -359,6 +363,8 @@ class cpu_backend final : public backend, public row_transfer {
     std::vector<row_groups> groups_;  // per layer
     std::vector<row_marks> changed_;  // per layer: rows updated since take_changed_rows
     std::vector<float> layer0_bias_grad_;
+    exact_scoring predict_scoring_;     // predict_exact_bf16's scorer and its buffers
+    std::vector<bf16> predict_rows16_;  // predict_exact_bf16's rounding of the output rows
     // Catch-up Adam: per layer that catches up, the step each row is up to date at (a busy
     // mark while a thread catches it up); null for other layers, empty without catch-up.
     std::vector<std::unique_ptr<std::atomic<uint64_t>[]>> row_step_;

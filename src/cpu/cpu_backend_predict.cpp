@@ -34,10 +34,14 @@ void cpu_backend::predict_rows(const batch_view& batch, uint32_t k, scoring_mode
         (scoring == scoring_mode::automatic && output_selection().searches_ivf()))
         return predict_ivf(batch, k, labels, scores);
     // Otherwise only an LSH output layer has a cheaper way to score than every neuron.
-    const bool exact = scoring == scoring_mode::exact || !model_.config.uses_lsh(out_layer);
+    const bool exact = scoring == scoring_mode::exact || scoring == scoring_mode::exact_bf16 ||
+                       !model_.config.uses_lsh(out_layer);
     // The blocked exact path needs the output layer's input as a dense vector per sample.
-    if (exact && !model_.config.has_active_sets(out_layer - 1))
+    if (exact && !model_.config.has_active_sets(out_layer - 1)) {
+        if (scoring == scoring_mode::exact_bf16 && k_.dots16_bf16)
+            return predict_exact_bf16(batch, k, labels, scores);
         return predict_exact(batch, k, labels, scores);
+    }
     // A sharded LSH layer's sets are built across ranks, a batch at a time.
     if (shard_.sharded()) return predict_shard_sets(batch, k, labels, scores);
     // One buffer set per thread, not per sample: exact scores of 670k labels are 2.7 MB a point.
@@ -98,6 +102,32 @@ void cpu_backend::predict_exact(const batch_view& batch, uint32_t k, uint32_t* l
     predict_chunks(batch, k, labels, scores,
                    [&](const float* const* queries, uint32_t n, uint32_t* l, float* sc) {
                        selector.score_exactly(queries, n, k, l, sc, nullptr);
+                   });
+}
+
+void cpu_backend::predict_exact_bf16(const batch_view& batch, uint32_t k, uint32_t* labels,
+                                     float* scores) {
+    const size_t out_layer = model_.layers.size() - 1;
+    layer_rows rows = rows_of(out_layer);
+    if (!rows.weights16) {
+        // Rounded here, for this call: a copy kept between calls would have to follow every
+        // way the rows change (steps, imports, row transfers), and rounding the rows costs a
+        // small part of scoring them (one pass, against one a chunk of 256 points).
+        const size_t stride16 = (size_t(rows.width) + 31) / 32 * 32;  // whole 64-byte lines
+        predict_rows16_.resize(size_t(rows.rows) * stride16);
+        bf16* const copy = predict_rows16_.data();
+#pragma omp parallel for num_threads(threads_) schedule(static)
+        for (int64_t r = 0; r < int64_t(rows.rows); ++r) {
+            bf16* row = copy + size_t(r) * stride16;
+            k_.to_bf16(rows.row(uint32_t(r)), row, rows.width);
+            std::fill(row + rows.width, row + stride16, bf16{0});
+        }
+        rows.weights16 = copy;
+        rows.stride16 = stride16;
+    }
+    predict_chunks(batch, k, labels, scores,
+                   [&](const float* const* queries, uint32_t n, uint32_t* l, float* sc) {
+                       predict_scoring_.score(rows, k_, threads_, queries, n, k, l, sc, nullptr);
                    });
 }
 

@@ -29,10 +29,12 @@ const std::pair<const char*, adam_mode> adam_names[] = {
     {"input-dense", adam_mode::input_dense},
     {"catch-up", adam_mode::catch_up},
     {"input-catch-up", adam_mode::input_catch_up}};
-const std::pair<const char*, scoring_mode> scoring_names[] = {{"auto", scoring_mode::automatic},
-                                                              {"exact", scoring_mode::exact},
-                                                              {"lsh", scoring_mode::lsh},
-                                                              {"ivf", scoring_mode::ivf}};
+const std::pair<const char*, scoring_mode> scoring_names[] = {
+    {"auto", scoring_mode::automatic},
+    {"exact", scoring_mode::exact},
+    {"exact-bf16", scoring_mode::exact_bf16},
+    {"lsh", scoring_mode::lsh},
+    {"ivf", scoring_mode::ivf}};
 const std::pair<const char*, lr_schedule> schedule_names[] = {{"constant", lr_schedule::constant},
                                                               {"linear", lr_schedule::linear}};
 const std::pair<const char*, lr_batch_scaling> scaling_names[] = {
