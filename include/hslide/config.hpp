@@ -203,7 +203,7 @@ enum class scoring_mode {
     exact,      ///< every output neuron
     /// every output neuron, the products in bf16 (rows and inputs rounded, sums in fp32) where
     /// the CPU multiplies bf16 natively (AMX tiles, AVX-512-BF16), else exact: --epochs
-    /// auto's hold-out, which only ranks epochs (a tenth of the time at 670k labels)
+    /// auto's hold-out, which only ranks epochs (a quarter of the time at 670k labels)
     exact_bf16,
     lsh,  ///< the LSH active set only
     ivf,  ///< a top-k layer's IVF index: the rows of each point's --ivf-probes best clusters

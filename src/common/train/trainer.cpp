@@ -379,7 +379,7 @@ void trainer::validate_epoch(epoch_record& record) {
     const validation_options& v = options_.validation;
     const auto t0 = clock_type::now();
     // The hold-out only ranks the epochs against each other: bf16 products change the order
-    // of near-ties only, and cost a tenth of fp32's at 670k labels (exact-bf16; exact where
+    // of near-ties only, and cost a quarter of fp32's at 670k labels (exact-bf16; exact where
     // the CPU has no bf16 products). In calls of up to 4,096 points: a call rounds the rows.
     evaluation_options eval = options_.eval;
     if (eval.scoring == scoring_mode::exact) eval.scoring = scoring_mode::exact_bf16;
