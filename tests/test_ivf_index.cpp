@@ -520,10 +520,9 @@ TEST(IvfScoring, ProbingEveryClusterPredictsAsExactScoring) {
     std::iota(rows.begin(), rows.end(), 0u);
     for (const uint32_t probes : {7u, 2u}) {
         model_config config = top_k_config(top_k_search::ivf, 7, probes);
-        // Refreshed at every one of the 10 steps below, with its Lloyd step (the 8th pass) two
-        // steps before the prediction, so the index holds these fast-moving rows as they are
-        // (the default, every 4 steps, would not have recomputed the centroids yet).
-        config.layers.back().ivf_refresh = 1;
+        // Refreshed at the last of the 10 steps below, so the index holds the rows as they are
+        // (every 4, the default, would leave two steps' moves of these fast rows unindexed).
+        config.layers.back().ivf_refresh = 2;
         cpu_backend b(model_state::create(config, 43), train_config{}, 2);
         for (uint32_t s = 0; s + 16 <= 160; s += 16)
             b.train_batch({&data, rows.data() + s, 16}, 0.02f);

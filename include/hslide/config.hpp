@@ -93,7 +93,7 @@ struct layer_config {
     /// exact top-k's P@1)
     uint32_t ivf_clusters = 0;
     uint32_t ivf_probes = 48;
-    /// --top-k-search ivf: training steps between refreshes of the index (every 8th its rows
+    /// --top-k-search ivf: training steps between refreshes of the index (every 4th its rows
     /// reassigned and its centroids recomputed, the others the rows changed since the last
     /// reassigned; 0: none), besides its rebuilds with the LSH tables' schedule
     /// (bench/topk.md: every 2 steps keeps the first epoch's P@1, every 4 loses 0.02 of it;

@@ -211,7 +211,7 @@ std::vector<option_spec> make_table() {
              "--top-k-search ivf: clusters whose rows a sample's search scores",
              HSLIDE_FIELD(model.ivf_probes), {}, positive(), both),
         spec("ivf-refresh", group::selection,
-             "--top-k-search ivf: training steps between refreshes of the index (every 8th: rows "
+             "--top-k-search ivf: training steps between refreshes of the index (every 4th: rows "
              "reassigned, centroids recomputed; the others: the rows changed since reassigned; 0: "
              "only its rebuilds, on --rebuild's schedule)",
              HSLIDE_FIELD(model.ivf_refresh), {}, {}, both),

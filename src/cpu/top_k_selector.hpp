@@ -120,11 +120,10 @@ class exact_top_k final : public top_k_selector {
 /// refresh with a Lloyd step. Training moves the rows fast enough that an index a few steps
 /// old misses most of a sample's best rows (bench/topk.md); between Lloyd steps only the
 /// changed rows (about 30% at the Amazon-670K shape with the fill pool) can have left their
-/// clusters. Every 8th pass (4th until 2026-11-29): the same P@1 at the Amazon-670K shape,
-/// seeds 1 and 2, with 8% less upkeep (bench/peers.md).
+/// clusters.
 class ivf_top_k final : public top_k_selector {
   public:
-    static constexpr uint32_t ivf_lloyd_every = 8;
+    static constexpr uint32_t ivf_lloyd_every = 4;
 
     ivf_top_k(rows_source rows, const layer_config& config, uint64_t train_seed,
               const kernel_table& kernels, int threads);
