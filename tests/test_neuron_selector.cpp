@@ -311,9 +311,10 @@ TEST(NeuronSelector, IvfBeforeStepFollowsItsRhythm) {
                       2);
     EXPECT_TRUE(same(selector.index(), expected));
     EXPECT_FALSE(expected.members.empty());
-    // Step 8 (the 4th pass): a whole refresh with a Lloyd step.
+    // The ivf_lloyd_every-th pass (step 8 with a refresh every 2 steps): a whole refresh with
+    // a Lloyd step.
     move_rows(2);
-    selector.before_step(8);
+    selector.before_step(uint64_t(config.ivf_refresh) * ivf_top_k::ivf_lloyd_every);
     refresh_ivf_index(expected, layer.view(), best_kernels(), 2);
     EXPECT_TRUE(same(selector.index(), expected));
 }
