@@ -143,6 +143,8 @@ struct model_state {
     /// Throws hslide::error naming the layer when `in` has other layer shapes than this model
     /// (the check every import makes first).
     void check_same_layout(const model_state& in) const;
+    /// Whether `in` has this model's layer shapes (what check_same_layout checks).
+    bool same_layout(const model_state& in) const;
 
     /// Row sets holding every row of every layer.
     row_sets all_rows() const;

@@ -112,18 +112,11 @@ void cpu_backend::predict_exact_bf16(const batch_view& batch, uint32_t k, uint32
     if (!rows.weights16) {
         // Rounded here, for this call: a copy kept between calls would have to follow every
         // way the rows change (steps, imports, row transfers), and rounding the rows costs a
-        // small part of scoring them (one pass, against one a chunk of 256 points).
-        const size_t stride16 = (size_t(rows.width) + 31) / 32 * 32;  // whole 64-byte lines
-        predict_rows16_.resize(size_t(rows.rows) * stride16);
-        bf16* const copy = predict_rows16_.data();
-#pragma omp parallel for num_threads(threads_) schedule(static)
-        for (int64_t r = 0; r < int64_t(rows.rows); ++r) {
-            bf16* row = copy + size_t(r) * stride16;
-            k_.to_bf16(rows.row(uint32_t(r)), row, rows.width);
-            std::fill(row + rows.width, row + stride16, bf16{0});
-        }
-        rows.weights16 = copy;
-        rows.stride16 = stride16;
+        // small part of scoring them (one pass, against one a chunk of 256 points). The
+        // buffer is kept (zeroed when its size changes, so the rows' tails stay zero).
+        const size_t size = size_t(rows.rows) * bf16_copy_stride(rows.width);
+        if (predict_rows16_.size() != size) predict_rows16_.assign(size, bf16{0});
+        rows = round_rows_to_bf16(rows, k_, predict_rows16_.data(), nullptr, rows.rows, threads_);
     }
     predict_chunks(batch, k, labels, scores,
                    [&](const float* const* queries, uint32_t n, uint32_t* l, float* sc) {

@@ -59,6 +59,20 @@ void offer_rows_of_16(const float* z, uint32_t nb, uint32_t first, uint32_t n_x,
 
 }  // namespace
 
+layer_rows round_rows_to_bf16(const layer_rows& layer, const kernel_table& k, bf16* copy,
+                              const uint32_t* ids, size_t n, int threads) {
+    const size_t stride16 = bf16_copy_stride(layer.width);
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t i = 0; i < int64_t(n); ++i) {
+        const uint32_t r = ids ? ids[i] : uint32_t(i);
+        k.to_bf16(layer.row(r), copy + size_t(r) * stride16, layer.width);
+    }
+    layer_rows rounded = layer;
+    rounded.weights16 = copy;
+    rounded.stride16 = stride16;
+    return rounded;
+}
+
 uint32_t exact_scoring::chunk(uint32_t k) {
     return uint32_t(std::clamp<uint64_t>((uint64_t{1} << 22) / std::max(k, 1u), 1, 256));
 }
@@ -227,7 +241,6 @@ double exact_scoring::measure_rate(const kernel_table& k, int threads, uint32_t 
     // its caches, so that the rate is the cores' and not the memory's.
     const uint32_t rows = uint32_t(std::clamp<uint64_t>((uint64_t{4} << 20) / width, 64, 16384));
     constexpr uint32_t queries = 128, top = 32;
-    const size_t stride16 = (size_t(width) + 31) / 32 * 32;
     std::vector<float> weights(size_t(rows) * width), bias(rows, 0.0f),
         inputs(size_t(queries) * width);
     rng gen(0x5ca1ab1e);  // the values do not matter, only that they are not all zero
@@ -236,11 +249,8 @@ double exact_scoring::measure_rate(const kernel_table& k, int threads, uint32_t 
     std::vector<bf16> weights16;
     layer_rows layer{weights.data(), width, bias.data(), rows, width, nullptr, 0};
     if (k.level >= isa_level::amx) {  // as exact_top_k searches
-        weights16.assign(size_t(rows) * stride16, bf16{0});
-        for (uint32_t r = 0; r < rows; ++r)
-            k.to_bf16(layer.row(r), weights16.data() + size_t(r) * stride16, width);
-        layer.weights16 = weights16.data();
-        layer.stride16 = stride16;
+        weights16.assign(size_t(rows) * bf16_copy_stride(width), bf16{0});
+        layer = round_rows_to_bf16(layer, k, weights16.data(), nullptr, rows, threads);
     }
     std::vector<const float*> query(queries);
     for (uint32_t q = 0; q < queries; ++q) query[q] = inputs.data() + size_t(q) * width;

@@ -20,6 +20,18 @@
 
 namespace hslide::cpu {
 
+/// The stride of a bf16 copy of rows of `width` values that score() reads: whole 64-byte lines
+/// a row (width rounded up to 32), the tail zero.
+inline size_t bf16_copy_stride(uint32_t width) {
+    return (size_t(width) + 31) / 32 * 32;
+}
+
+/// Rounds rows ids[0..n) of `layer` (ids null: rows 0..n-1) with k.to_bf16 into `copy`
+/// (bf16_copy_stride(layer.width) values a row; the tails are not written, so a copy allocated
+/// zeroed keeps them zero), on `threads` threads. Returns `layer` scoring the copy (weights16).
+layer_rows round_rows_to_bf16(const layer_rows& layer, const kernel_table& k, bf16* copy,
+                              const uint32_t* ids, size_t n, int threads);
+
 /// The blocked exact scorer and its buffers (reused from call to call).
 class exact_scoring {
   public:

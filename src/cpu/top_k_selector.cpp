@@ -127,7 +127,7 @@ exact_top_k::exact_top_k(rows_source rows, const layer_config& config, uint64_t 
     bf16_copy_ = config.search == top_k_search::automatic && kernels.level >= isa_level::amx &&
                  layer.weights16 == nullptr;
     if (!bf16_copy_) return;
-    stride16_ = (size_t(layer.width) + 31) / 32 * 32;  // whole 64-byte lines a row
+    stride16_ = bf16_copy_stride(layer.width);
     rows16_.assign(size_t(layer.rows) * stride16_, bf16{0});
     stale_ = row_marks(layer.rows);
     stale_.mark_all();
@@ -144,16 +144,9 @@ void exact_top_k::search(const float* const* queries, uint32_t n, uint32_t k, ui
         score_exactly(queries, n, k, labels, scores, log_partition);
         return;
     }
-    layer_rows layer = rows();
     stale_.take(stale_rows_);
-    const uint32_t* stale = stale_rows_.data();
-#pragma omp parallel for num_threads(threads_) schedule(static)
-    for (int64_t i = 0; i < int64_t(stale_rows_.size()); ++i) {
-        const uint32_t r = stale[i];
-        k_.to_bf16(layer.row(r), rows16_.data() + size_t(r) * stride16_, layer.width);
-    }
-    layer.weights16 = rows16_.data();
-    layer.stride16 = stride16_;
+    const layer_rows layer = round_rows_to_bf16(rows(), k_, rows16_.data(), stale_rows_.data(),
+                                                stale_rows_.size(), threads_);
     scoring_.score(layer, k_, threads_, queries, n, k, labels, scores, log_partition);
 }
 

@@ -152,12 +152,7 @@ void gpu_backend::export_state(model_state& out, bool with_optimizer) const {
     const_cast<gpu_backend*>(this)->complete_deferred_updates();
     // Keep out's buffers where it has this model's shapes (the same snapshot is exported into
     // every epoch under --epochs auto); a layout has none.
-    bool same_shapes = out.layers.size() == shape_.layers.size();
-    for (size_t l = 0; same_shapes && l < out.layers.size(); ++l)
-        same_shapes = out.layers[l].rows == shape_.layers[l].rows &&
-                      out.layers[l].width == shape_.layers[l].width &&
-                      out.layers[l].stride == shape_.layers[l].stride;
-    if (!same_shapes) out = model_state::layout(shape_.config);
+    if (!out.same_layout(shape_)) out = model_state::layout(shape_.config);
     out.config = shape_.config;
     out.adam_step = shape_.adam_step;
     out.hash_seeds = shape_.hash_seeds;

@@ -62,15 +62,8 @@ void detail::copy_bytes(void* dst, const void* src, size_t bytes) {
 }
 
 model_state model_state::parameters() const {
-    model_state p = layout(config);
-    p.adam_step = adam_step;
-    p.hash_seeds = hash_seeds;
-    p.output_first = output_first;
-    if (!layers.empty()) p.layers.back().rows = layers.back().rows;  // a shard's
-    for (size_t l = 0; l < layers.size(); ++l) {
-        p.layers[l].weights = layers[l].weights;
-        p.layers[l].bias = layers[l].bias;
-    }
+    model_state p;
+    p.copy_from(*this, /*with_optimizer=*/false);
     return p;
 }
 
@@ -238,15 +231,25 @@ size_t model_state::memory_bytes() const {
     return n;
 }
 
+namespace {
+bool same_shape(const layer_state& a, const layer_state& b) {
+    return a.rows == b.rows && a.width == b.width && a.stride == b.stride;
+}
+}  // namespace
+
+bool model_state::same_layout(const model_state& in) const {
+    return in.layers.size() == layers.size() &&
+           std::equal(layers.begin(), layers.end(), in.layers.begin(), same_shape);
+}
+
 void model_state::check_same_layout(const model_state& in) const {
     HSLIDE_CHECK(in.layers.size() == layers.size(), "imported model has {} layers, this one {}",
                  in.layers.size(), layers.size());
     for (size_t l = 0; l < in.layers.size(); ++l) {
         const layer_state& dst = layers[l];
         const layer_state& src = in.layers[l];
-        HSLIDE_CHECK(src.rows == dst.rows && src.width == dst.width && src.stride == dst.stride,
-                     "imported layer {} is {}x{}, this model's is {}x{}", l, src.rows, src.width,
-                     dst.rows, dst.width);
+        HSLIDE_CHECK(same_shape(src, dst), "imported layer {} is {}x{}, this model's is {}x{}", l,
+                     src.rows, src.width, dst.rows, dst.width);
     }
 }
 
