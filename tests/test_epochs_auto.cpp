@@ -20,6 +20,7 @@
 
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 using namespace hslide;
@@ -271,6 +272,35 @@ TEST(EpochsAuto, ADropTrainsItsEpochsAtTheLowerRateAndThenStops) {
     EXPECT_EQ(longer.run().size(), 6u);
     EXPECT_EQ(longer.best_epoch(), 4u);
     EXPECT_EQ(longer.epochs_run(), 5u);
+}
+
+TEST(EpochsAuto, TheDropsEpochWinsUnlessTheHoldOutFindsItWorseBeyondItsNoise) {
+    // Validation P@1 0.3, 0.7 (best), 0.5: a plateau; the drop from epoch 2 then scores `after`.
+    // The hold-out's noise at 0.7 on 20 points is sqrt(0.7 * 0.3 / 20) = 0.102.
+    EXPECT_NEAR(holdout_noise(0.7, 20), 0.1025, 1e-4);
+    EXPECT_EQ(holdout_noise(1.5, 20), 0.0) << "clamped to [0, 1]";
+    EXPECT_EQ(holdout_noise(0.5, 0), 0.0);
+    const dataset train = labelled_points(40);
+    for (const auto& [points, after, kept] :
+         std::vector<std::tuple<uint32_t, int, uint32_t>>{
+             {20, 7, 3},    // a tie: the drop's epoch
+             {20, 6, 3},    // 0.1 lower, within the noise: the drop's epoch
+             {20, 5, 2},    // 0.2 lower: the best before the drop
+             {200, 6, 2}})  // 0.1 lower on 200 points (noise 0.032): the best before the drop
+    {
+        const dataset valid = labelled_points(points);
+        trainer_options o = auto_options();
+        o.validation.valid = &valid;
+        o.train.batch_size = 40;  // a batch an epoch
+        scripted_backend be({3, 7, 5, 6}, 40, {0, 0, after, 0});
+        trainer run(be, train, nullptr, o);
+        const auto records = run.run();
+        ASSERT_EQ(records.size(), 4u);
+        EXPECT_EQ(run.best_epoch(), kept) << points << " points, the drop's epoch at " << after;
+        EXPECT_NEAR(run.best_value(), kept == 3 ? after / 10.0 : 0.7, 1e-9);
+        // At the drop back to epoch 2; at the end again only where epoch 2 is kept.
+        EXPECT_EQ(be.imported.size(), kept == 3 ? 1u : 2u);
+    }
 }
 
 TEST(EpochsAuto, AFixedCountTrainsExactlyThatManyEpochs) {

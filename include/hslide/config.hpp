@@ -125,6 +125,15 @@ uint32_t automatic_ivf_clusters(uint32_t rows);
 /// automatic_ivf_clusters): at most one a row.
 uint32_t ivf_cluster_count(uint32_t given, uint32_t rows);
 
+/// Whether a CPU backend's exact top-k search (top_k_search::automatic) scores a bf16 copy of
+/// the rows on kernels of `level`: where the CPU has bf16 products (vdpbf16ps, or AMX tiles).
+/// Only the search's ranking sees the rounding; the set's logits are the fp32 rows'. On a
+/// 2-core Zen 5 (avx512bf16, Debian-recs' 6,118 x 256 layer) it halved the search: 0.09 s an
+/// epoch against 0.165 in fp32 (bench/peers.md, fifth session).
+constexpr bool cpu_exact_search_in_bf16(isa_level level) {
+    return level >= isa_level::avx512bf16;
+}
+
 /// How many rows AMX tiles score exactly in the time an IVF search scores one of the rows it
 /// probes and keeps its index current (bench/peers.md: at 670,091 rows, 48 of 409 clusters
 /// probed, the two searches cost the same an epoch).

@@ -161,8 +161,11 @@ class trainer {
     std::vector<epoch_record> run(const std::function<void(const epoch_record&)>& on_epoch = {});
 
     const trainer_state& state() const { return state_; }
-    /// The best epoch by the validation metric (0 without a validation set or before one).
-    /// With keep_best, after run() the backend holds its model.
+    /// The best epoch by the validation metric (0 without a validation set or before one): a
+    /// later epoch is best when it scores higher, and the first epoch at a dropped rate when it
+    /// scores within holdout_noise(best_value(), validation points) of the best (the anneal is
+    /// kept unless the hold-out finds it worse beyond its noise). With keep_best, after run()
+    /// the backend holds its model.
     uint32_t best_epoch() const { return best_epoch_; }
     /// The validation metric's value at best_epoch().
     double best_value() const { return best_value_; }

@@ -85,6 +85,12 @@ struct auto_epochs_defaults {
     static constexpr size_t holdout_max_points = 2000;
 };
 
+/// The noise of a hold-out's metric: the standard error of a mean of `points` per-point values
+/// in [0, 1] whose mean is `value`, sqrt(value (1 - value) / points) (the binomial bound; value
+/// clamped to [0, 1]). An epoch at a dropped rate is kept over the best when it scores within
+/// this of it (trainer.hpp).
+double holdout_noise(double value, size_t points);
+
 /// Reads --epochs: "auto" (epochs_auto, capped at auto_epochs_defaults::max_epochs) or a
 /// positive count (exactly that many). Throws hslide::error (invalid_argument) naming
 /// --epochs otherwise.

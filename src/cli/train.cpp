@@ -253,13 +253,14 @@ int run_train(int argc, char** argv) {
         const std::string ivf =
             fmt::format("IVF: {} probes, refresh every {} steps", c.ivf_probes, c.ivf_refresh);
         const uint32_t clusters = ivf_cluster_count(c.ivf_clusters, c.size);
-        const bool amx = active_isa() >= isa_level::amx;
+        const char* in_bf16 = active_isa() >= isa_level::amx           ? " in AMX tiles"
+                              : cpu_exact_search_in_bf16(active_isa()) ? " in bf16 products"
+                                                                       : "";
         const std::string cpu_search =
             cpu_top_k_search(c, active_isa()) == top_k_search::ivf
                 ? ivf
-                : fmt::format("exact{}: an index would probe {} of its {} clusters",
-                              amx ? " in AMX tiles" : "", std::min(c.ivf_probes, clusters),
-                              clusters);
+                : fmt::format("exact{}: an index would probe {} of its {} clusters", in_bf16,
+                              std::min(c.ivf_probes, clusters), clusters);
         if (c.search == top_k_search::ivf)
             text += ", " + ivf;
         else if (c.search == top_k_search::automatic)

@@ -2,6 +2,7 @@
 #include "exact_scoring.hpp"
 
 #include "hslide/clock.hpp"
+#include "hslide/config.hpp"
 #include "hslide/rng.hpp"
 
 #include <omp.h>
@@ -248,7 +249,7 @@ double exact_scoring::measure_rate(const kernel_table& k, int threads, uint32_t 
     for (float& x : inputs) x = gen.uniform() - 0.5f;
     std::vector<bf16> weights16;
     layer_rows layer{weights.data(), width, bias.data(), rows, width, nullptr, 0};
-    if (k.level >= isa_level::amx) {  // as exact_top_k searches
+    if (cpu_exact_search_in_bf16(k.level)) {  // as exact_top_k searches
         weights16.assign(size_t(rows) * bf16_copy_stride(width), bf16{0});
         layer = round_rows_to_bf16(layer, k, weights16.data(), nullptr, rows, threads);
     }

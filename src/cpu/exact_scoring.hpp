@@ -51,8 +51,8 @@ class exact_scoring {
 
     /// Row scores a second of this scorer on `threads` threads at rows of `width`, measured
     /// for about a tenth of a second on random rows that fit in the caches, in bf16 where an
-    /// exact top-k search would copy the rows to bf16 (AMX) and fp32 otherwise: the rate a
-    /// rank of a sharded run offers (--shard-weights auto).
+    /// exact top-k search would copy the rows to bf16 (cpu_exact_search_in_bf16) and fp32
+    /// otherwise: the rate a rank of a sharded run offers (--shard-weights auto).
     static double measure_rate(const kernel_table& k, int threads, uint32_t width);
 
   private:

@@ -124,8 +124,8 @@ exact_top_k::exact_top_k(rows_source rows, const layer_config& config, uint64_t 
                          const kernel_table& kernels, int threads)
     : top_k_selector(std::move(rows), config, train_seed, kernels, threads) {
     const layer_rows layer = this->rows();
-    bf16_copy_ = config.search == top_k_search::automatic && kernels.level >= isa_level::amx &&
-                 layer.weights16 == nullptr;
+    bf16_copy_ = config.search == top_k_search::automatic &&
+                 cpu_exact_search_in_bf16(kernels.level) && layer.weights16 == nullptr;
     if (!bf16_copy_) return;
     stride16_ = bf16_copy_stride(layer.width);
     rows16_.assign(size_t(layer.rows) * stride16_, bf16{0});

@@ -75,9 +75,10 @@ class top_k_selector : public neuron_selector {
 
 /// Top-k found by scoring every row (top_k_search::exact, and automatic where it means exact).
 ///
-/// Chosen by automatic (cpu_top_k_search) over fp32 rows on an AMX CPU, the search scores a
-/// bf16 copy of the rows that the selection keeps (each row re-rounded when it changed, before
-/// the next search) with the tile kernel: the candidates are the top-k of bf16 products (rows
+/// Chosen by automatic (cpu_top_k_search) over fp32 rows on a CPU with bf16 products
+/// (cpu_exact_search_in_bf16), the search scores a bf16 copy of the rows that the selection
+/// keeps (each row re-rounded when it changed, before the next search) with the bf16 kernel
+/// (AMX tiles, or vdpbf16ps): the candidates are the top-k of bf16 products (rows
 /// whose logits differ by less than bf16's rounding may swap), at a fraction of the fp32
 /// GEMM's time (bench/peers.md). The set's logits, the softmax and the gradient stay fp32; no
 /// log-partition is computed (the loss reported is the set's, as IVF's). `--top-k-search exact`

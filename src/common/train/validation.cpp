@@ -56,6 +56,12 @@ void check_validation_fraction(double fraction) {
                  fraction);
 }
 
+double holdout_noise(double value, size_t points) {
+    if (points == 0) return 0.0;
+    const double m = std::clamp(value, 0.0, 1.0);
+    return std::sqrt(m * (1.0 - m) / double(points));
+}
+
 void parse_epochs(const std::string& text, train_config& train) {
     if (text == "auto") {
         train.epochs_auto = true;
