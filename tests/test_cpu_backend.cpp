@@ -1232,46 +1232,51 @@ TEST(CpuBackend, MultiProbeScoringScoresASupersetOfTheSingleProbeSet) {
 }
 
 TEST(CpuBackend, TheExactSearchsBf16CopyFollowsEveryUpdatedRow) {
-    // On AMX an automatic exact search scores a bf16 copy of the output rows, which the update
-    // writes as it changes each row (rows changed by other means, an import, are marked and
-    // rounded before the next search). After training with sparse, dense (every row moves) and
-    // input-catch-up Adam, every row of the copy is the bf16 rounding of the model's row.
-    if (!isa_supported(isa_level::amx))
-        GTEST_SKIP() << "this CPU has no usable AMX (best: " << to_string(detected_isa()) << ")";
-    const cpu::kernel_table& amx = cpu::kernels_for(isa_level::amx);
+    // Where the CPU has bf16 products, an automatic exact search scores a bf16 copy of the
+    // output rows, which the update writes as it changes each row (rows changed by other
+    // means, an import, are marked and rounded before the next search). After training with
+    // sparse, dense (every row moves) and input-catch-up Adam, every row of the copy is the
+    // bf16 rounding of the model's row.
+    std::vector<isa_level> levels;
+    for (isa_level level : {isa_level::avx512bf16, isa_level::amx})
+        if (isa_supported(level) && cpu_exact_search_in_bf16(level)) levels.push_back(level);
+    if (levels.empty())
+        GTEST_SKIP() << "this CPU has no bf16 products (best: " << to_string(detected_isa()) << ")";
     const dataset data = random_dataset(64, 20, 500, 31);
     std::vector<uint32_t> rows(64);
     std::iota(rows.begin(), rows.end(), 0u);
-    for (adam_mode adam : {adam_mode::sparse, adam_mode::dense, adam_mode::input_catch_up}) {
-        SCOPED_TRACE(to_string(adam));
-        model_config config = small_config(sparsity_mode::dense, sparsity_mode::topk);
-        config.layers.back().size = 500;
-        config.layers.back().active.min_active = 40;
-        config.layers.back().top_k = 8;
-        config.layers.back().search = top_k_search::automatic;
-        train_config tc;
-        tc.adam = adam;
-        cpu::cpu_backend be(model_state::create(config, 7), tc, 2, amx);
-        for (uint32_t b = 0; b < 64; b += 16) be.train_batch({&data, rows.data() + b, 16}, 0.02f);
-        const size_t out = config.layers.size() - 1;
-        auto* search =
-            dynamic_cast<cpu::exact_top_k*>(&const_cast<cpu::neuron_selector&>(be.selection(out)));
-        ASSERT_NE(search, nullptr);
-        ASSERT_TRUE(search->scores_bf16_copy());
-        model_state now;
-        be.export_state(now, false);
-        // A search rounds the rows marked since the last one.
-        const layer_state& layer = now.layers[out];
-        std::vector<float> query(layer.width, 0.5f);
-        const float* q = query.data();
-        uint32_t label;
-        float score;
-        search->search(&q, 1, 1, &label, &score, nullptr);
-        const cpu::neuron_selector::bf16_rows copy = search->writable_bf16_copy();
-        ASSERT_NE(copy.rows, nullptr);
-        for (uint32_t r = 0; r < layer.rows; ++r)
-            for (uint32_t i = 0; i < layer.width; ++i)
-                ASSERT_EQ(copy.rows[r * copy.stride16 + i], cpu::float_to_bf16(layer.row(r)[i]))
-                    << "row " << r << ", element " << i;
-    }
+    for (isa_level level : levels)
+        for (adam_mode adam : {adam_mode::sparse, adam_mode::dense, adam_mode::input_catch_up}) {
+            SCOPED_TRACE(std::string(to_string(level)) + ", " + to_string(adam));
+            model_config config = small_config(sparsity_mode::dense, sparsity_mode::topk);
+            config.layers.back().size = 500;
+            config.layers.back().active.min_active = 40;
+            config.layers.back().top_k = 8;
+            config.layers.back().search = top_k_search::automatic;
+            train_config tc;
+            tc.adam = adam;
+            cpu::cpu_backend be(model_state::create(config, 7), tc, 2, cpu::kernels_for(level));
+            for (uint32_t b = 0; b < 64; b += 16)
+                be.train_batch({&data, rows.data() + b, 16}, 0.02f);
+            const size_t out = config.layers.size() - 1;
+            auto* search = dynamic_cast<cpu::exact_top_k*>(
+                &const_cast<cpu::neuron_selector&>(be.selection(out)));
+            ASSERT_NE(search, nullptr);
+            ASSERT_TRUE(search->scores_bf16_copy());
+            model_state now;
+            be.export_state(now, false);
+            // A search rounds the rows marked since the last one.
+            const layer_state& layer = now.layers[out];
+            std::vector<float> query(layer.width, 0.5f);
+            const float* q = query.data();
+            uint32_t label;
+            float score;
+            search->search(&q, 1, 1, &label, &score, nullptr);
+            const cpu::neuron_selector::bf16_rows copy = search->writable_bf16_copy();
+            ASSERT_NE(copy.rows, nullptr);
+            for (uint32_t r = 0; r < layer.rows; ++r)
+                for (uint32_t i = 0; i < layer.width; ++i)
+                    ASSERT_EQ(copy.rows[r * copy.stride16 + i], cpu::float_to_bf16(layer.row(r)[i]))
+                        << "row " << r << ", element " << i;
+        }
 }

@@ -365,46 +365,59 @@ TEST(NeuronSelector, TheBackendKeepsTheSelectionItsConfigNames) {
         EXPECT_EQ(backend.selection(1).searches_ivf(), e.ivf);
         // automatic's exact search on an AMX CPU scores a bf16 copy: the set's loss then
         const bool bf16_copy =
-            e.search == top_k_search::automatic && best_kernels().level >= isa_level::amx;
+            e.search == top_k_search::automatic && cpu_exact_search_in_bf16(best_kernels().level);
         EXPECT_EQ(backend.selection(1).computes_log_partition(),
                   e.kind == neuron_selection::top_k && !e.ivf && !bf16_copy);
     }
 }
 
-TEST(NeuronSelector, AutomaticExactSearchOnAmxScoresAFreshBf16CopyOfTheRows) {
-    if (!isa_supported(isa_level::amx))
-        GTEST_SKIP() << "this CPU has no usable AMX (best: " << to_string(detected_isa()) << ")";
-    // Eighths are exact in bf16 and their sums in fp32, so the copy's top-k is the true one;
-    // width 48 takes a whole tile and a 16-element one, 3,000 rows 46 tile passes and a tail.
-    exact_layer layer(3000, 48, 3);
-    const auto queries = eighth_queries(40, layer.width, 4);
-    const kernel_table& amx = kernels_for(isa_level::amx);
-    exact_top_k copy(layer.source(), top_k_config(top_k_search::automatic, 0, 0), 77, amx, 2);
-    exact_top_k reference(layer.source(), top_k_config(top_k_search::exact, 0, 0), 77, amx, 2);
-    ASSERT_TRUE(copy.scores_bf16_copy());
-    ASSERT_FALSE(reference.scores_bf16_copy());
-    EXPECT_FALSE(copy.computes_log_partition());
-    auto sets = [&](exact_top_k& selector, uint64_t step) {
-        test_batch tb(queries, layer.rows, 5);
-        selection_batch batch = tb.batch(step, 64);
-        stage_times times;
-        selector.select(batch, times);
-        return tb.ids;
-    };
-    EXPECT_EQ(sets(copy, 11), sets(reference, 11));
-    // Rows change: the copy follows the rows it is told of, and only those.
-    rng gen(9);
-    std::vector<uint32_t> changed;
-    for (uint32_t r = 0; r < layer.rows; r += 7) {
-        changed.push_back(r);
-        for (uint32_t i = 0; i < layer.width; ++i)
-            layer.weights[size_t(r) * layer.stride + i] = exact_layer::eighth(gen);
+/// The levels this CPU runs whose automatic top-k search scores a bf16 copy of the rows.
+std::vector<isa_level> bf16_search_levels() {
+    std::vector<isa_level> levels;
+    for (isa_level level : {isa_level::avx512bf16, isa_level::amx})
+        if (isa_supported(level) && cpu_exact_search_in_bf16(level)) levels.push_back(level);
+    return levels;
+}
+
+TEST(NeuronSelector, AutomaticExactSearchWithBf16ProductsScoresAFreshBf16CopyOfTheRows) {
+    const std::vector<isa_level> levels = bf16_search_levels();
+    if (levels.empty())
+        GTEST_SKIP() << "this CPU has no bf16 products (best: " << to_string(detected_isa()) << ")";
+    for (isa_level level : levels) {
+        SCOPED_TRACE(to_string(level));
+        // Eighths are exact in bf16 and their sums in fp32, so the copy's top-k is the true
+        // one; width 48 takes a whole tile (or 24 pairs) and a 16-element tail, 3,000 rows 46
+        // tile passes and a tail.
+        exact_layer layer(3000, 48, 3);
+        const auto queries = eighth_queries(40, layer.width, 4);
+        const kernel_table& k = kernels_for(level);
+        exact_top_k copy(layer.source(), top_k_config(top_k_search::automatic, 0, 0), 77, k, 2);
+        exact_top_k reference(layer.source(), top_k_config(top_k_search::exact, 0, 0), 77, k, 2);
+        ASSERT_TRUE(copy.scores_bf16_copy());
+        ASSERT_FALSE(reference.scores_bf16_copy());
+        EXPECT_FALSE(copy.computes_log_partition());
+        auto sets = [&](exact_top_k& selector, uint64_t step) {
+            test_batch tb(queries, layer.rows, 5);
+            selection_batch batch = tb.batch(step, 64);
+            stage_times times;
+            selector.select(batch, times);
+            return tb.ids;
+        };
+        EXPECT_EQ(sets(copy, 11), sets(reference, 11));
+        // Rows change: the copy follows the rows it is told of, and only those.
+        rng gen(9);
+        std::vector<uint32_t> changed;
+        for (uint32_t r = 0; r < layer.rows; r += 7) {
+            changed.push_back(r);
+            for (uint32_t i = 0; i < layer.width; ++i)
+                layer.weights[size_t(r) * layer.stride + i] = exact_layer::eighth(gen);
+        }
+        const auto stale = sets(copy, 12);
+        const auto fresh = sets(reference, 12);
+        EXPECT_NE(stale, fresh) << "a copy not told of the changes should miss some";
+        copy.rows_changed(changed.data(), changed.size());
+        EXPECT_EQ(sets(copy, 12), fresh);
     }
-    const auto stale = sets(copy, 12);
-    const auto fresh = sets(reference, 12);
-    EXPECT_NE(stale, fresh) << "a copy not told of the changes should miss some";
-    copy.rows_changed(changed.data(), changed.size());
-    EXPECT_EQ(sets(copy, 12), fresh);
 }
 
 TEST(NeuronSelector, AutomaticSearchIsExactWhereAnIndexWouldProbeEveryCluster) {
