@@ -443,6 +443,16 @@ TEST(NeuronSelector, AutomaticSearchIsExactWhereAnIndexWouldProbeEveryCluster) {
         layer.size = rows;
         EXPECT_EQ(cpu_top_k_search(layer, isa_level::amx), want) << rows << " rows on amx";
     }
+    // vdpbf16ps products score 4: exact while 48 x 4 probes reach the clusters (192 clusters
+    // from 148,000 rows; 193 from 149,000).
+    for (const auto& [rows, want] :
+         {std::pair{9409u, top_k_search::exact}, std::pair{30000u, top_k_search::exact},
+          std::pair{148000u, top_k_search::exact}, std::pair{149000u, top_k_search::ivf},
+          std::pair{670091u, top_k_search::ivf}}) {
+        layer.size = rows;
+        EXPECT_EQ(cpu_top_k_search(layer, isa_level::avx512bf16), want)
+            << rows << " rows on avx512bf16";
+    }
     layer.size = 6118;
     layer.ivf_clusters = 100;  // given clusters count as given
     EXPECT_EQ(cpu_top_k_search(layer, fp32), top_k_search::ivf);

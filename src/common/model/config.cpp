@@ -156,10 +156,9 @@ uint32_t ivf_cluster_count(uint32_t given, uint32_t rows) {
 top_k_search cpu_top_k_search(const layer_config& layer, isa_level level) {
     if (layer.search != top_k_search::automatic) return layer.search;
     const uint32_t clusters = ivf_cluster_count(layer.ivf_clusters, layer.size);
-    const uint64_t exact_rows_per_ivf_row =
-        level >= isa_level::amx ? amx_exact_rows_per_ivf_row : 1;
-    return uint64_t(layer.ivf_probes) * exact_rows_per_ivf_row >= clusters ? top_k_search::exact
-                                                                           : top_k_search::ivf;
+    return uint64_t(layer.ivf_probes) * cpu_exact_rows_per_ivf_row(level) >= clusters
+               ? top_k_search::exact
+               : top_k_search::ivf;
 }
 adam_mode parse_adam_mode(const std::string& name) {
     return parse_named(name, "adam mode", adam_names);
