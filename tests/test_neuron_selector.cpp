@@ -43,6 +43,15 @@ struct exact_layer {
         }
     }
     static float eighth(rng& gen) { return float(int(gen.below(9)) - 4) / 8.0f; }
+    /// Draws rows first, first + every, ... anew from `gen`; returns their ids.
+    std::vector<uint32_t> redraw_rows(uint32_t first, uint32_t every, rng& gen) {
+        std::vector<uint32_t> moved;
+        for (uint32_t r = first; r < rows; r += every) {
+            moved.push_back(r);
+            for (uint32_t i = 0; i < width; ++i) weights[size_t(r) * stride + i] = eighth(gen);
+        }
+        return moved;
+    }
     layer_rows view() const {
         layer_rows v;
         v.weights = weights.data();
@@ -235,12 +244,7 @@ TEST(NeuronSelector, LshRefreshAfterRowsChangeEqualsAFreshBuild) {
     unmarked.refresh({0, 42});
     // 60 rows move; `kept` is told, `unmarked` is not.
     rng gen(9);
-    std::vector<uint32_t> moved;
-    for (uint32_t r = 0; r < layer.rows; r += 8) {
-        moved.push_back(r);
-        for (uint32_t i = 0; i < layer.width; ++i)
-            layer.weights[size_t(r) * layer.stride + i] = exact_layer::eighth(gen);
-    }
+    const std::vector<uint32_t> moved = layer.redraw_rows(0, 8, gen);
     kept.rows_changed(moved.data(), moved.size());
     kept.refresh({5, 42});
     unmarked.refresh({5, 42});
@@ -293,12 +297,7 @@ TEST(NeuronSelector, IvfBeforeStepFollowsItsRhythm) {
     };
     rng gen(2);
     auto move_rows = [&](uint32_t first) {
-        std::vector<uint32_t> moved;
-        for (uint32_t r = first; r < layer.rows; r += 5) {
-            moved.push_back(r);
-            for (uint32_t i = 0; i < layer.width; ++i)
-                layer.weights[size_t(r) * layer.stride + i] = exact_layer::eighth(gen);
-        }
+        const std::vector<uint32_t> moved = layer.redraw_rows(first, 5, gen);
         selector.rows_changed(moved.data(), moved.size());
         return moved;
     };
@@ -406,12 +405,7 @@ TEST(NeuronSelector, AutomaticExactSearchWithBf16ProductsScoresAFreshBf16CopyOfT
         EXPECT_EQ(sets(copy, 11), sets(reference, 11));
         // Rows change: the copy follows the rows it is told of, and only those.
         rng gen(9);
-        std::vector<uint32_t> changed;
-        for (uint32_t r = 0; r < layer.rows; r += 7) {
-            changed.push_back(r);
-            for (uint32_t i = 0; i < layer.width; ++i)
-                layer.weights[size_t(r) * layer.stride + i] = exact_layer::eighth(gen);
-        }
+        const std::vector<uint32_t> changed = layer.redraw_rows(0, 7, gen);
         const auto stale = sets(copy, 12);
         const auto fresh = sets(reference, 12);
         EXPECT_NE(stale, fresh) << "a copy not told of the changes should miss some";
