@@ -129,7 +129,7 @@ uint32_t ivf_cluster_count(uint32_t given, uint32_t rows);
 /// the rows on kernels of `level`: where the CPU has bf16 products (vdpbf16ps, or AMX tiles).
 /// Only the search's ranking sees the rounding; the set's logits are the fp32 rows'. On a
 /// 2-core Zen 5 (avx512bf16, Debian-recs' 6,118 x 256 layer) it halved the search: 0.09 s an
-/// epoch against 0.165 in fp32 (bench/peers.md, fifth session).
+/// epoch against 0.165 in fp32 (bench/peers.md, 2026-12-05).
 constexpr bool cpu_exact_search_in_bf16(isa_level level) {
     return level >= isa_level::avx512bf16;
 }

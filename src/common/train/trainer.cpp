@@ -393,7 +393,7 @@ void trainer::validate_epoch(epoch_record& record) {
     // The first epoch at a dropped rate is the schedule's anneal, which raises the test metric
     // far more often than not (bench/epochs.md): it wins unless the hold-out finds it worse
     // by more than the hold-out's own noise (bench/peers.md: on Bibtex it scored 0.6268 against
-    // the best's 0.6270, a difference of a hundredth of that noise, and the best's model was
+    // the best's 0.6270, under a hundredth of that noise, and the best's model was
     // kept at test P@1 0.6211 where the anneal's had 0.6282).
     const bool anneal = state_.lr_drops > 0 && record.epoch == state_.lr_dropped_after + 1;
     const double tolerance = anneal ? holdout_noise(best_value_, v.valid->size()) : 0.0;
