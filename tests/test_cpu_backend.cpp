@@ -1237,9 +1237,7 @@ TEST(CpuBackend, TheExactSearchsBf16CopyFollowsEveryUpdatedRow) {
     // means, an import, are marked and rounded before the next search). After training with
     // sparse, dense (every row moves) and input-catch-up Adam, every row of the copy is the
     // bf16 rounding of the model's row.
-    std::vector<isa_level> levels;
-    for (isa_level level : {isa_level::avx512bf16, isa_level::amx})
-        if (isa_supported(level) && cpu_exact_search_in_bf16(level)) levels.push_back(level);
+    const std::vector<isa_level> levels = hslide::testing::bf16_search_levels();
     if (levels.empty())
         GTEST_SKIP() << "this CPU has no bf16 products (best: " << to_string(detected_isa()) << ")";
     const dataset data = random_dataset(64, 20, 500, 31);

@@ -370,16 +370,8 @@ TEST(NeuronSelector, TheBackendKeepsTheSelectionItsConfigNames) {
     }
 }
 
-/// The levels this CPU runs whose automatic top-k search scores a bf16 copy of the rows.
-std::vector<isa_level> bf16_search_levels() {
-    std::vector<isa_level> levels;
-    for (isa_level level : {isa_level::avx512bf16, isa_level::amx})
-        if (isa_supported(level) && cpu_exact_search_in_bf16(level)) levels.push_back(level);
-    return levels;
-}
-
 TEST(NeuronSelector, AutomaticExactSearchWithBf16ProductsScoresAFreshBf16CopyOfTheRows) {
-    const std::vector<isa_level> levels = bf16_search_levels();
+    const std::vector<isa_level> levels = hslide::testing::bf16_search_levels();
     if (levels.empty())
         GTEST_SKIP() << "this CPU has no bf16 products (best: " << to_string(detected_isa()) << ")";
     for (isa_level level : levels) {

@@ -6,6 +6,7 @@
 
 #include "hslide/config.hpp"
 #include "hslide/dataset.hpp"
+#include "hslide/isa.hpp"
 #include "hslide/lsh.hpp"
 #include "hslide/model.hpp"
 
@@ -85,6 +86,10 @@ double max_parameter_difference(const layer_state& a, const layer_state& b);
 double max_parameter_difference(const model_state& a, const model_state& b);
 /// How many weights and biases of two same-shaped layers differ by more than `tolerance`.
 size_t parameters_differing_by_more(const layer_state& a, const layer_state& b, double tolerance);
+
+/// The ISA levels this CPU runs whose automatic exact top-k search scores a bf16 copy of the
+/// rows (cpu_exact_search_in_bf16): avx512bf16 and amx where supported.
+std::vector<isa_level> bf16_search_levels();
 
 /// The names in a folder, sorted (no "." or "..").
 std::vector<std::string> files_in(const std::string& dir);
