@@ -1,7 +1,8 @@
 // Model checkpoints: weights, optimizer state, hash seeds, the trainer's state (epoch, step,
 // rebuild schedule, RNG state), the training label counts (for PSP@k at evaluation) and the
-// labels the output rows stand for (label_map.hpp), in one checkpoint_file. Written to a temporary file and renamed, so a crash never destroys
-// the previous checkpoint; a corrupt, truncated or mismatched file is a clear error.
+// labels the output rows stand for (label_map.hpp), in one checkpoint_file. Written to a temporary
+// file and renamed, so a crash never destroys the previous checkpoint; a corrupt, truncated or
+// mismatched file is a clear error.
 #pragma once
 
 #include "hslide/label_map.hpp"

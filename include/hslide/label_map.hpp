@@ -4,9 +4,10 @@
 // carries can only ever be a negative, and scoring it is wasted work. On extreme data most
 // labels are like that: the synthetic Amazon-670K at --scale 0.05 carries 72,295 of its
 // 670,091 labels, so a row per label spends nine tenths of the output layer's memory, search
-// and updates on rows that can never be a right answer (bench/peers.md, "Rows for the
-// carried labels"). `hslide train --label-rows carried` (the default) gives the output layer
-// a row for each carried label only.
+// and updates on rows that can never be a right answer (bench/peers.md, "rows for
+// the carried labels only"). `hslide train --label-rows carried` gives the output layer a row for
+// each carried label only (not yet the default: at the default learning rate the smaller layer
+// overfits sooner).
 //
 // The map works on the data, not in the backends: every dataset a run touches has its label
 // ids rewritten into row ids before training (labels_to_rows), so every backend, the metrics

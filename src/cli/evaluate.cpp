@@ -148,6 +148,9 @@ int run_eval(int argc, char** argv) {
     checkpoint_contents ck;
     auto engine = open_backend(so, test, ck, comm);
     std::vector<double> inv_prop;
+    // A model with a label map scores labels beyond its training set's: none carried them.
+    if (ck.label_counts.size() < test.n_labels && !ck.rows.identity())
+        ck.label_counts.resize(test.n_labels, 0);
     if (!ck.label_counts.empty() && ck.train_points > 0)
         inv_prop = inverse_propensities(ck.label_counts, ck.train_points, eo.metrics.propensity_a,
                                         eo.metrics.propensity_b);

@@ -190,7 +190,8 @@ std::vector<option_spec> make_table() {
         spec("label-rows", group::data,
              "which labels the output layer has rows for: carried (those a training point "
              "carries; the others can never be learned, and their rows cost memory and time) or "
-             "all (every label id of the data)",
+             "all (every label id of the data; the default until a learning rate fits carried: "
+             "bench/peers.md)",
              HSLIDE_FIELD(model.label_rows), {"carried", "all"}, {}, both),
         // --- selection
         spec("output-sparsity", group::selection,

@@ -168,8 +168,8 @@ int run_train(int argc, char** argv) {
         d.train.n_labels = d.test.n_labels = valid.n_labels = n_labels;
     }
     check_model_dimensions(d.train);
-    // The output layer's rows (label_map.hpp): one for each label the training points carry,
-    // unless --label-rows all or a checkpoint says otherwise.
+    // The output layer's rows (label_map.hpp): one for each label the training points carry
+    // under --label-rows carried; a checkpoint's own when resuming.
     label_map rows = mopt.label_rows == "carried" ? carried_labels(d.train) : label_map{};
     // Every rank must train on the same data with the same settings: a rank that read another
     // file would train another model without a word.
@@ -263,9 +263,10 @@ int run_train(int argc, char** argv) {
     labels_to_rows(d.test, rows);
     labels_to_rows(valid, rows);
     if (!rows.identity())
-        spdlog::info("output rows: {} of the {} labels, those the {} training points carry "
-                     "(--label-rows all: a row for every label)",
-                     rows.labels.size(), d.train.n_labels, d.train.size());
+        spdlog::info(
+            "output rows: {} of the {} labels, those the {} training points carry "
+            "(--label-rows all: a row for every label)",
+            rows.labels.size(), d.train.n_labels, d.train.size());
     const model_config& mc = initial.config;
     normalize_inputs(d.train, mc);
     normalize_inputs(d.test, mc);

@@ -369,8 +369,11 @@ class model {
         eo.metrics.max_k = k;
         eo.show_progress = false;
         std::vector<double> inv_prop;
-        if (!label_counts_.empty() && train_points_ > 0)
-            inv_prop = inverse_propensities(label_counts_, train_points_, eo.metrics.propensity_a,
+        std::vector<uint32_t> counts = label_counts_;
+        // A model with a label map scores labels beyond its training set's: none carried them.
+        if (!rows_.identity() && counts.size() < test.n_labels) counts.resize(test.n_labels, 0);
+        if (!counts.empty() && train_points_ > 0)
+            inv_prop = inverse_propensities(counts, train_points_, eo.metrics.propensity_a,
                                             eo.metrics.propensity_b);
         metrics_result r;
         {

@@ -9,11 +9,12 @@
 namespace hslide {
 
 label_map carried_labels(const dataset& train) {
-    std::vector<char> carried(train.n_labels, 0);
-    for (const uint32_t l : train.label_ids) carried[l] = 1;
+    // Sorted ids, not a flag per label: the label count may be far beyond what memory holds
+    // (the allocation of such a model must fail with its own message, not here).
     label_map map;
-    for (uint64_t l = 0; l < train.n_labels; ++l)
-        if (carried[l]) map.labels.push_back(uint32_t(l));
+    map.labels = train.label_ids;
+    std::sort(map.labels.begin(), map.labels.end());
+    map.labels.erase(std::unique(map.labels.begin(), map.labels.end()), map.labels.end());
     // Every label carried is the identity (and so is none: a set without labels, as before).
     if (map.labels.size() == train.n_labels) map.labels.clear();
     return map;
@@ -22,9 +23,9 @@ label_map carried_labels(const dataset& train) {
 void labels_to_rows(dataset& data, const label_map& map) {
     if (map.identity()) return;
     const std::vector<uint32_t>& rows = map.labels;
-    HSLIDE_CHECK(std::adjacent_find(rows.begin(), rows.end(), std::greater_equal<uint32_t>()) ==
-                     rows.end(),
-                 "a label map must list its labels ascending, each once");
+    HSLIDE_CHECK(
+        std::adjacent_find(rows.begin(), rows.end(), std::greater_equal<uint32_t>()) == rows.end(),
+        "a label map must list its labels ascending, each once");
     data.n_labels = std::max<uint64_t>(data.n_labels, uint64_t(rows.back()) + 1);
     const auto count = uint32_t(rows.size());
     for (uint32_t& id : data.label_ids) {
