@@ -406,8 +406,8 @@ TEST(DenseBackendCli, TrainEvalPredictOnTinyPreset) {
     const std::string data = " --no-cache --no-progress --threads 2 ";
     const std::string model = dir.file("model.ckpt"), metrics = dir.file("m.jsonl");
     r = run_hslide("train --backend cpu-dense --train " + dir.file("train.txt") + " --test " +
-                   dir.file("test.txt") + data + "--epochs 3 --save " + model + " --metrics-out " +
-                   metrics);
+                   dir.file("test.txt") + data + "--epochs 3 --label-rows all --save " + model +
+                   " --metrics-out " + metrics);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find("backend: cpu-dense"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("final: P@1"), std::string::npos) << r.output;

@@ -56,7 +56,8 @@ TEST(Memory, TheCliNamesTheAllocationForFourBillionLabels) {
     temp_dir dir;
     hslide::testing::write_text(dir.file("big.txt"),
                                 "2 10 4000000000\n1,3999999999 0:1 2:0.5\n5 1:1\n");
-    const auto r = run_hslide("train --train " + dir.file("big.txt") + " --no-cache -q");
+    const auto r =
+        run_hslide("train --train " + dir.file("big.txt") + " --no-cache -q --label-rows all");
     EXPECT_EQ(r.exit_code, 1) << r.output;
     EXPECT_TRUE(contains(r.output, "out of memory: the model 10 -> 256 -> 4000000000")) << r.output;
     EXPECT_TRUE(contains(r.output, "needs 12336000033792 bytes (11.2 TiB)")) << r.output;

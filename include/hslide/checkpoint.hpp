@@ -1,9 +1,11 @@
 // Model checkpoints: weights, optimizer state, hash seeds, the trainer's state (epoch, step,
-// rebuild schedule, RNG state) and the training label counts (for PSP@k at evaluation), in
-// one checkpoint_file. Written to a temporary file and renamed, so a crash never destroys
-// the previous checkpoint; a corrupt, truncated or mismatched file is a clear error.
+// rebuild schedule, RNG state), the training label counts (for PSP@k at evaluation) and the
+// labels the output rows stand for (label_map.hpp), in one checkpoint_file. Written to a temporary
+// file and renamed, so a crash never destroys the previous checkpoint; a corrupt, truncated or
+// mismatched file is a clear error.
 #pragma once
 
+#include "hslide/label_map.hpp"
 #include "hslide/model.hpp"
 #include "hslide/trainer.hpp"
 
@@ -19,12 +21,13 @@ struct checkpoint_contents {
     trainer_state trainer;               ///< where training stopped
     std::vector<uint32_t> label_counts;  ///< training points per label (may be empty)
     uint64_t train_points = 0;           ///< training points the counts come from
+    label_map rows;  ///< the label each output row stands for (identity in older files)
 };
 
 /// Writes a checkpoint atomically (temporary file, then rename).
 void save_checkpoint(const std::string& path, const model_state& model,
                      const trainer_state& trainer, const std::vector<uint32_t>& label_counts = {},
-                     uint64_t train_points = 0);
+                     uint64_t train_points = 0, const label_map& rows = {});
 
 /// Reads and fully validates a checkpoint; throws hslide::input_error naming the file and the
 /// problem (not a checkpoint, truncated, checksum mismatch, layer shapes that disagree...).

@@ -19,6 +19,10 @@ namespace hslide {
 struct model_options {
     std::vector<uint32_t> hidden{256};
     std::string normalize = "l2";
+    /// carried: the output layer has a row for each label a training point carries (the
+    /// others can never be learned: label_map.hpp); all: a row for every label id. Not yet
+    /// the default: at lr 0.003 the smaller layer overfits sooner (bench/peers.md).
+    std::string label_rows = "all";
     std::string output_sparsity = "auto";
     std::string hidden_sparsity = "dense";
     uint32_t top_k = 0;  ///< 0: automatic (output_plan.hpp)

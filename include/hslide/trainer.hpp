@@ -5,6 +5,7 @@
 #include "hslide/backend.hpp"
 #include "hslide/config.hpp"
 #include "hslide/dataset.hpp"
+#include "hslide/label_map.hpp"
 #include "hslide/metrics.hpp"
 #include "hslide/model.hpp"
 #include "hslide/shard_comm.hpp"
@@ -127,6 +128,9 @@ struct trainer_options {
     /// Checkpoint written after every epoch ("" = none); under --epochs auto, after every
     /// epoch that improved on the best (so it always holds the best model so far).
     std::string save_path;
+    /// The labels the output rows stand for, saved with every checkpoint (label_map.hpp; the
+    /// datasets the trainer is given already hold row ids).
+    label_map rows;
     /// Where a resumed run starts (from its checkpoint; the backend already holds the
     /// checkpoint's model). Unset: a fresh start.
     std::optional<trainer_state> resume;

@@ -55,7 +55,8 @@ void add_scoring_options(CLI::App& app, scoring_options& o, std::vector<std::str
 }
 
 /// The checkpoint's model on the --backend, checked against the data's dimensions;
-/// scales `data` as the model's training inputs were. Under mpirun -np N (N > 1, `comm`) each
+/// scales `data` as the model's training inputs were and rewrites its labels into the model's
+/// row ids (label_map.hpp). Under mpirun -np N (N > 1, `comm`) each
 /// rank holds and scores a share of the output layer's rows and the ranks merge their top k
 /// (cpu_backend's sharded prediction); in one process a sharded checkpoint is assembled whole
 /// (load_for_scoring, shard_checkpoint.hpp).
@@ -69,9 +70,12 @@ std::unique_ptr<backend> open_backend(const scoring_options& o, dataset& data,
     HSLIDE_CHECK(data.n_features <= ck.model.config.input_dim,
                  "{} has {} features but the model {} takes {}", data.source, data.n_features,
                  o.model_path, ck.model.config.input_dim);
-    HSLIDE_CHECK(data.n_labels <= ck.model.config.output_dim(),
+    // A model with rows for some labels only (label_map.hpp) scores any label id: those it
+    // has no row for count as true labels it never predicts.
+    HSLIDE_CHECK(!ck.rows.identity() || data.n_labels <= ck.model.config.output_dim(),
                  "{} has {} labels but the model {} has {}", data.source, data.n_labels,
                  o.model_path, ck.model.config.output_dim());
+    labels_to_rows(data, ck.rows);
     const train_settings& s = o.settings;
     if (check_thread_count(s.train.threads, "--threads") > 0) omp_set_num_threads(s.train.threads);
     backend_options bo;
@@ -144,6 +148,9 @@ int run_eval(int argc, char** argv) {
     checkpoint_contents ck;
     auto engine = open_backend(so, test, ck, comm);
     std::vector<double> inv_prop;
+    // A model with a label map scores labels beyond its training set's: none carried them.
+    if (ck.label_counts.size() < test.n_labels && !ck.rows.identity())
+        ck.label_counts.resize(test.n_labels, 0);
     if (!ck.label_counts.empty() && ck.train_points > 0)
         inv_prop = inverse_propensities(ck.label_counts, ck.train_points, eo.metrics.propensity_a,
                                         eo.metrics.propensity_b);
@@ -224,8 +231,9 @@ int run_predict(int argc, char** argv) {
         for (uint32_t s = 0; s < size; ++s) {
             line.clear();
             for (uint32_t i = 0; i < topk; ++i) {
-                const uint32_t label = labels[size_t(s) * topk + i];
-                if (label == UINT32_MAX) break;
+                const uint32_t row = labels[size_t(s) * topk + i];
+                if (row == UINT32_MAX) break;
+                const uint32_t label = ck.rows.label_of_row(row);
                 fmt::format_to(std::back_inserter(line), "{}{}:{:.6g}", i ? " " : "", label,
                                scores[size_t(s) * topk + i]);
             }

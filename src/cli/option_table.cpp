@@ -187,6 +187,12 @@ std::vector<option_spec> make_table() {
              HSLIDE_FIELD(data.verify_cache), {}, {}, cli),
         spec("normalize", group::data, "input scaling per point: l2 (unit norm) or none",
              HSLIDE_FIELD(model.normalize), names_of(input_normalization{}), {}, both),
+        spec("label-rows", group::data,
+             "which labels the output layer has rows for: carried (those a training point "
+             "carries; the others can never be learned, and their rows cost memory and time) or "
+             "all (every label id of the data; the default until a learning rate fits carried: "
+             "bench/peers.md)",
+             HSLIDE_FIELD(model.label_rows), {"carried", "all"}, {}, both),
         // --- selection
         spec("output-sparsity", group::selection,
              "output layer: topk (each sample's labels, its --top-k highest logits, found as "

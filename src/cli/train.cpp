@@ -8,6 +8,7 @@
 #include "hslide/fill_pool.hpp"
 #include "hslide/hybrid.hpp"
 #include "hslide/input_check.hpp"
+#include "hslide/label_map.hpp"
 #include "hslide/model.hpp"
 #include "hslide/output_shard.hpp"
 #include "hslide/progress.hpp"
@@ -49,6 +50,11 @@ void print_worker(const worker_stats& w, bool whole_run) {
         std::printf("  parked %.0f%%",
                     w.wall_seconds > 0 ? 100 * w.parked_seconds / w.wall_seconds : 0.0);
     std::printf("\n");
+}
+
+/// The output layer's rows for `train`'s labels under `rows`.
+uint32_t output_rows(const dataset& train, const label_map& rows) {
+    return uint32_t(rows.identity() ? train.n_labels : rows.labels.size());
 }
 
 }  // namespace
@@ -162,6 +168,9 @@ int run_train(int argc, char** argv) {
         d.train.n_labels = d.test.n_labels = valid.n_labels = n_labels;
     }
     check_model_dimensions(d.train);
+    // The output layer's rows (label_map.hpp): one for each label the training points carry
+    // under --label-rows carried; a checkpoint's own when resuming.
+    label_map rows = mopt.label_rows == "carried" ? carried_labels(d.train) : label_map{};
     // Every rank must train on the same data with the same settings: a rank that read another
     // file would train another model without a word.
     comm.check_same(d.train.size(), "the number of training points");
@@ -184,12 +193,18 @@ int run_train(int argc, char** argv) {
         // with (shard_checkpoint.hpp).
         checkpoint_contents ck = sharded ? load_shard_checkpoint(comm, resume_path, shard)
                                          : load_checkpoint(resume_path);
+        rows = std::move(ck.rows);
+        labels_to_rows(d.train, rows);
+        const uint32_t* top = std::max_element(d.train.label_ids.data(),
+                                               d.train.label_ids.data() + d.train.label_ids.size());
         HSLIDE_CHECK(ck.model.config.input_dim >= d.train.n_features &&
-                         ck.model.config.output_dim() >= d.train.n_labels,
-                     "{}: the checkpoint's model ({} features, {} labels) does not fit the data "
-                     "({} features, {} labels)",
+                         (top == d.train.label_ids.data() + d.train.label_ids.size() ||
+                          *top < ck.model.config.output_dim()),
+                     "{}: the checkpoint's model ({} features, rows for {} labels) does not fit "
+                     "the data ({} features, {} labels{})",
                      resume_path, ck.model.config.input_dim, ck.model.config.output_dim(),
-                     d.train.n_features, d.train.n_labels);
+                     d.train.n_features, d.train.n_labels,
+                     rows.identity() ? "" : ", some of which it has no row for");
         initial = std::move(ck.model);
         to.resume = ck.trainer;
         check_resume_epochs(tc, ck.trainer, resume_path);
@@ -208,7 +223,7 @@ int run_train(int argc, char** argv) {
     } else if (sharded) {
         // Each rank creates only its rows of the output layer, as the whole layer draws them.
         const model_config config = make_model_config(mopt, uint32_t(d.train.n_features),
-                                                      uint32_t(d.train.n_labels), &output_choice);
+                                                      output_rows(d.train, rows), &output_choice);
         // Every rank must split alike: auto is a collective all of them take, and the bounds
         // computed are compared (a rank given other --shard-weights would train other rows).
         const bool automatic = is_auto_shard_weights(settings.shard_weights);
@@ -240,9 +255,18 @@ int run_train(int argc, char** argv) {
             model_state::create_shard(config, tc.seed, tc.adam_moments, shard.first, shard.count);
     } else {
         initial = model_state::create(make_model_config(mopt, uint32_t(d.train.n_features),
-                                                        uint32_t(d.train.n_labels), &output_choice),
+                                                        output_rows(d.train, rows), &output_choice),
                                       tc.seed, tc.adam_moments);
     }
+    // Every set in row ids from here on (a resumed run's training set already is).
+    if (resume_path.empty()) labels_to_rows(d.train, rows);
+    labels_to_rows(d.test, rows);
+    labels_to_rows(valid, rows);
+    if (!rows.identity())
+        spdlog::info(
+            "output rows: {} of the {} labels, those the {} training points carry "
+            "(--label-rows all: a row for every label)",
+            rows.labels.size(), d.train.n_labels, d.train.size());
     const model_config& mc = initial.config;
     normalize_inputs(d.train, mc);
     normalize_inputs(d.test, mc);
@@ -358,6 +382,7 @@ int run_train(int argc, char** argv) {
 
     to.train = tc;
     if (valid.size() > 0) to.validation.valid = &valid;
+    to.rows = rows;
     trainer run(*engine, d.train, d.test.size() ? &d.test : nullptr, to);
     // "P@1 0.5100", and the metric that chooses the best epoch when it is another.
     auto valid_summary = [&run](const epoch_record& r) {

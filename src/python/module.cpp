@@ -10,6 +10,7 @@
 #include "hslide/error.hpp"
 #include "hslide/input_check.hpp"
 #include "hslide/isa.hpp"
+#include "hslide/label_map.hpp"
 #include "hslide/memory.hpp"
 #include "hslide/metrics.hpp"
 #include "hslide/model.hpp"
@@ -226,6 +227,7 @@ class model {
         m->state_ = ck.trainer;
         m->label_counts_ = std::move(ck.label_counts);
         m->train_points_ = ck.train_points;
+        m->rows_ = std::move(ck.rows);
         m->open(std::move(ck.model));
         return m;
     }
@@ -270,8 +272,13 @@ class model {
         if (tc.threads > 0) omp_set_num_threads(tc.threads);
 
         engine_.reset();
-        const model_config config =
-            make_model_config(options_.model(), uint32_t(n_features), uint32_t(n_labels));
+        // Rows for the labels the training points carry (label_map.hpp), as `hslide train`.
+        rows_ = options_.model().label_rows == "carried" ? carried_labels(train) : label_map{};
+        labels_to_rows(train, rows_);
+        labels_to_rows(valid, rows_);
+        const model_config config = make_model_config(
+            options_.model(), uint32_t(n_features),
+            rows_.identity() ? uint32_t(n_labels) : uint32_t(rows_.labels.size()));
         normalize_inputs(train, config);
         normalize_inputs(valid, config);
         check_supported(options_.device.kind, config, tc, options_.device.precision,
@@ -348,7 +355,8 @@ class model {
                 engine_->predict({&points, rows.data(), size}, k, options_.eval().scoring,
                                  top.data(), out_scores + begin * k);
                 for (size_t i = 0; i < size_t(size) * k; ++i)
-                    out_labels[begin * k + i] = top[i] == UINT32_MAX ? -1 : int64_t(top[i]);
+                    out_labels[begin * k + i] =
+                        top[i] == UINT32_MAX ? -1 : int64_t(rows_.label_of_row(top[i]));
             }
         }
         return py::make_tuple(labels, scores);
@@ -361,8 +369,11 @@ class model {
         eo.metrics.max_k = k;
         eo.show_progress = false;
         std::vector<double> inv_prop;
-        if (!label_counts_.empty() && train_points_ > 0)
-            inv_prop = inverse_propensities(label_counts_, train_points_, eo.metrics.propensity_a,
+        std::vector<uint32_t> counts = label_counts_;
+        // A model with a label map scores labels beyond its training set's: none carried them.
+        if (!rows_.identity() && counts.size() < test.n_labels) counts.resize(test.n_labels, 0);
+        if (!counts.empty() && train_points_ > 0)
+            inv_prop = inverse_propensities(counts, train_points_, eo.metrics.propensity_a,
                                             eo.metrics.propensity_b);
         metrics_result r;
         {
@@ -381,16 +392,19 @@ class model {
     void save(const std::string& path) const {
         const backend& engine = fitted();
         if (const model_state* held = engine.host_state()) {
-            save_checkpoint(path, *held, state_, label_counts_, train_points_);
+            save_checkpoint(path, *held, state_, label_counts_, train_points_, rows_);
             return;
         }
         model_state snapshot;
         engine.export_state(snapshot, /*with_optimizer=*/true);
-        save_checkpoint(path, snapshot, state_, label_counts_, train_points_);
+        save_checkpoint(path, snapshot, state_, label_counts_, train_points_, rows_);
     }
 
     uint64_t n_features() const { return fitted_config().input_dim; }
-    uint64_t n_labels() const { return fitted_config().output_dim(); }
+    /// One past the largest label the model has a row for.
+    uint64_t n_labels() const {
+        return rows_.identity() ? fitted_config().output_dim() : uint64_t(rows_.labels.back()) + 1;
+    }
     uint32_t epochs_done() const { return state_.epochs_done; }
     uint32_t best_epoch() const { return best_epoch_; }
     bool is_fitted() const { return engine_ != nullptr; }
@@ -410,11 +424,13 @@ class model {
         fitted();
         HSLIDE_CHECK(in.n_features <= config_.input_dim, "X has {} features but the model takes {}",
                      in.n_features, config_.input_dim);
+        // A model with rows for some labels only scores any label id (label_map.hpp).
         if (with_labels)
-            HSLIDE_CHECK(in.n_labels <= config_.output_dim(),
+            HSLIDE_CHECK(!rows_.identity() || in.n_labels <= config_.output_dim(),
                          "Y has {} labels but the model has {}", in.n_labels, config_.output_dim());
         dataset d = in;
         normalize_inputs(d, config_);
+        if (with_labels) labels_to_rows(d, rows_);
         return d;
     }
 
@@ -433,8 +449,9 @@ class model {
     std::unique_ptr<backend> engine_;
     model_config config_;
     trainer_state state_;
-    std::vector<uint32_t> label_counts_;
+    std::vector<uint32_t> label_counts_;  // by the ids labels_to_rows gives, as the trainer
     uint64_t train_points_ = 0;
+    label_map rows_;  // the label each output row stands for
     uint32_t best_epoch_ = 0;
 };
 

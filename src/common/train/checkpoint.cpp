@@ -8,7 +8,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 
 namespace hslide {
 
@@ -44,7 +46,7 @@ void read_floats(const checkpoint_reader& r, const std::string& name, std::vecto
 
 void save_checkpoint(const std::string& path, const model_state& model,
                      const trainer_state& trainer, const std::vector<uint32_t>& label_counts,
-                     uint64_t train_points) {
+                     uint64_t train_points, const label_map& rows) {
     checkpoint_writer w(path);
     nlohmann::json meta;
     meta["model"] = nlohmann::json::parse(model_config_to_json(model.config));
@@ -84,6 +86,7 @@ void save_checkpoint(const std::string& path, const model_state& model,
         w.add_vector(section(l, "bias_v"), layer.bias_v);
     }
     if (!label_counts.empty()) w.add_vector("label_counts", label_counts);
+    if (!rows.identity()) w.add_vector("row_labels", rows.labels);
     w.commit();
 }
 
@@ -152,6 +155,17 @@ checkpoint_contents load_checkpoint(const std::string& path) {
         read_floats(r, section(l, "bias_v"), layer.bias_v, neurons);
     }
     if (r.has("label_counts")) c.label_counts = r.get_vector<uint32_t>("label_counts");
+    if (r.has("row_labels")) {
+        c.rows.labels = r.get_vector<uint32_t>("row_labels");
+        const std::vector<uint32_t>& labels = c.rows.labels;
+        if (labels.size() != c.model.config.output_dim() ||
+            std::adjacent_find(labels.begin(), labels.end(), std::greater_equal<uint32_t>()) !=
+                labels.end())
+            throw input_error(path, 0,
+                              fmt::format("section 'row_labels' must name {} labels, ascending, "
+                                          "one for each output row",
+                                          c.model.config.output_dim()));
+    }
     return c;
 }
 
