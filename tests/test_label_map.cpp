@@ -20,21 +20,12 @@ namespace {
 
 using namespace hslide;
 
-dataset labels_only(const std::vector<std::vector<uint32_t>>& rows, uint64_t n_labels) {
-    dataset data;
-    data.n_labels = n_labels;
-    for (const auto& row : rows) {
-        data.label_ids.insert(data.label_ids.end(), row.begin(), row.end());
-        data.label_offsets.push_back(data.label_ids.size());
-        data.feature_offsets.push_back(0);
-    }
-    return data;
-}
+using hslide::testing::label_dataset;
 
 TEST(LabelMap, RowsAreTheCarriedLabelsAscendingAndEveryLabelCarriedIsTheIdentity) {
-    const dataset some = labels_only({{7, 2}, {}, {2, 9}}, 12);
+    const dataset some = label_dataset({{7, 2}, {}, {2, 9}}, 12);
     EXPECT_EQ(carried_labels(some).labels, (std::vector<uint32_t>{2, 7, 9}));
-    const dataset all = labels_only({{1, 0}, {2}}, 3);
+    const dataset all = label_dataset({{1, 0}, {2}}, 3);
     EXPECT_TRUE(carried_labels(all).identity());
 }
 
@@ -49,7 +40,7 @@ TEST(LabelMap, RewriteIsABijectionThatPutsLabelsWithoutRowsAtOrAboveTheRowCount)
         std::vector<std::vector<uint32_t>> rows;
         for (uint32_t l = 0; l < n_labels; ++l) rows.push_back({l});
         for (size_t i = rows.size(); i > 1; --i) std::swap(rows[i - 1], rows[r() % i]);
-        dataset data = labels_only(rows, n_labels);
+        dataset data = label_dataset(rows, n_labels);
         labels_to_rows(data, map);
         EXPECT_EQ(data.n_labels, n_labels);
         std::set<uint32_t> seen;
@@ -70,7 +61,7 @@ TEST(LabelMap, RewriteIsABijectionThatPutsLabelsWithoutRowsAtOrAboveTheRowCount)
 }
 
 TEST(LabelMap, TheIdentityLeavesTheDataAndAMapNotAscendingIsRefused) {
-    dataset data = labels_only({{3, 1}}, 4);
+    dataset data = label_dataset({{3, 1}}, 4);
     labels_to_rows(data, label_map{});
     EXPECT_EQ(data.label_ids, (std::vector<uint32_t>{3, 1}));
     label_map bad;
@@ -83,7 +74,7 @@ TEST(LabelMap, TheIdentityLeavesTheDataAndAMapNotAscendingIsRefused) {
 TEST(LabelMap, DataWithFewerLabelsThanTheMapNamesGrowsToHoldThem) {
     label_map map;
     map.labels = {0, 40};
-    dataset data = labels_only({{5}, {0}}, 6);  // a LibSVM file knows only its largest id
+    dataset data = label_dataset({{5}, {0}}, 6);  // a LibSVM file knows only its largest id
     labels_to_rows(data, map);
     EXPECT_EQ(data.n_labels, 41u);
     EXPECT_EQ(data.label_ids, (std::vector<uint32_t>{2 + 4, 0}));

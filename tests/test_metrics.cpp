@@ -11,6 +11,7 @@
 #include "hslide/dataset.hpp"
 #include "hslide/error.hpp"
 #include "hslide/rng.hpp"
+#include "test_util.hpp"
 
 namespace {
 
@@ -26,17 +27,7 @@ void add(metrics_accumulator& acc, std::vector<uint32_t> pred, std::vector<uint3
             static_cast<uint32_t>(truth.size()));
 }
 
-// A dataset holding only labels (features empty), built without the readers.
-hslide::dataset label_dataset(const std::vector<std::vector<uint32_t>>& rows, uint64_t n_labels) {
-    hslide::dataset data;
-    data.n_labels = n_labels;
-    for (const auto& row : rows) {
-        data.label_ids.insert(data.label_ids.end(), row.begin(), row.end());
-        data.label_offsets.push_back(data.label_ids.size());
-        data.feature_offsets.push_back(0);
-    }
-    return data;
-}
+using hslide::testing::label_dataset;
 
 TEST(Metrics, HandComputedPrecisionAndNdcg) {
     metrics_accumulator acc(5);

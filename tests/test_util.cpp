@@ -51,6 +51,17 @@ model_config two_layer_model(uint32_t input_dim, uint32_t hidden, uint32_t outpu
     return c;
 }
 
+dataset label_dataset(const std::vector<std::vector<uint32_t>>& rows, uint64_t n_labels) {
+    dataset data;
+    data.n_labels = n_labels;
+    for (const auto& row : rows) {
+        data.label_ids.insert(data.label_ids.end(), row.begin(), row.end());
+        data.label_offsets.push_back(data.label_ids.size());
+        data.feature_offsets.push_back(0);
+    }
+    return data;
+}
+
 dataset random_dataset(uint32_t n, uint32_t features, uint32_t labels, uint64_t seed,
                        uint32_t unlabelled_every) {
     dataset d;

@@ -80,6 +80,10 @@ model_config two_layer_model(uint32_t input_dim, uint32_t hidden, uint32_t outpu
 dataset random_dataset(uint32_t n, uint32_t features, uint32_t labels, uint64_t seed,
                        uint32_t unlabelled_every = 0);
 
+/// A dataset holding only labels (no features), one point per element of `rows`, built
+/// without the readers.
+dataset label_dataset(const std::vector<std::vector<uint32_t>>& rows, uint64_t n_labels);
+
 /// The largest |a - b| over two layers' weights (width columns) and biases.
 double max_parameter_difference(const layer_state& a, const layer_state& b);
 /// The same over every layer of two models of one shape.
