@@ -838,9 +838,18 @@ TEST(CpuBackend, CatchUpAdamTrainsLikeDenseAdam) {
     const std::pair<adam_mode, adam_mode> lazy_and_eager[] = {
         {adam_mode::catch_up, adam_mode::dense},
         {adam_mode::input_catch_up, adam_mode::input_dense}};
-    for (sparsity_mode output : {sparsity_mode::dense, sparsity_mode::lsh}) {
-        SCOPED_TRACE(output == sparsity_mode::lsh ? "LSH output layer" : "dense output layer");
+    // The last case gives the layers their own rates (layer_config::lr_scale): the catch-up's
+    // displacement scales with the rate.
+    for (int variant = 0; variant < 3; ++variant) {
+        const sparsity_mode output = variant == 0 ? sparsity_mode::dense : sparsity_mode::lsh;
+        SCOPED_TRACE(variant == 0   ? "dense output layer"
+                     : variant == 1 ? "LSH output layer"
+                                    : "LSH output layer, layers at 2, 1 and 0.25 x lr");
         model_config config = small_config(sparsity_mode::lsh, output);
+        if (variant == 2) {
+            config.layers[0].lr_scale = 2.0f;
+            config.layers.back().lr_scale = 0.25f;
+        }
         config.input_dim = 300;
         config.layers.back().size = 200;
         const dataset data = random_dataset(160, 300, 200, 62);

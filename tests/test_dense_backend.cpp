@@ -19,6 +19,9 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <functional>
+#include <limits>
+#include <memory>
 #include <numeric>
 #include <sstream>
 #include <vector>
@@ -450,4 +453,65 @@ TEST(DenseBackendCli, TrainEvalPredictOnTinyPreset) {
         EXPECT_EQ(items, 3) << line;
     }
     EXPECT_EQ(lines.size(), 500u);
+}
+
+TEST(LayerLearningRate, OneStepMovesEachLayerAtItsOwnRate) {
+    // layer_config::lr_scale: after one step from the same weights (the same forward pass, the
+    // same gradients), a model whose output layer trains at 0.25 x lr has that layer exactly
+    // as a model trained at 0.25 x lr everywhere, and its other layers exactly as a model
+    // trained at lr; the scale changes something (the output layer differs from lr's).
+    const dataset data = random_dataset(40, 20, 30, 101, 11);
+    const std::vector<uint32_t> rows = iota_rows(16);
+    const float lr = 0.01f, scale = 0.25f;
+    model_config topk = dense_config();
+    topk.layers.back().sparsity = sparsity_mode::topk;
+    topk.layers.back().top_k = 4;
+    topk.layers.back().active.min_active = 8;
+    struct backend_case {
+        const char* name;
+        model_config config;
+        std::function<std::unique_ptr<backend>(model_state)> make;
+    };
+    const backend_case cases[] = {
+        {"cpu, dense output", dense_config(),
+         [](model_state m) { return std::make_unique<cpu::cpu_backend>(std::move(m), train_config{}, 1); }},
+        {"cpu, top-k output", topk,
+         [](model_state m) { return std::make_unique<cpu::cpu_backend>(std::move(m), train_config{}, 1); }},
+        {"cpu-dense", dense_config(),
+         [](model_state m) { return std::make_unique<cpu::dense_backend>(std::move(m), train_config{}, 1); }},
+    };
+    for (const backend_case& c : cases) {
+        SCOPED_TRACE(c.name);
+        auto one_step = [&](float output_scale, float rate) {
+            model_config config = c.config;
+            config.layers.back().lr_scale = output_scale;
+            std::unique_ptr<backend> be = c.make(model_state::create(config, 71));
+            be->train_batch({&data, rows.data(), uint32_t(rows.size())}, rate);
+            model_state out;
+            be->export_state(out, true);
+            return out;
+        };
+        const model_state scaled = one_step(scale, lr), slow = one_step(1.0f, lr * scale),
+                          plain = one_step(1.0f, lr);
+        const size_t last = scaled.layers.size() - 1;
+        auto same_layer = [](const layer_state& x, const layer_state& y) {
+            return x.weights.size() == y.weights.size() &&
+                   std::memcmp(x.weights.data(), y.weights.data(), x.weights.size() * 4) == 0 &&
+                   x.bias == y.bias && x.bias_m == y.bias_m;
+        };
+        for (size_t l = 0; l < last; ++l)
+            EXPECT_TRUE(same_layer(scaled.layers[l], plain.layers[l])) << "layer " << l;
+        EXPECT_TRUE(same_layer(scaled.layers[last], slow.layers[last]));
+        EXPECT_FALSE(same_layer(scaled.layers[last], plain.layers[last]));
+    }
+}
+
+TEST(LayerLearningRate, SavedWithTheModelAndChecked) {
+    model_config config = dense_config();
+    config.layers.back().lr_scale = 0.25f;
+    EXPECT_EQ(model_config_from_json(model_config_to_json(config)).layers.back().lr_scale, 0.25f);
+    for (float bad : {0.0f, -1.0f, std::numeric_limits<float>::infinity()}) {
+        config.layers.back().lr_scale = bad;
+        EXPECT_THROW(validate(config), error) << bad;
+    }
 }

@@ -116,6 +116,12 @@ struct layer_config {
     /// at 670k labels and batch 256, 0.5 touches 16% of the rows a step instead of 31%, with
     /// the whole layer's P@1 after epochs 2 and 3, within 0.002 with another seed after each.)
     float fill_pool = 0.5f;
+    /// The layer's learning rate as a multiple of the step's (--lr with its schedule, scaling
+    /// and drops): Adam moves this layer's weights and bias by lr_scale x lr. `hslide train
+    /// --output-lr-scale` sets the output layer's; 1 elsewhere. (bench/peers.md: a top-k output
+    /// layer of 69k rows that most training points' labels reach a few times an epoch overfits
+    /// at the hidden layers' rate.)
+    float lr_scale = 1.0f;
 };
 
 /// The clusters of an IVF index over `rows` rows when layer_config::ivf_clusters is 0: about

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace hslide {
@@ -42,6 +43,12 @@ struct label_map {
 /// The map of the labels at least one point of `train` carries (ascending); the identity when
 /// it carries every label.
 label_map carried_labels(const dataset& train);
+
+/// The output rows `--label-rows` asks for: "all" the identity, "carried" carried_labels,
+/// "auto" carried_labels where the labels no training point carries are at least half of the
+/// ids (the synthetic Amazon-670K: 89%), else the identity (the real sets carry all but a few
+/// after the hold-out: a layer renumbered for them saves nothing and trains other draws).
+label_map output_label_rows(const dataset& train, const std::string& mode);
 
 /// Rewrites the label ids of `data` into row ids of a model with `map`: label map.labels[r]
 /// becomes r; a label without a row becomes labels.size() + its rank among the labels without

@@ -20,9 +20,9 @@ struct model_options {
     std::vector<uint32_t> hidden{256};
     std::string normalize = "l2";
     /// carried: the output layer has a row for each label a training point carries (the
-    /// others can never be learned: label_map.hpp); all: a row for every label id. Not yet
-    /// the default: at lr 0.003 the smaller layer overfits sooner (bench/peers.md).
-    std::string label_rows = "all";
+    /// others can never be learned: label_map.hpp); all: a row for every label id; auto:
+    /// carried where most label ids are carried by no training point (output_label_rows).
+    std::string label_rows = "auto";
     std::string output_sparsity = "auto";
     std::string hidden_sparsity = "dense";
     uint32_t top_k = 0;  ///< 0: automatic (output_plan.hpp)
@@ -31,6 +31,9 @@ struct model_options {
              ivf_refresh = layer_config{}.ivf_refresh;
     float fill_correction = layer_config{}.fill_correction;
     float fill_pool = layer_config{}.fill_pool;
+    /// The output layer's learning rate as a multiple of --lr (layer_config::lr_scale);
+    /// 0: automatic (automatic_output_lr_scale, output_plan.hpp).
+    float output_lr_scale = 0.0f;
     uint32_t auto_sparse_min = 4096;
     /// The training batch: an automatic output layer's sets are sized so that a step touches
     /// at most about half of its rows (output_plan.hpp).

@@ -40,6 +40,17 @@ bool set_size_bounded_by_touch(uint32_t rows, uint32_t batch);
 /// Its top-k: a quarter of the set, within [16, 64].
 uint32_t automatic_top_k(uint32_t set_size);
 
+/// Rows up to which an automatic output layer trains at --lr (automatic_output_lr_scale).
+constexpr uint32_t output_lr_scale_rows = 12288;
+/// The automatic output layer's learning rate as a multiple of --lr: 1 up to
+/// output_lr_scale_rows rows, output_lr_scale_rows / rows above. Measured (bench/peers.md,
+/// 2026-12-05, third session): the real sets (14 to 6,118 rows) lose P@1 with their output
+/// layer at half the rate (Corel5k 0.414 to 0.378, Yeast 0.751 to 0.735, Debian-recs 0.510 to
+/// 0.506); the Amazon-670K shape's 69,410 carried rows overfit at the full rate (P@1 0.661,
+/// the best epoch the third) and climb to 0.714 at a third, 0.737 at a sixth (about this rule's
+/// 0.177); synthetic sets of 18k and 6k carried labels gain too.
+float automatic_output_lr_scale(uint32_t rows);
+
 /// The plan for an output layer of `rows` rows whose sparsity is `asked` (automatic or topk;
 /// automatic becomes topk or dense), trained in steps of `batch` samples, with --top-k `top_k`
 /// and --min-active `min_active` as given (0: automatic, sized from the rows and the batch).

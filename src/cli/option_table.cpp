@@ -189,10 +189,10 @@ std::vector<option_spec> make_table() {
              HSLIDE_FIELD(model.normalize), names_of(input_normalization{}), {}, both),
         spec("label-rows", group::data,
              "which labels the output layer has rows for: carried (those a training point "
-             "carries; the others can never be learned, and their rows cost memory and time) or "
-             "all (every label id of the data; the default until a learning rate fits carried: "
-             "bench/peers.md)",
-             HSLIDE_FIELD(model.label_rows), {"carried", "all"}, {}, both),
+             "carries; the others can never be learned, and their rows cost memory and time), "
+             "all (every label id of the data) or auto (carried where most label ids are carried "
+             "by no training point)",
+             HSLIDE_FIELD(model.label_rows), {"auto", "carried", "all"}, {}, both),
         // --- selection
         spec("output-sparsity", group::selection,
              "output layer: topk (each sample's labels, its --top-k highest logits, found as "
@@ -289,6 +289,11 @@ std::vector<option_spec> make_table() {
              "Adam's moments of the layers past the input one: fp32, or bf16 rounded "
              "stochastically (half their memory, 30% less update traffic; cpu backend)",
              HSLIDE_FIELD(adam_moments), names_of(moment_storage{}), {}, both),
+        spec("output-lr-scale", group::optimiser,
+             "the output layer's learning rate as a multiple of --lr (with its schedule and "
+             "drops; the hidden layers train at --lr); 0 = auto: 1 up to 12288 output rows, "
+             "12288 / rows above",
+             HSLIDE_FIELD(model.output_lr_scale), {}, non_negative(), both),
         spec("beta1", group::optimiser, "Adam beta1", HSLIDE_FIELD(train.adam_beta1), {}, {}, both),
         spec("beta2", group::optimiser, "Adam beta2", HSLIDE_FIELD(train.adam_beta2), {}, {}, both),
         spec("adam-eps", group::optimiser, "Adam epsilon", HSLIDE_FIELD(train.adam_epsilon), {}, {},

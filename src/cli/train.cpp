@@ -170,7 +170,7 @@ int run_train(int argc, char** argv) {
     check_model_dimensions(d.train);
     // The output layer's rows (label_map.hpp): one for each label the training points carry
     // under --label-rows carried; a checkpoint's own when resuming.
-    label_map rows = mopt.label_rows == "carried" ? carried_labels(d.train) : label_map{};
+    label_map rows = output_label_rows(d.train, mopt.label_rows);
     // Every rank must train on the same data with the same settings: a rank that read another
     // file would train another model without a word.
     comm.check_same(d.train.size(), "the number of training points");

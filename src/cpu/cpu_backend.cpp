@@ -561,9 +561,15 @@ step_report cpu_backend::train_batch(const batch_view& batch, float learning_rat
     auto t0 = clock_type::now();
     model_.adam_step += 1;
     const adam_corrections corrections = adam_bias_corrections(train_, model_.adam_step);
-    const adam_step step{learning_rate,       train_.adam_beta1, train_.adam_beta2,
-                         train_.adam_epsilon, corrections.c1,    corrections.c2};
+    const adam_step base_step{learning_rate,       train_.adam_beta1, train_.adam_beta2,
+                              train_.adam_epsilon, corrections.c1,    corrections.c2};
+    const auto layer_step = [&](size_t l) {
+        adam_step step = base_step;
+        step.lr *= model_.config.layers[l].lr_scale;
+        return step;
+    };
     for (size_t l = 0; l < model_.layers.size(); ++l) {
+        const adam_step step = layer_step(l);
         const bool dense_adam = adam_moves_untouched_rows(train_.adam, l);
         layer_state& layer = model_.layers[l];
         std::atomic<uint64_t>* row_step = row_step_.empty() ? nullptr : row_step_[l].get();
@@ -633,7 +639,7 @@ step_report cpu_backend::train_batch(const batch_view& batch, float learning_rat
         layer0_bias_grad_.assign(layer.width, 0.0f);
         add_layer0_bias_gradient(batch, layer0_bias_grad_.data());
         k_.adam(layer.bias.data(), layer.bias_m.data(), layer.bias_v.data(),
-                layer0_bias_grad_.data(), layer.width, step);
+                layer0_bias_grad_.data(), layer.width, layer_step(0));
     }
     if (catches_up()) {
         catch_up_.record_step(learning_rate);

@@ -36,7 +36,9 @@ void cpu_backend::restart_catch_up() {
 
 void cpu_backend::catch_up_row(size_t l, uint32_t row, uint64_t from) {
     layer_state& layer = model_.layers[l];
-    const catch_up_step c = catch_up_.from(from);
+    catch_up_step c = catch_up_.from(from);
+    // The schedule's displacement is linear in the rate, its epsilon' is not (adam_catch_up.hpp).
+    c.displacement *= model_.config.layers[l].lr_scale;
     const size_t off = size_t(row) * layer.stride;
     apply_catch_up(layer.weights.data() + off, layer.adam_m.data() + off, layer.adam_v.data() + off,
                    layer.width, c);

@@ -377,9 +377,16 @@ void dense_backend::apply_input_layer(const batch_view& batch, float inv_batch,
 void dense_backend::apply_gradients(const batch_view& batch, const adam_step* step,
                                     model_state* gradient_out) {
     const float inv_batch = 1.0f / float(batch.size);
-    apply_input_layer(batch, inv_batch, step, gradient_out);
+    adam_step scaled{};
+    const auto layer_step = [&](size_t l) -> const adam_step* {  // null: gradients out
+        if (!step) return nullptr;
+        scaled = *step;
+        scaled.lr *= model_.config.layers[l].lr_scale;
+        return &scaled;
+    };
+    apply_input_layer(batch, inv_batch, layer_step(0), gradient_out);
     for (size_t l = 1; l < model_.layers.size(); ++l)
-        apply_gemm_layer(l, batch.size, inv_batch, step, gradient_out);
+        apply_gemm_layer(l, batch.size, inv_batch, layer_step(l), gradient_out);
 }
 
 step_report dense_backend::train_batch(const batch_view& batch, float learning_rate) {

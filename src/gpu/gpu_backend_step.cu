@@ -281,6 +281,10 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
     const adam_corrections corrections = adam_bias_corrections(train_, step);
     const adam_params adam{learning_rate,       train_.adam_beta1, train_.adam_beta2,
                            train_.adam_epsilon, corrections.c1,    corrections.c2};
+    // Each layer's rate (layer_config::lr_scale).
+    adam_params input_adam = adam, output_adam = adam;
+    input_adam.lr *= shape_.config.layers[0].lr_scale;
+    output_adam.lr *= shape_.config.layers[1].lr_scale;
     touched_host_[parity].reserve(1, "touched rows");
     touched_host_[parity].data()[0] = 0;  // read two steps ago at the latest, as the losses
     if (sparse_output()) {
@@ -294,20 +298,20 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
             g.group(total, bits_for(out.rows), stream_);
             output_rows_adam(out.view(), g.unique.data(), g.begin.data(), g.n_unique.data(), total,
                              g.order.data(), active_.entry_sample.data(), delta_.data(),
-                             hidden_.data(), inv_batch, adam, stream_);
+                             hidden_.data(), inv_batch, output_adam, stream_);
             mark_rows(changed_[1].data(), g.unique.data(), g.n_unique.data(), total, stream_);
             HSLIDE_CUDA_CHECK(cudaMemcpyAsync(touched_host_[parity].data(), g.n_unique.data(), 4,
                                               cudaMemcpyDeviceToHost, stream_));
         }
     } else {
-        dense_backward_and_update(b, inv_batch, adam);  // backward and update in one
+        dense_backward_and_update(b, inv_batch, output_adam);  // backward and update in one
         all_changed_[1] = true;
         HSLIDE_CUDA_CHECK(cudaEventRecord(events[6], stream_));
     }
-    first_layer_update(b, batch_nnz_, inv_batch, adam);
+    first_layer_update(b, batch_nnz_, inv_batch, input_adam);
     shape_.adam_step = step;
     if (catches_up_inputs()) {
-        input_catch_up_.record_step(learning_rate);
+        input_catch_up_.record_step(input_adam.lr);
         rows_behind_ = true;
     }
     // This parity's loss block was last read two steps ago (its report is taken).

@@ -273,7 +273,7 @@ class model {
 
         engine_.reset();
         // Rows for the labels the training points carry (label_map.hpp), as `hslide train`.
-        rows_ = options_.model().label_rows == "carried" ? carried_labels(train) : label_map{};
+        rows_ = output_label_rows(train, options_.model().label_rows);
         labels_to_rows(train, rows_);
         labels_to_rows(valid, rows_);
         const model_config config = make_model_config(

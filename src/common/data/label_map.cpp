@@ -20,6 +20,16 @@ label_map carried_labels(const dataset& train) {
     return map;
 }
 
+label_map output_label_rows(const dataset& train, const std::string& mode) {
+    HSLIDE_CHECK(mode == "all" || mode == "carried" || mode == "auto",
+                 "--label-rows must be carried, all or auto, got '{}'", mode);
+    if (mode == "all") return {};
+    label_map map = carried_labels(train);
+    if (mode == "auto" && !map.identity() && 2 * uint64_t(map.labels.size()) > train.n_labels)
+        map.labels.clear();
+    return map;
+}
+
 void labels_to_rows(dataset& data, const label_map& map) {
     if (map.identity()) return;
     const std::vector<uint32_t>& rows = map.labels;

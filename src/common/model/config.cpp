@@ -219,6 +219,10 @@ void validate(const model_config& model) {
                      layer.fill_correction);
         HSLIDE_CHECK(layer.fill_pool >= 0.0f && layer.fill_pool <= 1.0f,
                      "layer {}: --fill-pool must be in [0, 1], got {}", l, layer.fill_pool);
+        HSLIDE_CHECK(layer.lr_scale > 0.0f && std::isfinite(layer.lr_scale),
+                     "layer {}: its learning-rate scale (--output-lr-scale) must be a finite "
+                     "number > 0, got {:g}",
+                     l, layer.lr_scale);
         if (model.uses_lsh(l)) {
             validate(layer.lsh);
             HSLIDE_CHECK(
@@ -295,7 +299,8 @@ std::string model_config_to_json(const model_config& config) {
                                {"ivf_probes", layer.ivf_probes},
                                {"ivf_refresh", layer.ivf_refresh},
                                {"fill_correction", layer.fill_correction},
-                               {"fill_pool", layer.fill_pool}});
+                               {"fill_pool", layer.fill_pool},
+                               {"lr_scale", layer.lr_scale}});
     }
     return j.dump();
 }
@@ -331,6 +336,7 @@ model_config model_config_from_json(const std::string& json_text) {
             layer.fill_correction = jl.value("fill_correction", 0.0f);  // absent before
             // Absent before --fill-pool: the whole layer, as those models trained.
             layer.fill_pool = jl.value("fill_pool", 0.0f);
+            layer.lr_scale = jl.value("lr_scale", 1.0f);  // absent before: every layer at lr
             config.layers.push_back(layer);
         }
         return config;

@@ -4,6 +4,8 @@
 #include "hslide/error.hpp"
 #include "hslide/output_plan.hpp"
 
+#include <fmt/format.h>
+
 namespace hslide {
 
 void set_probes(model_config& config, const std::vector<uint32_t>& probes) {
@@ -56,6 +58,8 @@ model_config make_model_config(const model_options& o, uint32_t input_dim, uint3
             layer.top_k = o.top_k;
             layer.fill_correction = o.fill_correction;
             layer.fill_pool = o.fill_pool;
+            layer.lr_scale =
+                o.output_lr_scale > 0 ? o.output_lr_scale : automatic_output_lr_scale(layer.size);
             layer.search = parse_top_k_search(o.top_k_search);
             layer.ivf_clusters = o.ivf_clusters;
             layer.ivf_probes = o.ivf_probes;
@@ -70,6 +74,11 @@ model_config make_model_config(const model_options& o, uint32_t input_dim, uint3
                 if (output_choice) *output_choice = plan.reason;
             }
             if (layer.top_k == 0) layer.top_k = layer_config{}.top_k;  // unused: not top-k
+            if (output_choice && o.output_lr_scale == 0 && layer.lr_scale != 1.0f)
+                *output_choice += fmt::format(
+                    "{}output layer at {:.3g} x lr ({} rows, above {})",
+                    output_choice->empty() ? "" : "; ", layer.lr_scale, layer.size,
+                    output_lr_scale_rows);
         }
         if (l > 0 && layer.active.min_active == 0) layer.active.min_active = lsh_min_active;
         config.layers.push_back(layer);

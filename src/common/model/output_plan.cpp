@@ -41,6 +41,10 @@ uint32_t automatic_top_k(uint32_t set_size) {
     return std::clamp<uint32_t>(set_size / 4, 16, 64);
 }
 
+float automatic_output_lr_scale(uint32_t rows) {
+    return rows <= output_lr_scale_rows ? 1.0f : float(double(output_lr_scale_rows) / rows);
+}
+
 output_plan plan_output_layer(uint32_t rows, uint32_t batch, sparsity_mode asked, uint32_t top_k,
                               uint32_t min_active) {
     HSLIDE_ASSERT(asked == sparsity_mode::automatic || asked == sparsity_mode::topk);
