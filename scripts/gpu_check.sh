@@ -344,8 +344,10 @@ prepare_preset() {
     preset_settings "$preset" || { echo "gpu_check.sh: unknown preset $preset" >&2; exit 2; }
     [[ -f $data/test.txt ]] ||
         "$root/bin/hslide" gen --preset "$preset" --scale "$preset_scale" --out "$data" -q
+    # Every label's row, as the dense baseline (torch_dense.py) and the earlier GPU figures
+    # have them (--label-rows auto would drop the synthetic presets' labels no point carries).
     network=(--hidden "$p_hidden" --K "$p_K" --L "$p_L" --bits "$p_bits"
-             --bucket-capacity "$p_capacity" --min-active "$p_min_active")
+             --bucket-capacity "$p_capacity" --min-active "$p_min_active" --label-rows all)
 }
 
 # run_config "BACKEND PRECISION [BATCH [VARIANT]]": trains the prepared preset for $epochs and

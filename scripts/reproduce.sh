@@ -291,8 +291,9 @@ out="${out:-results/reproduce-$preset-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$out/runs"
 "$python" scripts/report.py hardware --hslide "$hslide" --out "$out/hardware.json"
 
+# --label-rows all: a row for every label, as the papers' networks and the dense baselines have.
 model_args=(--hidden "$hidden" --K "$K" --L "$L" --bits "$bits" --bucket-capacity "$capacity"
-            --min-active "$min_active" --fill-correction "$p_fill_correction")
+            --min-active "$min_active" --fill-correction "$p_fill_correction" --label-rows all)
 common=(--batch-size "$batch" --lr "$lr" --eval-every 1 --scoring "$scoring"
         --eval-max "$eval_max" --no-progress)
 

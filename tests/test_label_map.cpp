@@ -29,6 +29,19 @@ TEST(LabelMap, RowsAreTheCarriedLabelsAscendingAndEveryLabelCarriedIsTheIdentity
     EXPECT_TRUE(carried_labels(all).identity());
 }
 
+TEST(LabelMap, AutoIsCarriedOnlyWhereMostLabelIdsHaveNoPoint) {
+    const dataset few = label_dataset({{7, 2}, {}, {2, 9}}, 12);  // 3 of 12 carried
+    const dataset most = label_dataset({{0, 1, 2}, {3, 4}, {6}}, 8);  // 6 of 8
+    const dataset half = label_dataset({{0, 1}}, 4);                  // 2 of 4
+    EXPECT_EQ(output_label_rows(few, "auto").labels, (std::vector<uint32_t>{2, 7, 9}));
+    EXPECT_TRUE(output_label_rows(most, "auto").identity());
+    EXPECT_EQ(output_label_rows(half, "auto").labels, (std::vector<uint32_t>{0, 1}));
+    EXPECT_EQ(output_label_rows(most, "carried").labels,
+              (std::vector<uint32_t>{0, 1, 2, 3, 4, 6}));
+    EXPECT_TRUE(output_label_rows(few, "all").identity());
+    EXPECT_THROW(output_label_rows(few, "some"), error);
+}
+
 TEST(LabelMap, RewriteIsABijectionThatPutsLabelsWithoutRowsAtOrAboveTheRowCount) {
     for (const uint64_t n_labels : {1u, 15u, 16u, 17u, 33u, 1000u}) {
         rng r(n_labels * 7 + 1);

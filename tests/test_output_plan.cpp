@@ -12,6 +12,29 @@
 
 using namespace hslide;
 
+TEST(OutputPlan, TheOutputLayersRateFallsAsItsRowsGrowPastTheBound) {
+    // 1 up to output_lr_scale_rows (every real set), then bound / rows: about 0.177 at the
+    // Amazon-670K shape's 69,410 carried rows (bench/peers.md).
+    for (uint32_t rows : {1u, 14u, 374u, 6118u, output_lr_scale_rows})
+        EXPECT_EQ(automatic_output_lr_scale(rows), 1.0f) << rows;
+    EXPECT_LT(automatic_output_lr_scale(output_lr_scale_rows + 1), 1.0f);
+    EXPECT_NEAR(automatic_output_lr_scale(69410), 0.177, 0.001);
+    EXPECT_NEAR(automatic_output_lr_scale(670091), 0.0183, 0.0001);
+    // make_model_config: auto (0) resolves to the rule on the output layer only, and says so
+    // on the output line; a given scale is kept.
+    model_options o;
+    std::string choice;
+    const model_config wide = make_model_config(o, 100, 69410, &choice);
+    EXPECT_FLOAT_EQ(wide.layers.back().lr_scale, automatic_output_lr_scale(69410));
+    EXPECT_EQ(wide.layers.front().lr_scale, 1.0f);
+    EXPECT_NE(choice.find("0.177 x lr"), std::string::npos) << choice;
+    const model_config narrow = make_model_config(o, 100, 6118, &choice);
+    EXPECT_EQ(narrow.layers.back().lr_scale, 1.0f);
+    EXPECT_EQ(choice.find("x lr"), std::string::npos) << choice;
+    o.output_lr_scale = 0.5f;
+    EXPECT_EQ(make_model_config(o, 100, 69410).layers.back().lr_scale, 0.5f);
+}
+
 TEST(OutputPlan, SetSizesFollowTheRowsAsMeasured) {
     // The shapes of bench/peers.md and bench/topk.md at the default batch of 128: Bibtex,
     // Corel5k, Debian-recs (where a step of sets of 128 touched 88% of the rows), Amazon-670K.
