@@ -474,11 +474,17 @@ TEST(LayerLearningRate, OneStepMovesEachLayerAtItsOwnRate) {
     };
     const backend_case cases[] = {
         {"cpu, dense output", dense_config(),
-         [](model_state m) { return std::make_unique<cpu::cpu_backend>(std::move(m), train_config{}, 1); }},
+         [](model_state m) {
+             return std::make_unique<cpu::cpu_backend>(std::move(m), train_config{}, 1);
+         }},
         {"cpu, top-k output", topk,
-         [](model_state m) { return std::make_unique<cpu::cpu_backend>(std::move(m), train_config{}, 1); }},
+         [](model_state m) {
+             return std::make_unique<cpu::cpu_backend>(std::move(m), train_config{}, 1);
+         }},
         {"cpu-dense", dense_config(),
-         [](model_state m) { return std::make_unique<cpu::dense_backend>(std::move(m), train_config{}, 1); }},
+         [](model_state m) {
+             return std::make_unique<cpu::dense_backend>(std::move(m), train_config{}, 1);
+         }},
     };
     for (const backend_case& c : cases) {
         SCOPED_TRACE(c.name);

@@ -30,14 +30,13 @@ TEST(LabelMap, RowsAreTheCarriedLabelsAscendingAndEveryLabelCarriedIsTheIdentity
 }
 
 TEST(LabelMap, AutoIsCarriedOnlyWhereMostLabelIdsHaveNoPoint) {
-    const dataset few = label_dataset({{7, 2}, {}, {2, 9}}, 12);  // 3 of 12 carried
+    const dataset few = label_dataset({{7, 2}, {}, {2, 9}}, 12);      // 3 of 12 carried
     const dataset most = label_dataset({{0, 1, 2}, {3, 4}, {6}}, 8);  // 6 of 8
     const dataset half = label_dataset({{0, 1}}, 4);                  // 2 of 4
     EXPECT_EQ(output_label_rows(few, "auto").labels, (std::vector<uint32_t>{2, 7, 9}));
     EXPECT_TRUE(output_label_rows(most, "auto").identity());
     EXPECT_EQ(output_label_rows(half, "auto").labels, (std::vector<uint32_t>{0, 1}));
-    EXPECT_EQ(output_label_rows(most, "carried").labels,
-              (std::vector<uint32_t>{0, 1, 2, 3, 4, 6}));
+    EXPECT_EQ(output_label_rows(most, "carried").labels, (std::vector<uint32_t>{0, 1, 2, 3, 4, 6}));
     EXPECT_TRUE(output_label_rows(few, "all").identity());
     EXPECT_THROW(output_label_rows(few, "some"), error);
 }

@@ -118,9 +118,8 @@ struct layer_config {
     float fill_pool = 0.5f;
     /// The layer's learning rate as a multiple of the step's (--lr with its schedule, scaling
     /// and drops): Adam moves this layer's weights and bias by lr_scale x lr. `hslide train
-    /// --output-lr-scale` sets the output layer's; 1 elsewhere. (bench/peers.md: a top-k output
-    /// layer of 69k rows that most training points' labels reach a few times an epoch overfits
-    /// at the hidden layers' rate.)
+    /// --output-lr-scale` sets the output layer's; 1 elsewhere. (bench/peers.md: the
+    /// Amazon-670K shape's top-k layer of 69,410 rows overfits at the hidden layers' rate.)
     float lr_scale = 1.0f;
 };
 

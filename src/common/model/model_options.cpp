@@ -75,10 +75,9 @@ model_config make_model_config(const model_options& o, uint32_t input_dim, uint3
             }
             if (layer.top_k == 0) layer.top_k = layer_config{}.top_k;  // unused: not top-k
             if (output_choice && o.output_lr_scale == 0 && layer.lr_scale != 1.0f)
-                *output_choice += fmt::format(
-                    "{}output layer at {:.3g} x lr ({} rows, above {})",
-                    output_choice->empty() ? "" : "; ", layer.lr_scale, layer.size,
-                    output_lr_scale_rows);
+                *output_choice += fmt::format("{}output layer at {:.3g} x lr ({} rows, above {})",
+                                              output_choice->empty() ? "" : "; ", layer.lr_scale,
+                                              layer.size, output_lr_scale_rows);
         }
         if (l > 0 && layer.active.min_active == 0) layer.active.min_active = lsh_min_active;
         config.layers.push_back(layer);
