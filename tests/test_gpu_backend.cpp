@@ -61,8 +61,13 @@ std::unique_ptr<backend> make_gpu(const model_state& m, const train_config& tc, 
 void expect_same_training(const char* kind, sparsity_mode output, precision_mode precision,
                           double loss_tolerance, double weight_tolerance,
                           adam_mode adam = adam_mode::sparse, uint32_t hidden = 33,
-                          uint32_t unlabelled_every = 0, size_t allowed_outliers = 0) {
-    const model_config config = two_layer_config(output, hidden);
+                          uint32_t unlabelled_every = 0, size_t allowed_outliers = 0,
+                          bool own_rates = false) {
+    model_config config = two_layer_config(output, hidden);
+    if (own_rates) {  // layer_config::lr_scale on each layer
+        config.layers[0].lr_scale = 1.5f;
+        config.layers[1].lr_scale = 0.25f;
+    }
     const model_state initial = model_state::create(config, 3);
     train_config tc;
     tc.seed = 4;
@@ -125,8 +130,13 @@ void expect_same_training(const char* kind, sparsity_mode output, precision_mode
 // the dropped mass is measured on both.
 void expect_same_top_k_training(precision_mode precision, double loss_tolerance,
                                 double weight_tolerance, double dropped_tolerance,
-                                size_t allowed_outliers, size_t allowed_set_differences) {
+                                size_t allowed_outliers, size_t allowed_set_differences,
+                                bool own_rates = false) {
     model_config config = hslide::testing::two_layer_model(50, 33, 70, sparsity_mode::topk);
+    if (own_rates) {  // layer_config::lr_scale on each layer
+        config.layers[0].lr_scale = 1.5f;
+        config.layers[1].lr_scale = 0.25f;
+    }
     config.layers[1].top_k = 10;
     config.layers[1].active.min_active = 30;
     const model_state initial = model_state::create(config, 3);
@@ -212,6 +222,11 @@ TEST(GpuBackend, TopKTrainingMatchesTheCpu) {
     // fp32: sgemm scores against the CPU's dots16 (1e-6 relative); the log-partition within
     // 1e-4 relative, hence the loss.
     expect_same_top_k_training(precision_mode::fp32, 1e-4, 2e-4, 1e-4, 0, 0);
+}
+
+TEST(GpuBackend, TopKTrainingAtEachLayersOwnRateMatchesTheCpu) {
+    HSLIDE_REQUIRE_GPU();
+    expect_same_top_k_training(precision_mode::fp32, 1e-4, 2e-4, 1e-4, 0, 0, /*own_rates=*/true);
 }
 
 TEST(GpuBackend, Bf16TopKTrainingMatchesTheCpuBf16) {
@@ -467,6 +482,13 @@ TEST(GpuBackend, LshTrainingMatchesTheCpuWithUnlabelledPointsAndAWideHiddenLayer
 TEST(GpuBackend, DenseOutputMatchesTheCpu) {
     HSLIDE_REQUIRE_GPU();
     expect_same_training("gpu-dense", sparsity_mode::dense, precision_mode::fp32, 1e-4, 2e-4);
+}
+
+TEST(GpuBackend, DenseOutputAndInputCatchUpAtEachLayersOwnRateMatchTheCpu) {
+    HSLIDE_REQUIRE_GPU();
+    // The input layer's catch-up schedule records its own rate.
+    expect_same_training("gpu-dense", sparsity_mode::dense, precision_mode::fp32, 1e-4, 2e-4,
+                         adam_mode::input_catch_up, 33, 0, 0, /*own_rates=*/true);
 }
 
 TEST(GpuBackend, Bf16DenseOutputMatchesTheCpuBf16) {
