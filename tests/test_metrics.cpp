@@ -94,6 +94,20 @@ TEST(Metrics, InversePropensitiesMatchXcFormula) {
     EXPECT_THROW(hslide::inverse_propensities(label_dataset({}, 4), 0.55, 1.5), hslide::error);
 }
 
+TEST(Metrics, ASavedModelsPropensitiesWidenOnlyWithALabelMap) {
+    // Counts 3, 1, 1 of 4 points, test data of 5 label ids: with a map, ids 3 and 4 were
+    // carried by no training point (1/p as for N_l = 0); without one the counts are kept.
+    const std::vector<uint32_t> counts = {3, 1, 1};
+    const auto widened = hslide::saved_inverse_propensities(counts, 4, 5, true, 0.55, 1.5);
+    ASSERT_EQ(widened.size(), 5u);
+    EXPECT_NEAR(widened[0], 1.2795879764399811, 1e-12);
+    EXPECT_NEAR(widened[3], 1.5116054719900802, 1e-12);
+    EXPECT_EQ(widened[4], widened[3]);
+    EXPECT_EQ(hslide::saved_inverse_propensities(counts, 4, 5, false, 0.55, 1.5).size(), 3u);
+    EXPECT_TRUE(hslide::saved_inverse_propensities({}, 4, 5, false, 0.55, 1.5).empty());
+    EXPECT_TRUE(hslide::saved_inverse_propensities(counts, 0, 5, true, 0.55, 1.5).empty());
+}
+
 TEST(Metrics, FewerPredictionsThanK) {
     metrics_accumulator acc(5, {1, 1, 2, 1, 3});
     add(acc, {2}, {2, 4});

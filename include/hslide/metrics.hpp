@@ -63,6 +63,14 @@ std::vector<double> inverse_propensities(const dataset& train, double a, double 
 std::vector<double> inverse_propensities(const std::vector<uint32_t>& label_counts,
                                          uint64_t n_points, double a, double b);
 
+/// A saved model's inverse propensities for test data of `n_labels` label ids: empty where the
+/// model kept no counts (or no training points); with `widen` (a model with a label map, whose
+/// test ids run past its training set's: label_map.hpp), the counts extended with zeros to
+/// n_labels first, since no training point carried those labels.
+std::vector<double> saved_inverse_propensities(std::vector<uint32_t> label_counts,
+                                               uint64_t n_points, uint64_t n_labels, bool widen,
+                                               double a, double b);
+
 /// Metrics for k = 1..k_max: element k-1 of each vector is the value at k.
 struct metrics_result {
     std::vector<double> precision;  ///< P@k

@@ -147,13 +147,9 @@ int run_eval(int argc, char** argv) {
                        : subset(file, read_split(data.test_split, data.split_column, file.size()));
     checkpoint_contents ck;
     auto engine = open_backend(so, test, ck, comm);
-    std::vector<double> inv_prop;
-    // A model with a label map scores labels beyond its training set's: none carried them.
-    if (ck.label_counts.size() < test.n_labels && !ck.rows.identity())
-        ck.label_counts.resize(test.n_labels, 0);
-    if (!ck.label_counts.empty() && ck.train_points > 0)
-        inv_prop = inverse_propensities(ck.label_counts, ck.train_points, eo.metrics.propensity_a,
-                                        eo.metrics.propensity_b);
+    const std::vector<double> inv_prop = saved_inverse_propensities(
+        std::move(ck.label_counts), ck.train_points, test.n_labels, !ck.rows.identity(),
+        eo.metrics.propensity_a, eo.metrics.propensity_b);
     const metrics_result r = evaluate(*engine, test, eo, inv_prop);
     if (!rank0) return 0;
     std::printf("%s  (%zu points)\n", format_metrics(r).c_str(), r.n);

@@ -368,13 +368,9 @@ class model {
         evaluation_options eo = options_.eval();
         eo.metrics.max_k = k;
         eo.show_progress = false;
-        std::vector<double> inv_prop;
-        std::vector<uint32_t> counts = label_counts_;
-        // A model with a label map scores labels beyond its training set's: none carried them.
-        if (!rows_.identity() && counts.size() < test.n_labels) counts.resize(test.n_labels, 0);
-        if (!counts.empty() && train_points_ > 0)
-            inv_prop = inverse_propensities(counts, train_points_, eo.metrics.propensity_a,
-                                            eo.metrics.propensity_b);
+        const std::vector<double> inv_prop = saved_inverse_propensities(
+            label_counts_, train_points_, test.n_labels, !rows_.identity(), eo.metrics.propensity_a,
+            eo.metrics.propensity_b);
         metrics_result r;
         {
             py::gil_scoped_release release;

@@ -63,6 +63,14 @@ double metrics_result::psp_at(int k) const {
     return psp[k - 1];
 }
 
+std::vector<double> saved_inverse_propensities(std::vector<uint32_t> label_counts,
+                                               uint64_t n_points, uint64_t n_labels, bool widen,
+                                               double a, double b) {
+    if (widen && label_counts.size() < n_labels) label_counts.resize(n_labels, 0);
+    if (label_counts.empty() || n_points == 0) return {};
+    return inverse_propensities(label_counts, n_points, a, b);
+}
+
 metrics_accumulator::metrics_accumulator(int k_max, std::vector<double> inverse_propensities)
     : k_max_(k_max), inv_prop_(std::move(inverse_propensities)) {
     HSLIDE_CHECK(k_max >= 1, "k_max must be >= 1, got {}", k_max);
