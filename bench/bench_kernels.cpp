@@ -251,6 +251,45 @@ void dots16_bf16_small(benchmark::State& state, const kernel_table& k) {
     report(state, bytes, 2.0 * inputs * small_rows * width);
 }
 
+// dots16_u8s8 on the same shape in int8: the rows quantized a row at a time by the level's
+// to_int8_row (a scale and a sum per row), the inputs as u8 in fours with per-input scales and
+// zero points: exact scoring's product over an int8 copy (vpdpbusd on avx512bf16; levels
+// without 8-bit dot products have none). GFLOP/s counts its integer multiply-adds as 2 each,
+// comparable with the fp32 and bf16 rows beside it.
+void dots16_u8s8_small(benchmark::State& state, const kernel_table& k) {
+    if (!k.dots16_u8s8) {
+        state.SkipWithError("no dots16_u8s8 on this level");
+        return;
+    }
+    const auto wf = random_floats(size_t(small_rows) * width, -0.05f, 0.05f, 41);
+    aligned_array<int8_t> w8(size_t(small_rows) * stride);
+    std::vector<float> row_scale(small_rows);
+    std::vector<int32_t> row_sum(small_rows);
+    for (uint32_t r = 0; r < small_rows; ++r)
+        row_scale[r] = k.to_int8_row(wf.data() + size_t(r) * width, w8.data() + size_t(r) * stride,
+                                     width, &row_sum[r]);
+    const auto bias = random_floats(small_rows, -0.01f, 0.01f, 42);
+    const uint32_t inputs = 16;
+    aligned_array<uint8_t> xq(size_t(inputs) * width);  // width % 4 == 0: no padding
+    rng gen(43);
+    for (size_t i = 0; i < xq.size(); ++i) xq[i] = uint8_t(gen.below(256));
+    std::vector<float> query_scale(inputs, 1.0f / 255);
+    std::vector<int32_t> query_zero(inputs);
+    for (int32_t& z : query_zero) z = int32_t(gen.below(256));
+    std::vector<float> out(size_t(inputs) * small_rows);
+    for (auto _ : state) {
+        k.dots16_u8s8(w8.data(), stride, width, small_rows, xq.data(), row_scale.data(),
+                      row_sum.data(), query_scale.data(), query_zero.data(), bias.data(),
+                      out.data());
+        benchmark::DoNotOptimize(out.data());
+        benchmark::ClobberMemory();
+    }
+    // Rows once, their scale, sum and bias and out per row and input, the inputs once.
+    const double bytes =
+        double(small_rows) * (width * 1.0 + 4.0 * (3 + inputs)) + double(inputs) * width * 1.0;
+    report(state, bytes, 2.0 * inputs * small_rows * width);
+}
+
 // weighted_vector_sum of `n` vectors (a row's gradient over the samples of a batch that
 // touched it; 128 = a dense layer's row in a batch of 128).
 void weighted_vector_sum_bench(benchmark::State& state, const kernel_table& k, uint32_t n) {
@@ -588,6 +627,7 @@ void register_all() {
 
     each_level("dots16", "rows:1024/inputs:16/width:256", dots16_small);
     each_level("dots16_bf16", "rows:1024/inputs:16/width:256", dots16_bf16_small);
+    each_level("dots16_u8s8", "rows:1024/inputs:16/width:256", dots16_u8s8_small);
     each_level(
         "weighted_vector_sum", "n:128/width:256",
         [](benchmark::State& s, const kernel_table& k) { weighted_vector_sum_bench(s, k, 128); });

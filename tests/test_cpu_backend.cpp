@@ -1240,12 +1240,13 @@ TEST(CpuBackend, MultiProbeScoringScoresASupersetOfTheSingleProbeSet) {
     EXPECT_GT(gained, 0) << "probes found no extra label for any point";
 }
 
-TEST(CpuBackend, TheExactSearchsBf16CopyFollowsEveryUpdatedRow) {
-    // Where the CPU has bf16 products, an automatic exact search scores a bf16 copy of the
-    // output rows, which the update writes as it changes each row (rows changed by other
-    // means, an import, are marked and rounded before the next search). After training with
-    // sparse, dense (every row moves) and input-catch-up Adam, every row of the copy is the
-    // bf16 rounding of the model's row.
+TEST(CpuBackend, TheExactSearchsCopyFollowsEveryUpdatedRow) {
+    // Where the CPU has bf16 products, an automatic exact search scores a copy of the output
+    // rows, int8 where the kernels have 8-bit products and bf16 otherwise, which the update
+    // writes as it changes each row (rows changed by other means, an import, are marked and
+    // rounded before the next search). After training with sparse, dense (every row moves) and
+    // input-catch-up Adam, every row of the copy is the rounding of the model's row: bf16 by
+    // float_to_bf16, int8 by the scalar reference's to_int8_row (values, scale and sum).
     const std::vector<isa_level> levels = hslide::testing::bf16_search_levels();
     if (levels.empty())
         GTEST_SKIP() << "this CPU has no bf16 products (best: " << to_string(detected_isa()) << ")";
@@ -1253,37 +1254,61 @@ TEST(CpuBackend, TheExactSearchsBf16CopyFollowsEveryUpdatedRow) {
     std::vector<uint32_t> rows(64);
     std::iota(rows.begin(), rows.end(), 0u);
     for (isa_level level : levels)
-        for (adam_mode adam : {adam_mode::sparse, adam_mode::dense, adam_mode::input_catch_up}) {
-            SCOPED_TRACE(std::string(to_string(level)) + ", " + to_string(adam));
-            model_config config = small_config(sparsity_mode::dense, sparsity_mode::topk);
-            config.layers.back().size = 500;
-            config.layers.back().active.min_active = 40;
-            config.layers.back().top_k = 8;
-            config.layers.back().search = top_k_search::automatic;
-            train_config tc;
-            tc.adam = adam;
-            cpu::cpu_backend be(model_state::create(config, 7), tc, 2, cpu::kernels_for(level));
-            for (uint32_t b = 0; b < 64; b += 16)
-                be.train_batch({&data, rows.data() + b, 16}, 0.02f);
-            const size_t out = config.layers.size() - 1;
-            auto* search = dynamic_cast<cpu::exact_top_k*>(
-                &const_cast<cpu::neuron_selector&>(be.selection(out)));
-            ASSERT_NE(search, nullptr);
-            ASSERT_TRUE(search->scores_bf16_copy());
-            model_state now;
-            be.export_state(now, false);
-            // A search rounds the rows marked since the last one.
-            const layer_state& layer = now.layers[out];
-            std::vector<float> query(layer.width, 0.5f);
-            const float* q = query.data();
-            uint32_t label;
-            float score;
-            search->search(&q, 1, 1, &label, &score, nullptr);
-            const cpu::neuron_selector::bf16_rows copy = search->writable_bf16_copy();
-            ASSERT_NE(copy.rows, nullptr);
-            for (uint32_t r = 0; r < layer.rows; ++r)
-                for (uint32_t i = 0; i < layer.width; ++i)
-                    ASSERT_EQ(copy.rows[r * copy.stride16 + i], cpu::float_to_bf16(layer.row(r)[i]))
-                        << "row " << r << ", element " << i;
+        for (bool int8 : {false, true}) {
+            // The bf16 copy on a level with 8-bit products: its table without them.
+            cpu::kernel_table k = cpu::kernels_for(level);
+            if (int8 && !k.dots16_u8s8) continue;
+            if (!int8) k.dots16_u8s8 = nullptr;
+            for (adam_mode adam :
+                 {adam_mode::sparse, adam_mode::dense, adam_mode::input_catch_up}) {
+                SCOPED_TRACE(std::string(to_string(level)) + ", " + to_string(adam) +
+                             (int8 ? ", int8" : ", bf16"));
+                model_config config = small_config(sparsity_mode::dense, sparsity_mode::topk);
+                config.layers.back().size = 500;
+                config.layers.back().active.min_active = 40;
+                config.layers.back().top_k = 8;
+                config.layers.back().search = top_k_search::automatic;
+                train_config tc;
+                tc.adam = adam;
+                cpu::cpu_backend be(model_state::create(config, 7), tc, 2, k);
+                for (uint32_t b = 0; b < 64; b += 16)
+                    be.train_batch({&data, rows.data() + b, 16}, 0.02f);
+                const size_t out = config.layers.size() - 1;
+                auto* search = dynamic_cast<cpu::exact_top_k*>(
+                    &const_cast<cpu::neuron_selector&>(be.selection(out)));
+                ASSERT_NE(search, nullptr);
+                ASSERT_EQ(search->scores_int8_copy(), int8);
+                ASSERT_EQ(search->scores_bf16_copy(), !int8);
+                model_state now;
+                be.export_state(now, false);
+                // A search rounds the rows marked since the last one.
+                const layer_state& layer = now.layers[out];
+                std::vector<float> query(layer.width, 0.5f);
+                const float* q = query.data();
+                uint32_t label;
+                float score;
+                search->search(&q, 1, 1, &label, &score, nullptr);
+                const cpu::neuron_selector::search_copy copy = search->writable_search_copy();
+                std::vector<int8_t> want8(layer.width);
+                for (uint32_t r = 0; r < layer.rows; ++r) {
+                    if (int8) {
+                        ASSERT_TRUE(copy.rows8);
+                        int32_t sum = 0;
+                        const float scale = cpu::to_int8_row_reference(layer.row(r), want8.data(),
+                                                                       layer.width, &sum);
+                        ASSERT_EQ(copy.rows8.scale[r], scale) << "row " << r;
+                        ASSERT_EQ(copy.rows8.sum[r], sum) << "row " << r;
+                        for (uint32_t i = 0; i < layer.width; ++i)
+                            ASSERT_EQ(copy.rows8.row(r)[i], want8[i])
+                                << "row " << r << ", element " << i;
+                        continue;
+                    }
+                    ASSERT_NE(copy.rows16, nullptr);
+                    for (uint32_t i = 0; i < layer.width; ++i)
+                        ASSERT_EQ(copy.rows16[r * copy.stride16 + i],
+                                  cpu::float_to_bf16(layer.row(r)[i]))
+                            << "row " << r << ", element " << i;
+                }
+            }
         }
 }

@@ -1,6 +1,7 @@
 // Tests of the CPU kernel tables (src/cpu/kernels.hpp): every SIMD level against the scalar
-// reference on awkward sizes, the bf16 conversion on hand-derived edge cases, and the
-// process-wide ISA selection (isa.hpp).
+// reference on awkward sizes, the bf16 conversion on hand-derived edge cases, the int8
+// quantization and product of exact scoring (bit for bit, and end to end against fp32), and
+// the process-wide ISA selection (isa.hpp).
 //
 // Every buffer handed to a kernel sits between guard elements. Guards of read-only inputs (and
 // the padding of each row past `width`) hold NaN: a kernel that read them would turn its
@@ -10,8 +11,11 @@
 #include "hslide/error.hpp"
 #include "hslide/isa.hpp"
 #include "hslide/rng.hpp"
+#include "hslide/system_info.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -21,6 +25,7 @@
 #include <numeric>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -950,6 +955,681 @@ TEST_P(kernel_level, to_bf16_many_random_bit_patterns) {
     for (uint32_t i = 0; i < n; ++i) want[i] = float_to_bf16(x[i]);
     EXPECT_TRUE(bits_equal(got.data(), want.data(), x.data(), n));
     EXPECT_TRUE(got.guards_intact());
+}
+
+// --- int8: to_int8_row and dots16_u8s8 -------------------------------------------------------
+//
+// An exact search's int8 copy of the rows: to_int8_row quantizes a row symmetrically (a scale
+// and the sum of the int8 values per row), dots16_u8s8 scores 16 u8-quantized inputs against
+// such rows. int8 and u8 have no poison value like NaN, so reads past a row's `width` are
+// caught two ways instead: the padding between rows holds garbage that must not change a
+// score, and (dots16_u8s8_reads_nothing_past_its_buffers) every buffer ends where an
+// inaccessible page begins, so one byte read or written past it faults.
+
+using to_int8_fn = decltype(kernel_table::to_int8_row);
+using u8s8_fn = decltype(kernel_table::dots16_u8s8);
+
+constexpr int8_t canary_i8 = 0x5a;
+constexpr int32_t canary_sum = 0x5a5a5a5a;  // *sum before the call: never a plausible sum
+
+/// The row lengths to_int8_row is tried on: around the 16-lane vectors, and one long row.
+constexpr uint32_t int8_sizes[] = {1, 15, 16, 17, 33, 100, 256, 257, 4099};
+
+/// dots16_u8s8's widths (around the fours of the layout and the 16- and 64-byte vectors) and
+/// row counts (around its blocks of 8 rows).
+constexpr uint32_t u8s8_widths[] = {1, 3, 4, 5, 15, 16, 17, 33, 64, 255, 256};
+constexpr uint32_t u8s8_row_counts[] = {0, 1, 7, 8, 9, 17};
+
+/// dots16_u8s8 of a level against the scalar one. The integer sums are exact on both sides and
+/// float(int32) rounds the same everywhere, so they can differ only in the float epilogue,
+/// where the scale multiply and the bias add may fuse into one rounding (~6e-8 of the
+/// magnitude): |got - want| <= u8s8_tol * (|c| * row_scale * query_scale + |bias|), c the exact
+/// integer sum (computed by the test in int64).
+constexpr double u8s8_tol = 1e-6;
+
+/// `n` elements of T that end exactly where an inaccessible page begins: a kernel that reads or
+/// writes one byte past the end faults (and the test dies) instead of passing unnoticed.
+template <class T>
+class page_end_buffer {
+  public:
+    explicit page_end_buffer(size_t n) {
+        const size_t page = size_t(sysconf(_SC_PAGESIZE));
+        const size_t bytes = n * sizeof(T), data_pages = (bytes + page - 1) / page;
+        size_ = (data_pages + 1) * page;
+        base_ = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (base_ == MAP_FAILED) throw std::runtime_error("mmap failed");
+        char* guard = static_cast<char*>(base_) + data_pages * page;
+        if (mprotect(guard, page, PROT_NONE) != 0) throw std::runtime_error("mprotect failed");
+        data_ = reinterpret_cast<T*>(guard - bytes);
+    }
+    /// A copy of src[0..n).
+    page_end_buffer(const T* src, size_t n) : page_end_buffer(n) { std::copy(src, src + n, data_); }
+    ~page_end_buffer() { munmap(base_, size_); }
+    page_end_buffer(const page_end_buffer&) = delete;
+    page_end_buffer& operator=(const page_end_buffer&) = delete;
+
+    T* data() { return data_; }
+    T& operator[](size_t i) { return data_[i]; }
+
+  private:
+    size_t size_ = 0;
+    void* base_ = nullptr;
+    T* data_ = nullptr;
+};
+
+/// The rows to_int8_row is tried on.
+enum class int8_row_kind {
+    normal,            // N(0, 1): both signs
+    negative_max,      // N(0, 1) with one negative element of the largest magnitude
+    ties,              // x * (127 / m) exact and at k + 0.5: the rounding's ties
+    mixed_magnitudes,  // N(0, 1) * 2^[-30, 30]: most elements round to 0 or +-1
+    huge,              // N(0, 1) * 1e37
+    near_overflow,     // N(0, 1) * 3e-37: 127 / m finite or not, m / 127 subnormal
+    tiny,              // N(0, 1) * 1e-38 (subnormals too): 127 / m overflows, all zeros
+    zero,              // +0 and -0: scale 0, all zeros
+};
+constexpr int8_row_kind int8_row_kinds[] = {int8_row_kind::normal, int8_row_kind::negative_max,
+                                            int8_row_kind::ties,   int8_row_kind::mixed_magnitudes,
+                                            int8_row_kind::huge,   int8_row_kind::near_overflow,
+                                            int8_row_kind::tiny,   int8_row_kind::zero};
+const char* to_string(int8_row_kind kind) {
+    static const char* const names[] = {"normal", "negative_max",  "ties", "mixed_magnitudes",
+                                        "huge",   "near_overflow", "tiny", "zero"};
+    return names[int(kind)];
+}
+
+float max_abs(const float* x, uint32_t n) {
+    float m = 0.0f;
+    for (uint32_t i = 0; i < n; ++i) m = std::max(m, std::fabs(x[i]));
+    return m;
+}
+
+guarded<float> int8_test_row(int8_row_kind kind, uint32_t n, rng& g) {
+    guarded<float> x(n, nan_f);
+    const uint32_t at = uint32_t(g.below(n));  // where negative_max and ties put the maximum
+    switch (kind) {
+        case int8_row_kind::normal:
+            for (uint32_t i = 0; i < n; ++i) x[i] = normal(g);
+            break;
+        case int8_row_kind::negative_max:
+            for (uint32_t i = 0; i < n; ++i) x[i] = normal(g);
+            x[at] = -(max_abs(x.data(), n) + 0.5f + g.uniform());
+            break;
+        case int8_row_kind::ties: {
+            // m = 127 * unit, unit a power of two: 127 / m = 1 / unit and x * (1 / unit) are
+            // exact, and every element but the maximum lands on k + 0.5.
+            const float unit = std::ldexp(1.0f, int(g.below(5)) - 2);
+            for (uint32_t i = 0; i < n; ++i)
+                x[i] = (float(int(g.below(253)) - 126) + 0.5f) * unit;  // |x| <= 126.5 * unit
+            x[at] = (g.below(2) ? 127.0f : -127.0f) * unit;
+            break;
+        }
+        case int8_row_kind::mixed_magnitudes:
+            for (uint32_t i = 0; i < n; ++i)
+                x[i] = normal(g, std::ldexp(1.0f, int(g.below(61)) - 30));
+            break;
+        case int8_row_kind::huge:
+            for (uint32_t i = 0; i < n; ++i) x[i] = normal(g, 1e37f);
+            break;
+        case int8_row_kind::near_overflow:
+            for (uint32_t i = 0; i < n; ++i) x[i] = normal(g, 3e-37f);
+            break;
+        case int8_row_kind::tiny:
+            // m < 127 / FLT_MAX = 3.7e-37 unless a N(0, 1) draw exceeded 37.
+            for (uint32_t i = 0; i < n; ++i) x[i] = normal(g, 1e-38f);
+            break;
+        case int8_row_kind::zero:
+            for (uint32_t i = 0; i < n; ++i) x[i] = i % 2 ? -0.0f : 0.0f;
+            break;
+    }
+    return x;
+}
+
+::testing::AssertionResult int8_equal(const int8_t* got, const int8_t* want, const float* x,
+                                      size_t n) {
+    size_t bad = 0;
+    std::ostringstream msg;
+    for (size_t i = 0; i < n; ++i) {
+        if (got[i] != want[i]) {
+            if (bad < 5)
+                msg << "\n  [" << i << "] input " << x[i] << ": got " << int(got[i]) << ", want "
+                    << int(want[i]);
+            ++bad;
+        }
+    }
+    if (bad == 0) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure() << bad << " of " << n << " elements differ:" << msg.str();
+}
+
+/// Whether 127 / m overflows (or m is 0): the rows to_int8_row leaves all zeros.
+bool quantizes_to_zeros(float m) {
+    return !(m > 0.0f) || !std::isfinite(127.0f / m);
+}
+
+TEST_P(kernel_level, to_int8_row) {
+    // Every level against the scalar reference bit for bit: values, sum and scale; the output's
+    // guards intact; once more with the row and the output ending at an inaccessible page.
+    rng g = gen(19);
+    for (int8_row_kind kind : int8_row_kinds) {
+        for (uint32_t n : int8_sizes) {
+            SCOPED_TRACE(std::string(to_string(kind)) + ", n = " + std::to_string(n));
+            const guarded<float> x = int8_test_row(kind, n, g);
+            guarded<int8_t> got(n, canary_i8), want(n, canary_i8);
+            int32_t got_sum = canary_sum, want_sum = canary_sum;
+            const float got_scale = k().to_int8_row(x.data(), got.data(), n, &got_sum);
+            const float want_scale = to_int8_row_reference(x.data(), want.data(), n, &want_sum);
+            EXPECT_TRUE(int8_equal(got.data(), want.data(), x.data(), n));
+            EXPECT_EQ(got_sum, want_sum);
+            EXPECT_EQ(bits_of(got_scale), bits_of(want_scale))
+                << "got " << got_scale << ", want " << want_scale;
+            EXPECT_TRUE(got.guards_intact());
+            if (kind == int8_row_kind::zero || kind == int8_row_kind::tiny) {
+                ASSERT_TRUE(quantizes_to_zeros(max_abs(x.data(), n)));
+                for (uint32_t i = 0; i < n; ++i) ASSERT_EQ(got[i], 0) << "element " << i;
+                EXPECT_EQ(got_sum, 0);
+                if (kind == int8_row_kind::zero) EXPECT_EQ(got_scale, 0.0f);
+            }
+
+            page_end_buffer<float> x_end(x.data(), n);
+            page_end_buffer<int8_t> out_end(n);
+            int32_t end_sum = canary_sum;
+            const float end_scale = k().to_int8_row(x_end.data(), out_end.data(), n, &end_sum);
+            EXPECT_TRUE(int8_equal(out_end.data(), want.data(), x.data(), n)) << "at a page end";
+            EXPECT_EQ(end_sum, want_sum);
+            EXPECT_EQ(bits_of(end_scale), bits_of(want_scale));
+        }
+    }
+}
+
+TEST(int8_reference, to_int8_row_properties) {
+    // The scalar reference's contract on many random rows of every kind: out[i] in
+    // [-127, 127]; an element of the largest magnitude m maps to +-127 with its sign; *sum is
+    // the sum of out; the scale returned is m / 127; and x[i] is within scale / 2 of
+    // out[i] * scale (in double), up to the slack derived below. Rows where 127 / m is not
+    // finite (m = 0, or m < 127 / FLT_MAX) are all zeros instead.
+    //
+    // Slack: q = round(y), y = fl(x * inv), inv = fl(127 / m), scale = fl(m / 127), each
+    // rounding relative 2^-24 (or absolute 2^-150 for a subnormal scale, relative < 2^-22
+    // since scale >= 2.9e-39). x - q * scale = (y - q) * scale + y * (x / y - scale), with
+    // |y - q| <= 1/2 and |y| <= 127 (1 + 2^-23), and x / y - scale = scale * O(3 roundings):
+    // |x - q * scale| <= scale * (1/2 + 127 * 6 * 2^-24) ~ scale * (1/2 + 4.5e-5). The test
+    // allows scale * (1/2 + 2^-13) (1.2e-4): a rounding that truncated or rounded with a
+    // wrong inverse (errors up to a whole step) fails it.
+    rng g(derive_seed(0x696e7438, 1));
+    const double slack = std::ldexp(1.0, -13);
+    for (int8_row_kind kind : int8_row_kinds) {
+        for (uint32_t n : int8_sizes) {
+            for (int trial = 0; trial < 20; ++trial) {
+                SCOPED_TRACE(std::string(to_string(kind)) + ", n = " + std::to_string(n) +
+                             ", trial " + std::to_string(trial));
+                const guarded<float> x = int8_test_row(kind, n, g);
+                guarded<int8_t> out(n, canary_i8);
+                int32_t sum = canary_sum;
+                const float scale = to_int8_row_reference(x.data(), out.data(), n, &sum);
+                ASSERT_TRUE(out.guards_intact());
+                const float m = max_abs(x.data(), n);
+                ASSERT_EQ(bits_of(scale), bits_of(m / 127.0f));
+                if (quantizes_to_zeros(m)) {
+                    ASSERT_NE(kind, int8_row_kind::normal);
+                    for (uint32_t i = 0; i < n; ++i) ASSERT_EQ(out[i], 0) << "element " << i;
+                    ASSERT_EQ(sum, 0);
+                    continue;
+                }
+                int64_t total = 0;
+                for (uint32_t i = 0; i < n; ++i) {
+                    ASSERT_GE(out[i], -127) << "element " << i;
+                    ASSERT_LE(out[i], 127) << "element " << i;
+                    total += out[i];
+                    if (std::fabs(x[i]) == m) ASSERT_EQ(out[i], x[i] < 0 ? -127 : 127) << i;
+                    const double err = std::fabs(double(x[i]) - double(out[i]) * double(scale));
+                    ASSERT_LE(err, double(scale) * (0.5 + slack))
+                        << "element " << i << ": " << x[i] << " -> " << int(out[i]) << " * "
+                        << scale;
+                }
+                ASSERT_EQ(sum, total);
+            }
+        }
+    }
+}
+
+TEST(int8_reference, to_int8_row_rounds_ties_to_even) {
+    // By hand: m = 127 (127 / m = 1 exactly), the rest ties.
+    const float x[] = {0.5f, 1.5f, 2.5f, -0.5f, -1.5f, -2.5f, 126.5f, -126.5f, 127.0f, 3.25f};
+    const int8_t want[] = {0, 2, 2, 0, -2, -2, 126, -126, 127, 3};
+    int8_t out[10];
+    int32_t sum = canary_sum;
+    EXPECT_EQ(to_int8_row_reference(x, out, 10, &sum), 1.0f);
+    EXPECT_TRUE(int8_equal(out, want, x, 10));
+    EXPECT_EQ(sum, 0 + 2 + 2 + 0 - 2 - 2 + 126 - 126 + 127 + 3);
+    // Random ties at scales 1/4 .. 4, against an independent round-half-even in double.
+    rng g(derive_seed(0x696e7438, 2));
+    for (uint32_t n : int8_sizes) {
+        const guarded<float> row = int8_test_row(int8_row_kind::ties, n, g);
+        guarded<int8_t> got(n, canary_i8);
+        to_int8_row_reference(row.data(), got.data(), n, &sum);
+        const double inv = 127.0 / double(max_abs(row.data(), n));  // a power of two
+        for (uint32_t i = 0; i < n; ++i) {
+            const double y = double(row[i]) * inv, fl = std::floor(y);
+            const double r = y - fl < 0.5   ? fl
+                             : y - fl > 0.5 ? fl + 1
+                                            : (std::fmod(fl, 2.0) == 0 ? fl : fl + 1);
+            ASSERT_EQ(int(got[i]), int(r)) << "n = " << n << ", element " << i << ": " << row[i];
+        }
+    }
+}
+
+/// int8 rows as an exact search keeps them: random N(0, 1) fp32 rows, each of a random
+/// magnitude 1/8 .. 8, quantized by `quantize` `stride` apart (padding filled with 0x7f).
+struct int8_block {
+    uint32_t rows, width;
+    size_t stride;
+    std::vector<float> fp32;  // rows x width, before quantization
+    std::vector<int8_t> data;
+    std::vector<float> scale;
+    std::vector<int32_t> sum;
+
+    const int8_t* row(size_t r) const { return data.data() + r * stride; }
+    void fill_padding(int8_t pad) {
+        for (size_t r = 0; r < rows; ++r)
+            std::fill(data.begin() + r * stride + width, data.begin() + (r + 1) * stride, pad);
+    }
+};
+
+int8_block quantized_rows(uint32_t rows, uint32_t width, size_t stride, rng& g,
+                          to_int8_fn quantize) {
+    int8_block b{rows,
+                 width,
+                 stride,
+                 std::vector<float>(size_t(rows) * width),
+                 std::vector<int8_t>(size_t(rows) * stride, int8_t{0x7f}),
+                 std::vector<float>(rows),
+                 std::vector<int32_t>(rows)};
+    for (uint32_t r = 0; r < rows; ++r) {
+        const float magnitude = std::ldexp(1.0f, int(g.below(7)) - 3);
+        float* x = b.fp32.data() + size_t(r) * width;
+        for (uint32_t i = 0; i < width; ++i) x[i] = normal(g, magnitude);
+        b.scale[r] = quantize(x, b.data.data() + size_t(r) * stride, width, &b.sum[r]);
+    }
+    return b;
+}
+
+/// 16 inputs quantized to u8 in dots16_u8s8's layout: element i of input j at
+/// xq[(i / 4) * 64 + j * 4 + i % 4], the last four padded with zeros.
+struct u8_queries {
+    uint32_t width;
+    std::vector<float> fp32;  // input j's element i at [j * width + i] (quantized_queries only)
+    std::vector<uint8_t> xq;
+    std::vector<float> scale;   // 16
+    std::vector<int32_t> zero;  // 16
+
+    uint8_t at(uint32_t i, uint32_t j) const { return xq[(i / 4) * 64 + j * 4 + i % 4]; }
+};
+
+size_t fours_bytes(uint32_t width) {
+    return size_t(width + 3) / 4 * 64;
+}
+
+/// Random bytes, zero points 0..255 and scales in [0.005, 0.015).
+u8_queries random_u8_queries(uint32_t width, rng& g) {
+    u8_queries q{width,
+                 {},
+                 std::vector<uint8_t>(fours_bytes(width), 0),
+                 std::vector<float>(16),
+                 std::vector<int32_t>(16)};
+    for (uint32_t i = 0; i < width; ++i)
+        for (uint32_t j = 0; j < 16; ++j)
+            q.xq[(i / 4) * 64 + j * 4 + i % 4] = uint8_t(g.below(256));
+    for (uint32_t j = 0; j < 16; ++j) {
+        q.zero[j] = int32_t(g.below(256));
+        q.scale[j] = 0.01f * (0.5f + g.uniform());
+    }
+    return q;
+}
+
+/// Exact scoring's integer: sum_i (xq_i - zero) * row_i as the kernel computes it, acc -
+/// zero * row_sum, in int64.
+int64_t exact_u8s8(const int8_t* row, const u8_queries& q, uint32_t j, int32_t row_sum) {
+    int64_t acc = 0;
+    for (uint32_t i = 0; i < q.width; ++i) acc += int64_t(q.at(i, j)) * row[i];
+    return acc - int64_t(q.zero[j]) * row_sum;
+}
+
+/// The tolerance of out[a * 16 + j] (see u8s8_tol).
+double u8s8_bound(const int8_block& block, const u8_queries& q, const float* bias, size_t a,
+                  uint32_t j) {
+    const double c = double(exact_u8s8(block.row(a), q, j, block.sum[a]));
+    const double mag = std::fabs(c) * double(block.scale[a]) * double(q.scale[j]) +
+                       (bias ? std::fabs(bias[a]) : 0);
+    return u8s8_tol * mag;
+}
+
+/// Why `k` has no dots16_u8s8, or nullptr when it has one.
+const char* no_u8s8_reason(const kernel_table& k) {
+    if (k.dots16_u8s8) return nullptr;
+    switch (k.level) {
+        case isa_level::amx:
+            return "amx scores a bf16 copy on its tiles instead (deliberately)";
+        case isa_level::avx512bf16:
+            return "this CPU has no AVX512_VNNI";
+        default:
+            return "the level has no 8-bit dot products";
+    }
+}
+
+TEST(int8_reference, dots16_u8s8_matches_exact_integer_sums) {
+    // The scalar definition itself: float(c) * (row_scale * query_scale) (+ bias), c the exact
+    // integer sum computed here in int64, to u8s8_tol (the expected value is rounded in double).
+    rng g(derive_seed(0x696e7438, 3));
+    const kernel_table& ref = scalar_kernels();
+    for (uint32_t width : u8s8_widths) {
+        for (uint32_t n : u8s8_row_counts) {
+            SCOPED_TRACE("width = " + std::to_string(width) + ", n = " + std::to_string(n));
+            const int8_block block =
+                quantized_rows(n, width, padded_stride(width), g, to_int8_row_reference);
+            const u8_queries q = random_u8_queries(width, g);
+            const auto bias = random_vector(n, g, nan_f);
+            for (int use_bias = 0; use_bias < 2; ++use_bias) {
+                const float* b = use_bias ? bias.data() : nullptr;
+                guarded<float> got(size_t(n) * 16, canary_f);
+                ref.dots16_u8s8(block.data.data(), block.stride, width, n, q.xq.data(),
+                                block.scale.data(), block.sum.data(), q.scale.data(), q.zero.data(),
+                                b, got.data());
+                std::vector<float> want(size_t(n) * 16);
+                for (size_t e = 0; e < want.size(); ++e) {
+                    const size_t a = e / 16;
+                    const uint32_t j = uint32_t(e % 16);
+                    want[e] = float(double(exact_u8s8(block.row(a), q, j, block.sum[a])) *
+                                        block.scale[a] * q.scale[j] +
+                                    (b ? b[a] : 0.0));
+                }
+                EXPECT_TRUE(all_close(got.data(), want.data(), want.size(), [&](size_t e) {
+                    return u8s8_bound(block, q, b, e / 16, uint32_t(e % 16)) + 1e-30;
+                }));
+                EXPECT_TRUE(got.guards_intact());
+            }
+        }
+    }
+}
+
+TEST_P(kernel_level, dots16_u8s8) {
+    // int8 rows from to_int8_row (their scales and sums), 0x7f bytes in the padding past
+    // `width`, against 16 inputs of random bytes with random zero points; every level that has
+    // the kernel against the scalar definition. The padding refilled with 0x80 must leave every
+    // score's bits as they were; a row's scores do not depend on where it falls in a call.
+    // nullptr exactly where the table says: amx (deliberately) and the levels without VNNI.
+    if (k().level == isa_level::amx) EXPECT_EQ(k().dots16_u8s8, nullptr);
+    if (k().level == isa_level::avx512bf16)
+        EXPECT_EQ(k().dots16_u8s8 != nullptr, detect_cpu_features().avx512_vnni);
+    if (const char* why = no_u8s8_reason(k()))
+        GTEST_SKIP() << k().name << ": no dots16_u8s8 (" << why << ")";
+    rng g = gen(20);
+    for (uint32_t width : u8s8_widths) {
+        for (uint32_t n : u8s8_row_counts) {
+            SCOPED_TRACE("width = " + std::to_string(width) + ", n = " + std::to_string(n));
+            int8_block block =
+                quantized_rows(n, width, padded_stride(width), g, to_int8_row_reference);
+            const u8_queries q = random_u8_queries(width, g);
+            const auto bias = random_vector(n, g, nan_f);
+            auto call = [&](const kernel_table& kt, uint32_t first, uint32_t count, const float* b,
+                            float* out) {
+                kt.dots16_u8s8(block.row(first), block.stride, width, count, q.xq.data(),
+                               block.scale.data() + first, block.sum.data() + first, q.scale.data(),
+                               q.zero.data(), b ? b + first : nullptr, out);
+            };
+            for (int use_bias = 0; use_bias < 2; ++use_bias) {
+                SCOPED_TRACE(use_bias ? "bias" : "no bias");
+                const float* b = use_bias ? bias.data() : nullptr;
+                guarded<float> got(size_t(n) * 16, canary_f), want(size_t(n) * 16, canary_f);
+                call(k(), 0, n, b, got.data());
+                call(ref(), 0, n, b, want.data());
+                EXPECT_TRUE(all_close(got.data(), want.data(), got.size(), [&](size_t e) {
+                    return u8s8_bound(block, q, b, e / 16, uint32_t(e % 16));
+                }));
+                EXPECT_TRUE(got.guards_intact());
+
+                block.fill_padding(int8_t(0x80));
+                guarded<float> again(size_t(n) * 16, canary_f);
+                call(k(), 0, n, b, again.data());
+                block.fill_padding(int8_t{0x7f});
+                for (size_t e = 0; e < got.size(); ++e)
+                    ASSERT_EQ(bits_of(again[e]), bits_of(got[e]))
+                        << "the padding past width changed row " << e / 16 << ", input " << e % 16;
+
+                // A row's scores do not depend on where it falls in a call (exact scoring
+                // splits the rows into blocks; the kernel into blocks of rows and a rest): the
+                // rows from `skip` on, scored by a call of their own, bit for bit.
+                const uint32_t skip = n / 3 + 1;
+                if (skip >= n) continue;
+                guarded<float> rest(size_t(n - skip) * 16, canary_f);
+                call(k(), skip, n - skip, b, rest.data());
+                size_t moved = 0;
+                std::ostringstream first;
+                for (size_t e = 0; e < rest.size(); ++e) {
+                    const float alone = rest[e], in_call = got[size_t(skip) * 16 + e];
+                    if (bits_of(alone) == bits_of(in_call)) continue;
+                    if (moved++ == 0)
+                        first << "row " << skip + e / 16 << ", input " << e % 16 << ": "
+                              << std::hexfloat << in_call << " in the whole call, " << alone
+                              << " from row " << skip << " on" << std::defaultfloat;
+                }
+                EXPECT_EQ(moved, 0u) << "of " << rest.size()
+                                     << " scores, these moved with the row's position in the "
+                                        "call; the first: "
+                                     << first.str();
+                EXPECT_TRUE(rest.guards_intact());
+            }
+        }
+    }
+}
+
+TEST_P(kernel_level, dots16_u8s8_reads_nothing_past_its_buffers) {
+    // Rows packed with no padding (stride = width) and every buffer (rows, inputs, scales, sums,
+    // zero points, bias, out) ending where an inaccessible page begins: reading a byte past
+    // the last row's `width`, past the inputs' last four, or writing past out faults.
+    if (const char* why = no_u8s8_reason(k()))
+        GTEST_SKIP() << k().name << ": no dots16_u8s8 (" << why << ")";
+    rng g = gen(21);
+    for (uint32_t width : u8s8_widths) {
+        for (uint32_t n : {1u, 7u, 8u, 9u, 17u}) {
+            SCOPED_TRACE("width = " + std::to_string(width) + ", n = " + std::to_string(n));
+            const int8_block block = quantized_rows(n, width, width, g, to_int8_row_reference);
+            const u8_queries q = random_u8_queries(width, g);
+            const auto bias = random_vector(n, g, nan_f);
+            page_end_buffer<int8_t> rows(block.data.data(), block.data.size());
+            page_end_buffer<uint8_t> xq(q.xq.data(), q.xq.size());
+            page_end_buffer<float> row_scale(block.scale.data(), n),
+                query_scale(q.scale.data(), 16), b(bias.data(), n);
+            page_end_buffer<int32_t> row_sum(block.sum.data(), n), query_zero(q.zero.data(), 16);
+            page_end_buffer<float> got(size_t(n) * 16);
+            std::vector<float> want(size_t(n) * 16);
+            k().dots16_u8s8(rows.data(), width, width, n, xq.data(), row_scale.data(),
+                            row_sum.data(), query_scale.data(), query_zero.data(), b.data(),
+                            got.data());
+            ref().dots16_u8s8(block.data.data(), width, width, n, q.xq.data(), block.scale.data(),
+                              block.sum.data(), q.scale.data(), q.zero.data(), bias.data(),
+                              want.data());
+            EXPECT_TRUE(all_close(got.data(), want.data(), want.size(), [&](size_t e) {
+                return u8s8_bound(block, q, bias.data(), e / 16, uint32_t(e % 16));
+            }));
+        }
+    }
+}
+
+TEST_P(kernel_level, dots16_u8s8_extremes_at_max_width) {
+    // width 65536, the most the doc allows: rows all +127, all -127 or random +-127, inputs all
+    // 255, all 0 or random 0 / 255, zero points 0 or 255, so that acc, zero * row_sum and their
+    // difference reach +-255 * 127 * 65536 = +-2,122,383,360 (just under 2^31). Scales 1, no
+    // bias: every score is float(c) of the exact int64 c, bit for bit, at every level and in
+    // the reference.
+    if (const char* why = no_u8s8_reason(k()))
+        GTEST_SKIP() << k().name << ": no dots16_u8s8 (" << why << ")";
+    rng g = gen(22);
+    constexpr uint32_t width = 65536, n = 9;  // a block of 8 rows and one alone
+    std::vector<int8_t> rows(size_t(n) * width);
+    std::vector<int32_t> row_sum(n);
+    for (uint32_t a = 0; a < n; ++a) {
+        int64_t s = 0;
+        for (uint32_t i = 0; i < width; ++i) {
+            const int8_t v = a % 3 == 0 ? 127 : a % 3 == 1 ? -127 : (g.below(2) ? 127 : -127);
+            rows[size_t(a) * width + i] = v;
+            s += v;
+        }
+        row_sum[a] = int32_t(s);
+    }
+    u8_queries q{width,
+                 {},
+                 std::vector<uint8_t>(fours_bytes(width)),
+                 std::vector<float>(16, 1.0f),
+                 std::vector<int32_t>(16)};
+    for (uint32_t j = 0; j < 16; ++j) {
+        q.zero[j] = (j / 4) % 2 ? 255 : 0;
+        for (uint32_t i = 0; i < width; ++i)
+            q.xq[(i / 4) * 64 + j * 4 + i % 4] = j % 4 == 0   ? 255
+                                                 : j % 4 == 1 ? 0
+                                                              : (g.below(2) ? 255 : 0);
+    }
+    const std::vector<float> row_scale(n, 1.0f);
+    for (const kernel_table* kt : {&k(), &ref()}) {
+        SCOPED_TRACE(kt->name);
+        guarded<float> got(size_t(n) * 16, canary_f);
+        kt->dots16_u8s8(rows.data(), width, width, n, q.xq.data(), row_scale.data(), row_sum.data(),
+                        q.scale.data(), q.zero.data(), nullptr, got.data());
+        for (uint32_t a = 0; a < n; ++a)
+            for (uint32_t j = 0; j < 16; ++j) {
+                int64_t c = 0;
+                for (uint32_t i = 0; i < width; ++i)
+                    c += (int64_t(q.at(i, j)) - q.zero[j]) * rows[size_t(a) * width + i];
+                ASSERT_LE(std::abs(c), int64_t(255) * 127 * width);
+                ASSERT_EQ(bits_of(got[size_t(a) * 16 + j]), bits_of(float(c)))
+                    << "row " << a << ", input " << j << ": got " << got[size_t(a) * 16 + j]
+                    << ", want " << c;
+            }
+        EXPECT_TRUE(got.guards_intact());
+    }
+}
+
+/// 16 inputs quantized to u8 from fp32: ReLU outputs (N(0, 1) clipped at 0) with scale
+/// max / 255 and zero point 0, or (affine) N(0, 1) plus a shift, with scale (max - min) / 255
+/// and zero point round(-min / scale) over the range widened to hold 0 (so the zero point is in
+/// [0, 255]). u = clamp(round(x / scale) + zero, 0, 255), each input of its own magnitude.
+u8_queries quantized_queries(uint32_t width, bool affine, rng& g) {
+    u8_queries q{width, std::vector<float>(size_t(16) * width),
+                 std::vector<uint8_t>(fours_bytes(width), 0), std::vector<float>(16),
+                 std::vector<int32_t>(16)};
+    for (uint32_t j = 0; j < 16; ++j) {
+        const float magnitude = std::ldexp(1.0f, int(g.below(5)) - 2);
+        const float shift = affine ? magnitude * (2.0f * g.uniform() - 1.0f) : 0.0f;
+        float* x = q.fp32.data() + size_t(j) * width;
+        float lo = 0.0f, hi = 0.0f;
+        for (uint32_t i = 0; i < width; ++i) {
+            const float v = normal(g, magnitude) + shift;
+            x[i] = affine ? v : std::max(0.0f, v);
+            lo = std::min(lo, x[i]);
+            hi = std::max(hi, x[i]);
+        }
+        q.scale[j] = hi > lo ? float((double(hi) - double(lo)) / 255.0) : 1.0f;
+        q.zero[j] = int32_t(std::nearbyint(-double(lo) / q.scale[j]));
+        for (uint32_t i = 0; i < width; ++i) {
+            const double u = std::nearbyint(double(x[i]) / q.scale[j]) + q.zero[j];
+            q.xq[(i / 4) * 64 + j * 4 + i % 4] = uint8_t(std::clamp(u, 0.0, 255.0));
+        }
+    }
+    return q;
+}
+
+/// Every score of `dots` over rows quantized by `quantize` and inputs by quantized_queries,
+/// against the fp32 product (in double) within the quantizations' worst-case error:
+///
+/// Write x for an input, w for a row, x^ = s_x (u - z) and w^ = s_w q for their quantizations
+/// (s_x the query scale, s_w the row scale) and f = x - x^, e = w - w^. Rounding to nearest
+/// gives |f_i| <= s_x / 2 (lo <= 0 <= hi and |lo / s_x + z| <= 1/2 put every x / s_x + z in
+/// [-1/2, 255 + 1/2], so the clamp to [0, 255] moves nothing by more than half a step) and
+/// |e_i| <= s_w / 2 (to_int8_row_properties). The kernel
+/// computes sum_i x^_i w^_i = s_x s_w sum_i (u_i - z) q_i, and
+///     x.w - x^.w^ = x.e + f.w - f.e,
+///     |x.w - x^.w^| <= s_w/2 sum|x_i| + s_x/2 sum|w_i| + width s_x s_w / 4.
+/// The factor 1.01 covers the few float roundings inside the quantizers (scales and inverses
+/// rounded to float: a relative 1e-4 at most, see to_int8_row_properties); 1e-6 of
+/// (1 + |bias| + sum|x_i w_i|) covers the kernel's float epilogue (float(c), the product of the
+/// scales, the multiply and the bias add: ~4 roundings of 6e-8 of the magnitude). A kernel that
+/// dropped the zero point's correction (z * row_sum, z ~ 128 here with affine inputs) is off by
+/// z s_x s_w |row_sum| = z s_x |sum_i w^_i|, far beyond the bound (checked below); one that
+/// misread the fours layout, or a scale, is off by the order of the product itself.
+::testing::AssertionResult u8s8_end_to_end(u8s8_fn dots, to_int8_fn quantize, bool affine, rng& g) {
+    for (uint32_t width : u8s8_widths) {
+        constexpr uint32_t n = 17;
+        const int8_block rows = quantized_rows(n, width, padded_stride(width), g, quantize);
+        const u8_queries q = quantized_queries(width, affine, g);
+        const auto bias = random_vector(n, g, nan_f);
+        for (int use_bias = 0; use_bias < 2; ++use_bias) {
+            std::vector<float> out(size_t(n) * 16);
+            dots(rows.data.data(), rows.stride, width, n, q.xq.data(), rows.scale.data(),
+                 rows.sum.data(), q.scale.data(), q.zero.data(), use_bias ? bias.data() : nullptr,
+                 out.data());
+            for (uint32_t a = 0; a < n; ++a) {
+                for (uint32_t j = 0; j < 16; ++j) {
+                    const double b = use_bias ? double(bias[a]) : 0.0;
+                    double exact = b, sum_x = 0, sum_w = 0, mag = 0;
+                    for (uint32_t i = 0; i < width; ++i) {
+                        const double x = q.fp32[size_t(j) * width + i];
+                        const double w = rows.fp32[size_t(a) * width + i];
+                        exact += x * w;
+                        sum_x += std::fabs(x);
+                        sum_w += std::fabs(w);
+                        mag += std::fabs(x * w);
+                    }
+                    const double s_w = rows.scale[a], s_x = q.scale[j];
+                    const double bound =
+                        1.01 * (s_w / 2 * sum_x + s_x / 2 * sum_w + width * s_x * s_w / 4) +
+                        1e-6 * (1 + std::fabs(b) + mag);
+                    const double err = std::fabs(double(out[size_t(a) * 16 + j]) - exact);
+                    if (!(err <= bound))
+                        return ::testing::AssertionFailure()
+                               << (affine ? "affine" : "ReLU") << " inputs, width " << width
+                               << (use_bias ? ", bias" : "") << ", row " << a << ", input " << j
+                               << " (zero point " << q.zero[j] << "): score "
+                               << out[size_t(a) * 16 + j] << ", fp32 product " << exact
+                               << ", error " << err << " > bound " << bound;
+                }
+            }
+        }
+    }
+    return ::testing::AssertionSuccess();
+}
+
+TEST_P(kernel_level, dots16_u8s8_end_to_end) {
+    // The level's to_int8_row and dots16_u8s8 on random fp32 rows and inputs: every score
+    // within the quantizations' worst-case error of the fp32 product (u8s8_end_to_end).
+    if (const char* why = no_u8s8_reason(k()))
+        GTEST_SKIP() << k().name << ": no dots16_u8s8 (" << why << ")";
+    rng g = gen(23);
+    for (int affine = 0; affine < 2; ++affine) {
+        EXPECT_TRUE(u8s8_end_to_end(k().dots16_u8s8, k().to_int8_row, affine, g))
+            << (affine ? "affine" : "ReLU");
+    }
+}
+
+/// dots16_u8s8's definition with the zero point's correction left out (a plausible bug).
+void dots16_u8s8_without_zero_point(const int8_t* rows, size_t stride, uint32_t width, uint32_t n,
+                                    const uint8_t* xq, const float* row_scale,
+                                    const int32_t* row_sum, const float* query_scale,
+                                    const int32_t*, const float* bias, float* out) {
+    const int32_t zeros[16] = {};
+    scalar_kernels().dots16_u8s8(rows, stride, width, n, xq, row_scale, row_sum, query_scale, zeros,
+                                 bias, out);
+}
+
+TEST(int8_reference, dots16_u8s8_end_to_end_bound_is_tight) {
+    // The scalar definition passes the end-to-end bound; without the zero point's correction it
+    // fails on affine inputs (zero points ~128). On ReLU inputs the zero point is 0 and the
+    // correction vanishes: the same broken kernel passes there, as it should.
+    rng g(derive_seed(0x696e7438, 4));
+    const kernel_table& ref = scalar_kernels();
+    for (int affine = 0; affine < 2; ++affine)
+        EXPECT_TRUE(u8s8_end_to_end(ref.dots16_u8s8, ref.to_int8_row, affine, g))
+            << (affine ? "affine" : "ReLU");
+    EXPECT_FALSE(u8s8_end_to_end(dots16_u8s8_without_zero_point, ref.to_int8_row, true, g));
+    EXPECT_TRUE(u8s8_end_to_end(dots16_u8s8_without_zero_point, ref.to_int8_row, false, g));
 }
 
 // --- the scalar bf16 conversion --------------------------------------------------------------

@@ -381,7 +381,9 @@ TEST(NeuronSelector, AutomaticExactSearchWithBf16ProductsScoresAFreshBf16CopyOfT
         // tile passes and a tail.
         exact_layer layer(3000, 48, 3);
         const auto queries = eighth_queries(40, layer.width, 4);
-        const kernel_table& k = kernels_for(level);
+        // Without 8-bit products (which take an int8 copy instead: the next test).
+        kernel_table k = kernels_for(level);
+        k.dots16_u8s8 = nullptr;
         exact_top_k copy(layer.source(), top_k_config(top_k_search::automatic, 0, 0), 77, k, 2);
         exact_top_k reference(layer.source(), top_k_config(top_k_search::exact, 0, 0), 77, k, 2);
         ASSERT_TRUE(copy.scores_bf16_copy());
@@ -403,6 +405,97 @@ TEST(NeuronSelector, AutomaticExactSearchWithBf16ProductsScoresAFreshBf16CopyOfT
         EXPECT_NE(stale, fresh) << "a copy not told of the changes should miss some";
         copy.rows_changed(changed.data(), changed.size());
         EXPECT_EQ(sets(copy, 12), fresh);
+    }
+}
+
+/// The layer's top `top` rows for each query as the scalar kernels score an int8 copy: each
+/// row quantized by to_int8_row, each query by quantize_query_u8, products by dots16_u8s8, best
+/// first, ties to the smaller id.
+std::vector<uint32_t> int8_reference_top_k(const exact_layer& layer,
+                                           const std::vector<std::vector<float>>& queries,
+                                           uint32_t top) {
+    const kernel_table& ref = scalar_kernels();
+    const size_t stride = int8_copy_stride(layer.width);
+    std::vector<int8_t> values(size_t(layer.rows) * stride);
+    std::vector<float> scale(layer.rows);
+    std::vector<int32_t> sum(layer.rows);
+    const int8_rows copy{values.data(), stride, scale.data(), sum.data()};
+    for (uint32_t r = 0; r < layer.rows; ++r)
+        copy.write(r, layer.weights.data() + size_t(r) * layer.stride, layer.width, ref);
+    const uint32_t fours = (layer.width + 3) / 4;
+    std::vector<uint32_t> best;
+    std::vector<float> out(size_t(layer.rows) * 16);
+    std::vector<uint32_t> order(layer.rows);
+    for (size_t q0 = 0; q0 < queries.size(); q0 += 16) {
+        std::vector<uint8_t> xq(size_t(fours) * 64, 0);
+        float query_scale[16] = {};
+        int32_t query_zero[16] = {};
+        const size_t group = std::min<size_t>(16, queries.size() - q0);
+        for (size_t j = 0; j < group; ++j)
+            quantize_query_u8(queries[q0 + j].data(), layer.width, xq.data() + j * 4,
+                              &query_scale[j], &query_zero[j]);
+        ref.dots16_u8s8(values.data(), stride, layer.width, layer.rows, xq.data(), scale.data(),
+                        sum.data(), query_scale, query_zero, layer.bias.data(), out.data());
+        for (size_t j = 0; j < group; ++j) {
+            std::iota(order.begin(), order.end(), 0u);
+            std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+                return out[size_t(a) * 16 + j] > out[size_t(b) * 16 + j];
+            });
+            best.insert(best.end(), order.begin(), order.begin() + top);
+        }
+    }
+    return best;
+}
+
+TEST(NeuronSelector, AutomaticExactSearchWithInt8ProductsScoresAFreshInt8CopyOfTheRows) {
+    std::vector<isa_level> levels;
+    for (isa_level level : hslide::testing::bf16_search_levels())
+        if (kernels_for(level).dots16_u8s8) levels.push_back(level);
+    if (levels.empty())
+        GTEST_SKIP() << "this CPU's best kernels (" << to_string(detected_isa())
+                     << ") have no 8-bit products for an exact search";
+    for (isa_level level : levels) {
+        SCOPED_TRACE(to_string(level));
+        // Width 50: twelve fours and a tail of two; 3,000 rows: 375 blocks of 8 rows.
+        exact_layer layer(3000, 50, 3);
+        const auto queries = eighth_queries(40, layer.width, 4);
+        const kernel_table& k = kernels_for(level);
+        exact_top_k copy(layer.source(), top_k_config(top_k_search::automatic, 0, 0), 77, k, 2);
+        ASSERT_TRUE(copy.scores_int8_copy());
+        ASSERT_FALSE(copy.scores_bf16_copy());
+        EXPECT_FALSE(copy.computes_log_partition());
+        constexpr uint32_t top = 9;
+        auto search = [&] {
+            std::vector<const float*> q;
+            for (const auto& v : queries) q.push_back(v.data());
+            std::vector<uint32_t> labels(queries.size() * top);
+            std::vector<float> scores(queries.size() * top);
+            copy.search(q.data(), uint32_t(q.size()), top, labels.data(), scores.data(), nullptr);
+            return labels;
+        };
+        const std::vector<uint32_t> first = search();
+        EXPECT_EQ(first, int8_reference_top_k(layer, queries, top));
+        // The quantized ranking is near the true one: of each query's 9 best rows by exact
+        // logit (ties to the smaller id), the int8 top-9 holds at least 90% (98% here).
+        size_t hits = 0;
+        for (size_t q = 0; q < queries.size(); ++q) {
+            std::vector<uint32_t> order(layer.rows);
+            std::iota(order.begin(), order.end(), 0u);
+            std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+                return layer.logit(a, queries[q]) > layer.logit(b, queries[q]);
+            });
+            for (uint32_t i = 0; i < top; ++i)
+                hits +=
+                    std::count(first.begin() + q * top, first.begin() + (q + 1) * top, order[i]);
+        }
+        EXPECT_GE(double(hits) / double(queries.size() * top), 0.9);
+        // Rows change: the copy follows the rows it is told of, and only those.
+        rng gen(9);
+        const std::vector<uint32_t> changed = layer.redraw_rows(0, 7, gen);
+        const std::vector<uint32_t> fresh = int8_reference_top_k(layer, queries, top);
+        EXPECT_NE(search(), fresh) << "a copy not told of the changes should miss some";
+        copy.rows_changed(changed.data(), changed.size());
+        EXPECT_EQ(search(), fresh);
     }
 }
 

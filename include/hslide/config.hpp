@@ -139,6 +139,10 @@ constexpr bool cpu_exact_search_in_bf16(isa_level level) {
     return level >= isa_level::avx512bf16;
 }
 
+/// Whether that copy is int8 rather than bf16 (8-bit products, vpdpbusd: twice vdpbf16ps' an
+/// instruction): on the avx512bf16 level where the CPU has AVX512_VNNI. AMX tiles keep bf16.
+bool cpu_exact_search_in_int8(isa_level level);
+
 /// How many rows an exact top-k search scores on kernels of `level` in the time an IVF search
 /// scores one of the rows it probes and keeps its index current: 8 in AMX tiles (bench/
 /// peers.md: at 670,091 rows, 48 of 409 clusters probed, the two searches cost the same an

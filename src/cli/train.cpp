@@ -278,6 +278,7 @@ int run_train(int argc, char** argv) {
             fmt::format("IVF: {} probes, refresh every {} steps", c.ivf_probes, c.ivf_refresh);
         const uint32_t clusters = ivf_cluster_count(c.ivf_clusters, c.size);
         const char* in_bf16 = active_isa() >= isa_level::amx           ? " in AMX tiles"
+                              : cpu_exact_search_in_int8(active_isa()) ? " in int8 products"
                               : cpu_exact_search_in_bf16(active_isa()) ? " in bf16 products"
                                                                        : "";
         const std::string cpu_search =

@@ -574,9 +574,10 @@ step_report cpu_backend::train_batch(const batch_view& batch, float learning_rat
         layer_state& layer = model_.layers[l];
         std::atomic<uint64_t>* row_step = row_step_.empty() ? nullptr : row_step_[l].get();
         bf16_moments_of_layer* moments16 = bf16_moments(l) ? &moments16_[l] : nullptr;
-        // The selection's bf16 copy of the rows, written as each row is updated.
-        const neuron_selector::bf16_rows copy16 =
-            selections_[l] ? selections_[l]->writable_bf16_copy() : neuron_selector::bf16_rows{};
+        // The selection's copy of the rows (bf16 or int8), written as each row is updated.
+        const neuron_selector::search_copy copy = selections_[l]
+                                                      ? selections_[l]->writable_search_copy()
+                                                      : neuron_selector::search_copy{};
         // The stochastic roundings' draws: a function of the step and the row only.
         const uint64_t moment_seed =
             derive_seed(step_seed(train_.seed, seed_stream::bf16_moments, model_.adam_step), l);
@@ -597,8 +598,7 @@ step_report cpu_backend::train_batch(const batch_view& batch, float learning_rat
                 k_.adam(layer.weights.data() + off, layer.adam_m.data() + off,
                         layer.adam_v.data() + off, grad, layer.width, step);
             if (use_bf16()) k_.to_bf16(layer.row(row), weights16_[l].row(row), layer.width);
-            if (copy16.rows)
-                k_.to_bf16(layer.row(row), copy16.rows + row * copy16.stride16, layer.width);
+            if (copy) copy.write(row, layer.row(row), layer.width, k_);
             if (l > 0)
                 k_.adam(&layer.bias[row], &layer.bias_m[row], &layer.bias_v[row], &bias_grad, 1,
                         step);
@@ -617,7 +617,7 @@ step_report cpu_backend::train_batch(const batch_view& batch, float learning_rat
         const bool all_rows = !model_.config.has_active_sets(l) && l > 0;
         if (!all_rows) group_rows(batch, l);
         for_each_row_gradient(batch, l, adam_row, prefetch_row);
-        mark_updated_rows(l, all_rows || dense_adam, copy16.rows != nullptr);
+        mark_updated_rows(l, all_rows || dense_adam, bool(copy));
         row_groups& g = groups_[l];
         if (dense_adam && !all_rows) {
             // SLIDE's behaviour: rows the batch did not touch still move with their momentum.

@@ -3,6 +3,7 @@
 
 #include "hslide/clock.hpp"
 #include "hslide/config.hpp"
+#include "hslide/error.hpp"
 #include "hslide/rng.hpp"
 
 #include <omp.h>
@@ -33,28 +34,51 @@ inline uint32_t passes_floor(const float* row, const float* floor) {
     return pass;
 }
 
-/// offer_top_k of a block's scores of 16 queries, row by row (z[a * 16 + j]: row first + a,
-/// query j < n_x; query j's heap at heaps[j * kept..], its count counts[j]): a row's 16 scores
-/// are tested against the 16 heaps' floors at once, and only the queries a score passes are
-/// offered it. Most rows pass none once the heaps are full.
+/// Appends c to a query's candidates buf[0..count) (room for 2 * kept): when they fill it, they
+/// are cut to the best `kept` (ties to the smaller id) and `floor` rises to the worst of those,
+/// below which no later candidate can enter the query's top. A candidate costs an append
+/// instead of a heap's log(kept) sift (a heap offer was most of a search's time beside the
+/// products: bench/peers.md, 2026-12-06); callers offer only scores >= floor.
+inline void offer_candidate(scored_label* buf, uint32_t& count, float& floor, uint32_t kept,
+                            const scored_label& c) {
+    buf[count++] = c;
+    if (count == 2 * kept) {
+        std::nth_element(buf, buf + (kept - 1), buf + count, rank_order{});
+        floor = buf[kept - 1].first;
+        count = kept;
+    }
+}
+
+/// offer_candidate of a block's scores of 16 queries, row by row (z[a * 16 + j]: row first + a,
+/// query j < n_x; query j's candidates at bufs[j * 2 * kept..], count counts[j], floor
+/// floors[j]): a row's 16 scores are tested against the 16 floors at once, and only the
+/// queries a score reaches get it. Most rows reach none once the floors have risen.
 void offer_rows_of_16(const float* z, uint32_t nb, uint32_t first, uint32_t n_x, uint32_t kept,
-                      scored_label* heaps, uint32_t* counts) {
+                      scored_label* bufs, uint32_t* counts, float* floors) {
     if (kept == 0) return;
     float floor[16];
     for (uint32_t j = 0; j < 16; ++j)
-        floor[j] = j >= n_x           ? std::numeric_limits<float>::quiet_NaN()  // never passes
-                   : counts[j] < kept ? -std::numeric_limits<float>::infinity()
-                                      : heaps[size_t(j) * kept].first;
+        floor[j] = j < n_x ? floors[j] : std::numeric_limits<float>::quiet_NaN();  // never passes
     for (uint32_t a = 0; a < nb; ++a) {
         const float* row = z + size_t(a) * 16;
         uint32_t pass = passes_floor(row, floor);
         while (pass != 0) {
             const uint32_t j = uint32_t(__builtin_ctz(pass));
             pass &= pass - 1;
-            scored_label* heap = heaps + size_t(j) * kept;
-            offer_top_k(heap, counts[j], kept, {row[j], first + a});
-            if (counts[j] == kept) floor[j] = heap[0].first;
+            offer_candidate(bufs + size_t(j) * 2 * kept, counts[j], floor[j], kept,
+                            {row[j], first + a});
         }
+    }
+    for (uint32_t j = 0; j < n_x; ++j) floors[j] = floor[j];
+}
+
+/// offer_candidate of one query's scores of a block, z[i * step] for row first + i.
+void offer_scores(const float* z, size_t step, uint32_t nb, uint32_t first, uint32_t kept,
+                  scored_label* buf, uint32_t& count, float& floor) {
+    if (kept == 0) return;
+    for (uint32_t i = 0; i < nb; ++i) {
+        const float s = z[size_t(i) * step];
+        if (s >= floor) offer_candidate(buf, count, floor, kept, {s, first + i});  // NaN fails
     }
 }
 
@@ -74,39 +98,70 @@ layer_rows round_rows_to_bf16(const layer_rows& layer, const kernel_table& k, bf
     return rounded;
 }
 
+void quantize_query_u8(const float* x, uint32_t width, uint8_t* out, float* scale, int32_t* zero) {
+    float lo = 0.0f, hi = 0.0f;
+    for (uint32_t i = 0; i < width; ++i) {
+        lo = std::min(lo, x[i]);
+        hi = std::max(hi, x[i]);
+    }
+    // A ReLU layer's output (lo = 0) gets zero point 0: every one of the 256 steps is its own.
+    const float inv = hi > lo ? 255.0f / (hi - lo) : 0.0f;
+    const float step = std::isfinite(inv) ? inv : 0.0f;
+    const int32_t z = int32_t(std::clamp(std::nearbyint(-lo * step), 0.0f, 255.0f));
+    for (uint32_t i = 0; i < (width + 3) / 4 * 4; ++i) {
+        const float u = i < width ? std::nearbyint(x[i] * step) + float(z) : 0.0f;
+        out[size_t(i / 4) * 64 + i % 4] = uint8_t(std::clamp(u, 0.0f, 255.0f));
+    }
+    *scale = step > 0.0f ? (hi - lo) / 255.0f : 0.0f;
+    *zero = step > 0.0f ? z : 0;
+}
+
 uint32_t exact_scoring::chunk(uint32_t k) {
     return uint32_t(std::clamp<uint64_t>((uint64_t{1} << 22) / std::max(k, 1u), 1, 256));
 }
 
 void exact_scoring::score(const layer_rows& layer, const kernel_table& k_, int threads,
                           const float* const* queries, uint32_t n, uint32_t k, uint32_t* labels,
-                          float* scores, double* log_partition) {
-    const bool bf16_rows = layer.weights16 != nullptr;
+                          float* scores, double* log_partition, const int8_rows* copy8) {
+    const bool int8 = copy8 != nullptr && *copy8;
+    HSLIDE_ASSERT(!int8 || (k_.dots16_u8s8 && !log_partition && layer.width <= 65536));
+    const bool bf16_rows = !int8 && layer.weights16 != nullptr;
     const bool with_log_partition = log_partition != nullptr;
     const uint32_t width = layer.width;
-    const size_t in_stride = bf16_rows ? layer.stride16 : layer.stride;
-    const size_t value_bytes = bf16_rows ? sizeof(bf16) : sizeof(float);
+    const size_t in_stride = int8 ? copy8->stride : bf16_rows ? layer.stride16 : layer.stride;
+    const size_t value_bytes = int8 ? 1 : bf16_rows ? sizeof(bf16) : sizeof(float);
     const uint32_t block_rows = uint32_t(std::clamp<size_t>(
         (size_t(512) << 10) / (in_stride * value_bytes), 16, std::max<size_t>(layer.rows, 16)));
     const int64_t n_blocks = (int64_t(layer.rows) + block_rows - 1) / block_rows;
-    // Each thread keeps a min-heap of the best `kept` labels per query over the blocks it
-    // scores (offer_top_k, as select_top_k ranks them).
+    // Each thread keeps candidates for the best `kept` labels per query over the blocks it
+    // scores (offer_candidate; merged as select_top_k ranks them).
     const uint32_t kept = std::min(k, layer.rows);
     // fp32: groups of 16 transposed queries (n rounded up to 16); bf16: a row a query (using
     // half of each in_stride floats).
-    hidden_.resize(size_t(n + 15) / 16 * 16 * in_stride);
+    if (!int8) hidden_.resize(size_t(n + 15) / 16 * 16 * in_stride);
     // Each block's log-partition per query, summed in block order afterwards: the result does
     // not depend on which thread scored which block.
     if (with_log_partition) block_log_partition_.resize(size_t(n_blocks) * n);
     if (threads_.size() < size_t(threads)) threads_.resize(size_t(threads));
-    heaps_.resize(size_t(threads));
+    candidates_.resize(size_t(threads));
     counts_.resize(size_t(threads));
+    floors_.resize(size_t(threads));
     // bf16 with a native dots16_bf16: the queries in pairs, 16 at a time, as fp32's dots16 takes
     // them transposed (the buffer holds (n + 15) / 16 * 16 * in_stride floats, twice what this
     // needs); without one, a row of bf16 a query for active_dots_bf16.
     const bool paired = bf16_rows && k_.dots16_bf16;
     const uint32_t pairs = (width + 1) / 2;
     bf16* const hidden16 = reinterpret_cast<bf16*>(hidden_.data());
+    // int8: groups of 16 queries in fours, element i of query s at
+    // [(s / 16) * fours * 64 + (i / 4) * 64 + (s % 16) * 4 + i % 4]; the last group's missing
+    // queries all zero, scale 0.
+    const uint32_t fours = (width + 3) / 4;
+    const size_t n16 = size_t(n + 15) / 16 * 16;
+    if (int8) {
+        hidden8_.assign(n16 / 16 * fours * 64, 0);
+        query_scale_.assign(n16, 0.0f);
+        query_zero_.assign(n16, 0);
+    }
 #pragma omp parallel num_threads(threads)
     {
         const int thread = omp_get_thread_num();
@@ -115,7 +170,11 @@ void exact_scoring::score(const layer_rows& layer, const kernel_table& k_, int t
 #pragma omp for schedule(static)
         for (int64_t s = 0; s < int64_t(n); ++s) {
             const float* h = queries[s];
-            if (paired) {
+            if (int8) {
+                quantize_query_u8(h, width,
+                                  hidden8_.data() + size_t(s / 16) * fours * 64 + (s % 16) * 4,
+                                  &query_scale_[size_t(s)], &query_zero_[size_t(s)]);
+            } else if (paired) {
                 // Groups of 16 queries in pairs: element i of query s at
                 // [(s / 16) * pairs * 32 + (i / 2) * 32 + (s % 16) * 2 + i % 2].
                 bf16* group = hidden16 + size_t(s / 16) * pairs * 32 + (s % 16) * 2;
@@ -138,29 +197,38 @@ void exact_scoring::score(const layer_rows& layer, const kernel_table& k_, int t
                 bf16* group = hidden16 + size_t(s / 16) * pairs * 32 + (s % 16) * 2;
                 for (uint32_t i = 0; i < 2 * pairs; ++i) group[size_t(i / 2) * 32 + i % 2] = 0;
             }
-        else if (!bf16_rows)
+        else if (!bf16_rows && !int8)
 #pragma omp single
             for (uint32_t s = n; s % 16 != 0; ++s) {
                 float* group = hidden_.data() + size_t(s / 16) * width * 16;
                 for (uint32_t i = 0; i < width; ++i) group[size_t(i) * 16 + s % 16] = 0.0f;
             }
-        std::vector<scored_label>& heaps = heaps_[size_t(thread)];
+        std::vector<scored_label>& bufs = candidates_[size_t(thread)];
         std::vector<uint32_t>& counts = counts_[size_t(thread)];
-        heaps.resize(size_t(n) * kept);
+        std::vector<float>& floors = floors_[size_t(thread)];
+        bufs.resize(size_t(n) * 2 * kept);
         counts.assign(n, 0);
+        floors.assign(n, -std::numeric_limits<float>::infinity());
         constexpr uint32_t inputs = 16;  // queries per dots16 call
         std::vector<float>& logits = scratch.logits;
         logits.resize(size_t(inputs) * block_rows);
         std::vector<float>& one_query = scratch.one_query;  // a query's logits of the block
         if (with_log_partition && one_query.size() < block_rows) one_query.resize(block_rows);
-        // Block blk's scores of the 16 queries from s0: offered to this thread's heaps of them.
+        // Block blk's scores of the 16 queries from s0: offered to this thread's candidates.
         auto score_block = [&](int64_t blk, uint32_t s0) {
             const uint32_t r0 = uint32_t(blk) * block_rows;
             const uint32_t nb = std::min(block_rows, layer.rows - r0);
             const uint32_t n_x = std::min(inputs, n - s0);
             // Score of row r0 + i for query s0 + j: logits[i * row_step + j * col_step].
             size_t row_step = 1, col_step = block_rows;
-            if (paired) {
+            if (int8) {
+                k_.dots16_u8s8(copy8->row(r0), copy8->stride, width, nb,
+                               hidden8_.data() + size_t(s0 / 16) * fours * 64, copy8->scale + r0,
+                               copy8->sum + r0, query_scale_.data() + s0, query_zero_.data() + s0,
+                               layer.bias + r0, logits.data());
+                row_step = inputs;
+                col_step = 1;
+            } else if (paired) {
                 k_.dots16_bf16(layer.row16(r0), layer.stride16, width, nb,
                                hidden16 + size_t(s0 / 16) * pairs * 32, layer.bias + r0,
                                logits.data());
@@ -178,13 +246,14 @@ void exact_scoring::score(const layer_rows& layer, const kernel_table& k_, int t
                 col_step = 1;
             }
             if (row_step == inputs)
-                offer_rows_of_16(logits.data(), nb, r0, n_x, kept, heaps.data() + size_t(s0) * kept,
-                                 counts.data() + s0);
+                offer_rows_of_16(logits.data(), nb, r0, n_x, kept,
+                                 bufs.data() + size_t(s0) * 2 * kept, counts.data() + s0,
+                                 floors.data() + s0);
             for (uint32_t j = 0; j < n_x; ++j) {
                 const float* z = logits.data() + size_t(j) * col_step;
                 if (row_step != inputs)
-                    offer_scores_top_k(heaps.data() + size_t(s0 + j) * kept, counts[s0 + j], kept,
-                                       z, row_step, nullptr, nb, r0);
+                    offer_scores(z, row_step, nb, r0, kept, bufs.data() + size_t(s0 + j) * 2 * kept,
+                                 counts[s0 + j], floors[s0 + j]);
                 if (with_log_partition) {
                     // The softmax kernel returns the block's log-sum-exp (its probabilities go
                     // to scratch).
@@ -195,9 +264,9 @@ void exact_scoring::score(const layer_rows& layer, const kernel_table& k_, int t
             }
         };
         // With a group of 16 queries or more a thread, each thread takes whole groups and scores
-        // them against every block: a query's candidates then meet one heap, not one a thread,
-        // and a heap of k fed n rows takes ~k ln(n / k) of them (Debian-recs, 2 threads: 200
-        // offers a query instead of 324, the offers being most of the search after the tile
+        // them against every block: a query's candidates then meet one floor, not one a thread,
+        // and a floor of k fed n rows lets ~k ln(n / k) of them through (Debian-recs, 2 threads:
+        // 200 offers a query instead of 324, the offers being most of the search after the tile
         // products). Each block is then read once a thread instead of once: only where the
         // rows fit in a cache (16 MiB), as a layer streamed from memory once a thread would cost
         // more than the offers save. Otherwise, or with fewer groups than threads, the blocks
@@ -222,8 +291,9 @@ void exact_scoring::score(const layer_rows& layer, const kernel_table& k_, int t
         std::vector<uint32_t> cand_id;
 #pragma omp for schedule(static)
         for (int64_t s = 0; s < int64_t(n); ++s) {
-            merge_thread_top_k(heaps_, counts_, team, size_t(s), kept, k, labels + size_t(s) * k,
-                               scores + size_t(s) * k, cand_score, cand_id, top);
+            merge_thread_top_k(candidates_, counts_, team, size_t(s), 2 * kept, k,
+                               labels + size_t(s) * k, scores + size_t(s) * k, cand_score, cand_id,
+                               top);
             if (with_log_partition) {
                 double max_lp = -std::numeric_limits<double>::infinity();
                 for (int64_t b = 0; b < n_blocks; ++b)
@@ -248,8 +318,19 @@ double exact_scoring::measure_rate(const kernel_table& k, int threads, uint32_t 
     for (float& w : weights) w = gen.uniform() - 0.5f;
     for (float& x : inputs) x = gen.uniform() - 0.5f;
     std::vector<bf16> weights16;
+    std::vector<int8_t> weights8;
+    std::vector<float> scale8;
+    std::vector<int32_t> sum8;
+    int8_rows copy8;
     layer_rows layer{weights.data(), width, bias.data(), rows, width, nullptr, 0};
-    if (cpu_exact_search_in_bf16(k.level)) {  // as exact_top_k searches
+    // As exact_top_k searches: an int8 copy where the kernels have 8-bit products, else bf16.
+    if (cpu_exact_search_in_bf16(k.level) && k.dots16_u8s8) {
+        weights8.assign(size_t(rows) * int8_copy_stride(width), int8_t{0});
+        scale8.resize(rows);
+        sum8.resize(rows);
+        copy8 = int8_rows{weights8.data(), int8_copy_stride(width), scale8.data(), sum8.data()};
+        for (uint32_t r = 0; r < rows; ++r) copy8.write(r, layer.row(r), width, k);
+    } else if (cpu_exact_search_in_bf16(k.level)) {
         weights16.assign(size_t(rows) * bf16_copy_stride(width), bf16{0});
         layer = round_rows_to_bf16(layer, k, weights16.data(), nullptr, rows, threads);
     }
@@ -260,7 +341,7 @@ double exact_scoring::measure_rate(const kernel_table& k, int threads, uint32_t 
     exact_scoring scorer;
     auto score_once = [&] {
         scorer.score(layer, k, threads, query.data(), queries, top, labels.data(), scores.data(),
-                     nullptr);
+                     nullptr, &copy8);
     };
     score_once();  // buffers and first touches
     uint64_t calls = 0;

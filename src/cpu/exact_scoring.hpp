@@ -32,6 +32,17 @@ inline size_t bf16_copy_stride(uint32_t width) {
 layer_rows round_rows_to_bf16(const layer_rows& layer, const kernel_table& k, bf16* copy,
                               const uint32_t* ids, size_t n, int threads);
 
+/// The stride of an int8 copy of rows of `width` values (int8_rows): whole 64-byte lines a row.
+inline size_t int8_copy_stride(uint32_t width) {
+    return (size_t(width) + 63) / 64 * 64;
+}
+
+/// Quantizes a query of `width` values to u8 for dots16_u8s8 over its range with 0 in it: x ~
+/// *scale * (u - *zero), u = round(x / scale) + zero in [0, 255] (an all-zero query: scale 0).
+/// u[i] is written to out[(i / 4) * 64 + i % 4] (its lane of a group of 16 queries in fours),
+/// the last four's unused values zero.
+void quantize_query_u8(const float* x, uint32_t width, uint8_t* out, float* scale, int32_t* zero);
+
 /// The blocked exact scorer and its buffers (reused from call to call).
 class exact_scoring {
   public:
@@ -45,9 +56,12 @@ class exact_scoring {
     /// labels/scores[q * k..]; with log_partition != null, the log-sum-exp of all its logits to
     /// log_partition[q] (summed block by block in block order). Deterministic whatever the
     /// thread count. `threads` per-thread buffers are kept.
+    /// With `copy8` (and k.dots16_u8s8), the rows' scores are those of that int8 copy of
+    /// them against the queries quantized to u8 (each by its own range, 0 included): the
+    /// candidates of a search, not logits (no log_partition).
     void score(const layer_rows& rows, const kernel_table& k, int threads,
                const float* const* queries, uint32_t n, uint32_t top, uint32_t* labels,
-               float* scores, double* log_partition);
+               float* scores, double* log_partition, const int8_rows* copy8 = nullptr);
 
     /// Row scores a second of this scorer on `threads` threads at rows of `width`, measured
     /// for about a tenth of a second on random rows that fit in the caches, in bf16 where an
@@ -61,12 +75,17 @@ class exact_scoring {
         std::vector<float> one_query;  // one query's logits of a block (the log-partition)
         std::vector<bf16> input16;     // a query rounded to bf16
     };
-    std::vector<float> hidden_;  // the chunk's queries (fp32: transposed in groups of 16)
+    std::vector<float> hidden_;       // the chunk's queries (fp32: transposed in groups of 16)
+    std::vector<uint8_t> hidden8_;    // int8 copy: the queries in u8, in fours, 16 a group
+    std::vector<float> query_scale_;  // int8 copy: each query's scale and zero point
+    std::vector<int32_t> query_zero_;
     std::vector<double> block_log_partition_;  // per block and query
     std::vector<thread_buffers> threads_;
-    // Per thread: the best `kept` of each query over the blocks it scored, and their counts.
-    std::vector<std::vector<scored_label>> heaps_;
+    // Per thread and query: candidates for its best `kept` over the blocks the thread scored
+    // (room for 2 * kept: a superset of them, offer_candidate), their count and floor.
+    std::vector<std::vector<scored_label>> candidates_;
     std::vector<std::vector<uint32_t>> counts_;
+    std::vector<std::vector<float>> floors_;
 };
 
 }  // namespace hslide::cpu

@@ -158,10 +158,30 @@ struct kernel_table {
     void (*weighted_row_sum_bf16_f64)(const bf16* rows, size_t stride, uint32_t width,
                                       const uint32_t* ids, const float* coef, uint32_t n,
                                       double* out);
+    // --- int8 (an exact search's copy of the rows, quantized a row at a time) ---
+    /// Quantizes a row of n values symmetrically: with m = max_i |x[i]| (x finite), out[i] =
+    /// x[i] * (127 / m) rounded to nearest even (in [-127, 127]; all 0 where m is 0); writes
+    /// the sum of out[0..n) to *sum and returns the scale m / 127 (x[i] ~ out[i] * scale).
+    float (*to_int8_row)(const float* x, int8_t* out, uint32_t n, int32_t* sum);
+    /// dots16 over int8 rows and 16 inputs quantized to u8 (input j ~ query_scale[j] *
+    /// (u - query_zero[j])) stored in fours: element i of input j at xq[(i / 4) * 64 + j * 4 +
+    /// i % 4], the last four padded with zeros. With acc the exact integer sum_i xq * row_a[i]
+    /// (vpdpbusd; width <= 65536 keeps it in int32): out[a * 16 + j] = float(acc - query_zero[j]
+    /// * row_sum[a]) * (row_scale[a] * query_scale[j]) + bias[a] (bias == nullptr: no bias;
+    /// SIMD levels may round the product and the bias' sum once, the same for every row).
+    /// Exact scoring's product over a to_int8_row copy: each score within the quantizations'
+    /// rounding of the fp32 product. nullptr where the level has no 8-bit dot products.
+    void (*dots16_u8s8)(const int8_t* rows, size_t stride, uint32_t width, uint32_t n,
+                        const uint8_t* xq, const float* row_scale, const int32_t* row_sum,
+                        const float* query_scale, const int32_t* query_zero, const float* bias,
+                        float* out);
 };
 
 /// The scalar reference kernels.
 const kernel_table& scalar_kernels();
+
+/// The scalar reference's to_int8_row, which the levels without their own share.
+float to_int8_row_reference(const float* x, int8_t* out, uint32_t n, int32_t* sum);
 
 /// The kernels of `level`; throws hslide::error when this build or CPU cannot run it.
 const kernel_table& kernels_for(isa_level level);

@@ -143,6 +143,9 @@ const kernel_table& amx_kernels() {
         t.name = "amx";
         t.level = isa_level::amx;
         t.dots16_bf16 = dots16_amx;
+        // The tiles' bf16 products outrun vpdpbusd's int8 ones several times over: an exact
+        // search here scores a bf16 copy (exact_top_k).
+        t.dots16_u8s8 = nullptr;
         return t;
     }();
     return table;

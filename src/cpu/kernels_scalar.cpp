@@ -7,6 +7,7 @@
 
 #include "hslide/error.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 namespace hslide::cpu {
@@ -175,7 +176,38 @@ void weighted_row_sum_bf16_f64_scalar(const bf16* rows, size_t stride, uint32_t 
     weighted_row_sum_f64_impl(rows, stride, width, ids, coef, n, out, bf16_to_float);
 }
 
+void dots16_u8s8_scalar(const int8_t* rows, size_t stride, uint32_t width, uint32_t n,
+                        const uint8_t* xq, const float* row_scale, const int32_t* row_sum,
+                        const float* query_scale, const int32_t* query_zero, const float* bias,
+                        float* out) {
+    for (uint32_t a = 0; a < n; ++a)
+        for (uint32_t j = 0; j < 16; ++j) {
+            int32_t acc = 0;
+            for (uint32_t i = 0; i < width; ++i)
+                acc += int32_t(xq[(i / 4) * 64 + j * 4 + i % 4]) * int32_t(rows[a * stride + i]);
+            const float s =
+                float(acc - query_zero[j] * row_sum[a]) * (row_scale[a] * query_scale[j]);
+            out[a * 16 + j] = bias ? s + bias[a] : s;
+        }
+}
+
 }  // namespace
+
+float to_int8_row_reference(const float* x, int8_t* out, uint32_t n, int32_t* sum) {
+    float m = 0.0f;
+    for (uint32_t i = 0; i < n; ++i) m = std::max(m, std::fabs(x[i]));
+    // A row whose largest value is too small for 127 / m to be finite is all zeros.
+    const float inv = m > 0.0f ? 127.0f / m : 0.0f;
+    const float scale = std::isfinite(inv) ? inv : 0.0f;
+    int32_t s = 0;
+    for (uint32_t i = 0; i < n; ++i) {
+        const float q = std::clamp(std::nearbyint(x[i] * scale), -127.0f, 127.0f);
+        out[i] = int8_t(q);
+        s += int32_t(q);
+    }
+    *sum = s;
+    return m / 127.0f;
+}
 
 const kernel_table& scalar_kernels() {
     static const kernel_table table{"scalar",
@@ -196,7 +228,9 @@ const kernel_table& scalar_kernels() {
                                     dots16_bf16_scalar,
                                     weighted_row_sum_bf16_scalar,
                                     weighted_row_sum_f64_scalar,
-                                    weighted_row_sum_bf16_f64_scalar};
+                                    weighted_row_sum_bf16_f64_scalar,
+                                    to_int8_row_reference,
+                                    dots16_u8s8_scalar};
     return table;
 }
 

@@ -366,9 +366,11 @@ void to_bf16_simd(const float* x, bf16* out, uint32_t n) {
 // The table of one level; `dots_bf16` and `dots16_bf16` let a level put native bf16 products in
 // place (none: exact scoring in bf16 takes dots_bf16 per input).
 template <class V>
-constexpr kernel_table make_table(const char* name, isa_level level,
-                                  decltype(kernel_table::active_dots_bf16) dots_bf16,
-                                  decltype(kernel_table::dots16_bf16) dots16_bf16 = nullptr) {
+constexpr kernel_table make_table(
+    const char* name, isa_level level, decltype(kernel_table::active_dots_bf16) dots_bf16,
+    decltype(kernel_table::dots16_bf16) dots16_bf16 = nullptr,
+    decltype(kernel_table::to_int8_row) to_int8_row = to_int8_row_reference,
+    decltype(kernel_table::dots16_u8s8) dots16_u8s8 = nullptr) {
     return kernel_table{name,
                         level,
                         dot_simd<V>,
@@ -387,7 +389,9 @@ constexpr kernel_table make_table(const char* name, isa_level level,
                         dots16_bf16,
                         weighted_row_sum_simd<V, bf16>,
                         weighted_row_sum_f64_simd<V, float>,
-                        weighted_row_sum_f64_simd<V, bf16>};
+                        weighted_row_sum_f64_simd<V, bf16>,
+                        to_int8_row,
+                        dots16_u8s8};
 }
 
 }  // namespace

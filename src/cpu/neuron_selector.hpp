@@ -109,15 +109,23 @@ class neuron_selector {
     virtual void rows_changed(const uint32_t* ids, size_t n) {}
     /// Every row changed (a dense update, an imported model).
     virtual void all_rows_changed() {}
-    /// A bf16 copy of the rows that the selection scores and that the update may write as it
-    /// changes rows (row r at rows + r * stride16, the layer's width of it rounded by the
-    /// kernels' to_bf16); rows the update wrote there need no rows_changed. rows == nullptr:
-    /// none (the default).
-    struct bf16_rows {
-        bf16* rows = nullptr;
+    /// A reduced-precision copy of the rows that the selection scores and that the update may
+    /// write as it changes rows (write()): bf16 (row r at rows16 + r * stride16, rounded by the
+    /// kernels' to_bf16) or int8 (rows8, quantized by to_int8_row); rows the update wrote
+    /// there need no rows_changed. Empty: none (the default).
+    struct search_copy {
+        bf16* rows16 = nullptr;
         size_t stride16 = 0;
+        int8_rows rows8;
+
+        explicit operator bool() const { return rows16 != nullptr || bool(rows8); }
+        /// Row r's `width` weights into the copy.
+        void write(uint32_t r, const float* weights, uint32_t width, const kernel_table& k) const {
+            if (rows16) k.to_bf16(weights, rows16 + size_t(r) * stride16, width);
+            if (rows8) rows8.write(r, weights, width, k);
+        }
     };
-    virtual bf16_rows writable_bf16_copy() { return {}; }
+    virtual search_copy writable_search_copy() { return {}; }
     /// Brings the selection's structures up to the rows as they are (LSH: re-hash the stale
     /// rows, new functions when the seed changed, rebuild the tables; IVF: rebuild the index).
     /// Default: nothing to refresh.

@@ -120,34 +120,76 @@ uint32_t top_k_selector::build_set(const uint32_t* best, uint32_t k, const label
     return drawn_from;
 }
 
+}  // namespace hslide::cpu
+
+namespace hslide {
+bool cpu_exact_search_in_int8(isa_level level) {
+    return cpu_exact_search_in_bf16(level) && isa_supported(level) &&
+           cpu::kernels_for(level).dots16_u8s8 != nullptr;
+}
+}  // namespace hslide
+
+namespace hslide::cpu {
+
 exact_top_k::exact_top_k(rows_source rows, const layer_config& config, uint64_t train_seed,
                          const kernel_table& kernels, int threads)
     : top_k_selector(std::move(rows), config, train_seed, kernels, threads) {
     const layer_rows layer = this->rows();
-    bf16_copy_ = config.search == top_k_search::automatic &&
-                 cpu_exact_search_in_bf16(kernels.level) && layer.weights16 == nullptr;
-    if (!bf16_copy_) return;
-    stride16_ = bf16_copy_stride(layer.width);
-    rows16_.assign(size_t(layer.rows) * stride16_, bf16{0});
+    if (config.search != top_k_search::automatic || !cpu_exact_search_in_bf16(kernels.level) ||
+        layer.weights16 != nullptr)
+        return;
+    if (kernels.dots16_u8s8 && layer.width <= 65536) {
+        copy_ = copy_kind::int8;
+        stride8_ = int8_copy_stride(layer.width);
+        rows8_.assign(size_t(layer.rows) * stride8_, int8_t{0});
+        scale8_.assign(layer.rows, 0.0f);
+        sum8_.assign(layer.rows, 0);
+    } else {
+        copy_ = copy_kind::bf16;
+        stride16_ = bf16_copy_stride(layer.width);
+        rows16_.assign(size_t(layer.rows) * stride16_, bf16{0});
+    }
     stale_ = row_marks(layer.rows);
     stale_.mark_all();
 }
 
+neuron_selector::search_copy exact_top_k::writable_search_copy() {
+    search_copy copy;
+    if (copy_ == copy_kind::bf16) {
+        copy.rows16 = rows16_.data();
+        copy.stride16 = stride16_;
+    } else if (copy_ == copy_kind::int8) {
+        copy.rows8 = int8_rows{rows8_.data(), stride8_, scale8_.data(), sum8_.data()};
+    }
+    return copy;
+}
+
 void exact_top_k::rows_changed(const uint32_t* ids, size_t n) {
-    if (!bf16_copy_) return;
+    if (copy_ == copy_kind::none) return;
     for (size_t i = 0; i < n; ++i) stale_.mark(ids[i]);
 }
 
 void exact_top_k::search(const float* const* queries, uint32_t n, uint32_t k, uint32_t* labels,
                          float* scores, double* log_partition) {
-    if (!bf16_copy_) {
+    if (copy_ == copy_kind::none) {
         score_exactly(queries, n, k, labels, scores, log_partition);
         return;
     }
     stale_.take(stale_rows_);
-    const layer_rows layer = round_rows_to_bf16(rows(), k_, rows16_.data(), stale_rows_.data(),
-                                                stale_rows_.size(), threads_);
-    scoring_.score(layer, k_, threads_, queries, n, k, labels, scores, log_partition);
+    if (copy_ == copy_kind::bf16) {
+        const layer_rows layer = round_rows_to_bf16(rows(), k_, rows16_.data(), stale_rows_.data(),
+                                                    stale_rows_.size(), threads_);
+        scoring_.score(layer, k_, threads_, queries, n, k, labels, scores, log_partition);
+        return;
+    }
+    const layer_rows layer = rows();
+    const search_copy copy = writable_search_copy();
+    const int64_t stale = int64_t(stale_rows_.size());
+#pragma omp parallel for num_threads(threads_) schedule(static)
+    for (int64_t i = 0; i < stale; ++i)
+        copy.write(stale_rows_[size_t(i)], layer.row(stale_rows_[size_t(i)]), layer.width, k_);
+    scoring_.score(layer, k_, threads_, queries, n, k, labels, scores, nullptr, &copy.rows8);
+    if (log_partition) std::fill(log_partition, log_partition + n, 0.0);  // not computed
 }
 
 void exact_top_k::select_probe(selection_batch& batch, const uint32_t* exact, uint32_t exact_k) {

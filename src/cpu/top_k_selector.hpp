@@ -76,19 +76,21 @@ class top_k_selector : public neuron_selector {
 /// Top-k found by scoring every row (top_k_search::exact, and automatic where it means exact).
 ///
 /// Chosen by automatic (cpu_top_k_search) over fp32 rows on a CPU with bf16 products
-/// (cpu_exact_search_in_bf16), the search scores a bf16 copy of the rows that the selection
-/// keeps (each row re-rounded when it changed, before the next search) with the bf16 kernel
-/// (AMX tiles, or vdpbf16ps): the candidates are the top-k of bf16 products (rows
-/// whose logits differ by less than bf16's rounding may swap), at a fraction of the fp32
-/// GEMM's time (bench/peers.md). The set's logits, the softmax and the gradient stay fp32; no
-/// log-partition is computed (the loss reported is the set's, as IVF's). `--top-k-search exact`
-/// keeps the fp32 search and the full-softmax loss: the reference.
+/// (cpu_exact_search_in_bf16), the search scores a copy of the rows that the selection keeps
+/// (each row re-rounded when it changed, before the next search): in int8 where the kernels
+/// have 8-bit products (dots16_u8s8: vpdpbusd, twice vdpbf16ps' products an instruction; the
+/// queries quantized to u8 each), else in bf16 (AMX tiles, or vdpbf16ps). The candidates are
+/// the top-k of those products (rows whose logits differ by less than the rounding may swap),
+/// at a fraction of the fp32 GEMM's time (bench/peers.md). The set's logits, the softmax and
+/// the gradient stay fp32; no log-partition is computed (the loss reported is the set's, as
+/// IVF's). `--top-k-search exact` keeps the fp32 search and the full-softmax loss: the
+/// reference.
 class exact_top_k final : public top_k_selector {
   public:
     exact_top_k(rows_source rows, const layer_config& config, uint64_t train_seed,
                 const kernel_table& kernels, int threads);
-    /// Not over the bf16 copy: its loss is the set's, as IVF's.
-    bool computes_log_partition() const override { return !bf16_copy_; }
+    /// Not over a copy: its loss is the set's, as IVF's.
+    bool computes_log_partition() const override { return copy_ == copy_kind::none; }
     /// The sets from the probe's exact lists: no second scoring.
     void select_probe(selection_batch& batch, const uint32_t* exact, uint32_t exact_k) override;
     void search(const float* const* queries, uint32_t n, uint32_t k, uint32_t* labels,
@@ -97,16 +99,21 @@ class exact_top_k final : public top_k_selector {
     void all_rows_changed() override { stale_.mark_all(); }
     /// The copy the search scores: the update writes the rows it changes straight into it, a
     /// row hot in cache, instead of marking it for a second pass over it before the search.
-    bf16_rows writable_bf16_copy() override {
-        return bf16_copy_ ? bf16_rows{rows16_.data(), stride16_} : bf16_rows{};
-    }
+    search_copy writable_search_copy() override;
     /// Whether the search scores the selection's bf16 copy of the rows.
-    bool scores_bf16_copy() const { return bf16_copy_; }
+    bool scores_bf16_copy() const { return copy_ == copy_kind::bf16; }
+    /// Whether it scores an int8 copy (automatic, on kernels with dots16_u8s8).
+    bool scores_int8_copy() const { return copy_ == copy_kind::int8; }
 
   private:
-    bool bf16_copy_ = false;
-    std::vector<bf16> rows16_;  // the copy: rows x stride16_
+    enum class copy_kind { none, bf16, int8 };
+    copy_kind copy_ = copy_kind::none;
+    std::vector<bf16> rows16_;  // the bf16 copy: rows x stride16_
     size_t stride16_ = 0;
+    std::vector<int8_t> rows8_;  // the int8 copy: rows x stride8_, a scale and a sum a row
+    std::vector<float> scale8_;
+    std::vector<int32_t> sum8_;
+    size_t stride8_ = 0;
     row_marks stale_;  // rows changed since the copy last read them
     std::vector<uint32_t> stale_rows_;
     exact_scoring scoring_;
