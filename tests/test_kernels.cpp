@@ -483,6 +483,43 @@ TEST_P(kernel_level, adam) {
     }
 }
 
+TEST_P(kernel_level, catch_up) {
+    // A row catching up on skipped steps (adam_catch_up.hpp): each operation is rounded as the
+    // reference writes it (a quotient of a product and a sum; two products), with no fused
+    // multiply-add to round differently, so every level gives the reference's bits.
+    rng g = gen(17);
+    for (uint32_t n : test_sizes) {
+        SCOPED_TRACE("n = " + std::to_string(n));
+        const auto w = random_vector(n, g, canary_f);
+        const auto m = random_vector(n, g, canary_f, 0.1f);
+        guarded<float> v(n, canary_f);
+        for (uint32_t i = 0; i < n; ++i) v[i] = m[i] * m[i] + 0.01f * std::pow(normal(g), 2.0f);
+        catch_up_step c;
+        c.displacement = 1e-3f * (1.0f + g.uniform());
+        c.m_decay = 0.9f - 0.5f * g.uniform();
+        c.v_decay = 0.999f - 0.1f * g.uniform();
+        c.eps = 1e-8f * (1.0f + g.uniform());
+        auto w_got = copy_of(w), m_got = copy_of(m), v_got = copy_of(v);
+        auto w_want = copy_of(w), m_want = copy_of(m), v_want = copy_of(v);
+        k().catch_up(w_got.data(), m_got.data(), v_got.data(), n, c);
+        ref().catch_up(w_want.data(), m_want.data(), v_want.data(), n, c);
+        for (uint32_t i = 0; i < n; ++i) {
+            ASSERT_EQ(w_got[i], w_want[i]) << "w[" << i << "]";
+            ASSERT_EQ(m_got[i], m_want[i]) << "m[" << i << "]";
+            ASSERT_EQ(v_got[i], v_want[i]) << "v[" << i << "]";
+        }
+        // And it moved: the weights by the momentum's displacement, the moments by their decay.
+        for (uint32_t i = 0; i < n; ++i) {
+            const double step = double(c.displacement) * m[i] / (std::sqrt(double(v[i])) + c.eps);
+            EXPECT_NEAR(w_want[i], w[i] - step, 1e-6 * (std::fabs(w[i]) + std::fabs(step)));
+            EXPECT_NEAR(m_want[i], m[i] * c.m_decay, 1e-6 * std::fabs(m[i]));
+        }
+        EXPECT_TRUE(w_got.guards_intact());
+        EXPECT_TRUE(m_got.guards_intact());
+        EXPECT_TRUE(v_got.guards_intact());
+    }
+}
+
 TEST_P(kernel_level, adam_bf16_moments) {
     // bf16 moments, stochastically rounded: every level against the scalar definition on the
     // same states. The new fp32 moments may differ in their last bit (a fused multiply-add),

@@ -30,18 +30,12 @@
 // horizon, kept per t0; shorter gaps come from a table updated at every step.
 #pragma once
 
+#include "kernels.hpp"  // catch_up_step
+
 #include <cstdint>
 #include <vector>
 
 namespace hslide::cpu {
-
-/// What a row does to catch up on the steps after the one it was last brought up to date at.
-struct catch_up_step {
-    float displacement = 0;  ///< S: w -= S * m / (sqrt(v) + eps)
-    float m_decay = 1;       ///< beta1^d
-    float v_decay = 1;       ///< beta2^d
-    float eps = 1;           ///< eps' = S / E (see the file comment)
-};
 
 class adam_catch_up {
   public:
@@ -84,7 +78,8 @@ class adam_catch_up {
     series s_, e_;        // S, and E times eps
 };
 
-/// Applies `c` to a row of n elements (weights w, Adam moments m and v).
+/// Applies `c` to a row of n elements (weights w, Adam moments m and v): the scalar reference
+/// of kernel_table::catch_up.
 void apply_catch_up(float* w, float* m, float* v, uint32_t n, const catch_up_step& c);
 
 }  // namespace hslide::cpu

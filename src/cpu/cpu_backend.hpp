@@ -187,6 +187,7 @@ class cpu_backend final : public backend, public row_transfer {
         std::vector<std::pair<uint32_t, float>> sparse_entries;
         std::vector<bf16> input16;  // a layer's input rounded to bf16 (bf16 precision)
         std::vector<std::pair<uint32_t, uint32_t>> caught_up;  // (layer, row) it caught up
+        std::vector<std::pair<uint32_t, uint64_t>> due;  // input rows to catch up, and from when
         stage_times times;
     };
     /// A layer's weights rounded to bf16, rows `stride` values apart.

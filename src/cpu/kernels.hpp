@@ -74,6 +74,15 @@ struct adam_step {
     float lr, beta1, beta2, eps, c1, c2;
 };
 
+/// What a row does to catch up on the steps after the one it was last brought up to date at
+/// (catch-up Adam, adam_catch_up.hpp).
+struct catch_up_step {
+    float displacement = 0;  ///< S: w -= S * m / (sqrt(v) + eps)
+    float m_decay = 1;       ///< beta1^d
+    float v_decay = 1;       ///< beta2^d
+    float eps = 1;           ///< eps' = S / E (adam_catch_up.hpp)
+};
+
 /// Function pointers to one instruction-set level's kernels.
 struct kernel_table {
     const char* name;  ///< to_string(level)
@@ -96,6 +105,10 @@ struct kernel_table {
     /// of m with the high half of stochastic_hash(seed, i), of v with its low half.
     void (*adam_bf16_moments)(float* w, bf16* m, bf16* v, const float* g, uint32_t n,
                               const adam_step& step, uint32_t seed);
+    /// A catch-up on n elements: w[i] -= c.displacement * m[i] / (sqrt(v[i]) + c.eps), then
+    /// m[i] *= c.m_decay, v[i] *= c.v_decay, each operation rounded as written (every level
+    /// gives the scalar reference's bits, apply_catch_up).
+    void (*catch_up)(float* w, float* m, float* v, uint32_t n, const catch_up_step& c);
     /// probs[i] = exp(logits[i] - max) / sum_j exp(logits[j] - max); returns log sum_j
     /// exp(logits[j]) (the log-partition, for the loss). n >= 1; logits finite. probs may be
     /// logits (in place): every variant reads logits[i] before it writes probs[i].

@@ -5,6 +5,8 @@
 // baseline the SIMD levels are measured against. Reductions run in index order.
 #include "kernels.hpp"
 
+#include "adam_catch_up.hpp"
+
 #include "hslide/error.hpp"
 
 #include <algorithm>
@@ -218,6 +220,7 @@ const kernel_table& scalar_kernels() {
                                     scatter_axpy_scalar,
                                     adam_scalar,
                                     adam_bf16_moments_scalar,
+                                    apply_catch_up,
                                     softmax_scalar,
                                     active_dots_scalar,
                                     dots16_scalar,

@@ -125,6 +125,31 @@ void adam_simd(float* w, float* m, float* v, const float* g, uint32_t n, const a
 }
 
 template <class V>
+void catch_up_simd(float* w, float* m, float* v, uint32_t n, const catch_up_step& c) {
+    constexpr uint32_t L = V::lanes;
+    const auto displacement = V::set1(c.displacement), m_decay = V::set1(c.m_decay),
+               v_decay = V::set1(c.v_decay), eps = V::set1(c.eps);
+    for (uint32_t i = 0; i < n; i += L) {
+        const uint32_t count = n - i < L ? n - i : L;
+        auto load = [count](const float* p) {
+            return count == V::lanes ? V::load(p) : V::load_n(p, count);
+        };
+        auto store = [count](float* p, typename V::vec x) {
+            if (count == V::lanes)
+                V::store(p, x);
+            else
+                V::store_n(p, x, count);
+        };
+        const auto mi = load(m + i), vi = load(v + i);
+        // The reference's order: (S * m) / (sqrt(v) + eps), then w minus that.
+        const auto step = V::div(V::mul(displacement, mi), V::add(V::sqrt(vi), eps));
+        store(w + i, V::sub(load(w + i), step));
+        store(m + i, V::mul(mi, m_decay));
+        store(v + i, V::mul(vi, v_decay));
+    }
+}
+
+template <class V>
 void adam_bf16_moments_simd(float* w, bf16* m, bf16* v, const float* g, uint32_t n,
                             const adam_step& s, uint32_t seed) {
     constexpr uint32_t L = V::lanes;
@@ -379,6 +404,7 @@ constexpr kernel_table make_table(
                         scatter_axpy_simd<V>,
                         adam_simd<V>,
                         adam_bf16_moments_simd<V>,
+                        catch_up_simd<V>,
                         softmax_simd<V>,
                         active_dots_simd<V, float>,
                         dots16_simd<V>,
