@@ -296,20 +296,29 @@ template <class Tol>
     return ::testing::AssertionFailure() << bad << " of " << n << " elements differ:" << msg.str();
 }
 
-::testing::AssertionResult bits_equal(const bf16* got, const bf16* want, const float* in,
-                                      size_t n) {
+/// Success where got[i] == want[i] for every i < n; else the count and the first five
+/// differences, each described by describe(stream, i).
+template <class T, class Describe>
+::testing::AssertionResult elements_equal(const T* got, const T* want, size_t n,
+                                          Describe describe) {
     size_t bad = 0;
     std::ostringstream msg;
     for (size_t i = 0; i < n; ++i) {
         if (got[i] != want[i]) {
-            if (bad < 5)
-                msg << "\n  [" << i << "] input 0x" << std::hex << bits_of(in[i]) << ": got 0x"
-                    << got[i] << ", want 0x" << want[i] << std::dec;
+            if (bad < 5) describe(msg, i);
             ++bad;
         }
     }
     if (bad == 0) return ::testing::AssertionSuccess();
     return ::testing::AssertionFailure() << bad << " of " << n << " elements differ:" << msg.str();
+}
+
+::testing::AssertionResult bits_equal(const bf16* got, const bf16* want, const float* in,
+                                      size_t n) {
+    return elements_equal(got, want, n, [&](std::ostream& msg, size_t i) {
+        msg << "\n  [" << i << "] input 0x" << std::hex << bits_of(in[i]) << ": got 0x" << got[i]
+            << ", want 0x" << want[i] << std::dec;
+    });
 }
 
 double reduction_bound(double mag) {
@@ -1124,18 +1133,10 @@ guarded<float> int8_test_row(int8_row_kind kind, uint32_t n, rng& g) {
 
 ::testing::AssertionResult int8_equal(const int8_t* got, const int8_t* want, const float* x,
                                       size_t n) {
-    size_t bad = 0;
-    std::ostringstream msg;
-    for (size_t i = 0; i < n; ++i) {
-        if (got[i] != want[i]) {
-            if (bad < 5)
-                msg << "\n  [" << i << "] input " << x[i] << ": got " << int(got[i]) << ", want "
-                    << int(want[i]);
-            ++bad;
-        }
-    }
-    if (bad == 0) return ::testing::AssertionSuccess();
-    return ::testing::AssertionFailure() << bad << " of " << n << " elements differ:" << msg.str();
+    return elements_equal(got, want, n, [&](std::ostream& msg, size_t i) {
+        msg << "\n  [" << i << "] input " << x[i] << ": got " << int(got[i]) << ", want "
+            << int(want[i]);
+    });
 }
 
 /// Whether 127 / m overflows (or m is 0): the rows to_int8_row leaves all zeros.
