@@ -104,7 +104,7 @@ void quantize_query_u8(const float* x, uint32_t width, uint8_t* out, float* scal
         lo = std::min(lo, x[i]);
         hi = std::max(hi, x[i]);
     }
-    // A ReLU layer's output (lo = 0) gets zero point 0: every one of the 256 steps is its own.
+    // A ReLU layer's output (lo = 0) gets zero point 0: all 256 levels cover [0, hi].
     const float inv = hi > lo ? 255.0f / (hi - lo) : 0.0f;
     const float step = std::isfinite(inv) ? inv : 0.0f;
     const int32_t z = int32_t(std::clamp(std::nearbyint(-lo * step), 0.0f, 255.0f));
