@@ -415,13 +415,8 @@ std::vector<uint32_t> int8_reference_top_k(const exact_layer& layer,
                                            const std::vector<std::vector<float>>& queries,
                                            uint32_t top) {
     const kernel_table& ref = scalar_kernels();
-    const size_t stride = int8_copy_stride(layer.width);
-    std::vector<int8_t> values(size_t(layer.rows) * stride);
-    std::vector<float> scale(layer.rows);
-    std::vector<int32_t> sum(layer.rows);
-    const int8_rows copy{values.data(), stride, scale.data(), sum.data()};
-    for (uint32_t r = 0; r < layer.rows; ++r)
-        copy.write(r, layer.weights.data() + size_t(r) * layer.stride, layer.width, ref);
+    int8_copy copy(layer.rows, layer.width);
+    quantize_rows_to_int8(layer.view(), ref, copy.view(), nullptr, layer.rows, 1);
     const uint32_t fours = (layer.width + 3) / 4;
     std::vector<uint32_t> best;
     std::vector<float> out(size_t(layer.rows) * 16);
@@ -434,8 +429,9 @@ std::vector<uint32_t> int8_reference_top_k(const exact_layer& layer,
         for (size_t j = 0; j < group; ++j)
             quantize_query_u8(queries[q0 + j].data(), layer.width, xq.data() + j * 4,
                               &query_scale[j], &query_zero[j]);
-        ref.dots16_u8s8(values.data(), stride, layer.width, layer.rows, xq.data(), scale.data(),
-                        sum.data(), query_scale, query_zero, layer.bias.data(), out.data());
+        ref.dots16_u8s8(copy.values.data(), copy.stride, layer.width, layer.rows, xq.data(),
+                        copy.scale.data(), copy.sum.data(), query_scale, query_zero,
+                        layer.bias.data(), out.data());
         for (size_t j = 0; j < group; ++j) {
             std::iota(order.begin(), order.end(), 0u);
             std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {

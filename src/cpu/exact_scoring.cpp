@@ -116,6 +116,15 @@ void quantize_query_u8(const float* x, uint32_t width, uint8_t* out, float* scal
     *zero = step > 0.0f ? z : 0;
 }
 
+void quantize_rows_to_int8(const layer_rows& layer, const kernel_table& k, const int8_rows& copy,
+                           const uint32_t* ids, size_t n, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t i = 0; i < int64_t(n); ++i) {
+        const uint32_t r = ids ? ids[i] : uint32_t(i);
+        copy.write(r, layer.row(r), layer.width, k);
+    }
+}
+
 uint32_t exact_scoring::chunk(uint32_t k) {
     return uint32_t(std::clamp<uint64_t>((uint64_t{1} << 22) / std::max(k, 1u), 1, 256));
 }
@@ -318,18 +327,14 @@ double exact_scoring::measure_rate(const kernel_table& k, int threads, uint32_t 
     for (float& w : weights) w = gen.uniform() - 0.5f;
     for (float& x : inputs) x = gen.uniform() - 0.5f;
     std::vector<bf16> weights16;
-    std::vector<int8_t> weights8;
-    std::vector<float> scale8;
-    std::vector<int32_t> sum8;
+    int8_copy weights8;
     int8_rows copy8;
     layer_rows layer{weights.data(), width, bias.data(), rows, width, nullptr, 0};
     // As exact_top_k searches: an int8 copy where the kernels have 8-bit products, else bf16.
     if (cpu_exact_search_in_bf16(k.level) && k.dots16_u8s8) {
-        weights8.assign(size_t(rows) * int8_copy_stride(width), int8_t{0});
-        scale8.resize(rows);
-        sum8.resize(rows);
-        copy8 = int8_rows{weights8.data(), int8_copy_stride(width), scale8.data(), sum8.data()};
-        for (uint32_t r = 0; r < rows; ++r) copy8.write(r, layer.row(r), width, k);
+        weights8 = int8_copy(rows, width);
+        copy8 = weights8.view();
+        quantize_rows_to_int8(layer, k, copy8, nullptr, rows, threads);
     } else if (cpu_exact_search_in_bf16(k.level)) {
         weights16.assign(size_t(rows) * bf16_copy_stride(width), bf16{0});
         layer = round_rows_to_bf16(layer, k, weights16.data(), nullptr, rows, threads);

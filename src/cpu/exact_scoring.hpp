@@ -37,6 +37,27 @@ inline size_t int8_copy_stride(uint32_t width) {
     return (size_t(width) + 63) / 64 * 64;
 }
 
+/// The arrays of an int8 copy of `rows` rows of `width` values (int8_copy_stride), all zero.
+struct int8_copy {
+    std::vector<int8_t> values;
+    std::vector<float> scale;
+    std::vector<int32_t> sum;
+    size_t stride = 0;
+
+    int8_copy() = default;
+    int8_copy(uint32_t rows, uint32_t width)
+        : values(size_t(rows) * int8_copy_stride(width), int8_t{0}),
+          scale(rows, 0.0f),
+          sum(rows, 0),
+          stride(int8_copy_stride(width)) {}
+    int8_rows view() { return {values.data(), stride, scale.data(), sum.data()}; }
+};
+
+/// Quantizes rows ids[0..n) of `layer` (ids null: rows 0..n-1) with k.to_int8_row into `copy`,
+/// on `threads` threads: round_rows_to_bf16's int8 twin.
+void quantize_rows_to_int8(const layer_rows& layer, const kernel_table& k, const int8_rows& copy,
+                           const uint32_t* ids, size_t n, int threads);
+
 /// Quantizes a query of `width` values to u8 for dots16_u8s8 over its range with 0 in it: x ~
 /// *scale * (u - *zero), u = round(x / scale) + zero in [0, 255] (an all-zero query: scale 0).
 /// u[i] is written to out[(i / 4) * 64 + i % 4] (its lane of a group of 16 queries in fours),

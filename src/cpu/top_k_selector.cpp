@@ -140,10 +140,7 @@ exact_top_k::exact_top_k(rows_source rows, const layer_config& config, uint64_t 
         return;
     if (kernels.dots16_u8s8 && layer.width <= 65536) {
         copy_ = copy_kind::int8;
-        stride8_ = int8_copy_stride(layer.width);
-        rows8_.assign(size_t(layer.rows) * stride8_, int8_t{0});
-        scale8_.assign(layer.rows, 0.0f);
-        sum8_.assign(layer.rows, 0);
+        rows8_ = int8_copy(layer.rows, layer.width);
     } else {
         copy_ = copy_kind::bf16;
         stride16_ = bf16_copy_stride(layer.width);
@@ -159,7 +156,7 @@ neuron_selector::search_copy exact_top_k::writable_search_copy() {
         copy.rows16 = rows16_.data();
         copy.stride16 = stride16_;
     } else if (copy_ == copy_kind::int8) {
-        copy.rows8 = int8_rows{rows8_.data(), stride8_, scale8_.data(), sum8_.data()};
+        copy.rows8 = rows8_.view();
     }
     return copy;
 }
@@ -183,12 +180,9 @@ void exact_top_k::search(const float* const* queries, uint32_t n, uint32_t k, ui
         return;
     }
     const layer_rows layer = rows();
-    const search_copy copy = writable_search_copy();
-    const int64_t stale = int64_t(stale_rows_.size());
-#pragma omp parallel for num_threads(threads_) schedule(static)
-    for (int64_t i = 0; i < stale; ++i)
-        copy.write(stale_rows_[size_t(i)], layer.row(stale_rows_[size_t(i)]), layer.width, k_);
-    scoring_.score(layer, k_, threads_, queries, n, k, labels, scores, nullptr, &copy.rows8);
+    const int8_rows copy = rows8_.view();
+    quantize_rows_to_int8(layer, k_, copy, stale_rows_.data(), stale_rows_.size(), threads_);
+    scoring_.score(layer, k_, threads_, queries, n, k, labels, scores, nullptr, &copy);
     if (log_partition) std::fill(log_partition, log_partition + n, 0.0);  // not computed
 }
 

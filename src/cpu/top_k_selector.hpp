@@ -110,10 +110,7 @@ class exact_top_k final : public top_k_selector {
     copy_kind copy_ = copy_kind::none;
     std::vector<bf16> rows16_;  // the bf16 copy: rows x stride16_
     size_t stride16_ = 0;
-    std::vector<int8_t> rows8_;  // the int8 copy: rows x stride8_, a scale and a sum a row
-    std::vector<float> scale8_;
-    std::vector<int32_t> sum8_;
-    size_t stride8_ = 0;
+    int8_copy rows8_;  // the int8 copy
     row_marks stale_;  // rows changed since the copy last read them
     std::vector<uint32_t> stale_rows_;
     exact_scoring scoring_;
