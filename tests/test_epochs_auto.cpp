@@ -303,6 +303,105 @@ TEST(EpochsAuto, TheDropsEpochWinsUnlessTheHoldOutFindsItWorseBeyondItsNoise) {
     }
 }
 
+TEST(EpochsAuto, AnEpochThatGainsUnderMinGainIsAPlateauAndItsDropUndoesNothing) {
+    // The rule: a gain counts when it is over min_gain x the noise at the reference's value.
+    // At 0.5 on 200 points the noise is sqrt(0.25 / 200) = 0.0354.
+    EXPECT_FALSE(epoch_improves(0.6, 0.5, 200, 3.0)) << "0.1 < 3 x 0.0354";
+    EXPECT_TRUE(epoch_improves(0.62, 0.5, 200, 3.0));
+    EXPECT_TRUE(epoch_improves(0.5001, 0.5, 200, 0.0)) << "0: any gain";
+    EXPECT_FALSE(epoch_improves(0.5, 0.5, 200, 0.0));
+
+    // Validation P@1 0.3, 0.5 (a gain of 0.2 > 3 x 0.032), 0.6 (0.1 < 3 x 0.035: the best, but
+    // no improvement), and 0.7 after a drop from epoch 3, which undoes nothing.
+    const dataset train = labelled_points(40), valid = labelled_points(200);
+    const std::vector<int> quality{3, 5, 6, 8, 7, 7}, lower{0, 0, 0, 7, 9, 9};
+    trainer_options o = auto_options();
+    o.validation.valid = &valid;
+    o.train.batch_size = 40;  // a batch an epoch
+    o.validation.min_gain = 3.0;
+    scripted_backend be(quality, 40, lower);
+    trainer run(be, train, nullptr, o);
+    const auto records = run.run();
+    ASSERT_EQ(records.size(), 4u);
+    for (uint32_t e = 0; e < 4; ++e) EXPECT_EQ(records[e].epoch, e + 1) << "nothing undone";
+    EXPECT_EQ(run.epochs_undone(), 0u);
+    EXPECT_EQ(run.best_epoch(), 4u) << "the drop's epoch";
+    EXPECT_EQ(run.state().lr_dropped_after, 3u);
+    EXPECT_TRUE(be.imported.empty()) << "the model the backend held went on";
+    ASSERT_EQ(be.rates.size(), 4u);
+    EXPECT_EQ(be.rates[2], be.rates[0]);
+    EXPECT_FLOAT_EQ(be.rates[3], be.rates[0] * float(auto_epochs_defaults::lr_drop_factor));
+
+    // Stopped at epoch 3, the state already carries the drop (as the checkpoint saved there
+    // would): the run resumed from it trains epoch 4 at the lower rate, as this one did.
+    scripted_backend first_half(quality, 40, lower);
+    trainer interrupted(first_half, train, nullptr, o);
+    interrupted.run([&](const epoch_record& r) {
+        if (r.epoch == 3) interrupted.request_stop();
+    });
+    EXPECT_EQ(interrupted.state().epochs_done, 3u);
+    EXPECT_EQ(interrupted.state().lr_drops, 1u);
+    EXPECT_EQ(interrupted.state().improved_epoch, 2u);
+    trainer_options again = o;
+    again.resume = interrupted.state();
+    scripted_backend second_half(quality, 40, lower);
+    model_state at_epoch_3;
+    at_epoch_3.adam_step = 3;  // the scripted backend's "model": the epoch it reached
+    second_half.import_state(at_epoch_3, false);
+    trainer resumed(second_half, train, nullptr, again);
+    EXPECT_EQ(resumed.run().size(), 1u);
+    ASSERT_EQ(second_half.rates.size(), 1u);
+    EXPECT_EQ(second_half.rates[0], be.rates[3]);
+
+    // With any gain counted, epoch 3 improves and the plateau comes after epoch 4: back to it,
+    // epoch 5 undone and trained again at the lower rate.
+    o.validation.min_gain = 0;
+    scripted_backend strict(quality, 40, lower);
+    trainer strict_run(strict, train, nullptr, o);
+    EXPECT_EQ(strict_run.run().size(), 6u);
+    EXPECT_EQ(strict_run.epochs_undone(), 1u);
+    EXPECT_EQ(strict_run.best_epoch(), 5u);
+    EXPECT_EQ(strict.imported, (std::vector<uint64_t>{4}));
+
+    // Auto's default: min_gain on a hold-out of min_gain_points or more, any gain below.
+    for (const uint32_t points :
+         {auto_epochs_defaults::min_gain_points - 1, auto_epochs_defaults::min_gain_points}) {
+        const dataset hold_out = labelled_points(uint32_t(points));
+        trainer_options d = auto_options();
+        d.validation.valid = &hold_out;
+        scripted_backend any(quality, 40);
+        trainer defaults(any, train, nullptr, d);
+        EXPECT_EQ(
+            defaults.options().validation.min_gain,
+            points < auto_epochs_defaults::min_gain_points ? 0.0 : auto_epochs_defaults::min_gain)
+            << points << " points";
+    }
+}
+
+TEST(EpochsAuto, ACheckpointKeepsTheLastImprovingEpochApartFromTheBest) {
+    temp_dir dir;
+    model_options mo;
+    mo.hidden = {8};
+    const model_state model = model_state::create(make_model_config(mo, 20, 10), 7);
+    trainer_state t;
+    t.epochs_done = t.best_epoch = 5;
+    t.best_value = 0.46;
+    t.improved_epoch = 4;
+    t.improved_value = 0.45;
+    save_checkpoint(dir.file("apart.ckpt"), model, t);
+    const trainer_state apart = load_checkpoint(dir.file("apart.ckpt")).trainer;
+    EXPECT_EQ(apart.improved_epoch, 4u);
+    EXPECT_DOUBLE_EQ(apart.improved_value, 0.45);
+    // Where they are the same epoch (every run with min_gain 0, and every checkpoint written
+    // before min_gain) the best is read as the last improving epoch.
+    t.improved_epoch = 5;
+    t.improved_value = 0.46;
+    save_checkpoint(dir.file("same.ckpt"), model, t);
+    const trainer_state same = load_checkpoint(dir.file("same.ckpt")).trainer;
+    EXPECT_EQ(same.improved_epoch, 5u);
+    EXPECT_DOUBLE_EQ(same.improved_value, 0.46);
+}
+
 TEST(EpochsAuto, AFixedCountTrainsExactlyThatManyEpochs) {
     const dataset train = labelled_points(40);
     scripted_backend be({3, 7, 5, 6, 9, 9, 9}, 40);

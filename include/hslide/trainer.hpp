@@ -52,6 +52,10 @@ struct trainer_state {
     /// carries on from the best with its patience as the uninterrupted run would.
     uint32_t best_epoch = 0;
     double best_value = 0;
+    /// The last epoch that improved (validation_options::min_gain), from which patience
+    /// counts, and its metric's value: the best epoch's where min_gain is 0.
+    uint32_t improved_epoch = 0;
+    double improved_value = 0;
     /// Plateaus answered so far by going back to the best epoch at a lower learning rate
     /// (validation_options::lr_drops): the rate is multiplied by lr_drop_factor^lr_drops.
     uint32_t lr_drops = 0;
@@ -207,6 +211,13 @@ class trainer {
     bool drop_epochs_spent() const;
     /// What the drops so far multiply the learning rate by (lr_drop_factor^lr_drops).
     double lr_drop_multiplier() const;
+    /// A drop of the rate: the trainer state becomes the best epoch's with one drop more, after
+    /// it; the `undone` epochs trained past the best are counted (the caller brings the best
+    /// epoch's model back where there are any).
+    void drop_rate(uint32_t undone);
+    /// " by more than M x its hold-out noise (N)" where validation_options::min_gain is set,
+    /// else "": what a plateau's message says the epochs fell short of.
+    std::string gain_wanted() const;
 
     backend& backend_;  // holds the model being trained
     const dataset& train_;

@@ -161,6 +161,12 @@ std::vector<option_spec> make_table() {
              "the next drop or the stop (0 = until the next plateau; -1 = under --epochs auto "
              "its default, 1, else 0)",
              HSLIDE_FIELD(trainer.validation.epochs_per_drop), {}, range(-1, 1000), both),
+        spec("min-gain", group::essentials,
+             "an epoch counts as improving (for --patience) only when it beats the last that "
+             "did by more than this many standard errors of the validation metric, "
+             "sqrt(m (1 - m) / points) (0 = any gain; -1 = under --epochs auto its default, "
+             "0.5, on a validation set of 200 points or more, else 0)",
+             HSLIDE_FIELD(trainer.validation.min_gain), {}, range(-1.0, 100.0), both),
         spec("metrics-out", group::essentials,
              "append one JSON record per epoch to this JSONL file",
              HSLIDE_FIELD(trainer.metrics_out), {}, {}, cli),

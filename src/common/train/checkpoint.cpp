@@ -65,6 +65,10 @@ void save_checkpoint(const std::string& path, const model_state& model,
     if (trainer.best_epoch > 0) {
         meta["trainer"]["best_epoch"] = trainer.best_epoch;
         meta["trainer"]["best_value"] = trainer.best_value;
+        if (trainer.improved_epoch != trainer.best_epoch) {
+            meta["trainer"]["improved_epoch"] = trainer.improved_epoch;
+            meta["trainer"]["improved_value"] = trainer.improved_value;
+        }
     }
     if (trainer.lr_drops > 0) {
         meta["trainer"]["lr_drops"] = trainer.lr_drops;
@@ -113,6 +117,9 @@ checkpoint_contents load_checkpoint(const std::string& path) {
         c.trainer.epochs_auto = t.value("epochs_auto", false);
         c.trainer.best_epoch = detail::json_integer_or<uint32_t>(t, "best_epoch", 0);
         c.trainer.best_value = t.value("best_value", 0.0);
+        c.trainer.improved_epoch =
+            detail::json_integer_or<uint32_t>(t, "improved_epoch", c.trainer.best_epoch);
+        c.trainer.improved_value = t.value("improved_value", c.trainer.best_value);
         c.trainer.lr_drops = detail::json_integer_or<uint32_t>(t, "lr_drops", 0);
         c.trainer.lr_dropped_after = detail::json_integer_or<uint32_t>(t, "lr_dropped_after", 0);
         c.train_points = detail::json_integer_or<uint64_t>(meta, "train_points", 0);

@@ -90,6 +90,11 @@ trainer::trainer(backend& engine, const dataset& train, const dataset* test,
     }
     if (v.lr_drops < 0) v.lr_drops = 0;
     if (v.epochs_per_drop < 0) v.epochs_per_drop = 0;
+    if (v.min_gain < 0)
+        v.min_gain = options_.train.epochs_auto && validating &&
+                             v.valid->size() >= auto_epochs_defaults::min_gain_points
+                         ? auto_epochs_defaults::min_gain
+                         : 0.0;
     HSLIDE_CHECK(v.lr_drops == 0 || (v.keep_best && v.patience > 0),
                  "--lr-drops goes back to the best epoch at a plateau: it needs --keep-best and "
                  "--patience (or --epochs auto)");
@@ -126,6 +131,10 @@ trainer::trainer(backend& engine, const dataset& train, const dataset* test,
                          state_.epochs_done, state_.best_epoch);
             best_epoch_ = state_.best_epoch;
             best_value_ = state_.best_value;
+            HSLIDE_CHECK(state_.improved_epoch <= state_.best_epoch,
+                         "an --epochs auto checkpoint says its last improving epoch is {}, after "
+                         "its best, epoch {}",
+                         state_.improved_epoch, state_.best_epoch);
             best_model_.emplace();
             backend_.export_state(*best_model_, /*with_optimizer=*/true);
             best_state_ = state_;
@@ -133,6 +142,8 @@ trainer::trainer(backend& engine, const dataset& train, const dataset* test,
             // A fixed run's checkpoint is its last epoch's model: the best is tracked afresh.
             state_.best_epoch = 0;
             state_.best_value = 0;
+            state_.improved_epoch = 0;
+            state_.improved_value = 0;
         }
     }
 }
@@ -145,6 +156,24 @@ bool trainer::drop_epochs_spent() const {
     const int32_t per_drop = options_.validation.epochs_per_drop;
     return state_.lr_drops > 0 && per_drop > 0 &&
            state_.epochs_done - state_.lr_dropped_after >= uint32_t(per_drop);
+}
+
+void trainer::drop_rate(uint32_t undone) {
+    const double seconds = state_.seconds;
+    state_ = best_state_;
+    state_.seconds = seconds;
+    state_.lr_drops = best_state_.lr_drops + 1;
+    state_.lr_dropped_after = best_epoch_;
+    best_state_.lr_drops = state_.lr_drops;
+    best_state_.lr_dropped_after = state_.lr_dropped_after;
+    epochs_undone_ += undone;
+}
+
+std::string trainer::gain_wanted() const {
+    const validation_options& v = options_.validation;
+    if (v.min_gain <= 0) return "";
+    return fmt::format(" by more than {:g} x its hold-out noise ({:.4f})", v.min_gain,
+                       v.min_gain * holdout_noise(state_.improved_value, v.valid->size()));
 }
 
 float trainer::learning_rate_now() const {
@@ -399,7 +428,15 @@ void trainer::validate_epoch(epoch_record& record) {
     // kept at test P@1 0.6211 where the anneal's had 0.6282).
     const bool anneal = state_.lr_drops > 0 && record.epoch == state_.lr_dropped_after + 1;
     const double tolerance = anneal ? holdout_noise(best_value_, v.valid->size()) : 0.0;
-    if (best_epoch_ == 0 || value > best_value_ || (anneal && value >= best_value_ - tolerance)) {
+    const bool best =
+        best_epoch_ == 0 || value > best_value_ || (anneal && value >= best_value_ - tolerance);
+    // Patience counts from the last epoch that gained more than min_gain (with 0: the best).
+    if (best && (state_.improved_epoch == 0 || anneal ||
+                 epoch_improves(value, state_.improved_value, v.valid->size(), v.min_gain))) {
+        state_.improved_epoch = record.epoch;
+        state_.improved_value = value;
+    }
+    if (best) {
         best_epoch_ = record.epoch;
         best_value_ = value;
         state_.best_epoch = best_epoch_;
@@ -455,6 +492,15 @@ std::vector<epoch_record> trainer::run(const std::function<void(const epoch_reco
             test_into(record);
             record.seconds = state_.seconds;
         }
+        const bool plateau = v.patience > 0 && epoch - state_.improved_epoch >= v.patience;
+        const bool drop = (plateau || drop_epochs_spent()) && epoch < total && best_model_ &&
+                          state_.lr_drops < uint32_t(v.lr_drops);
+        const uint32_t undone = drop ? epoch - best_epoch_ : 0;
+        const uint32_t flat_epochs = epoch - state_.improved_epoch;
+        // A drop at the best epoch (it gained, but too little) undoes nothing: it goes on from
+        // the model the backend holds, and the checkpoint saved next carries the drop, so a run
+        // resumed from it goes on at the lower rate as this one does.
+        if (drop && undone == 0) drop_rate(0);
         // Under auto the checkpoint is always the best model so far: a resumed run then
         // starts from the best, as the uninterrupted one ends with it.
         const bool save_now = !options_.save_path.empty() && (!automatic || best_epoch_ == epoch);
@@ -463,25 +509,17 @@ std::vector<epoch_record> trainer::run(const std::function<void(const epoch_reco
         write_metrics_record(record);
         if (on_epoch) on_epoch(record);
         records.push_back(std::move(record));
-        const bool plateau = v.patience > 0 && epoch - best_epoch_ >= v.patience;
-        if ((plateau || drop_epochs_spent()) && epoch < total && best_model_ &&
-            state_.lr_drops < uint32_t(v.lr_drops)) {
+        if (drop) {
             // A plateau (or the last drop's epochs spent): back to the best epoch's model and
             // trainer state (as a run resumed from its checkpoint would be), on at a lower
             // rate. The epochs after the best are undone: the next one is numbered best + 1.
-            const uint32_t undone = epoch - best_epoch_;
-            backend_.import_state(*best_model_, /*with_optimizer=*/true);
-            const double seconds = state_.seconds;
-            state_ = best_state_;
-            state_.seconds = seconds;
-            state_.lr_drops = best_state_.lr_drops + 1;
-            state_.lr_dropped_after = best_epoch_;
-            best_state_.lr_drops = state_.lr_drops;
-            best_state_.lr_dropped_after = state_.lr_dropped_after;
-            epochs_undone_ += undone;
+            if (undone > 0) {
+                backend_.import_state(*best_model_, /*with_optimizer=*/true);
+                drop_rate(undone);
+            }
             const std::string why =
-                plateau ? fmt::format("{} has not improved for {} epoch{}", to_string(v.metric),
-                                      undone, undone == 1 ? "" : "s")
+                plateau ? fmt::format("{} has not improved{} for {} epoch{}", to_string(v.metric),
+                                      gain_wanted(), flat_epochs, flat_epochs == 1 ? "" : "s")
                         : fmt::format("{} epoch{} at the dropped rate done", v.epochs_per_drop,
                                       v.epochs_per_drop == 1 ? "" : "s");
             spdlog::info(
@@ -494,9 +532,9 @@ std::vector<epoch_record> trainer::run(const std::function<void(const epoch_reco
         }
         if (plateau && epoch < total) {
             spdlog::info(
-                "stopping early: {} has not improved for {} epoch{} (best: epoch {}, {:.4f})",
-                to_string(v.metric), v.patience, v.patience == 1 ? "" : "s", best_epoch_,
-                best_value_);
+                "stopping early: {} has not improved{} for {} epoch{} (best: epoch {}, {:.4f})",
+                to_string(v.metric), gain_wanted(), flat_epochs, flat_epochs == 1 ? "" : "s",
+                best_epoch_, best_value_);
             break;
         }
         if (drops_done() && epoch < total) {

@@ -62,6 +62,10 @@ double holdout_noise(double value, size_t points) {
     return std::sqrt(m * (1.0 - m) / double(points));
 }
 
+bool epoch_improves(double value, double reference, size_t points, double min_gain) {
+    return value > reference + min_gain * holdout_noise(reference, points);
+}
+
 void parse_epochs(const std::string& text, train_config& train) {
     if (text == "auto") {
         train.epochs_auto = true;
