@@ -473,6 +473,33 @@ void softmax_bench(benchmark::State& state, const kernel_table& k, uint32_t n) {
     report(state, 8.0 * n, 0, n);  // logits read, probs written
 }
 
+/// keep_best on buffers of 2 * kept random candidates (the exact search's cut), each call on a
+/// fresh copy of one of 8,192 buffers (too many for a branch predictor to learn their
+/// comparisons); "nth_element" is the std::nth_element the kernel replaced.
+void keep_best_bench(benchmark::State& state, const kernel_table* k, uint32_t kept) {
+    using candidate = std::pair<float, uint32_t>;
+    const uint32_t n = 2 * kept, buffers = 8192;
+    const auto scores = random_floats(size_t(n) * buffers, -5.0f, 5.0f, 93);
+    std::vector<candidate> source(scores.size()), work(n);
+    for (size_t i = 0; i < source.size(); ++i) source[i] = {scores[i], uint32_t(i % 6118)};
+    auto by_rank = [](const candidate& a, const candidate& b) {
+        return a.first > b.first || (a.first == b.first && a.second < b.second);
+    };
+    uint32_t b = 0;
+    for (auto _ : state) {
+        std::copy_n(source.begin() + size_t(b) * n, n, work.begin());
+        b = (b + 1) % buffers;
+        if (k) {
+            benchmark::DoNotOptimize(k->keep_best(work.data(), n, kept));
+        } else {
+            std::nth_element(work.begin(), work.begin() + (kept - 1), work.end(), by_rank);
+            benchmark::DoNotOptimize(work[kept - 1].first);
+        }
+        benchmark::ClobberMemory();
+    }
+    report(state, 2.0 * n * sizeof(candidate), 0, n);
+}
+
 void to_bf16_bench(benchmark::State& state, const kernel_table& k, uint32_t n) {
     const auto x = random_floats(n, -1.0f, 1.0f, 92);
     std::vector<bf16> out(n);
@@ -668,6 +695,14 @@ void register_all() {
                    [n](benchmark::State& s, const kernel_table& k) { softmax_bench(s, k, n); });
     each_level("to_bf16", "n:256",
                [](benchmark::State& s, const kernel_table& k) { to_bf16_bench(s, k, 256); });
+    for (uint32_t kept : {16u, 32u, 64u}) {
+        const std::string shape = "kept:" + std::to_string(kept);
+        add("keep_best/nth_element/" + shape,
+            [kept](benchmark::State& s) { keep_best_bench(s, nullptr, kept); });
+        each_level("keep_best", shape, [kept](benchmark::State& s, const kernel_table& k) {
+            keep_best_bench(s, &k, kept);
+        });
+    }
 }
 
 }  // namespace

@@ -529,6 +529,55 @@ TEST_P(kernel_level, catch_up) {
     }
 }
 
+/// keep_best against a full sort by rank, on n candidates for each kept: scores drawn from a few
+/// values (ties, broken by id), with -0 and +0 (equal), infinities, and shuffled distinct ids;
+/// n past keep_best_rank_limit takes the nth_element path.
+void check_keep_best(const kernel_table& k, rng& g) {
+    using candidate = std::pair<float, uint32_t>;
+    auto ranks_above = [](const candidate& a, const candidate& b) {
+        return a.first > b.first || (a.first == b.first && a.second < b.second);
+    };
+    auto same_float = [](float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; };
+    const float specials[] = {-0.0f, 0.0f, std::numeric_limits<float>::infinity(),
+                              -std::numeric_limits<float>::infinity()};
+    for (uint32_t kept : {1u, 2u, 7u, 8u, 15u, 16u, 17u, 33u, 63u, 64u, 65u, 100u}) {
+        for (uint32_t n : {kept + 1, 2 * kept, 2 * kept + 3}) {
+            SCOPED_TRACE("kept " + std::to_string(kept) + " of " + std::to_string(n));
+            std::vector<uint32_t> ids(n);
+            std::iota(ids.begin(), ids.end(), 1000u);
+            for (uint32_t i = n - 1; i > 0; --i) std::swap(ids[i], ids[g.below(i + 1)]);
+            std::vector<candidate> c(n);
+            for (uint32_t i = 0; i < n; ++i) {
+                const uint64_t pick = g.below(10);
+                c[i] = {pick < 2 ? specials[g.below(4)] : std::round(normal(g) * 4.0f) / 4.0f,
+                        ids[i]};
+            }
+            std::vector<candidate> want = c, got = c;
+            std::sort(want.begin(), want.end(), ranks_above);
+            const float floor = k.keep_best(got.data(), n, kept);
+            got.resize(kept);
+            std::sort(got.begin(), got.end(), ranks_above);
+            want.resize(kept);
+            for (uint32_t i = 0; i < kept; ++i) {
+                ASSERT_EQ(got[i].second, want[i].second) << "rank " << i;
+                ASSERT_TRUE(same_float(got[i].first, want[i].first)) << "rank " << i;
+            }
+            EXPECT_TRUE(same_float(floor, want[kept - 1].first))
+                << floor << " against " << want[kept - 1].first;
+        }
+    }
+}
+
+TEST(keep_best_reference, KeepsWhatASortByRankPutsFirst) {
+    rng g(derive_seed(0x6b656570ull, 1));
+    check_keep_best(scalar_kernels(), g);
+}
+
+TEST_P(kernel_level, keep_best) {
+    rng g = gen(23);
+    check_keep_best(k(), g);
+}
+
 TEST_P(kernel_level, adam_bf16_moments) {
     // bf16 moments, stochastically rounded: every level against the scalar definition on the
     // same states. The new fp32 moments may differ in their last bit (a fused multiply-add),

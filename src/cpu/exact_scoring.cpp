@@ -39,12 +39,11 @@ inline uint32_t passes_floor(const float* row, const float* floor) {
 /// below which no later candidate can enter the query's top. A candidate costs an append
 /// instead of a heap's log(kept) sift (a heap offer was most of a search's time beside the
 /// products: bench/peers.md, 2026-12-06); callers offer only scores >= floor.
-inline void offer_candidate(scored_label* buf, uint32_t& count, float& floor, uint32_t kept,
-                            const scored_label& c) {
+inline void offer_candidate(const kernel_table& k, scored_label* buf, uint32_t& count, float& floor,
+                            uint32_t kept, const scored_label& c) {
     buf[count++] = c;
     if (count == 2 * kept) {
-        std::nth_element(buf, buf + (kept - 1), buf + count, rank_order{});
-        floor = buf[kept - 1].first;
+        floor = k.keep_best(buf, count, kept);
         count = kept;
     }
 }
@@ -53,8 +52,9 @@ inline void offer_candidate(scored_label* buf, uint32_t& count, float& floor, ui
 /// query j < n_x; query j's candidates at bufs[j * 2 * kept..], count counts[j], floor
 /// floors[j]): a row's 16 scores are tested against the 16 floors at once, and only the
 /// queries a score reaches get it. Most rows reach none once the floors have risen.
-void offer_rows_of_16(const float* z, uint32_t nb, uint32_t first, uint32_t n_x, uint32_t kept,
-                      scored_label* bufs, uint32_t* counts, float* floors) {
+void offer_rows_of_16(const kernel_table& k, const float* z, uint32_t nb, uint32_t first,
+                      uint32_t n_x, uint32_t kept, scored_label* bufs, uint32_t* counts,
+                      float* floors) {
     if (kept == 0) return;
     float floor[16];
     for (uint32_t j = 0; j < 16; ++j)
@@ -65,7 +65,7 @@ void offer_rows_of_16(const float* z, uint32_t nb, uint32_t first, uint32_t n_x,
         while (pass != 0) {
             const uint32_t j = uint32_t(__builtin_ctz(pass));
             pass &= pass - 1;
-            offer_candidate(bufs + size_t(j) * 2 * kept, counts[j], floor[j], kept,
+            offer_candidate(k, bufs + size_t(j) * 2 * kept, counts[j], floor[j], kept,
                             {row[j], first + a});
         }
     }
@@ -73,12 +73,12 @@ void offer_rows_of_16(const float* z, uint32_t nb, uint32_t first, uint32_t n_x,
 }
 
 /// offer_candidate of one query's scores of a block, z[i * step] for row first + i.
-void offer_scores(const float* z, size_t step, uint32_t nb, uint32_t first, uint32_t kept,
-                  scored_label* buf, uint32_t& count, float& floor) {
+void offer_scores(const kernel_table& k, const float* z, size_t step, uint32_t nb, uint32_t first,
+                  uint32_t kept, scored_label* buf, uint32_t& count, float& floor) {
     if (kept == 0) return;
     for (uint32_t i = 0; i < nb; ++i) {
         const float s = z[size_t(i) * step];
-        if (s >= floor) offer_candidate(buf, count, floor, kept, {s, first + i});  // NaN fails
+        if (s >= floor) offer_candidate(k, buf, count, floor, kept, {s, first + i});  // NaN fails
     }
 }
 
@@ -255,14 +255,15 @@ void exact_scoring::score(const layer_rows& layer, const kernel_table& k_, int t
                 col_step = 1;
             }
             if (row_step == inputs)
-                offer_rows_of_16(logits.data(), nb, r0, n_x, kept,
+                offer_rows_of_16(k_, logits.data(), nb, r0, n_x, kept,
                                  bufs.data() + size_t(s0) * 2 * kept, counts.data() + s0,
                                  floors.data() + s0);
             for (uint32_t j = 0; j < n_x; ++j) {
                 const float* z = logits.data() + size_t(j) * col_step;
                 if (row_step != inputs)
-                    offer_scores(z, row_step, nb, r0, kept, bufs.data() + size_t(s0 + j) * 2 * kept,
-                                 counts[s0 + j], floors[s0 + j]);
+                    offer_scores(k_, z, row_step, nb, r0, kept,
+                                 bufs.data() + size_t(s0 + j) * 2 * kept, counts[s0 + j],
+                                 floors[s0 + j]);
                 if (with_log_partition) {
                     // The softmax kernel returns the block's log-sum-exp (its probabilities go
                     // to scratch).

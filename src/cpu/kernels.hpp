@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 namespace hslide::cpu {
 
@@ -113,6 +114,12 @@ struct kernel_table {
     /// exp(logits[j]) (the log-partition, for the loss). n >= 1; logits finite. probs may be
     /// logits (in place): every variant reads logits[i] before it writes probs[i].
     double (*softmax)(const float* logits, float* probs, uint32_t n);
+    /// Of n distinct (score, id) candidates (no two ids alike, no NaN score), keeps the best
+    /// `kept` (1 <= kept < n) at candidates[0..kept), in an order each level may choose, and
+    /// returns the score of the kept-th best: a higher score ranks above, and of equal scores
+    /// the smaller id (top_k.hpp's ranks_above). Elements past kept are left unspecified. The
+    /// cut of the exact search's candidate buffers (exact_scoring.cpp).
+    float (*keep_best)(std::pair<float, uint32_t>* candidates, uint32_t n, uint32_t kept);
 
     // --- layer kernels (fp32 weights) ---
     /// Active-neuron dot products: out[a] = bias[r] + <row r, x> for a < n, r = ids[a]

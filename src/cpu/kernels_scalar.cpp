@@ -6,6 +6,7 @@
 #include "kernels.hpp"
 
 #include "adam_catch_up.hpp"
+#include "keep_best.inl"
 
 #include "hslide/error.hpp"
 
@@ -222,6 +223,7 @@ const kernel_table& scalar_kernels() {
                                     adam_bf16_moments_scalar,
                                     apply_catch_up,
                                     softmax_scalar,
+                                    keep_best_by_rank,
                                     active_dots_scalar,
                                     dots16_scalar,
                                     weighted_row_sum_scalar,

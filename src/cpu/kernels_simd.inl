@@ -12,6 +12,8 @@
 // operation touches only the first n < lanes elements.
 #pragma once
 
+#include "keep_best.inl"
+
 #include <type_traits>
 
 namespace hslide::cpu {
@@ -406,6 +408,7 @@ constexpr kernel_table make_table(
                         adam_bf16_moments_simd<V>,
                         catch_up_simd<V>,
                         softmax_simd<V>,
+                        keep_best_by_rank,
                         active_dots_simd<V, float>,
                         dots16_simd<V>,
                         weighted_row_sum_simd<V, float>,
