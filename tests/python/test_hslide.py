@@ -117,8 +117,8 @@ def test_option_names_are_the_tables():
     # The network, the run, where it runs: as `hslide train` names them, '_' for '-'.
     for name in ("hidden", "top_k", "top_k_search", "K", "L", "batch_size", "lr", "adam",
                  "adam_moments", "backend", "threads", "precision", "scoring", "keep_best",
-                 "patience", "lr_drops", "epochs_per_drop", "valid_fraction", "log_level",
-                 "progress"):
+                 "patience", "lr_drops", "epochs_per_drop", "min_gain", "valid_fraction",
+                 "log_level", "progress"):
         assert name in names, name
     # The command line's own (files, checkpoints, the hybrid, terminal output) are not.
     for name in ("train", "save", "resume", "workers", "quiet", "deterministic"):
