@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <new>
 #include <string>
 
@@ -61,4 +62,27 @@ TEST(Memory, TheCliNamesTheAllocationForFourBillionLabels) {
     EXPECT_EQ(r.exit_code, 1) << r.output;
     EXPECT_TRUE(contains(r.output, "out of memory: the model 10 -> 256 -> 4000000000")) << r.output;
     EXPECT_TRUE(contains(r.output, "needs 12336000033792 bytes (11.2 TiB)")) << r.output;
+}
+
+TEST(Memory, AlignedArraysAreZeroAndBlocksFrom2MiBStartOnAHugePageBoundary) {
+    constexpr size_t huge = size_t(2) << 20;
+    // Below 2 MiB, 64-byte aligned; from 2 MiB (the output layer of a few thousand rows),
+    // 2 MiB aligned so that huge pages can back them.
+    for (size_t floats :
+         {size_t(1), size_t(17), huge / 4 - 1, huge / 4, huge / 4 + 1, 3 * huge / 4 + 5}) {
+        aligned_floats a(floats);
+        ASSERT_EQ(a.size(), floats);
+        const auto at = reinterpret_cast<uintptr_t>(a.data());
+        EXPECT_EQ(at % 64, 0u) << floats << " floats";
+        if (floats * sizeof(float) >= huge) EXPECT_EQ(at % huge, 0u) << floats << " floats";
+        size_t nonzero = 0;
+        for (size_t i = 0; i < floats; ++i) nonzero += a[i] != 0.0f;
+        EXPECT_EQ(nonzero, 0u) << floats << " floats";
+        // A copy of a written array is the same, and a fresh one of its size zero again.
+        for (size_t i = 0; i < floats; i += 97) a[i] = float(i + 1);
+        const aligned_floats copy = a;
+        for (size_t i = 0; i < floats; i += 97) ASSERT_EQ(copy[i], float(i + 1));
+        a.resize(floats);
+        for (size_t i = 0; i < floats; i += 97) ASSERT_EQ(a[i], 0.0f);
+    }
 }

@@ -19,8 +19,9 @@
 namespace hslide {
 
 namespace detail {
-/// `bytes` of zeroed memory, 64-byte aligned; blocks of 8 MiB and more are 2 MiB aligned and
-/// advised to use huge pages (a kernel that refuses leaves them on normal pages).
+/// `bytes` of zeroed memory, 64-byte aligned; blocks of 2 MiB and more are 2 MiB aligned, their
+/// size rounded up to 2 MiB, and advised to use huge pages (a kernel that refuses leaves them
+/// on normal pages).
 void* allocate_aligned_zeroed(size_t bytes);
 void free_aligned(void* p);
 /// memcpy of `bytes` from `src` to `dst` (not overlapping); blocks of 8 MiB and more are

@@ -17,9 +17,12 @@
 namespace hslide {
 
 void* detail::allocate_aligned_zeroed(size_t bytes) {
-    // Round the byte count to 2 MiB for big blocks so they can sit on huge pages.
+    // Round the byte count to 2 MiB for big blocks so they can sit on huge pages. From 2 MiB,
+    // not 8: a block on 4 KiB pages costs a fault a page, and on a VM those faults were most
+    // of creating Debian-recs' model (its output layer's three 6.3 MB arrays: 143 -> 88 ms,
+    // bench/peers.md "2026-12-06, second session"); the rounding costs at most 2 MiB a block.
     constexpr size_t huge = size_t(2) << 20;
-    const bool big = bytes >= 4 * huge;
+    const bool big = bytes >= huge;
     const size_t alignment = big ? huge : 64;
     bytes = (bytes + alignment - 1) / alignment * alignment;
     void* p = std::aligned_alloc(alignment, bytes);
