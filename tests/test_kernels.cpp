@@ -907,8 +907,9 @@ TEST_P(kernel_level, dots16_bf16) {
 
 TEST_P(kernel_level, weighted_vector_sum) {
     // Vectors in separate allocations, each with NaN guards (a read past `width` poisons the
-    // sum); the update relies on the result equalling n axpy calls of the same level bit for
-    // bit, which is checked too.
+    // sum); the update relies on the result equalling n axpy calls of the same level on a
+    // zeroed vector bit for bit, which is checked too, and on `out`'s old values (canaries
+    // here) mattering not at all.
     rng g = gen(13);
     for (uint32_t width : test_sizes) {
         for (uint32_t n : row_counts) {
@@ -920,13 +921,14 @@ TEST_P(kernel_level, weighted_vector_sum) {
             const auto coef = random_vector(n, g, nan_f);
             const auto out0 = random_vector(width, g, canary_f);
             auto got = copy_of(out0), want = copy_of(out0), by_axpy = copy_of(out0);
+            for (uint32_t i = 0; i < width; ++i) by_axpy[i] = 0.0f;
             k().weighted_vector_sum(pointers.data(), coef.data(), n, width, got.data());
             ref().weighted_vector_sum(pointers.data(), coef.data(), n, width, want.data());
             for (uint32_t i = 0; i < n; ++i) k().axpy(coef[i], pointers[i], by_axpy.data(), width);
             for (uint32_t i = 0; i < width; ++i)
                 ASSERT_EQ(bits_of(got[i]), bits_of(by_axpy[i])) << "differs from axpy at " << i;
             EXPECT_TRUE(all_close(got.data(), want.data(), width, [&](size_t i) {
-                double mag = std::fabs(out0[i]);
+                double mag = 0.0;
                 for (uint32_t kk = 0; kk < n; ++kk)
                     mag += std::fabs(double(coef[kk]) * vectors[kk][i]);
                 return elementwise_bound(mag);

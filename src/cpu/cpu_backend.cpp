@@ -491,7 +491,6 @@ void cpu_backend::for_each_row_gradient(const batch_view& batch, size_t l, Visit
         scratch.sparse_entries.clear();
 #pragma omp for schedule(dynamic, chunk)
         for (int64_t t = 0; t < n_rows; ++t) {
-            std::fill(grad, grad + layer.stride, 0.0f);
             const uint32_t row = all_rows ? uint32_t(t) : g.touched[t];
             // The update's rows are scattered (a sixth of the output layer a step): their
             // weights and moments are requested while this row's gradient is summed.
@@ -525,6 +524,8 @@ void cpu_backend::for_each_row_gradient(const batch_view& batch, size_t l, Visit
                 for (uint32_t e = g.offsets[t]; e < g.offsets[t + 1]; ++e)
                     add_entry(g.entry_sample[e], g.entry_coef[e]);
             }
+            // Written over the previous row's gradient (zeros where n_dense is 0): a memset of
+            // the row first was 1.5% of a Debian-recs run.
             k_.weighted_vector_sum(scratch.entry_vectors.data(), scratch.entry_coefs.data(),
                                    n_dense, layer.width, grad);
             for (const auto& [s, c] : scratch.sparse_entries) {

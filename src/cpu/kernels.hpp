@@ -140,9 +140,10 @@ struct kernel_table {
     /// (rows = active neurons' weights, coef = their deltas).
     void (*weighted_row_sum)(const float* rows, size_t stride, uint32_t width, const uint32_t* ids,
                              const float* coef, uint32_t n, float* out);
-    /// Weighted vector sum: out[0..width) += sum_i coef[i] * vectors[i][0..width), in order
-    /// i = 0..n-1 (the same roundings as n axpy calls). A row's gradient in the update: its
-    /// samples' input vectors (or layer-0 deltas) times their coefficients.
+    /// Weighted vector sum: out[0..width) = sum_i coef[i] * vectors[i][0..width), summed from 0
+    /// in order i = 0..n-1 (the same roundings as n axpy calls on a zeroed out; n = 0 writes
+    /// zeros). A row's gradient in the update: its samples' input vectors (or layer-0 deltas)
+    /// times their coefficients, written over what `out` held (no zeroing pass first).
     void (*weighted_vector_sum)(const float* const* vectors, const float* coef, uint32_t n,
                                 uint32_t width, float* out);
 

@@ -112,6 +112,7 @@ void weighted_row_sum_f64_impl(const T* rows, size_t stride, uint32_t width, con
 
 void weighted_vector_sum_scalar(const float* const* vectors, const float* coef, uint32_t n,
                                 uint32_t width, float* out) {
+    for (uint32_t i = 0; i < width; ++i) out[i] = 0.0f;
     for (uint32_t k = 0; k < n; ++k)
         for (uint32_t i = 0; i < width; ++i) out[i] += coef[k] * vectors[k][i];
 }

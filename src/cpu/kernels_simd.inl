@@ -283,16 +283,16 @@ void dots16_simd(const float* rows, size_t stride, uint32_t width, const uint32_
     tail(std::integral_constant<uint32_t, 1>{});
 }
 
-// out[0..width) += sum_k coef[k] * row_at(k)[0..width). The output is held in registers, 8
-// vectors at a time, while the rows stream past: out is read and written once per block of 8
-// vectors, not once per row.
-template <class V, class T, class RowAt>
+// out[0..width) += sum_k coef[k] * row_at(k)[0..width) (Accumulate; else out = the sum, from
+// 0). The output is held in registers, 8 vectors at a time, while the rows stream past: out is
+// read and written once per block of 8 vectors, not once per row.
+template <class V, class T, bool Accumulate = true, class RowAt>
 inline void weighted_sum(RowAt row_at, uint32_t width, const float* coef, uint32_t n, float* out) {
     constexpr uint32_t L = V::lanes, B = 8;
     uint32_t c = 0;
     for (; c + B * L <= width; c += B * L) {
         typename V::vec acc[B];
-        for (uint32_t j = 0; j < B; ++j) acc[j] = V::load(out + c + j * L);
+        for (uint32_t j = 0; j < B; ++j) acc[j] = Accumulate ? V::load(out + c + j * L) : V::zero();
         for (uint32_t k = 0; k < n; ++k) {
             if (k + prefetch_rows_ahead < n)
                 prefetch_span(row_at(k + prefetch_rows_ahead) + c, B * L);
@@ -305,7 +305,7 @@ inline void weighted_sum(RowAt row_at, uint32_t width, const float* coef, uint32
     // The remainder, one vector (the last one partial) at a time.
     for (; c < width; c += L) {
         const uint32_t m = width - c < L ? width - c : L;
-        auto acc = m == L ? V::load(out + c) : V::load_n(out + c, m);
+        auto acc = !Accumulate ? V::zero() : m == L ? V::load(out + c) : V::load_n(out + c, m);
         for (uint32_t k = 0; k < n; ++k) {
             const T* row = row_at(k) + c;
             acc = V::fmadd(V::set1(coef[k]), m == L ? V::load(row) : V::load_n(row, m), acc);
@@ -327,7 +327,7 @@ void weighted_row_sum_simd(const T* rows, size_t stride, uint32_t width, const u
 template <class V>
 void weighted_vector_sum_simd(const float* const* vectors, const float* coef, uint32_t n,
                               uint32_t width, float* out) {
-    weighted_sum<V, float>([&](uint32_t k) { return vectors[k]; }, width, coef, n, out);
+    weighted_sum<V, float, false>([&](uint32_t k) { return vectors[k]; }, width, coef, n, out);
 }
 
 inline float as_float(float x) {
