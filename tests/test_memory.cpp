@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <new>
 #include <string>
 
@@ -78,10 +79,17 @@ TEST(Memory, AlignedArraysAreZeroAndBlocksFrom2MiBStartOnAHugePageBoundary) {
         size_t nonzero = 0;
         for (size_t i = 0; i < floats; ++i) nonzero += a[i] != 0.0f;
         EXPECT_EQ(nonzero, 0u) << floats << " floats";
-        // A copy of a written array is the same, and a fresh one of its size zero again.
+        // A copy of a written array (into a block not zeroed first, and into one of another
+        // size that held other values) is the same, and a fresh one of its size zero again.
         for (size_t i = 0; i < floats; i += 97) a[i] = float(i + 1);
         const aligned_floats copy = a;
-        for (size_t i = 0; i < floats; i += 97) ASSERT_EQ(copy[i], float(i + 1));
+        aligned_floats reused(floats + 1);
+        for (size_t i = 0; i < floats + 1; ++i) reused[i] = -1.0f;
+        reused = a;
+        ASSERT_EQ(copy.size(), floats);
+        ASSERT_EQ(reused.size(), floats);
+        EXPECT_EQ(std::memcmp(copy.data(), a.data(), floats * sizeof(float)), 0);
+        EXPECT_EQ(std::memcmp(reused.data(), a.data(), floats * sizeof(float)), 0);
         a.resize(floats);
         for (size_t i = 0; i < floats; i += 97) ASSERT_EQ(a[i], 0.0f);
     }

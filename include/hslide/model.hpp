@@ -19,12 +19,13 @@
 namespace hslide {
 
 namespace detail {
-/// `bytes` of zeroed memory, 64-byte aligned; blocks of 2 MiB and more are 2 MiB aligned, their
-/// size rounded up to 2 MiB, and advised to use huge pages (a kernel that refuses leaves them
-/// on normal pages).
-void* allocate_aligned_zeroed(size_t bytes);
+/// `bytes` of memory, 64-byte aligned, zeroed (by the OpenMP threads where it is big) unless
+/// `zeroed` is false (for a block about to be copied over whole); blocks of 2 MiB and more are
+/// 2 MiB aligned, their size rounded up to 2 MiB, and advised to use huge pages (a kernel that
+/// refuses leaves them on normal pages).
+void* allocate_aligned(size_t bytes, bool zeroed = true);
 void free_aligned(void* p);
-/// memcpy of `bytes` from `src` to `dst` (not overlapping); blocks of 8 MiB and more are
+/// memcpy of `bytes` from `src` to `dst` (not overlapping); blocks of 4 MiB and more are
 /// copied by the OpenMP threads in 2 MiB pieces.
 void copy_bytes(void* dst, const void* src, size_t bytes);
 }  // namespace detail
@@ -39,9 +40,10 @@ class aligned_array {
     aligned_array(const aligned_array& other) { *this = other; }
     aligned_array& operator=(const aligned_array& other) {
         if (this != &other) {
-            // Same size: copy into the block held (a fresh one costs page faults and zeroing,
-            // which dominated whole-model copies of a few MB).
-            if (other.size_ != size_) resize(other.size_);
+            // Same size: copy into the block held (a fresh one costs page faults, which
+            // dominated whole-model copies of a few MB); else a fresh block, not zeroed first:
+            // the copy writes every byte of it.
+            if (other.size_ != size_) allocate(other.size_, /*zeroed=*/false);
             if (size_) detail::copy_bytes(data(), other.data(), size_ * sizeof(T));
         }
         return *this;
@@ -50,13 +52,7 @@ class aligned_array {
     aligned_array& operator=(aligned_array&&) noexcept = default;
 
     /// Resizes to n elements, all zero (contents are not kept).
-    void resize(size_t n) {
-        data_.reset();
-        size_ = 0;
-        if (n == 0) return;
-        data_.reset(static_cast<T*>(detail::allocate_aligned_zeroed(n * sizeof(T))));
-        size_ = n;
-    }
+    void resize(size_t n) { allocate(n, /*zeroed=*/true); }
     size_t size() const { return size_; }
     T* data() { return data_.get(); }
     const T* data() const { return data_.get(); }
@@ -64,6 +60,13 @@ class aligned_array {
     T operator[](size_t i) const { return data_.get()[i]; }
 
   private:
+    void allocate(size_t n, bool zeroed) {
+        data_.reset();
+        size_ = 0;
+        if (n == 0) return;
+        data_.reset(static_cast<T*>(detail::allocate_aligned(n * sizeof(T), zeroed)));
+        size_ = n;
+    }
     struct deleter {
         void operator()(T* p) const { detail::free_aligned(p); }
     };

@@ -16,7 +16,7 @@
 
 namespace hslide {
 
-void* detail::allocate_aligned_zeroed(size_t bytes) {
+void* detail::allocate_aligned(size_t bytes, bool zeroed) {
     // Round the byte count to 2 MiB for big blocks so they can sit on huge pages. From 2 MiB,
     // not 8: a block on 4 KiB pages costs a fault a page, and on a VM those faults were most
     // of creating Debian-recs' model (its output layer's three 6.3 MB arrays: 143 -> 88 ms,
@@ -28,10 +28,11 @@ void* detail::allocate_aligned_zeroed(size_t bytes) {
     void* p = std::aligned_alloc(alignment, bytes);
     if (!p) throw std::bad_alloc();
     if (!big) {
-        std::memset(p, 0, bytes);
+        if (zeroed) std::memset(p, 0, bytes);
         return p;
     }
     madvise(p, bytes, MADV_HUGEPAGE);  // a refusal is harmless: normal pages then
+    if (!zeroed) return p;
     // The first write to a page faults it in and the kernel clears it: for a model of a few
     // GiB that took seconds on one thread, so the threads share the pages.
     char* block = static_cast<char*>(p);
@@ -50,7 +51,7 @@ void detail::copy_bytes(void* dst, const void* src, size_t bytes) {
     // Amazon-670K shape, and one thread does not draw all of the memory's bandwidth (this
     // 2-core machine, 53 MB: 4.6-8.7 GB/s on one thread, 8.6-10.3 on two).
     constexpr size_t piece = size_t(2) << 20;
-    if (bytes < 4 * piece) {
+    if (bytes < 2 * piece) {
         std::memcpy(dst, src, bytes);
         return;
     }
