@@ -79,6 +79,14 @@ train_config tiny_train_config() {
     return tc;
 }
 
+/// Puts a scripted backend at epoch e's model (its "model" is the epoch it reached, which
+/// export and import carry): where a run resumed from that epoch's checkpoint starts.
+void start_at_epoch(scripted_backend& be, uint64_t e) {
+    model_state at;
+    at.adam_step = e;
+    be.import_state(at, false);
+}
+
 model_state exported(const backend& be) {
     model_state m;
     be.export_state(m, /*with_optimizer=*/true);
@@ -258,9 +266,7 @@ TEST(EpochsAuto, ADropTrainsItsEpochsAtTheLowerRateAndThenStops) {
     trainer_options again = o;
     again.resume = run.state();
     scripted_backend resumed_backend(quality, 40, lower);
-    model_state at_the_end;
-    at_the_end.adam_step = 3;  // the scripted backend's "model": the epoch it reached
-    resumed_backend.import_state(at_the_end, false);
+    start_at_epoch(resumed_backend, 3);
     trainer resumed(resumed_backend, train, nullptr, again);
     EXPECT_TRUE(resumed.run().empty());
     EXPECT_EQ(resumed.best_epoch(), 3u);
@@ -345,9 +351,7 @@ TEST(EpochsAuto, AnEpochThatGainsUnderMinGainIsAPlateauAndItsDropUndoesNothing) 
     trainer_options again = o;
     again.resume = interrupted.state();
     scripted_backend second_half(quality, 40, lower);
-    model_state at_epoch_3;
-    at_epoch_3.adam_step = 3;  // the scripted backend's "model": the epoch it reached
-    second_half.import_state(at_epoch_3, false);
+    start_at_epoch(second_half, 3);
     trainer resumed(second_half, train, nullptr, again);
     EXPECT_EQ(resumed.run().size(), 1u);
     ASSERT_EQ(second_half.rates.size(), 1u);
