@@ -367,6 +367,14 @@ TEST(EpochsAuto, AnEpochThatGainsUnderMinGainIsAPlateauAndItsDropUndoesNothing) 
     EXPECT_EQ(strict_run.best_epoch(), 5u);
     EXPECT_EQ(strict.imported, (std::vector<uint64_t>{4}));
 
+    // A bar for patience where nothing counts epochs is refused, not ignored.
+    trainer_options fixed = auto_options();
+    parse_epochs("3", fixed.train);
+    fixed.validation.valid = &valid;
+    fixed.validation.min_gain = 0.5;
+    scripted_backend unused(quality, 40);
+    EXPECT_THROW(trainer(unused, train, nullptr, fixed), error);
+
     // Auto's default: min_gain on a hold-out of min_gain_points or more, any gain below.
     for (const uint32_t points :
          {auto_epochs_defaults::min_gain_points - 1, auto_epochs_defaults::min_gain_points}) {

@@ -95,6 +95,9 @@ trainer::trainer(backend& engine, const dataset& train, const dataset* test,
                              v.valid->size() >= auto_epochs_defaults::min_gain_points
                          ? auto_epochs_defaults::min_gain
                          : 0.0;
+    HSLIDE_CHECK(v.min_gain == 0 || v.patience > 0,
+                 "--min-gain says what --patience counts as an improvement: it needs --patience "
+                 "(or --epochs auto)");
     HSLIDE_CHECK(v.lr_drops == 0 || (v.keep_best && v.patience > 0),
                  "--lr-drops goes back to the best epoch at a plateau: it needs --keep-best and "
                  "--patience (or --epochs auto)");
