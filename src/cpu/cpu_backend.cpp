@@ -220,12 +220,12 @@ void cpu_backend::output_loss(const label_row& y, uint32_t s, thread_scratch& sc
         const float correction = top_k ? fill_correction_shift(sb) : 0.0f;
         double log_sum;
         if (correction != 0.0f) {
-            // The gradient's softmax sees the fill's logits raised by the log-Q correction
-            // (scratch.grad is free until the backward pass); the loss keeps the true logits.
-            scratch.grad.assign(out.act.begin(), out.act.end());
-            for (size_t i = sb.set_drawn_from; i < scratch.grad.size(); ++i)
-                scratch.grad[i] += correction;
-            log_sum = k_.softmax(scratch.grad.data(), out.delta.data(), uint32_t(out.act.size()));
+            // The gradient's softmax sees the fill's logits raised by the log-Q correction; the
+            // loss keeps the true logits.
+            std::vector<float>& z = scratch.corrected_logits;
+            z.assign(out.act.begin(), out.act.end());
+            for (size_t i = sb.set_drawn_from; i < z.size(); ++i) z[i] += correction;
+            log_sum = k_.softmax(z.data(), out.delta.data(), uint32_t(out.act.size()));
         } else {
             log_sum = k_.softmax(out.act.data(), out.delta.data(), uint32_t(out.act.size()));
         }

@@ -179,7 +179,9 @@ class cpu_backend final : public backend, public row_transfer {
     };
     struct thread_scratch {
         std::vector<float> dense;
-        std::vector<float> grad;
+        std::vector<float> grad;  // a row's gradient in the update (padded_stride floats)
+        // The set's logits with the fill's log-Q correction, for the gradient's softmax.
+        std::vector<float> corrected_logits;
         // A row's gradient terms in the update: its samples' dense input vectors and their
         // coefficients, and the (sample, coefficient) pairs whose input is sparse.
         std::vector<const float*> entry_vectors;
