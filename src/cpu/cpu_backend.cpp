@@ -538,6 +538,19 @@ void cpu_backend::for_each_row_gradient(const batch_view& batch, size_t l, Visit
     }
 }
 
+void cpu_backend::prefetch_row_state(size_t l, uint32_t row) const {
+    const layer_state& layer = model_.layers[l];
+    const size_t off = size_t(row) * layer.stride, width = layer.width;
+    prefetch_bytes<true>(layer.weights.data() + off, width * sizeof(float));
+    if (bf16_moments(l)) {
+        prefetch_bytes<true>(moments16_[l].m.data() + off, width * sizeof(bf16));
+        prefetch_bytes<true>(moments16_[l].v.data() + off, width * sizeof(bf16));
+    } else {
+        prefetch_bytes<true>(layer.adam_m.data() + off, width * sizeof(float));
+        prefetch_bytes<true>(layer.adam_v.data() + off, width * sizeof(float));
+    }
+}
+
 step_report cpu_backend::train_batch(const batch_view& batch, float learning_rate) {
     HSLIDE_CHECK(batch.size > 0 && batch.data, "empty batch");
     const auto t_start = clock_type::now();
@@ -604,17 +617,7 @@ step_report cpu_backend::train_batch(const batch_view& batch, float learning_rat
                 k_.adam(&layer.bias[row], &layer.bias_m[row], &layer.bias_v[row], &bias_grad, 1,
                         step);
         };
-        auto prefetch_row = [&](uint32_t row) {  // for the update's writes
-            const size_t off = size_t(row) * layer.stride, width = layer.width;
-            prefetch_bytes<true>(layer.weights.data() + off, width * 4);
-            if (moments16) {
-                prefetch_bytes<true>(moments16->m.data() + off, width * 2);
-                prefetch_bytes<true>(moments16->v.data() + off, width * 2);
-            } else {
-                prefetch_bytes<true>(layer.adam_m.data() + off, width * 4);
-                prefetch_bytes<true>(layer.adam_v.data() + off, width * 4);
-            }
-        };
+        auto prefetch_row = [&](uint32_t row) { prefetch_row_state(l, row); };
         const bool all_rows = !model_.config.has_active_sets(l) && l > 0;
         if (!all_rows) group_rows(batch, l);
         for_each_row_gradient(batch, l, adam_row, prefetch_row);

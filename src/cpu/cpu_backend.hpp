@@ -315,6 +315,9 @@ class cpu_backend final : public backend, public row_transfer {
     /// them into `out` (an export's copy of model_, or model_ itself for host_state(), until
     /// drop_widened_moments at the next step).
     bool bf16_moments(size_t l) const { return l < moments16_.size() && moments16_[l].m.size(); }
+    /// Requests row `row` of layer l, its weights and Adam moments (in whichever form they are
+    /// kept), for writing: ahead of an update or a catch-up of the row.
+    void prefetch_row_state(size_t l, uint32_t row) const;
     void take_moments();
     void widen_moments(model_state& out) const;
     void drop_widened_moments();

@@ -96,15 +96,8 @@ void cpu_backend::bring_inputs_up_to_date(const batch_view& batch) {
                 scratch.due.emplace_back(row, from);
             }
         }
-        const layer_state& layer = model_.layers[0];
-        const size_t bytes = size_t(layer.width) * sizeof(float);
         for (size_t i = 0; i < scratch.due.size(); ++i) {
-            if (i + 2 < scratch.due.size()) {
-                const size_t off = size_t(scratch.due[i + 2].first) * layer.stride;
-                prefetch_bytes<true>(layer.weights.data() + off, bytes);
-                prefetch_bytes<true>(layer.adam_m.data() + off, bytes);
-                prefetch_bytes<true>(layer.adam_v.data() + off, bytes);
-            }
+            if (i + 2 < scratch.due.size()) prefetch_row_state(0, scratch.due[i + 2].first);
             const auto [row, from] = scratch.due[i];
             catch_up_row(0, row, from);
             scratch.caught_up.emplace_back(0u, row);
