@@ -1241,15 +1241,16 @@ TEST(CpuBackend, MultiProbeScoringScoresASupersetOfTheSingleProbeSet) {
 }
 
 TEST(CpuBackend, TheExactSearchsCopyFollowsEveryUpdatedRow) {
-    // Where the CPU has bf16 products, an automatic exact search scores a copy of the output
-    // rows, int8 where the kernels have 8-bit products and bf16 otherwise, which the update
+    // An automatic exact search scores a copy of the output rows, int8 where the kernels have
+    // 8-bit products (avx2 up) and bf16 where they have bf16 products otherwise, which the update
     // writes as it changes each row (rows changed by other means, an import, are marked and
     // rounded before the next search). After training with sparse, dense (every row moves) and
     // input-catch-up Adam, every row of the copy is the rounding of the model's row: bf16 by
     // float_to_bf16, int8 by the scalar reference's to_int8_row (values, scale and sum).
-    const std::vector<isa_level> levels = hslide::testing::bf16_search_levels();
+    const std::vector<isa_level> levels = hslide::testing::copy_search_levels();
     if (levels.empty())
-        GTEST_SKIP() << "this CPU has no bf16 products (best: " << to_string(detected_isa()) << ")";
+        GTEST_SKIP() << "this CPU's exact search scores no copy (best: "
+                     << to_string(detected_isa()) << ")";
     const dataset data = random_dataset(64, 20, 500, 31);
     std::vector<uint32_t> rows(64);
     std::iota(rows.begin(), rows.end(), 0u);
@@ -1257,7 +1258,8 @@ TEST(CpuBackend, TheExactSearchsCopyFollowsEveryUpdatedRow) {
         for (bool int8 : {false, true}) {
             // The bf16 copy on a level with 8-bit products: its table without them.
             cpu::kernel_table k = cpu::kernels_for(level);
-            if (int8 && !k.dots16_u8s8) continue;
+            if (int8 && !cpu_exact_search_in_int8(level)) continue;
+            if (!int8 && !cpu_exact_search_in_bf16(level)) continue;
             if (!int8) k.dots16_u8s8 = nullptr;
             for (adam_mode adam :
                  {adam_mode::sparse, adam_mode::dense, adam_mode::input_catch_up}) {

@@ -1445,8 +1445,10 @@ TEST_P(kernel_level, dots16_u8s8) {
     // `width`, against 16 inputs of random bytes with random zero points; every level that has
     // the kernel against the scalar definition. The padding refilled with 0x80 must leave every
     // score's bits as they were; a row's scores do not depend on where it falls in a call.
-    // nullptr exactly where the table says: amx (deliberately) and the levels without VNNI.
+    // nullptr exactly where the table says: amx (deliberately) and the AVX-512 levels without
+    // VNNI; avx2 has it (vpmaddwd over the bytes widened).
     if (k().level == isa_level::amx) EXPECT_EQ(k().dots16_u8s8, nullptr);
+    if (k().level == isa_level::avx2) EXPECT_NE(k().dots16_u8s8, nullptr);
     if (k().level == isa_level::avx512bf16)
         EXPECT_EQ(k().dots16_u8s8 != nullptr, detect_cpu_features().avx512_vnni);
     if (const char* why = no_u8s8_reason(k()))

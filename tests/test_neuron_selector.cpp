@@ -363,10 +363,11 @@ TEST(NeuronSelector, TheBackendKeepsTheSelectionItsConfigNames) {
         EXPECT_EQ(backend.selection(1).kind(), e.kind);
         EXPECT_EQ(backend.selection(1).searches_ivf(), e.ivf);
         // automatic's exact search on an AMX CPU scores a bf16 copy: the set's loss then
-        const bool bf16_copy =
-            e.search == top_k_search::automatic && cpu_exact_search_in_bf16(best_kernels().level);
+        const isa_level best = best_kernels().level;
+        const bool copy = e.search == top_k_search::automatic &&
+                          (cpu_exact_search_in_bf16(best) || cpu_exact_search_in_int8(best));
         EXPECT_EQ(backend.selection(1).computes_log_partition(),
-                  e.kind == neuron_selection::top_k && !e.ivf && !bf16_copy);
+                  e.kind == neuron_selection::top_k && !e.ivf && !copy);
     }
 }
 
@@ -445,8 +446,8 @@ std::vector<uint32_t> int8_reference_top_k(const exact_layer& layer,
 
 TEST(NeuronSelector, AutomaticExactSearchWithInt8ProductsScoresAFreshInt8CopyOfTheRows) {
     std::vector<isa_level> levels;
-    for (isa_level level : hslide::testing::bf16_search_levels())
-        if (kernels_for(level).dots16_u8s8) levels.push_back(level);
+    for (isa_level level : hslide::testing::copy_search_levels())
+        if (cpu_exact_search_in_int8(level)) levels.push_back(level);
     if (levels.empty())
         GTEST_SKIP() << "this CPU's best kernels (" << to_string(detected_isa())
                      << ") have no 8-bit products for an exact search";

@@ -146,6 +146,16 @@ std::vector<isa_level> bf16_search_levels() {
     return levels;
 }
 
+std::vector<isa_level> copy_search_levels() {
+    std::vector<isa_level> levels;
+    for (isa_level level :
+         {isa_level::avx2, isa_level::avx512, isa_level::avx512bf16, isa_level::amx})
+        if (isa_supported(level) &&
+            (cpu_exact_search_in_int8(level) || cpu_exact_search_in_bf16(level)))
+            levels.push_back(level);
+    return levels;
+}
+
 std::vector<std::string> files_in(const std::string& dir) {
     std::vector<std::string> names;
     for (const auto& entry : std::filesystem::directory_iterator(dir))

@@ -94,6 +94,9 @@ size_t parameters_differing_by_more(const layer_state& a, const layer_state& b, 
 /// The ISA levels this CPU runs whose automatic exact top-k search scores a bf16 copy of the
 /// rows (cpu_exact_search_in_bf16): avx512bf16 and amx where supported.
 std::vector<isa_level> bf16_search_levels();
+/// The ISA levels this CPU runs whose automatic exact top-k search scores a copy of the rows,
+/// int8 (cpu_exact_search_in_int8: avx2 up, where the level has 8-bit products) or bf16.
+std::vector<isa_level> copy_search_levels();
 
 /// The names in a folder, sorted (no "." or "..").
 std::vector<std::string> files_in(const std::string& dir);

@@ -332,7 +332,7 @@ double exact_scoring::measure_rate(const kernel_table& k, int threads, uint32_t 
     int8_rows copy8;
     layer_rows layer{weights.data(), width, bias.data(), rows, width, nullptr, 0};
     // As exact_top_k searches: an int8 copy where the kernels have 8-bit products, else bf16.
-    if (cpu_exact_search_in_bf16(k.level) && k.dots16_u8s8) {
+    if (searches_int8_copy(k)) {
         weights8 = int8_copy(rows, width);
         copy8 = weights8.view();
         quantize_rows_to_int8(layer, k, copy8, nullptr, rows, threads);

@@ -53,6 +53,14 @@ struct int8_copy {
     int8_rows view() { return {values.data(), stride, scale.data(), sum.data()}; }
 };
 
+/// Whether an exact search over kernels `k` (top_k_search::automatic) scores an int8 copy of
+/// the rows: where they have 8-bit products (dots16_u8s8) and are not the scalar reference
+/// (whose int8 products are slower than its fp32 ones). vpdpbusd on avx512bf16 with VNNI
+/// doubles vdpbf16ps' products an instruction; vpmaddwd on avx2 does twice an fp32 FMA's.
+inline bool searches_int8_copy(const kernel_table& k) {
+    return k.level != isa_level::scalar && k.dots16_u8s8 != nullptr;
+}
+
 /// Quantizes rows ids[0..n) of `layer` (ids null: rows 0..n-1) with k.to_int8_row into `copy`,
 /// on `threads` threads: round_rows_to_bf16's int8 twin.
 void quantize_rows_to_int8(const layer_rows& layer, const kernel_table& k, const int8_rows& copy,

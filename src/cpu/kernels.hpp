@@ -191,7 +191,8 @@ struct kernel_table {
     /// * row_sum[a]) * (row_scale[a] * query_scale[j]) + bias[a] (bias == nullptr: no bias;
     /// SIMD levels may round the product and the bias' sum once, the same for every row).
     /// Exact scoring's product over a to_int8_row copy: each score within the quantizations'
-    /// rounding of the fp32 product. nullptr where the level has no 8-bit dot products.
+    /// rounding of the fp32 product. nullptr where the level has no 8-bit dot products (avx512
+    /// without VNNI, amx); avx2 widens the bytes to 16 bits for vpmaddwd instead.
     void (*dots16_u8s8)(const int8_t* rows, size_t stride, uint32_t width, uint32_t n,
                         const uint8_t* xq, const float* row_scale, const int32_t* row_sum,
                         const float* query_scale, const int32_t* query_zero, const float* bias,

@@ -5,6 +5,10 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
 namespace hslide::cpu {
 namespace {
 
@@ -157,9 +161,162 @@ struct avx2_ops {
 
 namespace hslide::cpu {
 
+namespace {
+
+// to_int8_row_reference's rounding, eight values at a time: the update rewrites a row's int8
+// copy each time it moves the row, as often as the search reads it.
+float to_int8_row_avx2(const float* x, int8_t* out, uint32_t n, int32_t* sum) {
+    using V = avx2_ops;
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 vmax = V::zero();
+    for (uint32_t i = 0; i < n; i += V::lanes) {
+        const __m256 v = n - i >= V::lanes ? V::load(x + i) : V::load_n(x + i, n - i);
+        vmax = V::max(vmax, _mm256_and_ps(v, abs_mask));  // the lanes past n loaded 0
+    }
+    const float m = V::reduce_max(vmax);
+    const float inv = m > 0.0f ? 127.0f / m : 0.0f;  // as to_int8_row_reference
+    const __m256 scale = V::set1(std::isfinite(inv) ? inv : 0.0f);
+    const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+    __m256i vsum = _mm256_setzero_si256();
+    for (uint32_t i = 0; i < n; i += V::lanes) {
+        const uint32_t count = std::min(n - i, V::lanes);
+        const __m256 v = count == V::lanes ? V::load(x + i) : V::load_n(x + i, count);
+        // The conversion rounds to nearest even (MXCSR's default), as nearbyint does.
+        const __m256i q =
+            _mm256_min_epi32(hi, _mm256_max_epi32(lo, _mm256_cvtps_epi32(V::mul(v, scale))));
+        vsum = _mm256_add_epi32(vsum, q);  // the lanes past n are 0
+        const __m128i q16 =
+            _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+        const __m128i q8 = _mm_packs_epi16(q16, q16);  // in -127..127: nothing saturates
+        if (count == V::lanes) {
+            _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), q8);
+        } else {
+            alignas(16) int8_t part[16];
+            _mm_store_si128(reinterpret_cast<__m128i*>(part), q8);
+            for (uint32_t j = 0; j < count; ++j) out[i + j] = part[j];
+        }
+    }
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(vsum), _mm256_extracti128_si256(vsum, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    *sum = _mm_cvtsi128_si32(s);
+    return m / 127.0f;
+}
+
+// dots16_u8s8 without 8-bit dot products: each product is widened to 16 bits and multiplied by
+// vpmaddwd (16 multiplies an instruction, twice an fp32 FMA's, the pair sums exact in int32).
+// vpmaddubsw would multiply the bytes as they are, but its 16-bit pair sums saturate at u8
+// inputs over 127. The inputs' fours, widened once a call, keep their order: lane 2m + h of
+// vector t of a four holds input 4t + m's elements 2h and 2h + 1, so a row's four, broadcast
+// as (r0, r1), (r2, r3) pairs, meets all of them; a lane pair then holds one input's two halves.
+// A row's four values (`bytes` of them, the rest 0) in each 32-bit lane: a load that
+// broadcasts (vbroadcastss) where all four are there, with no shuffle.
+inline __m128i broadcast_four(const int8_t* p, uint32_t bytes) {
+    if (bytes == 4) return _mm_castps_si128(_mm_broadcast_ss(reinterpret_cast<const float*>(p)));
+    int32_t values = 0;
+    __builtin_memcpy(&values, p, bytes);
+    return _mm_set1_epi32(values);
+}
+
+// A row's sums against the 16 inputs: vector t's lanes 2m and 2m + 1 hold input 4t + m's.
+struct u8s8_sums {
+    __m256i v0 = _mm256_setzero_si256(), v1 = v0, v2 = v0, v3 = v0;
+
+    // One four of the row (broadcast in `values`) against the inputs' widened four x0..x3.
+    void add(__m128i values, __m256i x0, __m256i x1, __m256i x2, __m256i x3) {
+        const __m256i pairs = _mm256_cvtepi8_epi16(values);
+        v0 = _mm256_add_epi32(_mm256_madd_epi16(x0, pairs), v0);
+        v1 = _mm256_add_epi32(_mm256_madd_epi16(x1, pairs), v1);
+        v2 = _mm256_add_epi32(_mm256_madd_epi16(x2, pairs), v2);
+        v3 = _mm256_add_epi32(_mm256_madd_epi16(x3, pairs), v3);
+    }
+
+    // The epilogue of dots16_u8s8 for row a: out[a * 16 + j].
+    void store(uint32_t a, const float* row_scale, const int32_t* row_sum, const float* query_scale,
+               const int32_t* query_zero, const float* bias, float* out) const {
+        const __m256i halves[2][2] = {{v0, v1}, {v2, v3}};
+        for (uint32_t h = 0; h < 2; ++h) {
+            // hadd leaves inputs (0, 1, 4, 5 | 2, 3, 6, 7) of the eight; the permute orders them.
+            const __m256i sums = _mm256_permute4x64_epi64(
+                _mm256_hadd_epi32(halves[h][0], halves[h][1]), _MM_SHUFFLE(3, 1, 2, 0));
+            const __m256i zero =
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(query_zero + 8 * h));
+            const __m256i c =
+                _mm256_sub_epi32(sums, _mm256_mullo_epi32(zero, _mm256_set1_epi32(row_sum[a])));
+            const __m256 scale =
+                _mm256_mul_ps(_mm256_set1_ps(row_scale[a]), _mm256_loadu_ps(query_scale + 8 * h));
+            // One fused rounding with a bias, written out (as the VNNI kernel, for the same
+            // reason: a row's score must not depend on where it falls in a call).
+            const __m256 s =
+                bias ? _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), scale, _mm256_set1_ps(bias[a]))
+                     : _mm256_mul_ps(_mm256_cvtepi32_ps(c), scale);
+            _mm256_storeu_ps(out + size_t(a) * 16 + 8 * h, s);
+        }
+    }
+};
+
+// R rows (1 to 3) from row a against the inputs widened to 16 bits (x16). Named sums, not an
+// array: GCC kept an array's accumulators on the stack, storing them every four.
+template <uint32_t R>
+void dots16_u8s8_rows_avx2(const int8_t* rows, size_t stride, uint32_t width, uint32_t a,
+                           const int16_t* x16, const float* row_scale, const int32_t* row_sum,
+                           const float* query_scale, const int32_t* query_zero, const float* bias,
+                           float* out) {
+    static_assert(R >= 1 && R <= 3);
+    u8s8_sums first, second, third;
+    const int8_t* w = rows + size_t(a) * stride;
+    const uint32_t fours = (width + 3) / 4, whole = width / 4;
+    for (uint32_t p = 0; p < fours; ++p) {
+        const __m256i* x = reinterpret_cast<const __m256i*>(x16 + size_t(p) * 64);
+        const __m256i x0 = _mm256_loadu_si256(x), x1 = _mm256_loadu_si256(x + 1);
+        const __m256i x2 = _mm256_loadu_si256(x + 2), x3 = _mm256_loadu_si256(x + 3);
+        // The last four's values alone where the width is not a multiple of 4: nothing past
+        // it is read.
+        const uint32_t bytes = p < whole ? 4 : width % 4;
+        first.add(broadcast_four(w + 4 * p, bytes), x0, x1, x2, x3);
+        if constexpr (R >= 2) second.add(broadcast_four(w + stride + 4 * p, bytes), x0, x1, x2, x3);
+        if constexpr (R >= 3)
+            third.add(broadcast_four(w + 2 * stride + 4 * p, bytes), x0, x1, x2, x3);
+    }
+    first.store(a, row_scale, row_sum, query_scale, query_zero, bias, out);
+    if constexpr (R >= 2)
+        second.store(a + 1, row_scale, row_sum, query_scale, query_zero, bias, out);
+    if constexpr (R >= 3)
+        third.store(a + 2, row_scale, row_sum, query_scale, query_zero, bias, out);
+}
+
+void dots16_u8s8_avx2(const int8_t* rows, size_t stride, uint32_t width, uint32_t n,
+                      const uint8_t* xq, const float* row_scale, const int32_t* row_sum,
+                      const float* query_scale, const int32_t* query_zero, const float* bias,
+                      float* out) {
+    // The inputs widened to 16 bits, in the same order (a call scores a block of rows, so this
+    // is a small part of it: 8 KiB at width 256 against 2,048 rows).
+    thread_local std::vector<int16_t> x16;
+    const size_t values = size_t(width + 3) / 4 * 64;
+    if (x16.size() < values) x16.resize(values);
+    for (size_t i = 0; i < values; i += 16)
+        _mm256_storeu_si256(
+            reinterpret_cast<__m256i*>(x16.data() + i),
+            _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq + i))));
+    // Three rows at a time: their 12 accumulators, the broadcast and a product fill the 16
+    // registers (the inputs' vectors are read from L1 by the products). 1.35x fp32 dots16's
+    // products a second on a Zen 3 (bench/kernels.md); two rows at a time, 1.25x.
+    constexpr uint32_t R = 3;
+    uint32_t a = 0;
+    for (; a + R <= n; a += R)
+        dots16_u8s8_rows_avx2<R>(rows, stride, width, a, x16.data(), row_scale, row_sum,
+                                 query_scale, query_zero, bias, out);
+    for (; a < n; ++a)
+        dots16_u8s8_rows_avx2<1>(rows, stride, width, a, x16.data(), row_scale, row_sum,
+                                 query_scale, query_zero, bias, out);
+}
+
+}  // namespace
+
 const kernel_table& avx2_kernels() {
     static const kernel_table table =
-        make_table<avx2_ops>("avx2", isa_level::avx2, active_dots_simd<avx2_ops, bf16>);
+        make_table<avx2_ops>("avx2", isa_level::avx2, active_dots_simd<avx2_ops, bf16>, nullptr,
+                             to_int8_row_avx2, dots16_u8s8_avx2);
     return table;
 }
 

@@ -124,8 +124,7 @@ uint32_t top_k_selector::build_set(const uint32_t* best, uint32_t k, const label
 
 namespace hslide {
 bool cpu_exact_search_in_int8(isa_level level) {
-    return cpu_exact_search_in_bf16(level) && isa_supported(level) &&
-           cpu::kernels_for(level).dots16_u8s8 != nullptr;
+    return isa_supported(level) && cpu::searches_int8_copy(cpu::kernels_for(level));
 }
 }  // namespace hslide
 
@@ -135,13 +134,11 @@ exact_top_k::exact_top_k(rows_source rows, const layer_config& config, uint64_t 
                          const kernel_table& kernels, int threads)
     : top_k_selector(std::move(rows), config, train_seed, kernels, threads) {
     const layer_rows layer = this->rows();
-    if (config.search != top_k_search::automatic || !cpu_exact_search_in_bf16(kernels.level) ||
-        layer.weights16 != nullptr)
-        return;
-    if (kernels.dots16_u8s8 && layer.width <= 65536) {
+    if (config.search != top_k_search::automatic || layer.weights16 != nullptr) return;
+    if (searches_int8_copy(kernels) && layer.width <= 65536) {
         copy_ = copy_kind::int8;
         rows8_ = int8_copy(layer.rows, layer.width);
-    } else {
+    } else if (cpu_exact_search_in_bf16(kernels.level)) {
         copy_ = copy_kind::bf16;
         stride16_ = bf16_copy_stride(layer.width);
         rows16_.assign(size_t(layer.rows) * stride16_, bf16{0});

@@ -75,11 +75,11 @@ class top_k_selector : public neuron_selector {
 
 /// Top-k found by scoring every row (top_k_search::exact, and automatic where it means exact).
 ///
-/// Chosen by automatic (cpu_top_k_search) over fp32 rows on a CPU with bf16 products
-/// (cpu_exact_search_in_bf16), the search scores a copy of the rows that the selection keeps
-/// (each row re-rounded when it changed, before the next search): in int8 where the kernels
-/// have 8-bit products (dots16_u8s8: vpdpbusd, twice vdpbf16ps' products an instruction; the
-/// queries quantized to u8 each), else in bf16 (AMX tiles, or vdpbf16ps). The candidates are
+/// Chosen by automatic (cpu_top_k_search) over fp32 rows, the search scores a copy of the rows
+/// that the selection keeps (each row re-rounded when it changed, before the next search): in
+/// int8 where the kernels have 8-bit products (dots16_u8s8, cpu_exact_search_in_int8: vpdpbusd,
+/// twice vdpbf16ps' products an instruction, or vpmaddwd on avx2; the queries quantized to u8
+/// each), else in bf16 where the CPU has bf16 products (AMX tiles, or vdpbf16ps), else none. The candidates are
 /// the top-k of those products (rows whose logits differ by less than the rounding may swap),
 /// at a fraction of the fp32 GEMM's time (bench/peers.md). The set's logits, the softmax and
 /// the gradient stay fp32; no log-partition is computed (the loss reported is the set's, as
