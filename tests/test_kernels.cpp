@@ -1398,6 +1398,7 @@ const char* no_u8s8_reason(const kernel_table& k) {
     switch (k.level) {
         case isa_level::amx:
             return "amx scores a bf16 copy on its tiles instead (deliberately)";
+        case isa_level::avx512:
         case isa_level::avx512bf16:
             return "this CPU has no AVX512_VNNI";
         default:
@@ -1449,7 +1450,7 @@ TEST_P(kernel_level, dots16_u8s8) {
     // VNNI; avx2 has it (vpmaddwd over the bytes widened).
     if (k().level == isa_level::amx) EXPECT_EQ(k().dots16_u8s8, nullptr);
     if (k().level == isa_level::avx2) EXPECT_NE(k().dots16_u8s8, nullptr);
-    if (k().level == isa_level::avx512bf16)
+    if (k().level == isa_level::avx512 || k().level == isa_level::avx512bf16)
         EXPECT_EQ(k().dots16_u8s8 != nullptr, detect_cpu_features().avx512_vnni);
     if (const char* why = no_u8s8_reason(k()))
         GTEST_SKIP() << k().name << ": no dots16_u8s8 (" << why << ")";
