@@ -79,12 +79,12 @@ class top_k_selector : public neuron_selector {
 /// that the selection keeps (each row re-rounded when it changed, before the next search): in
 /// int8 where the kernels have 8-bit products (dots16_u8s8, cpu_exact_search_in_int8: vpdpbusd,
 /// twice vdpbf16ps' products an instruction, or vpmaddwd on avx2; the queries quantized to u8
-/// each), else in bf16 where the CPU has bf16 products (AMX tiles, or vdpbf16ps), else none. The candidates are
-/// the top-k of those products (rows whose logits differ by less than the rounding may swap),
-/// at a fraction of the fp32 GEMM's time (bench/peers.md). The set's logits, the softmax and
-/// the gradient stay fp32; no log-partition is computed (the loss reported is the set's, as
-/// IVF's). `--top-k-search exact` keeps the fp32 search and the full-softmax loss: the
-/// reference.
+/// each), else in bf16 where the CPU has bf16 products (AMX tiles, or vdpbf16ps). The
+/// candidates are the top-k of those products (rows whose logits differ by less than the
+/// rounding may swap), at a fraction of the fp32 GEMM's time (bench/peers.md). The set's
+/// logits, the softmax and the gradient stay fp32; no log-partition is computed (the loss
+/// reported is the set's, as IVF's). Kernels with neither (the scalar reference) score the fp32
+/// rows, as `--top-k-search exact` does everywhere, with the full-softmax loss: the reference.
 class exact_top_k final : public top_k_selector {
   public:
     exact_top_k(rows_source rows, const layer_config& config, uint64_t train_seed,
