@@ -203,12 +203,6 @@ float to_int8_row_avx2(const float* x, int8_t* out, uint32_t n, int32_t* sum) {
     return m / 127.0f;
 }
 
-// dots16_u8s8 without 8-bit dot products: each product is widened to 16 bits and multiplied by
-// vpmaddwd (16 multiplies an instruction, twice an fp32 FMA's, the pair sums exact in int32).
-// vpmaddubsw would multiply the bytes as they are, but its 16-bit pair sums saturate at u8
-// inputs over 127. The inputs' fours, widened once a call, keep their order: lane 2m + h of
-// vector t of a four holds input 4t + m's elements 2h and 2h + 1, so a row's four, broadcast
-// as (r0, r1), (r2, r3) pairs, meets all of them; a lane pair then holds one input's two halves.
 // A row's four values (`bytes` of them, the rest 0) in each 32-bit lane: a load that
 // broadcasts (vbroadcastss) where all four are there, with no shuffle.
 inline __m128i broadcast_four(const int8_t* p, uint32_t bytes) {
@@ -218,6 +212,13 @@ inline __m128i broadcast_four(const int8_t* p, uint32_t bytes) {
     return _mm_set1_epi32(values);
 }
 
+// dots16_u8s8 without 8-bit dot products: each product is widened to 16 bits and multiplied by
+// vpmaddwd (16 multiplies an instruction, twice an fp32 FMA's, the pair sums exact in int32).
+// vpmaddubsw would multiply the bytes as they are, but its 16-bit pair sums saturate at u8
+// inputs over 127. The inputs' fours, widened once a call, keep their order: lane 2m + h of
+// vector t of a four holds input 4t + m's elements 2h and 2h + 1, so a row's four, broadcast
+// as (r0, r1), (r2, r3) pairs, meets all of them; a lane pair then holds one input's two halves.
+//
 // A row's sums against the 16 inputs: vector t's lanes 2m and 2m + 1 hold input 4t + m's.
 struct u8s8_sums {
     __m256i v0 = _mm256_setzero_si256(), v1 = v0, v2 = v0, v3 = v0;

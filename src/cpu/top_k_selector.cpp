@@ -142,6 +142,8 @@ exact_top_k::exact_top_k(rows_source rows, const layer_config& config, uint64_t 
         copy_ = copy_kind::bf16;
         stride16_ = bf16_copy_stride(layer.width);
         rows16_.assign(size_t(layer.rows) * stride16_, bf16{0});
+    } else {
+        return;  // the fp32 rows themselves (the scalar reference's kernels)
     }
     stale_ = row_marks(layer.rows);
     stale_.mark_all();
