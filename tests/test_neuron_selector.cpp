@@ -502,7 +502,7 @@ TEST(NeuronSelector, AutomaticSearchIsExactWhereAnIndexWouldProbeEveryCluster) {
     layer.ivf_probes = 48;
     // automatic_ivf_clusters(rows) = round(sqrt(rows) / 2): 48 clusters from 9,025 rows (48
     // probes scan them all), 49 from 9,409.
-    const isa_level fp32 = isa_level::avx512;
+    const isa_level fp32 = isa_level::scalar;
     for (const auto& [rows, want] :
          {std::pair{1u, top_k_search::exact}, std::pair{6118u, top_k_search::exact},
           std::pair{9024u, top_k_search::exact}, std::pair{9409u, top_k_search::ivf},
@@ -519,16 +519,17 @@ TEST(NeuronSelector, AutomaticSearchIsExactWhereAnIndexWouldProbeEveryCluster) {
         layer.size = rows;
         EXPECT_EQ(cpu_top_k_search(layer, isa_level::amx), want) << rows << " rows on amx";
     }
-    // vdpbf16ps products score 4: exact while 48 x 4 probes reach the clusters (192 clusters
-    // from 148,000 rows; 193 from 149,000).
-    for (const auto& [rows, want] :
-         {std::pair{9409u, top_k_search::exact}, std::pair{30000u, top_k_search::exact},
-          std::pair{148000u, top_k_search::exact}, std::pair{149000u, top_k_search::ivf},
-          std::pair{670091u, top_k_search::ivf}}) {
-        layer.size = rows;
-        EXPECT_EQ(cpu_top_k_search(layer, isa_level::avx512bf16), want)
-            << rows << " rows on avx512bf16";
-    }
+    // The other SIMD levels score 4 (int8 or bf16 products): exact while 48 x 4 probes reach
+    // the clusters (192 clusters from 148,000 rows; 193 from 149,000).
+    for (isa_level level : {isa_level::avx2, isa_level::avx512, isa_level::avx512bf16})
+        for (const auto& [rows, want] :
+             {std::pair{9409u, top_k_search::exact}, std::pair{72295u, top_k_search::exact},
+              std::pair{148000u, top_k_search::exact}, std::pair{149000u, top_k_search::ivf},
+              std::pair{670091u, top_k_search::ivf}}) {
+            layer.size = rows;
+            EXPECT_EQ(cpu_top_k_search(layer, level), want)
+                << rows << " rows on " << to_string(level);
+        }
     layer.size = 6118;
     layer.ivf_clusters = 100;  // given clusters count as given
     EXPECT_EQ(cpu_top_k_search(layer, fp32), top_k_search::ivf);

@@ -150,21 +150,24 @@ bool cpu_exact_search_in_int8(isa_level level);
 /// How many rows an exact top-k search scores on kernels of `level` in the time an IVF search
 /// scores one of the rows it probes and keeps its index current: 8 in AMX tiles (bench/
 /// peers.md: at 670,091 rows, 48 of 409 clusters probed, the two searches cost the same an
-/// epoch), 4 in vdpbf16ps products (bench/peers.md, 2026-12-05, a 2-core Zen 5: exact 1.31 s an
-/// epoch against IVF's 1.68 at 30,000 rows, 3.14 against 3.89 at 100,000, with the same or a
-/// higher P@1; at 670,091 IVF costs about half of exact), 1 in fp32 (the IVF's own rate).
+/// epoch), 4 on the other SIMD levels: in vdpbf16ps products (bench/peers.md, 2026-12-05, a
+/// 2-core Zen 5: exact 1.31 s an epoch against IVF's 1.68 at 30,000 rows, 3.14 against 3.89 at
+/// 100,000, with the same or a higher P@1; at 670,091 IVF costs about half of exact), and on
+/// avx2 (2026-12-06, a 2-core Zen 3, the Amazon-670K shape's 72,295 rows: exact over the int8
+/// copy 8-10 s an epoch against IVF's 9-13 at 48 of 134 clusters, P@1 0.667 against 0.592 after
+/// 3 epochs; exact in fp32 11.5 s, as fast as IVF already). 1 on the scalar reference.
 constexpr uint32_t cpu_exact_rows_per_ivf_row(isa_level level) {
-    return level >= isa_level::amx ? 8 : level >= isa_level::avx512bf16 ? 4 : 1;
+    return level >= isa_level::amx ? 8 : level >= isa_level::avx2 ? 4 : 1;
 }
 
 /// The search a CPU backend whose kernels are of `level` runs for top-k layer `layer`: its
 /// `search`, where automatic is a cost model in rows scored: the IVF index scores the share
 /// ivf_probes / clusters of the rows (and must be built and refreshed), exact scoring every row,
-/// cpu_exact_rows_per_ivf_row(level) times faster than the IVF scores a row (in bf16 products
-/// over the selection's bf16 copy of the rows, exact_top_k, where the CPU has them). So exact
-/// where ivf_probes * that >= the clusters: at the defaults below 9,409 rows in fp32
-/// (bench/peers.md: 6,118 rows, 0.82 against 0.56 s an epoch), below 148,225 on avx512bf16 and
-/// below 590,000 on amx; else ivf.
+/// cpu_exact_rows_per_ivf_row(level) times faster than the IVF scores a row (over the
+/// selection's int8 or bf16 copy of the rows, exact_top_k, where the kernels have those
+/// products). So exact where ivf_probes * that >= the clusters: at the defaults below 9,409
+/// rows on the scalar reference, below 148,225 on avx2, avx512 and avx512bf16, and below
+/// 590,000 on amx; else ivf.
 top_k_search cpu_top_k_search(const layer_config& layer, isa_level level);
 
 /// The network: sparse input of `input_dim` features, ReLU hidden layers, a softmax output
