@@ -253,9 +253,9 @@ void dots16_bf16_small(benchmark::State& state, const kernel_table& k) {
 
 // dots16_u8s8 on the same shape in int8: the rows quantized a row at a time by the level's
 // to_int8_row (a scale and a sum per row), the inputs as u8 in fours with per-input scales and
-// zero points: exact scoring's product over an int8 copy (vpdpbusd on avx512bf16; levels
-// without 8-bit dot products have none). GFLOP/s counts its integer multiply-adds as 2 each,
-// comparable with the fp32 and bf16 rows beside it.
+// zero points (up to the level's u8s8_input_max): exact scoring's product over an int8 copy
+// (vpdpbusd on avx512bf16, vpmaddubsw on avx2; levels without 8-bit products have none). GFLOP/s
+// counts its integer multiply-adds as 2 each, comparable with the fp32 and bf16 rows beside it.
 void dots16_u8s8_small(benchmark::State& state, const kernel_table& k) {
     if (!k.dots16_u8s8) {
         state.SkipWithError("no dots16_u8s8 on this level");
@@ -272,10 +272,11 @@ void dots16_u8s8_small(benchmark::State& state, const kernel_table& k) {
     const uint32_t inputs = 16;
     aligned_array<uint8_t> xq(size_t(inputs) * width);  // width % 4 == 0: no padding
     rng gen(43);
-    for (size_t i = 0; i < xq.size(); ++i) xq[i] = uint8_t(gen.below(256));
-    std::vector<float> query_scale(inputs, 1.0f / 255);
+    const uint32_t levels = k.u8s8_input_max + 1u;  // the level's input range
+    for (size_t i = 0; i < xq.size(); ++i) xq[i] = uint8_t(gen.below(levels));
+    std::vector<float> query_scale(inputs, 1.0f / float(k.u8s8_input_max));
     std::vector<int32_t> query_zero(inputs);
-    for (int32_t& z : query_zero) z = int32_t(gen.below(256));
+    for (int32_t& z : query_zero) z = int32_t(gen.below(levels));
     std::vector<float> out(size_t(inputs) * small_rows);
     for (auto _ : state) {
         k.dots16_u8s8(w8.data(), stride, width, small_rows, xq.data(), row_scale.data(),

@@ -1358,8 +1358,9 @@ size_t fours_bytes(uint32_t width) {
     return size_t(width + 3) / 4 * 64;
 }
 
-/// Random bytes, zero points 0..255 and scales in [0.005, 0.015).
-u8_queries random_u8_queries(uint32_t width, rng& g) {
+/// Random bytes and zero points in [0, max] (the kernels' u8s8_input_max), scales in
+/// [0.005, 0.015).
+u8_queries random_u8_queries(uint32_t width, uint8_t max, rng& g) {
     u8_queries q{width,
                  {},
                  std::vector<uint8_t>(fours_bytes(width), 0),
@@ -1367,9 +1368,9 @@ u8_queries random_u8_queries(uint32_t width, rng& g) {
                  std::vector<int32_t>(16)};
     for (uint32_t i = 0; i < width; ++i)
         for (uint32_t j = 0; j < 16; ++j)
-            q.xq[(i / 4) * 64 + j * 4 + i % 4] = uint8_t(g.below(256));
+            q.xq[(i / 4) * 64 + j * 4 + i % 4] = uint8_t(g.below(max + 1u));
     for (uint32_t j = 0; j < 16; ++j) {
-        q.zero[j] = int32_t(g.below(256));
+        q.zero[j] = int32_t(g.below(max + 1u));
         q.scale[j] = 0.01f * (0.5f + g.uniform());
     }
     return q;
@@ -1416,7 +1417,7 @@ TEST(int8_reference, dots16_u8s8_matches_exact_integer_sums) {
             SCOPED_TRACE("width = " + std::to_string(width) + ", n = " + std::to_string(n));
             const int8_block block =
                 quantized_rows(n, width, padded_stride(width), g, to_int8_row_reference);
-            const u8_queries q = random_u8_queries(width, g);
+            const u8_queries q = random_u8_queries(width, 255, g);
             const auto bias = random_vector(n, g, nan_f);
             for (int use_bias = 0; use_bias < 2; ++use_bias) {
                 const float* b = use_bias ? bias.data() : nullptr;
@@ -1447,9 +1448,10 @@ TEST_P(kernel_level, dots16_u8s8) {
     // the kernel against the scalar definition. The padding refilled with 0x80 must leave every
     // score's bits as they were; a row's scores do not depend on where it falls in a call.
     // nullptr exactly where the table says: amx (deliberately) and the AVX-512 levels without
-    // VNNI; avx2 has it (vpmaddwd over the bytes widened).
+    // VNNI; avx2 has it (vpmaddubsw's pairs summed by vpmaddwd), for inputs up to 63.
     if (k().level == isa_level::amx) EXPECT_EQ(k().dots16_u8s8, nullptr);
     if (k().level == isa_level::avx2) EXPECT_NE(k().dots16_u8s8, nullptr);
+    EXPECT_EQ(k().u8s8_input_max, k().level == isa_level::avx2 ? 63 : 255);
     if (k().level == isa_level::avx512 || k().level == isa_level::avx512bf16)
         EXPECT_EQ(k().dots16_u8s8 != nullptr, detect_cpu_features().avx512_vnni);
     if (const char* why = no_u8s8_reason(k()))
@@ -1460,7 +1462,7 @@ TEST_P(kernel_level, dots16_u8s8) {
             SCOPED_TRACE("width = " + std::to_string(width) + ", n = " + std::to_string(n));
             int8_block block =
                 quantized_rows(n, width, padded_stride(width), g, to_int8_row_reference);
-            const u8_queries q = random_u8_queries(width, g);
+            const u8_queries q = random_u8_queries(width, k().u8s8_input_max, g);
             const auto bias = random_vector(n, g, nan_f);
             auto call = [&](const kernel_table& kt, uint32_t first, uint32_t count, const float* b,
                             float* out) {
@@ -1525,7 +1527,7 @@ TEST_P(kernel_level, dots16_u8s8_reads_nothing_past_its_buffers) {
         for (uint32_t n : {1u, 7u, 8u, 9u, 17u}) {
             SCOPED_TRACE("width = " + std::to_string(width) + ", n = " + std::to_string(n));
             const int8_block block = quantized_rows(n, width, width, g, to_int8_row_reference);
-            const u8_queries q = random_u8_queries(width, g);
+            const u8_queries q = random_u8_queries(width, k().u8s8_input_max, g);
             const auto bias = random_vector(n, g, nan_f);
             page_end_buffer<int8_t> rows(block.data.data(), block.data.size());
             page_end_buffer<uint8_t> xq(q.xq.data(), q.xq.size());
@@ -1549,13 +1551,15 @@ TEST_P(kernel_level, dots16_u8s8_reads_nothing_past_its_buffers) {
 
 TEST_P(kernel_level, dots16_u8s8_extremes_at_max_width) {
     // width 65536, the most the doc allows: rows all +127, all -127 or random +-127, inputs all
-    // 255, all 0 or random 0 / 255, zero points 0 or 255, so that acc, zero * row_sum and their
-    // difference reach +-255 * 127 * 65536 = +-2,122,383,360 (just under 2^31). Scales 1, no
-    // bias: every score is float(c) of the exact int64 c, bit for bit, at every level and in
-    // the reference.
+    // at the level's u8s8_input_max (255: vpdpbusd; 63: avx2), all 0 or random 0 / max, zero
+    // points 0 or max, so that acc, zero * row_sum and their difference reach +-max * 127 *
+    // 65536 (at 255 +-2,122,383,360, just under 2^31; at 63 the 16-bit pair sums at their
+    // largest). Scales 1, no bias: every score is float(c) of the exact int64 c, bit for bit, at
+    // every level and in the reference.
     if (const char* why = no_u8s8_reason(k()))
         GTEST_SKIP() << k().name << ": no dots16_u8s8 (" << why << ")";
     rng g = gen(22);
+    const uint8_t max = k().u8s8_input_max;
     constexpr uint32_t width = 65536, n = 9;  // a block of 8 rows and one alone
     std::vector<int8_t> rows(size_t(n) * width);
     std::vector<int32_t> row_sum(n);
@@ -1574,11 +1578,11 @@ TEST_P(kernel_level, dots16_u8s8_extremes_at_max_width) {
                  std::vector<float>(16, 1.0f),
                  std::vector<int32_t>(16)};
     for (uint32_t j = 0; j < 16; ++j) {
-        q.zero[j] = (j / 4) % 2 ? 255 : 0;
+        q.zero[j] = (j / 4) % 2 ? max : 0;
         for (uint32_t i = 0; i < width; ++i)
-            q.xq[(i / 4) * 64 + j * 4 + i % 4] = j % 4 == 0   ? 255
+            q.xq[(i / 4) * 64 + j * 4 + i % 4] = j % 4 == 0   ? max
                                                  : j % 4 == 1 ? 0
-                                                              : (g.below(2) ? 255 : 0);
+                                                              : (g.below(2) ? max : 0);
     }
     const std::vector<float> row_scale(n, 1.0f);
     for (const kernel_table* kt : {&k(), &ref()}) {
@@ -1591,7 +1595,7 @@ TEST_P(kernel_level, dots16_u8s8_extremes_at_max_width) {
                 int64_t c = 0;
                 for (uint32_t i = 0; i < width; ++i)
                     c += (int64_t(q.at(i, j)) - q.zero[j]) * rows[size_t(a) * width + i];
-                ASSERT_LE(std::abs(c), int64_t(255) * 127 * width);
+                ASSERT_LE(std::abs(c), int64_t(max) * 127 * width);
                 ASSERT_EQ(bits_of(got[size_t(a) * 16 + j]), bits_of(float(c)))
                     << "row " << a << ", input " << j << ": got " << got[size_t(a) * 16 + j]
                     << ", want " << c;
@@ -1600,11 +1604,12 @@ TEST_P(kernel_level, dots16_u8s8_extremes_at_max_width) {
     }
 }
 
-/// 16 inputs quantized to u8 from fp32: ReLU outputs (N(0, 1) clipped at 0) with scale
-/// max / 255 and zero point 0, or (affine) N(0, 1) plus a shift, with scale (max - min) / 255
-/// and zero point round(-min / scale) over the range widened to hold 0 (so the zero point is in
-/// [0, 255]). u = clamp(round(x / scale) + zero, 0, 255), each input of its own magnitude.
-u8_queries quantized_queries(uint32_t width, bool affine, rng& g) {
+/// 16 inputs quantized to u8 in [0, levels] (the kernels' u8s8_input_max) from fp32: ReLU
+/// outputs (N(0, 1) clipped at 0) with scale max / levels and zero point 0, or (affine) N(0, 1)
+/// plus a shift, with scale (max - min) / levels and zero point round(-min / scale) over the
+/// range widened to hold 0 (so the zero point is in [0, levels]). u = clamp(round(x / scale) +
+/// zero, 0, levels), each input of its own magnitude.
+u8_queries quantized_queries(uint32_t width, bool affine, uint8_t levels, rng& g) {
     u8_queries q{width, std::vector<float>(size_t(16) * width),
                  std::vector<uint8_t>(fours_bytes(width), 0), std::vector<float>(16),
                  std::vector<int32_t>(16)};
@@ -1619,11 +1624,11 @@ u8_queries quantized_queries(uint32_t width, bool affine, rng& g) {
             lo = std::min(lo, x[i]);
             hi = std::max(hi, x[i]);
         }
-        q.scale[j] = hi > lo ? float((double(hi) - double(lo)) / 255.0) : 1.0f;
+        q.scale[j] = hi > lo ? float((double(hi) - double(lo)) / levels) : 1.0f;
         q.zero[j] = int32_t(std::nearbyint(-double(lo) / q.scale[j]));
         for (uint32_t i = 0; i < width; ++i) {
             const double u = std::nearbyint(double(x[i]) / q.scale[j]) + q.zero[j];
-            q.xq[(i / 4) * 64 + j * 4 + i % 4] = uint8_t(std::clamp(u, 0.0, 255.0));
+            q.xq[(i / 4) * 64 + j * 4 + i % 4] = uint8_t(std::clamp(u, 0.0, double(levels)));
         }
     }
     return q;
@@ -1635,7 +1640,7 @@ u8_queries quantized_queries(uint32_t width, bool affine, rng& g) {
 /// Write x for an input, w for a row, x^ = s_x (u - z) and w^ = s_w q for their quantizations
 /// (s_x the query scale, s_w the row scale) and f = x - x^, e = w - w^. Rounding to nearest
 /// gives |f_i| <= s_x / 2 (lo <= 0 <= hi and |lo / s_x + z| <= 1/2 put every x / s_x + z in
-/// [-1/2, 255 + 1/2], so the clamp to [0, 255] moves nothing by more than half a step) and
+/// [-1/2, levels + 1/2], so the clamp to [0, levels] moves nothing by more than half a step) and
 /// |e_i| <= s_w / 2 (to_int8_row_properties). The kernel
 /// computes sum_i x^_i w^_i = s_x s_w sum_i (u_i - z) q_i, and
 ///     x.w - x^.w^ = x.e + f.w - f.e,
@@ -1647,11 +1652,12 @@ u8_queries quantized_queries(uint32_t width, bool affine, rng& g) {
 /// dropped the zero point's correction (z * row_sum, z ~ 128 here with affine inputs) is off by
 /// z s_x s_w |row_sum| = z s_x |sum_i w^_i|, far beyond the bound (checked below); one that
 /// misread the fours layout, or a scale, is off by the order of the product itself.
-::testing::AssertionResult u8s8_end_to_end(u8s8_fn dots, to_int8_fn quantize, bool affine, rng& g) {
+::testing::AssertionResult u8s8_end_to_end(u8s8_fn dots, to_int8_fn quantize, uint8_t levels,
+                                           bool affine, rng& g) {
     for (uint32_t width : u8s8_widths) {
         constexpr uint32_t n = 17;
         const int8_block rows = quantized_rows(n, width, padded_stride(width), g, quantize);
-        const u8_queries q = quantized_queries(width, affine, g);
+        const u8_queries q = quantized_queries(width, affine, levels, g);
         const auto bias = random_vector(n, g, nan_f);
         for (int use_bias = 0; use_bias < 2; ++use_bias) {
             std::vector<float> out(size_t(n) * 16);
@@ -1696,7 +1702,8 @@ TEST_P(kernel_level, dots16_u8s8_end_to_end) {
         GTEST_SKIP() << k().name << ": no dots16_u8s8 (" << why << ")";
     rng g = gen(23);
     for (int affine = 0; affine < 2; ++affine) {
-        EXPECT_TRUE(u8s8_end_to_end(k().dots16_u8s8, k().to_int8_row, affine, g))
+        EXPECT_TRUE(
+            u8s8_end_to_end(k().dots16_u8s8, k().to_int8_row, k().u8s8_input_max, affine, g))
             << (affine ? "affine" : "ReLU");
     }
 }
@@ -1718,10 +1725,10 @@ TEST(int8_reference, dots16_u8s8_end_to_end_bound_is_tight) {
     rng g(derive_seed(0x696e7438, 4));
     const kernel_table& ref = scalar_kernels();
     for (int affine = 0; affine < 2; ++affine)
-        EXPECT_TRUE(u8s8_end_to_end(ref.dots16_u8s8, ref.to_int8_row, affine, g))
+        EXPECT_TRUE(u8s8_end_to_end(ref.dots16_u8s8, ref.to_int8_row, 255, affine, g))
             << (affine ? "affine" : "ReLU");
-    EXPECT_FALSE(u8s8_end_to_end(dots16_u8s8_without_zero_point, ref.to_int8_row, true, g));
-    EXPECT_TRUE(u8s8_end_to_end(dots16_u8s8_without_zero_point, ref.to_int8_row, false, g));
+    EXPECT_FALSE(u8s8_end_to_end(dots16_u8s8_without_zero_point, ref.to_int8_row, 255, true, g));
+    EXPECT_TRUE(u8s8_end_to_end(dots16_u8s8_without_zero_point, ref.to_int8_row, 255, false, g));
 }
 
 // --- the scalar bf16 conversion --------------------------------------------------------------

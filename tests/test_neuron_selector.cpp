@@ -410,11 +410,12 @@ TEST(NeuronSelector, AutomaticExactSearchWithBf16ProductsScoresAFreshBf16CopyOfT
 }
 
 /// The layer's top `top` rows for each query as the scalar kernels score an int8 copy: each
-/// row quantized by to_int8_row, each query by quantize_query_u8, products by dots16_u8s8, best
-/// first, ties to the smaller id.
+/// row quantized by to_int8_row, each query by quantize_query_u8 to [0, input_max] (the
+/// searching level's u8s8_input_max), products by dots16_u8s8, best first, ties to the smaller
+/// id.
 std::vector<uint32_t> int8_reference_top_k(const exact_layer& layer,
                                            const std::vector<std::vector<float>>& queries,
-                                           uint32_t top) {
+                                           uint32_t top, uint8_t input_max) {
     const kernel_table& ref = scalar_kernels();
     int8_copy copy(layer.rows, layer.width);
     quantize_rows_to_int8(layer.view(), ref, copy.view(), nullptr, layer.rows, 1);
@@ -428,7 +429,7 @@ std::vector<uint32_t> int8_reference_top_k(const exact_layer& layer,
         int32_t query_zero[16] = {};
         const size_t group = std::min<size_t>(16, queries.size() - q0);
         for (size_t j = 0; j < group; ++j)
-            quantize_query_u8(queries[q0 + j].data(), layer.width, xq.data() + j * 4,
+            quantize_query_u8(queries[q0 + j].data(), layer.width, input_max, xq.data() + j * 4,
                               &query_scale[j], &query_zero[j]);
         ref.dots16_u8s8(copy.values.data(), copy.stride, layer.width, layer.rows, xq.data(),
                         copy.scale.data(), copy.sum.data(), query_scale, query_zero,
@@ -471,7 +472,7 @@ TEST(NeuronSelector, AutomaticExactSearchWithInt8ProductsScoresAFreshInt8CopyOfT
             return labels;
         };
         const std::vector<uint32_t> first = search();
-        EXPECT_EQ(first, int8_reference_top_k(layer, queries, top));
+        EXPECT_EQ(first, int8_reference_top_k(layer, queries, top, k.u8s8_input_max));
         // The quantized ranking is near the true one: of each query's 9 best rows by exact
         // logit (ties to the smaller id), the int8 top-9 holds at least 90% (98% here).
         size_t hits = 0;
@@ -489,7 +490,8 @@ TEST(NeuronSelector, AutomaticExactSearchWithInt8ProductsScoresAFreshInt8CopyOfT
         // Rows change: the copy follows the rows it is told of, and only those.
         rng gen(9);
         const std::vector<uint32_t> changed = layer.redraw_rows(0, 7, gen);
-        const std::vector<uint32_t> fresh = int8_reference_top_k(layer, queries, top);
+        const std::vector<uint32_t> fresh =
+            int8_reference_top_k(layer, queries, top, k.u8s8_input_max);
         EXPECT_NE(search(), fresh) << "a copy not told of the changes should miss some";
         copy.rows_changed(changed.data(), changed.size());
         EXPECT_EQ(search(), fresh);

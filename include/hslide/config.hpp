@@ -142,9 +142,9 @@ constexpr bool cpu_exact_search_in_bf16(isa_level level) {
 /// Whether a CPU backend's exact top-k search (automatic) scores an int8 copy of the rows on
 /// kernels of `level`, in place of bf16 or of the fp32 rows: where the level has 8-bit
 /// products. On avx512bf16 with AVX512_VNNI (vpdpbusd: twice vdpbf16ps' products an
-/// instruction) and on avx2 (vpmaddwd on the bytes widened to 16 bits: 1.35x fp32's products
-/// a second on a 2-core Zen 3, where the search of a Debian-recs epoch fell from 0.27-0.39 to
-/// 0.21 s: bench/kernels.md, 2026-12-06 third session). AMX tiles keep bf16.
+/// instruction) and on avx2 (vpmaddubsw over 6-bit queries, its pairs summed by vpmaddwd: 2x
+/// fp32's products a second on a 2-core Zen 3: bench/kernels.md, 2026-12-06 fourth session).
+/// AMX tiles keep bf16.
 bool cpu_exact_search_in_int8(isa_level level);
 
 /// How many rows an exact top-k search scores on kernels of `level` in the time an IVF search

@@ -98,21 +98,23 @@ layer_rows round_rows_to_bf16(const layer_rows& layer, const kernel_table& k, bf
     return rounded;
 }
 
-void quantize_query_u8(const float* x, uint32_t width, uint8_t* out, float* scale, int32_t* zero) {
+void quantize_query_u8(const float* x, uint32_t width, uint8_t max, uint8_t* out, float* scale,
+                       int32_t* zero) {
     float lo = 0.0f, hi = 0.0f;
     for (uint32_t i = 0; i < width; ++i) {
         lo = std::min(lo, x[i]);
         hi = std::max(hi, x[i]);
     }
-    // A ReLU layer's output (lo = 0) gets zero point 0: all 256 levels cover [0, hi].
-    const float inv = hi > lo ? 255.0f / (hi - lo) : 0.0f;
+    // A ReLU layer's output (lo = 0) gets zero point 0: all max + 1 levels cover [0, hi].
+    const float levels = float(max);
+    const float inv = hi > lo ? levels / (hi - lo) : 0.0f;
     const float step = std::isfinite(inv) ? inv : 0.0f;
-    const int32_t z = int32_t(std::clamp(std::nearbyint(-lo * step), 0.0f, 255.0f));
+    const int32_t z = int32_t(std::clamp(std::nearbyint(-lo * step), 0.0f, levels));
     for (uint32_t i = 0; i < (width + 3) / 4 * 4; ++i) {
         const float u = i < width ? std::nearbyint(x[i] * step) + float(z) : 0.0f;
-        out[size_t(i / 4) * 64 + i % 4] = uint8_t(std::clamp(u, 0.0f, 255.0f));
+        out[size_t(i / 4) * 64 + i % 4] = uint8_t(std::clamp(u, 0.0f, levels));
     }
-    *scale = step > 0.0f ? (hi - lo) / 255.0f : 0.0f;
+    *scale = step > 0.0f ? (hi - lo) / levels : 0.0f;
     *zero = step > 0.0f ? z : 0;
 }
 
@@ -180,7 +182,7 @@ void exact_scoring::score(const layer_rows& layer, const kernel_table& k_, int t
         for (int64_t s = 0; s < int64_t(n); ++s) {
             const float* h = queries[s];
             if (int8) {
-                quantize_query_u8(h, width,
+                quantize_query_u8(h, width, k_.u8s8_input_max,
                                   hidden8_.data() + size_t(s / 16) * fours * 64 + (s % 16) * 4,
                                   &query_scale_[size_t(s)], &query_zero_[size_t(s)]);
             } else if (paired) {

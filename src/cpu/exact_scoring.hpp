@@ -56,7 +56,8 @@ struct int8_copy {
 /// Whether an exact search over kernels `k` (top_k_search::automatic) scores an int8 copy of
 /// the rows: where they have 8-bit products (dots16_u8s8) and are not the scalar reference
 /// (whose int8 products are slower than its fp32 ones). vpdpbusd on avx512bf16 with VNNI
-/// doubles vdpbf16ps' products an instruction; vpmaddwd on avx2 does twice an fp32 FMA's.
+/// doubles vdpbf16ps' products an instruction; vpmaddubsw on avx2 (6-bit queries) does twice
+/// the fp32 kernel's products a second.
 inline bool searches_int8_copy(const kernel_table& k) {
     return k.level != isa_level::scalar && k.dots16_u8s8 != nullptr;
 }
@@ -67,10 +68,11 @@ void quantize_rows_to_int8(const layer_rows& layer, const kernel_table& k, const
                            const uint32_t* ids, size_t n, int threads);
 
 /// Quantizes a query of `width` values to u8 for dots16_u8s8 over its range with 0 in it: x ~
-/// *scale * (u - *zero), u = round(x / scale) + zero in [0, 255] (an all-zero query: scale 0).
-/// u[i] is written to out[(i / 4) * 64 + i % 4] (its lane of a group of 16 queries in fours),
-/// the last four's unused values zero.
-void quantize_query_u8(const float* x, uint32_t width, uint8_t* out, float* scale, int32_t* zero);
+/// *scale * (u - *zero), u = round(x / scale) + zero in [0, max] (max: the kernels'
+/// u8s8_input_max; an all-zero query: scale 0). u[i] is written to out[(i / 4) * 64 + i % 4]
+/// (its lane of a group of 16 queries in fours), the last four's unused values zero.
+void quantize_query_u8(const float* x, uint32_t width, uint8_t max, uint8_t* out, float* scale,
+                       int32_t* zero);
 
 /// The blocked exact scorer and its buffers (reused from call to call).
 class exact_scoring {

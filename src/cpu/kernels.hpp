@@ -192,11 +192,16 @@ struct kernel_table {
     /// SIMD levels may round the product and the bias' sum once, the same for every row).
     /// Exact scoring's product over a to_int8_row copy: each score within the quantizations'
     /// rounding of the fp32 product. nullptr where the level has no 8-bit dot products (avx512
-    /// without VNNI, amx); avx2 widens the bytes to 16 bits for vpmaddwd instead.
+    /// without VNNI, amx); avx2 sums vpmaddubsw's 16-bit pairs instead, exact for inputs up
+    /// to u8s8_input_max. Inputs (and zero points) past u8s8_input_max: undefined.
     void (*dots16_u8s8)(const int8_t* rows, size_t stride, uint32_t width, uint32_t n,
                         const uint8_t* xq, const float* row_scale, const int32_t* row_sum,
                         const float* query_scale, const int32_t* query_zero, const float* bias,
                         float* out);
+    /// The largest input byte dots16_u8s8 takes (queries are quantized to [0, this]): 255 in
+    /// the reference and vpdpbusd; 63 on avx2, where two fours' 16-bit pair sums must not
+    /// overflow (a 6-bit query loses no P@1 there: bench/kernels.md).
+    uint8_t u8s8_input_max;
 };
 
 /// The scalar reference kernels.

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <vector>
 
 namespace hslide::cpu {
 namespace {
@@ -205,79 +204,101 @@ float to_int8_row_avx2(const float* x, int8_t* out, uint32_t n, int32_t* sum) {
 
 // A row's four values (`bytes` of them, the rest 0) in each 32-bit lane: a load that
 // broadcasts (vbroadcastss) where all four are there, with no shuffle.
-inline __m128i broadcast_four(const int8_t* p, uint32_t bytes) {
-    if (bytes == 4) return _mm_castps_si128(_mm_broadcast_ss(reinterpret_cast<const float*>(p)));
+inline __m256i broadcast_four(const int8_t* p, uint32_t bytes) {
+    if (bytes == 4)
+        return _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(p)));
     int32_t values = 0;
     __builtin_memcpy(&values, p, bytes);
-    return _mm_set1_epi32(values);
+    return _mm256_set1_epi32(values);
 }
 
-// dots16_u8s8 without 8-bit dot products: each product is widened to 16 bits and multiplied by
-// vpmaddwd (16 multiplies an instruction, twice an fp32 FMA's, the pair sums exact in int32).
-// vpmaddubsw would multiply the bytes as they are, but its 16-bit pair sums saturate at u8
-// inputs over 127. The inputs' fours, widened once a call, keep their order: lane 2m + h of
-// vector t of a four holds input 4t + m's elements 2h and 2h + 1, so a row's four, broadcast
-// as (r0, r1), (r2, r3) pairs, meets all of them; a lane pair then holds one input's two halves.
+// dots16_u8s8 without 8-bit dot products: vpmaddubsw multiplies the inputs' bytes (lane j of
+// vector t: input 8t + j's four) by a row's four broadcast, summing each pair into 16 bits,
+// and vpmaddwd by ones sums the pairs into the int32 lane. With inputs at most 63
+// (kernel_table::u8s8_input_max) and rows in [-127, 127], a pair is at most 16,002 in
+// magnitude, so two fours' pairs add in 16 bits (32,004) before one vpmaddwd widens them: six
+// multiplies for 128 products a row where widening the bytes for vpmaddwd took eight and a
+// widening. At 255 the pairs would saturate.
 //
-// A row's sums against the 16 inputs: vector t's lanes 2m and 2m + 1 hold input 4t + m's.
+// A row's sums against the 16 inputs: lane j of v0 is input j's, of v1 input 8 + j's.
 struct u8s8_sums {
-    __m256i v0 = _mm256_setzero_si256(), v1 = v0, v2 = v0, v3 = v0;
+    __m256i v0 = _mm256_setzero_si256(), v1 = v0;
 
-    // One four of the row (broadcast in `values`) against the inputs' widened four x0..x3.
-    void add(__m128i values, __m256i x0, __m256i x1, __m256i x2, __m256i x3) {
-        const __m256i pairs = _mm256_cvtepi8_epi16(values);
-        v0 = _mm256_add_epi32(_mm256_madd_epi16(x0, pairs), v0);
-        v1 = _mm256_add_epi32(_mm256_madd_epi16(x1, pairs), v1);
-        v2 = _mm256_add_epi32(_mm256_madd_epi16(x2, pairs), v2);
-        v3 = _mm256_add_epi32(_mm256_madd_epi16(x3, pairs), v3);
+    // Two fours of the row (broadcast in r, s) against the inputs' fours x0, x1 and y0, y1.
+    void add(__m256i r, __m256i s, __m256i x0, __m256i x1, __m256i y0, __m256i y1) {
+        const __m256i ones = _mm256_set1_epi16(1);
+        const __m256i p0 =
+            _mm256_add_epi16(_mm256_maddubs_epi16(x0, r), _mm256_maddubs_epi16(y0, s));
+        const __m256i p1 =
+            _mm256_add_epi16(_mm256_maddubs_epi16(x1, r), _mm256_maddubs_epi16(y1, s));
+        v0 = _mm256_add_epi32(_mm256_madd_epi16(p0, ones), v0);
+        v1 = _mm256_add_epi32(_mm256_madd_epi16(p1, ones), v1);
+    }
+
+    // One four alone (an odd count of fours).
+    void add(__m256i r, __m256i x0, __m256i x1) {
+        const __m256i ones = _mm256_set1_epi16(1);
+        v0 = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(x0, r), ones), v0);
+        v1 = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(x1, r), ones), v1);
     }
 
     // The epilogue of dots16_u8s8 for row a: out[a * 16 + j].
     void store(uint32_t a, const float* row_scale, const int32_t* row_sum, const float* query_scale,
                const int32_t* query_zero, const float* bias, float* out) const {
-        const __m256i halves[2][2] = {{v0, v1}, {v2, v3}};
+        const __m256i sums[2] = {v0, v1};
         for (uint32_t h = 0; h < 2; ++h) {
-            // hadd leaves inputs (0, 1, 4, 5 | 2, 3, 6, 7) of the eight; the permute orders them.
-            const __m256i sums = _mm256_permute4x64_epi64(
-                _mm256_hadd_epi32(halves[h][0], halves[h][1]), _MM_SHUFFLE(3, 1, 2, 0));
             const __m256i zero =
                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(query_zero + 8 * h));
             const __m256i c =
-                _mm256_sub_epi32(sums, _mm256_mullo_epi32(zero, _mm256_set1_epi32(row_sum[a])));
+                _mm256_sub_epi32(sums[h], _mm256_mullo_epi32(zero, _mm256_set1_epi32(row_sum[a])));
             const __m256 scale =
                 _mm256_mul_ps(_mm256_set1_ps(row_scale[a]), _mm256_loadu_ps(query_scale + 8 * h));
             // One fused rounding with a bias, written out (as the VNNI kernel, for the same
             // reason: a row's score must not depend on where it falls in a call).
-            const __m256 s =
+            const __m256 score =
                 bias ? _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), scale, _mm256_set1_ps(bias[a]))
                      : _mm256_mul_ps(_mm256_cvtepi32_ps(c), scale);
-            _mm256_storeu_ps(out + size_t(a) * 16 + 8 * h, s);
+            _mm256_storeu_ps(out + size_t(a) * 16 + 8 * h, score);
         }
     }
 };
 
-// R rows (1 to 3) from row a against the inputs widened to 16 bits (x16). Named sums, not an
-// array: GCC kept an array's accumulators on the stack, storing them every four.
+// R rows (1 to 3) from row a against the inputs. Named sums, not an array: GCC kept an
+// array's accumulators on the stack.
 template <uint32_t R>
 void dots16_u8s8_rows_avx2(const int8_t* rows, size_t stride, uint32_t width, uint32_t a,
-                           const int16_t* x16, const float* row_scale, const int32_t* row_sum,
+                           const uint8_t* xq, const float* row_scale, const int32_t* row_sum,
                            const float* query_scale, const int32_t* query_zero, const float* bias,
                            float* out) {
     static_assert(R >= 1 && R <= 3);
     u8s8_sums first, second, third;
     const int8_t* w = rows + size_t(a) * stride;
     const uint32_t fours = (width + 3) / 4, whole = width / 4;
-    for (uint32_t p = 0; p < fours; ++p) {
-        const __m256i* x = reinterpret_cast<const __m256i*>(x16 + size_t(p) * 64);
-        const __m256i x0 = _mm256_loadu_si256(x), x1 = _mm256_loadu_si256(x + 1);
-        const __m256i x2 = _mm256_loadu_si256(x + 2), x3 = _mm256_loadu_si256(x + 3);
-        // The last four's values alone where the width is not a multiple of 4: nothing past
-        // it is read.
-        const uint32_t bytes = p < whole ? 4 : width % 4;
-        first.add(broadcast_four(w + 4 * p, bytes), x0, x1, x2, x3);
-        if constexpr (R >= 2) second.add(broadcast_four(w + stride + 4 * p, bytes), x0, x1, x2, x3);
+    // The last four's values alone where the width is not a multiple of 4: nothing past it is
+    // read.
+    auto bytes = [&](uint32_t p) { return p < whole ? 4u : width % 4; };
+    auto inputs = [&](uint32_t p, uint32_t t) {
+        return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + size_t(p) * 64 + 32 * t));
+    };
+    uint32_t p = 0;
+    for (; p + 2 <= fours; p += 2) {
+        const __m256i x0 = inputs(p, 0), x1 = inputs(p, 1);
+        const __m256i y0 = inputs(p + 1, 0), y1 = inputs(p + 1, 1);
+        const uint32_t b0 = bytes(p), b1 = bytes(p + 1);
+        first.add(broadcast_four(w + 4 * p, b0), broadcast_four(w + 4 * p + 4, b1), x0, x1, y0, y1);
+        if constexpr (R >= 2)
+            second.add(broadcast_four(w + stride + 4 * p, b0),
+                       broadcast_four(w + stride + 4 * p + 4, b1), x0, x1, y0, y1);
         if constexpr (R >= 3)
-            third.add(broadcast_four(w + 2 * stride + 4 * p, bytes), x0, x1, x2, x3);
+            third.add(broadcast_four(w + 2 * stride + 4 * p, b0),
+                      broadcast_four(w + 2 * stride + 4 * p + 4, b1), x0, x1, y0, y1);
+    }
+    if (p < fours) {
+        const __m256i x0 = inputs(p, 0), x1 = inputs(p, 1);
+        const uint32_t b = bytes(p);
+        first.add(broadcast_four(w + 4 * p, b), x0, x1);
+        if constexpr (R >= 2) second.add(broadcast_four(w + stride + 4 * p, b), x0, x1);
+        if constexpr (R >= 3) third.add(broadcast_four(w + 2 * stride + 4 * p, b), x0, x1);
     }
     first.store(a, row_scale, row_sum, query_scale, query_zero, bias, out);
     if constexpr (R >= 2)
@@ -286,30 +307,23 @@ void dots16_u8s8_rows_avx2(const int8_t* rows, size_t stride, uint32_t width, ui
         third.store(a + 2, row_scale, row_sum, query_scale, query_zero, bias, out);
 }
 
+// The inputs' largest byte: two fours' pairs, 2 * 2 * 63 * 127 = 32,004, stay in int16.
+constexpr uint8_t avx2_u8s8_input_max = 63;
+
 void dots16_u8s8_avx2(const int8_t* rows, size_t stride, uint32_t width, uint32_t n,
                       const uint8_t* xq, const float* row_scale, const int32_t* row_sum,
                       const float* query_scale, const int32_t* query_zero, const float* bias,
                       float* out) {
-    // The inputs widened to 16 bits, in the same order (a call scores a block of rows, so this
-    // is a small part of it: 8 KiB at width 256 against 2,048 rows).
-    thread_local std::vector<int16_t> x16;
-    const size_t values = size_t(width + 3) / 4 * 64;
-    if (x16.size() < values) x16.resize(values);
-    for (size_t i = 0; i < values; i += 16)
-        _mm256_storeu_si256(
-            reinterpret_cast<__m256i*>(x16.data() + i),
-            _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq + i))));
-    // Three rows at a time: their 12 accumulators, the broadcast and a product fill the 16
-    // registers (the inputs' vectors are read from L1 by the products). 1.35x fp32 dots16's
-    // products a second on a Zen 3 (bench/kernels.md); two rows at a time, 1.25x.
+    // Three rows at a time: their 6 accumulators and the four input vectors of two fours,
+    // with the broadcasts and the products, fill the 16 registers.
     constexpr uint32_t R = 3;
     uint32_t a = 0;
     for (; a + R <= n; a += R)
-        dots16_u8s8_rows_avx2<R>(rows, stride, width, a, x16.data(), row_scale, row_sum,
-                                 query_scale, query_zero, bias, out);
+        dots16_u8s8_rows_avx2<R>(rows, stride, width, a, xq, row_scale, row_sum, query_scale,
+                                 query_zero, bias, out);
     for (; a < n; ++a)
-        dots16_u8s8_rows_avx2<1>(rows, stride, width, a, x16.data(), row_scale, row_sum,
-                                 query_scale, query_zero, bias, out);
+        dots16_u8s8_rows_avx2<1>(rows, stride, width, a, xq, row_scale, row_sum, query_scale,
+                                 query_zero, bias, out);
 }
 
 }  // namespace
@@ -317,7 +331,7 @@ void dots16_u8s8_avx2(const int8_t* rows, size_t stride, uint32_t width, uint32_
 const kernel_table& avx2_kernels() {
     static const kernel_table table =
         make_table<avx2_ops>("avx2", isa_level::avx2, active_dots_simd<avx2_ops, bf16>, nullptr,
-                             to_int8_row_avx2, dots16_u8s8_avx2);
+                             to_int8_row_avx2, dots16_u8s8_avx2, avx2_u8s8_input_max);
     return table;
 }
 

@@ -236,7 +236,8 @@ const kernel_table& scalar_kernels() {
                                     weighted_row_sum_f64_scalar,
                                     weighted_row_sum_bf16_f64_scalar,
                                     to_int8_row_reference,
-                                    dots16_u8s8_scalar};
+                                    dots16_u8s8_scalar,
+                                    255};
     return table;
 }
 

@@ -397,7 +397,7 @@ constexpr kernel_table make_table(
     const char* name, isa_level level, decltype(kernel_table::active_dots_bf16) dots_bf16,
     decltype(kernel_table::dots16_bf16) dots16_bf16 = nullptr,
     decltype(kernel_table::to_int8_row) to_int8_row = to_int8_row_reference,
-    decltype(kernel_table::dots16_u8s8) dots16_u8s8 = nullptr) {
+    decltype(kernel_table::dots16_u8s8) dots16_u8s8 = nullptr, uint8_t u8s8_input_max = 255) {
     return kernel_table{name,
                         level,
                         dot_simd<V>,
@@ -420,7 +420,8 @@ constexpr kernel_table make_table(
                         weighted_row_sum_f64_simd<V, float>,
                         weighted_row_sum_f64_simd<V, bf16>,
                         to_int8_row,
-                        dots16_u8s8};
+                        dots16_u8s8,
+                        u8s8_input_max};
 }
 
 }  // namespace
