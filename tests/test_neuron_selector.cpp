@@ -429,8 +429,8 @@ std::vector<uint32_t> int8_reference_top_k(const exact_layer& layer,
         int32_t query_zero[16] = {};
         const size_t group = std::min<size_t>(16, queries.size() - q0);
         for (size_t j = 0; j < group; ++j)
-            quantize_query_u8(queries[q0 + j].data(), layer.width, input_max, xq.data() + j * 4,
-                              &query_scale[j], &query_zero[j]);
+            quantize_query_u8_reference(queries[q0 + j].data(), layer.width, input_max,
+                                        xq.data() + j * 4, &query_scale[j], &query_zero[j]);
         ref.dots16_u8s8(copy.values.data(), copy.stride, layer.width, layer.rows, xq.data(),
                         copy.scale.data(), copy.sum.data(), query_scale, query_zero,
                         layer.bias.data(), out.data());
@@ -443,6 +443,46 @@ std::vector<uint32_t> int8_reference_top_k(const exact_layer& layer,
         }
     }
     return best;
+}
+
+TEST(NeuronSelector, QuantizeQueryU8WritesTheReferencesBytesScaleAndZeroPoint) {
+    // Awkward widths (a partial last four, one value, a whole 64-byte group), ReLU outputs
+    // (zero point 0), affine values of either sign, a constant and an all-zero query, at the
+    // avx2 kernels' range (63) and VNNI's (255). The bytes past each four's 4 must stay as
+    // they were (they are other queries' lanes).
+    rng g(31);
+    for (uint32_t width : {1u, 2u, 3u, 4u, 5u, 15u, 16u, 17u, 33u, 64u, 255u, 256u, 257u})
+        for (uint8_t max : {uint8_t{63}, uint8_t{255}})
+            for (int kind = 0; kind < 4; ++kind) {
+                SCOPED_TRACE(::testing::Message()
+                             << "width " << width << ", max " << int(max) << ", kind " << kind);
+                std::vector<float> x(width);
+                const float shift = 2.0f * g.uniform() - 1.0f;
+                for (float& v : x) {
+                    const float n = 3.0f * (g.uniform() - 0.5f);
+                    v = kind == 0   ? std::max(0.0f, n)
+                        : kind == 1 ? n + shift
+                        : kind == 2 ? 0.7f
+                                    : 0.0f;
+                }
+                const size_t bytes = size_t((width + 3) / 4) * 64;
+                std::vector<uint8_t> fast(bytes, 0xA5), reference(bytes, 0xA5);
+                float scale_fast = -1, scale_reference = -2;
+                int32_t zero_fast = -1, zero_reference = -2;
+                quantize_query_u8(x.data(), width, max, fast.data(), &scale_fast, &zero_fast);
+                quantize_query_u8_reference(x.data(), width, max, reference.data(),
+                                            &scale_reference, &zero_reference);
+                EXPECT_EQ(fast, reference);
+                EXPECT_EQ(scale_fast, scale_reference);
+                EXPECT_EQ(zero_fast, zero_reference);
+                // The reference against the contract: x ~ scale * (u - zero) within half a step.
+                for (uint32_t i = 0; i < width; ++i) {
+                    const uint8_t u = reference[size_t(i / 4) * 64 + i % 4];
+                    ASSERT_LE(u, max);
+                    EXPECT_NEAR(scale_reference * (float(u) - float(zero_reference)), x[i],
+                                0.5f * scale_reference + 1e-6f);
+                }
+            }
 }
 
 TEST(NeuronSelector, AutomaticExactSearchWithInt8ProductsScoresAFreshInt8CopyOfTheRows) {

@@ -7,12 +7,13 @@
 #include "hslide/rng.hpp"
 
 #include <omp.h>
-#if defined(__SSE__)
-#include <xmmintrin.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
 #endif
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 namespace hslide::cpu {
@@ -22,8 +23,8 @@ namespace {
 /// Bit j set where row[j] >= floor[j] (NaN on either side: clear), j < 16.
 inline uint32_t passes_floor(const float* row, const float* floor) {
     uint32_t pass = 0;
-#if defined(__SSE__)
-    // SSE is x86-64's baseline: four compares and four movemasks, no ISA dispatch needed.
+#if defined(__SSE2__)
+    // SSE2 is x86-64's baseline: four compares and four movemasks, no ISA dispatch needed.
     for (int q = 0; q < 4; ++q)
         pass |= uint32_t(_mm_movemask_ps(
                     _mm_cmpge_ps(_mm_loadu_ps(row + 4 * q), _mm_loadu_ps(floor + 4 * q))))
@@ -98,24 +99,96 @@ layer_rows round_rows_to_bf16(const layer_rows& layer, const kernel_table& k, bf
     return rounded;
 }
 
-void quantize_query_u8(const float* x, uint32_t width, uint8_t max, uint8_t* out, float* scale,
-                       int32_t* zero) {
+namespace {
+
+/// The query's range with 0 in it, [lo, hi], as its bytes' scale `step` and zero point z: u =
+/// nearbyint(x * step) + z in [0, max].
+struct query_range {
+    float step;
+    int32_t zero;
+};
+
+query_range range_of(float lo, float hi, uint8_t max) {
+    // A ReLU layer's output (lo = 0) gets zero point 0: all max + 1 levels cover [0, hi].
+    const float levels = float(max);
+    const float inv = hi > lo ? levels / (hi - lo) : 0.0f;
+    const float step = std::isfinite(inv) ? inv : 0.0f;
+    return {step, int32_t(std::clamp(std::nearbyint(-lo * step), 0.0f, levels))};
+}
+
+void write_range(float lo, float hi, uint8_t max, const query_range& r, float* scale,
+                 int32_t* zero) {
+    *scale = r.step > 0.0f ? (hi - lo) / float(max) : 0.0f;
+    *zero = r.step > 0.0f ? r.zero : 0;
+}
+
+}  // namespace
+
+void quantize_query_u8_reference(const float* x, uint32_t width, uint8_t max, uint8_t* out,
+                                 float* scale, int32_t* zero) {
     float lo = 0.0f, hi = 0.0f;
     for (uint32_t i = 0; i < width; ++i) {
         lo = std::min(lo, x[i]);
         hi = std::max(hi, x[i]);
     }
-    // A ReLU layer's output (lo = 0) gets zero point 0: all max + 1 levels cover [0, hi].
+    const query_range r = range_of(lo, hi, max);
     const float levels = float(max);
-    const float inv = hi > lo ? levels / (hi - lo) : 0.0f;
-    const float step = std::isfinite(inv) ? inv : 0.0f;
-    const int32_t z = int32_t(std::clamp(std::nearbyint(-lo * step), 0.0f, levels));
     for (uint32_t i = 0; i < (width + 3) / 4 * 4; ++i) {
-        const float u = i < width ? std::nearbyint(x[i] * step) + float(z) : 0.0f;
+        const float u = i < width ? std::nearbyint(x[i] * r.step) + float(r.zero) : 0.0f;
         out[size_t(i / 4) * 64 + i % 4] = uint8_t(std::clamp(u, 0.0f, levels));
     }
-    *scale = step > 0.0f ? (hi - lo) / levels : 0.0f;
-    *zero = step > 0.0f ? z : 0;
+    write_range(lo, hi, max, r, scale, zero);
+}
+
+void quantize_query_u8(const float* x, uint32_t width, uint8_t max, uint8_t* out, float* scale,
+                       int32_t* zero) {
+#if defined(__SSE2__)
+    // SSE2 is x86-64's baseline (no dispatch): four values a four, one instruction each where
+    // the reference takes a libm call (nearbyint) a value. cvtps2dq rounds to nearest even, as
+    // nearbyint does in the default rounding mode; min(x, lo) and max(x, hi) keep lo and hi
+    // where x is NaN, as std::min(lo, x) and std::max(hi, x) do.
+    const uint32_t whole = width / 4;
+    __m128 lo4 = _mm_setzero_ps(), hi4 = _mm_setzero_ps();
+    for (uint32_t p = 0; p < whole; ++p) {
+        const __m128 v = _mm_loadu_ps(x + 4 * p);
+        lo4 = _mm_min_ps(v, lo4);
+        hi4 = _mm_max_ps(v, hi4);
+    }
+    float lanes_lo[4], lanes_hi[4];
+    _mm_storeu_ps(lanes_lo, lo4);
+    _mm_storeu_ps(lanes_hi, hi4);
+    float lo = 0.0f, hi = 0.0f;
+    for (uint32_t j = 0; j < 4; ++j) {
+        lo = std::min(lo, lanes_lo[j]);
+        hi = std::max(hi, lanes_hi[j]);
+    }
+    for (uint32_t i = 4 * whole; i < width; ++i) {
+        lo = std::min(lo, x[i]);
+        hi = std::max(hi, x[i]);
+    }
+    const query_range r = range_of(lo, hi, max);
+    const __m128 step = _mm_set1_ps(r.step);
+    const __m128i z = _mm_set1_epi32(r.zero), top = _mm_set1_epi8(char(max));
+    auto four = [&](__m128 v, uint8_t* to) {
+        const __m128i u = _mm_add_epi32(_mm_cvtps_epi32(_mm_mul_ps(v, step)), z);
+        // Saturating packs clamp to [0, 255], then to [0, max].
+        const __m128i bytes =
+            _mm_min_epu8(_mm_packus_epi16(_mm_packs_epi32(u, u), _mm_setzero_si128()), top);
+        const int32_t b = _mm_cvtsi128_si32(bytes);
+        std::memcpy(to, &b, 4);
+    };
+    for (uint32_t p = 0; p < whole; ++p) four(_mm_loadu_ps(x + 4 * p), out + size_t(p) * 64);
+    if (whole * 4 < width) {
+        // The last four's missing values are 0 bytes (not the zero point), as the reference's.
+        float tail[4] = {0, 0, 0, 0};
+        for (uint32_t i = 4 * whole; i < width; ++i) tail[i - 4 * whole] = x[i];
+        four(_mm_loadu_ps(tail), out + size_t(whole) * 64);
+        for (uint32_t i = width; i < 4 * whole + 4; ++i) out[size_t(whole) * 64 + i % 4] = 0;
+    }
+    write_range(lo, hi, max, r, scale, zero);
+#else
+    quantize_query_u8_reference(x, width, max, out, scale, zero);
+#endif
 }
 
 void quantize_rows_to_int8(const layer_rows& layer, const kernel_table& k, const int8_rows& copy,

@@ -70,9 +70,14 @@ void quantize_rows_to_int8(const layer_rows& layer, const kernel_table& k, const
 /// Quantizes a query of `width` values to u8 for dots16_u8s8 over its range with 0 in it: x ~
 /// *scale * (u - *zero), u = round(x / scale) + zero in [0, max] (max: the kernels'
 /// u8s8_input_max; an all-zero query: scale 0). u[i] is written to out[(i / 4) * 64 + i % 4]
-/// (its lane of a group of 16 queries in fours), the last four's unused values zero.
+/// (its lane of a group of 16 queries in fours), the last four's unused values zero. SSE2 where
+/// the build targets it (x86-64), else quantize_query_u8_reference; the two write the same
+/// bytes, scale and zero point for finite x (a non-finite x's bytes are unspecified).
 void quantize_query_u8(const float* x, uint32_t width, uint8_t max, uint8_t* out, float* scale,
                        int32_t* zero);
+/// quantize_query_u8 in plain scalar code, a value at a time: the reference.
+void quantize_query_u8_reference(const float* x, uint32_t width, uint8_t max, uint8_t* out,
+                                 float* scale, int32_t* zero);
 
 /// The blocked exact scorer and its buffers (reused from call to call).
 class exact_scoring {
