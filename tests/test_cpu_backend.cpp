@@ -1053,6 +1053,71 @@ TEST(CpuBackend, ExactBf16ScoringIsExactScoringInBf16Products) {
     }
 }
 
+TEST(CpuBackend, ExactFastScoringReScoresInt8CandidatesInFp32) {
+    // exact-fast (the hold-out's scoring under --epochs auto): on kernels whose exact search
+    // scores int8, each returned score is the fp32 score of its label (active_dots sums in
+    // another order than exact scoring's tiles: 1e-4 here), the labels are the exact top k for
+    // 95% of the points and more (the int8 candidates may miss a near-tie), and no returned
+    // label is worse than the exact k-th by more than the int8 rounding can explain; on the
+    // others it is exact-bf16's scoring, bit for bit (ExactBf16ScoringIsExactScoringInBf16Products
+    // holds that to exact scoring). 301 labels: not a whole number of 16-row blocks; k 5 and 20
+    // (16 and 40 candidates).
+    model_config config = small_config(sparsity_mode::dense, sparsity_mode::dense);
+    config.layers[0].size = 33;
+    config.layers.back().size = 301;
+    const dataset data = random_dataset(96, 20, 301, 67);
+    std::vector<uint32_t> rows(96);
+    std::iota(rows.begin(), rows.end(), 0u);
+    for (const isa_level level : {isa_level::scalar, isa_level::avx2, isa_level::avx512,
+                                  isa_level::avx512bf16, isa_level::amx}) {
+        if (!isa_supported(level)) continue;
+        SCOPED_TRACE(to_string(level));
+        const cpu::kernel_table& kernels = cpu::kernels_for(level);
+        cpu::cpu_backend be(model_state::create(config, 67), train_config{}, 2, kernels);
+        for (int e = 0; e < 3; ++e)
+            for (uint32_t b = 0; b < 96; b += 32)
+                be.train_batch({&data, rows.data() + b, 32}, 0.01f);
+        const uint32_t n = 96, all = 301;
+        std::vector<uint32_t> exact(n * all);
+        std::vector<float> exact_scores(n * all);
+        be.predict({&data, rows.data(), n}, all, scoring_mode::exact, exact.data(),
+                   exact_scores.data());
+        for (const uint32_t k : {5u, 20u}) {
+            std::vector<uint32_t> fast(n * k), bf16(n * k);
+            std::vector<float> fast_scores(n * k), bf16_scores(n * k);
+            be.predict({&data, rows.data(), n}, k, scoring_mode::exact_fast, fast.data(),
+                       fast_scores.data());
+            if (!cpu::searches_int8_copy(kernels)) {
+                be.predict({&data, rows.data(), n}, k, scoring_mode::exact_bf16, bf16.data(),
+                           bf16_scores.data());
+                EXPECT_EQ(fast, bf16);
+                EXPECT_EQ(fast_scores, bf16_scores);
+                continue;
+            }
+            uint32_t same = 0;
+            for (uint32_t p = 0; p < n; ++p) {
+                std::vector<float> exact_of(all, 0.0f);
+                for (uint32_t i = 0; i < all; ++i)
+                    exact_of[exact[p * all + i]] = exact_scores[p * all + i];
+                bool all_same = true;
+                for (uint32_t i = 0; i < k; ++i) {
+                    const uint32_t label = fast[p * k + i];
+                    ASSERT_LT(label, all) << "point " << p << " rank " << i;
+                    EXPECT_NEAR(fast_scores[p * k + i], exact_of[label], 1e-4f)
+                        << "point " << p << " rank " << i;
+                    if (i > 0) EXPECT_GE(fast_scores[p * k + i - 1], fast_scores[p * k + i]);
+                    // Logits here are ~1: 6-bit queries and int8 rows err by ~1% of that.
+                    EXPECT_GE(exact_of[label], exact_scores[p * all + k - 1] - 0.05f)
+                        << "point " << p << " rank " << i;
+                    all_same = all_same && label == exact[p * all + i];
+                }
+                same += all_same;
+            }
+            EXPECT_GE(same, n * 95 / 100) << "k " << k;
+        }
+    }
+}
+
 TEST(CpuBackend, Bf16TrainsLikeFp32AndImportRefreshesItsCopy) {
     const model_config config = small_config(sparsity_mode::dense, sparsity_mode::dense);
     const dataset data = random_dataset(64, 20, 30, 52);

@@ -233,9 +233,15 @@ enum class scoring_mode {
                 ///< searched by IVF (--top-k-search ivf or auto on a CPU), exact otherwise
     exact,      ///< every output neuron
     /// every output neuron, the products in bf16 (rows and inputs rounded, sums in fp32) where
-    /// the CPU multiplies bf16 natively (AMX tiles, AVX-512-BF16), else exact: --epochs
-    /// auto's hold-out, which only ranks epochs (a quarter of the time at 670k labels)
+    /// the CPU multiplies bf16 natively (AMX tiles, AVX-512-BF16), else exact (a quarter of
+    /// fp32's time at 670k labels)
     exact_bf16,
+    /// every output neuron, ranked in the fastest products the CPU has: where its exact top-k
+    /// search scores int8 (cpu_exact_search_in_int8), each point's best candidates in an int8
+    /// copy of the rows (2k, at least 16) re-scored in fp32, so that the labels are the exact
+    /// ones unless the int8 products missed one; else as exact_bf16 (GPU: exact). --epochs
+    /// auto's hold-out, which only ranks epochs against each other.
+    exact_fast,
     lsh,  ///< the LSH active set only
     ivf,  ///< a top-k layer's IVF index: the rows of each point's --ivf-probes best clusters
 };

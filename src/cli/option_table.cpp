@@ -370,8 +370,10 @@ std::vector<option_spec> make_table() {
              HSLIDE_FIELD(trainer.eval_every), {}, {}, cli),
         spec("scoring", group::evaluation,
              "evaluation scoring: exact (every label), exact-bf16 (every label, the products in "
-             "bf16 where the CPU has bf16 products, else exact: what --epochs auto scores its "
-             "hold-out with when this is exact), lsh (the LSH active set only), ivf (a top-k "
+             "bf16 where the CPU has bf16 products, else exact), exact-fast (every label ranked "
+             "in int8 where the CPU's exact search is, its best re-scored in fp32, else as "
+             "exact-bf16: what --epochs auto scores its hold-out with when this is exact), lsh "
+             "(the LSH active set only), ivf (a top-k "
              "layer's IVF index: the rows of the --ivf-probes best clusters; CPU), or auto (the "
              "output layer's own index: lsh for LSH layers, ivf for top-k layers searched by IVF, "
              "else exact)",

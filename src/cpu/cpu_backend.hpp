@@ -262,6 +262,11 @@ class cpu_backend final : public backend, public row_transfer {
     /// the rows' bf16 copy (--precision bf16's, else rounded now into predict_rows16_) in
     /// exact scoring's tiles.
     void predict_exact_bf16(const batch_view& batch, uint32_t k, uint32_t* labels, float* scores);
+    /// predict_exact ranked in int8 (--scoring exact-fast, on kernels the exact search scores
+    /// int8 with): an int8 copy of the rows (quantized now into predict_rows8_) yields each
+    /// point's best candidates (2k, at least 16), which are re-scored in fp32 (active_dots)
+    /// for its k best.
+    void predict_exact_int8(const batch_view& batch, uint32_t k, uint32_t* labels, float* scores);
     /// predict with an IVF index's top k: the output selector's search when it has one, else
     /// an index built from the rows now, for this prediction only.
     void predict_ivf(const batch_view& batch, uint32_t k, uint32_t* labels, float* scores);
@@ -371,6 +376,7 @@ class cpu_backend final : public backend, public row_transfer {
     std::vector<float> layer0_bias_grad_;
     exact_scoring predict_scoring_;     // predict_exact_bf16's scorer and its buffers
     std::vector<bf16> predict_rows16_;  // predict_exact_bf16's rounding of the output rows
+    int8_copy predict_rows8_;           // predict_exact_int8's copy of the output rows
     // Catch-up Adam: per layer that catches up, the step each row is up to date at (a busy
     // mark while a thread catches it up); null for other layers, empty without catch-up.
     std::vector<std::unique_ptr<std::atomic<uint64_t>[]>> row_step_;

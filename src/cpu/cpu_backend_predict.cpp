@@ -35,10 +35,13 @@ void cpu_backend::predict_rows(const batch_view& batch, uint32_t k, scoring_mode
         return predict_ivf(batch, k, labels, scores);
     // Otherwise only an LSH output layer has a cheaper way to score than every neuron.
     const bool exact = scoring == scoring_mode::exact || scoring == scoring_mode::exact_bf16 ||
-                       !model_.config.uses_lsh(out_layer);
+                       scoring == scoring_mode::exact_fast || !model_.config.uses_lsh(out_layer);
     // The blocked exact path needs the output layer's input as a dense vector per sample.
     if (exact && !model_.config.has_active_sets(out_layer - 1)) {
-        if (scoring == scoring_mode::exact_bf16 && k_.dots16_bf16)
+        if (scoring == scoring_mode::exact_fast && searches_int8_copy(k_))
+            return predict_exact_int8(batch, k, labels, scores);
+        if ((scoring == scoring_mode::exact_bf16 || scoring == scoring_mode::exact_fast) &&
+            k_.dots16_bf16)
             return predict_exact_bf16(batch, k, labels, scores);
         return predict_exact(batch, k, labels, scores);
     }
@@ -121,6 +124,46 @@ void cpu_backend::predict_exact_bf16(const batch_view& batch, uint32_t k, uint32
     predict_chunks(batch, k, labels, scores,
                    [&](const float* const* queries, uint32_t n, uint32_t* l, float* sc) {
                        predict_scoring_.score(rows, k_, threads_, queries, n, k, l, sc, nullptr);
+                   });
+}
+
+void cpu_backend::predict_exact_int8(const batch_view& batch, uint32_t k, uint32_t* labels,
+                                     float* scores) {
+    const size_t out_layer = model_.layers.size() - 1;
+    const layer_rows rows = rows_of(out_layer);
+    const uint32_t candidates = std::min(rows.rows, std::max(2 * k, 16u));
+    // predict_chunks' chunks are sized for k; a score call of `candidates` takes as many
+    // points only while its buffers stay small (k up to 16,384: always but for huge k).
+    if (exact_scoring::chunk(candidates) < exact_scoring::chunk(k))
+        return predict_exact(batch, k, labels, scores);
+    // Copied now, for this call, as predict_exact_bf16 rounds: the buffer is kept.
+    if (predict_rows8_.scale.size() != rows.rows) predict_rows8_ = int8_copy(rows.rows, rows.width);
+    const int8_rows copy = predict_rows8_.view();
+    quantize_rows_to_int8(rows, k_, copy, nullptr, rows.rows, threads_);
+    std::vector<uint32_t> best;
+    std::vector<float> best_scores;
+    predict_chunks(batch, k, labels, scores,
+                   [&](const float* const* queries, uint32_t n, uint32_t* l, float* sc) {
+                       best.resize(size_t(n) * candidates);
+                       best_scores.resize(best.size());
+                       predict_scoring_.score(rows, k_, threads_, queries, n, candidates,
+                                              best.data(), best_scores.data(), nullptr, &copy);
+#pragma omp parallel num_threads(threads_)
+                       {
+                           std::vector<float> exact(candidates);
+                           std::vector<scored_label> heap;
+#pragma omp for schedule(static)
+                           for (int64_t q = 0; q < int64_t(n); ++q) {
+                               const uint32_t* ids = best.data() + size_t(q) * candidates;
+                               // Padding (UINT32_MAX) only past the rows, at the end.
+                               const uint32_t found =
+                                   uint32_t(std::find(ids, ids + candidates, UINT32_MAX) - ids);
+                               k_.active_dots(rows.weights, rows.stride, rows.width, ids, found,
+                                              queries[q], rows.bias, exact.data());
+                               select_top_k(exact.data(), ids, found, k, l + size_t(q) * k,
+                                            sc + size_t(q) * k, heap);
+                           }
+                       }
                    });
 }
 

@@ -12,9 +12,11 @@ void gpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scor
     complete_deferred_updates();  // the rows as dense Adam would have them
     const drain_on_throw drain(stream_);
     // A top-k layer has no tables: its prediction is exact scoring.
-    // exact-bf16 is exact here: the GPU's exact scoring is its tensor cores' already.
+    // exact-bf16 and exact-fast are exact here: the GPU's exact scoring is its tensor cores'
+    // already.
     const bool exact = !selection_ || !selection_->predicts_from_sets() ||
-                       scoring == scoring_mode::exact || scoring == scoring_mode::exact_bf16;
+                       scoring == scoring_mode::exact || scoring == scoring_mode::exact_bf16 ||
+                       scoring == scoring_mode::exact_fast;
     HSLIDE_CHECK_KIND(exact || shape_.config.layers[1].active.probes == 0, error_kind::unsupported,
                       "multi-probe LSH scoring (--probes {}) runs on the CPU backend only; use "
                       "--probes 0 or --scoring exact on the GPU",

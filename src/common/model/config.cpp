@@ -33,6 +33,7 @@ const std::pair<const char*, scoring_mode> scoring_names[] = {
     {"auto", scoring_mode::automatic},
     {"exact", scoring_mode::exact},
     {"exact-bf16", scoring_mode::exact_bf16},
+    {"exact-fast", scoring_mode::exact_fast},
     {"lsh", scoring_mode::lsh},
     {"ivf", scoring_mode::ivf}};
 const std::pair<const char*, lr_schedule> schedule_names[] = {{"constant", lr_schedule::constant},

@@ -412,11 +412,11 @@ void trainer::test_into(epoch_record& record) {
 void trainer::validate_epoch(epoch_record& record) {
     const validation_options& v = options_.validation;
     const auto t0 = clock_type::now();
-    // The hold-out only ranks the epochs against each other: bf16 products change the order
-    // of near-ties only, and cost a quarter of fp32's at 670k labels (exact-bf16; exact where
-    // the CPU has no bf16 products). In calls of up to 4,096 points: a call rounds the rows.
+    // The hold-out only ranks the epochs against each other: int8 candidates re-scored in fp32
+    // or bf16 products change the order of near-ties only, and cost less than fp32's
+    // (exact-fast). In calls of up to 4,096 points: a call copies the rows.
     evaluation_options eval = options_.eval;
-    if (eval.scoring == scoring_mode::exact) eval.scoring = scoring_mode::exact_bf16;
+    if (eval.scoring == scoring_mode::exact) eval.scoring = scoring_mode::exact_fast;
     eval.batch_size = std::max<uint32_t>(eval.batch_size, 4096);
     record.valid_metrics = evaluate(backend_, *v.valid, eval, inverse_propensities_);
     record.valid_seconds = seconds_since(t0);
