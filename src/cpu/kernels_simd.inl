@@ -85,15 +85,29 @@ void scatter_axpy_simd(float alpha, const uint32_t* ids, const float* values, fl
     for (; i < n; ++i) y[ids[i]] += alpha * values[i];
 }
 
+// A step's constants, broadcast once a call: adam_vec's stores through float pointers could
+// alias the adam_step's floats, so read from it they were loaded and broadcast again for every
+// vector.
+template <class V>
+struct adam_constants {
+    typename V::vec b1, b2, omb1, omb2, lr, c1, c2, eps;
+    explicit adam_constants(const adam_step& s)
+        : b1(V::set1(s.beta1)),
+          b2(V::set1(s.beta2)),
+          omb1(V::set1(1.0f - s.beta1)),
+          omb2(V::set1(1.0f - s.beta2)),
+          lr(V::set1(s.lr)),
+          c1(V::set1(s.c1)),
+          c2(V::set1(s.c2)),
+          eps(V::set1(s.eps)) {}
+};
+
 // Adam on `count` elements (one vector or less). Moments M are fp32, or bf16 stored rounded
 // stochastically with the bits of stochastic_hash(seed, first + lane) (high half for m, low
 // half for v); the weight steps with the new fp32 moments either way.
 template <class V, class M>
-inline void adam_vec(float* w, M* m, M* v, const float* g, uint32_t count, const adam_step& s,
-                     uint32_t seed = 0, uint32_t first = 0) {
-    const auto b1 = V::set1(s.beta1), b2 = V::set1(s.beta2);
-    const auto omb1 = V::set1(1.0f - s.beta1), omb2 = V::set1(1.0f - s.beta2);
-    const auto lr = V::set1(s.lr), c1 = V::set1(s.c1), c2 = V::set1(s.c2), eps = V::set1(s.eps);
+inline void adam_vec(float* w, M* m, M* v, const float* g, uint32_t count,
+                     const adam_constants<V>& c, uint32_t seed = 0, uint32_t first = 0) {
     auto load = [count](const auto* p) {
         return count == V::lanes ? V::load(p) : V::load_n(p, count);
     };
@@ -104,8 +118,8 @@ inline void adam_vec(float* w, M* m, M* v, const float* g, uint32_t count, const
             V::store_n(p, x, count);
     };
     const auto gi = load(g);
-    const auto mi = V::fmadd(b1, load(m), V::mul(omb1, gi));
-    const auto vi = V::fmadd(b2, load(v), V::mul(omb2, V::mul(gi, gi)));
+    const auto mi = V::fmadd(c.b1, load(m), V::mul(c.omb1, gi));
+    const auto vi = V::fmadd(c.b2, load(v), V::mul(c.omb2, V::mul(gi, gi)));
     if constexpr (std::is_same_v<M, float>) {
         store(m, mi);
         store(v, vi);
@@ -114,16 +128,18 @@ inline void adam_vec(float* w, M* m, M* v, const float* g, uint32_t count, const
         V::store_bf16_stochastic(m, mi, V::high_half(r), count);
         V::store_bf16_stochastic(v, vi, V::low_half(r), count);
     }
-    const auto step = V::div(V::mul(lr, V::mul(mi, c1)), V::add(V::sqrt(V::mul(vi, c2)), eps));
+    const auto step =
+        V::div(V::mul(c.lr, V::mul(mi, c.c1)), V::add(V::sqrt(V::mul(vi, c.c2)), c.eps));
     store(w, V::sub(load(w), step));
 }
 
 template <class V>
 void adam_simd(float* w, float* m, float* v, const float* g, uint32_t n, const adam_step& s) {
     constexpr uint32_t L = V::lanes;
+    const adam_constants<V> c(s);
     uint32_t i = 0;
-    for (; i + L <= n; i += L) adam_vec<V>(w + i, m + i, v + i, g + i, L, s);
-    if (i < n) adam_vec<V>(w + i, m + i, v + i, g + i, n - i, s);
+    for (; i + L <= n; i += L) adam_vec<V>(w + i, m + i, v + i, g + i, L, c);
+    if (i < n) adam_vec<V>(w + i, m + i, v + i, g + i, n - i, c);
 }
 
 template <class V>
@@ -155,8 +171,9 @@ template <class V>
 void adam_bf16_moments_simd(float* w, bf16* m, bf16* v, const float* g, uint32_t n,
                             const adam_step& s, uint32_t seed) {
     constexpr uint32_t L = V::lanes;
+    const adam_constants<V> c(s);
     for (uint32_t i = 0; i < n; i += L)
-        adam_vec<V>(w + i, m + i, v + i, g + i, n - i < L ? n - i : L, s, seed, i);
+        adam_vec<V>(w + i, m + i, v + i, g + i, n - i < L ? n - i : L, c, seed, i);
 }
 
 // exp(x) for x <= 0 as in softmax: n = round(x / ln 2), r = x - n ln 2 (in two parts, so r is
