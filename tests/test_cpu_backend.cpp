@@ -1001,56 +1001,68 @@ TEST(CpuBackend, ExportsIntoTheSameSnapshotKeepItsBuffersAndFollowTheModel) {
     EXPECT_EQ(snapshot.adam_step, parameters.adam_step);
 }
 
-TEST(CpuBackend, ExactBf16ScoringIsExactScoringInBf16Products) {
-    // exact-bf16 (the hold-out's scoring under --epochs auto): on a level with bf16 products
-    // (the scalar reference's included), each returned score is the label's exact score
-    // within bf16's rounding of rows and inputs (8 significant bits each; logits up to ~2 here,
-    // errors up to 0.003 measured: tolerance 0.01), the top label's exact score is within
-    // twice that of the best, and the top label is the exact one for 90% of the points and
-    // more; on the others (AVX2, AVX-512 without BF16) it is exact scoring, bit for bit.
+/// A dense model of `labels` labels (hidden 33) over 96 random points, trained 3 epochs in
+/// batches of 32, on each CPU level this machine runs: check(backend, its kernels, the 96
+/// points), for the tests of the scoring modes.
+template <class Check>
+void for_each_trained_level(uint32_t labels, uint64_t seed, Check check) {
     model_config config = small_config(sparsity_mode::dense, sparsity_mode::dense);
     config.layers[0].size = 33;
-    config.layers.back().size = 300;
-    const dataset data = random_dataset(96, 20, 300, 61);
+    config.layers.back().size = labels;
+    const dataset data = random_dataset(96, 20, labels, seed);
     std::vector<uint32_t> rows(96);
     std::iota(rows.begin(), rows.end(), 0u);
     for (const isa_level level : {isa_level::scalar, isa_level::avx2, isa_level::avx512,
                                   isa_level::avx512bf16, isa_level::amx}) {
         if (!isa_supported(level)) continue;
+        SCOPED_TRACE(to_string(level));
         const cpu::kernel_table& kernels = cpu::kernels_for(level);
-        cpu::cpu_backend be(model_state::create(config, 61), train_config{}, 2, kernels);
+        cpu::cpu_backend be(model_state::create(config, seed), train_config{}, 2, kernels);
         for (int e = 0; e < 3; ++e)
             for (uint32_t b = 0; b < 96; b += 32)
                 be.train_batch({&data, rows.data() + b, 32}, 0.01f);
-        const uint32_t n = 96, all = 300, k = 5;
-        std::vector<uint32_t> exact(n * all), fast(n * k);
-        std::vector<float> exact_scores(n * all), fast_scores(n * k);
-        be.predict({&data, rows.data(), n}, all, scoring_mode::exact, exact.data(),
-                   exact_scores.data());
-        be.predict({&data, rows.data(), n}, k, scoring_mode::exact_bf16, fast.data(),
-                   fast_scores.data());
-        if (!kernels.dots16_bf16) {
-            for (uint32_t p = 0; p < n; ++p)
-                for (uint32_t i = 0; i < k; ++i) {
-                    EXPECT_EQ(fast[p * k + i], exact[p * all + i]) << to_string(level);
-                    EXPECT_EQ(fast_scores[p * k + i], exact_scores[p * all + i]);
-                }
-            continue;
-        }
-        constexpr float tolerance = 0.01f;
-        uint32_t same_top = 0;
-        for (uint32_t p = 0; p < n; ++p) {
-            std::vector<float> exact_of(all, 0.0f);
-            for (uint32_t i = 0; i < all; ++i)
-                exact_of[exact[p * all + i]] = exact_scores[p * all + i];
-            for (uint32_t i = 0; i < k; ++i)
-                EXPECT_NEAR(fast_scores[p * k + i], exact_of[fast[p * k + i]], tolerance)
-                    << to_string(level) << " point " << p << " rank " << i;
-            EXPECT_GE(exact_of[fast[p * k]], exact_scores[p * all] - 2 * tolerance) << p;
-            same_top += fast[p * k] == exact[p * all];
-        }
-        EXPECT_GT(same_top, n * 9 / 10) << to_string(level);
+        check(be, kernels, batch_view{&data, rows.data(), 96});
     }
+}
+
+TEST(CpuBackend, ExactBf16ScoringIsExactScoringInBf16Products) {
+    // exact-bf16 (and so exact-fast, the hold-out's scoring under --epochs auto, where the
+    // search is not int8): on a level with bf16 products (the scalar reference's included),
+    // each returned score is the label's exact score within bf16's rounding of rows and inputs
+    // (8 significant bits each; logits up to ~2 here, errors up to 0.003 measured: tolerance
+    // 0.01), the top label's exact score is within twice that of the best, and the top label
+    // is the exact one for 90% of the points and more; on the others (AVX2, AVX-512 without
+    // BF16) it is exact scoring, bit for bit.
+    for_each_trained_level(
+        300, 61,
+        [](cpu::cpu_backend& be, const cpu::kernel_table& kernels, const batch_view& points) {
+            const uint32_t n = 96, all = 300, k = 5;
+            std::vector<uint32_t> exact(n * all), fast(n * k);
+            std::vector<float> exact_scores(n * all), fast_scores(n * k);
+            be.predict(points, all, scoring_mode::exact, exact.data(), exact_scores.data());
+            be.predict(points, k, scoring_mode::exact_bf16, fast.data(), fast_scores.data());
+            if (!kernels.dots16_bf16) {
+                for (uint32_t p = 0; p < n; ++p)
+                    for (uint32_t i = 0; i < k; ++i) {
+                        EXPECT_EQ(fast[p * k + i], exact[p * all + i]);
+                        EXPECT_EQ(fast_scores[p * k + i], exact_scores[p * all + i]);
+                    }
+                return;
+            }
+            constexpr float tolerance = 0.01f;
+            uint32_t same_top = 0;
+            for (uint32_t p = 0; p < n; ++p) {
+                std::vector<float> exact_of(all, 0.0f);
+                for (uint32_t i = 0; i < all; ++i)
+                    exact_of[exact[p * all + i]] = exact_scores[p * all + i];
+                for (uint32_t i = 0; i < k; ++i)
+                    EXPECT_NEAR(fast_scores[p * k + i], exact_of[fast[p * k + i]], tolerance)
+                        << "point " << p << " rank " << i;
+                EXPECT_GE(exact_of[fast[p * k]], exact_scores[p * all] - 2 * tolerance) << p;
+                same_top += fast[p * k] == exact[p * all];
+            }
+            EXPECT_GT(same_top, n * 9 / 10);
+        });
 }
 
 TEST(CpuBackend, ExactFastScoringReScoresInt8CandidatesInFp32) {
@@ -1062,60 +1074,46 @@ TEST(CpuBackend, ExactFastScoringReScoresInt8CandidatesInFp32) {
     // others it is exact-bf16's scoring, bit for bit (ExactBf16ScoringIsExactScoringInBf16Products
     // holds that to exact scoring). 301 labels: not a whole number of 16-row blocks; k 5 and 20
     // (16 and 40 candidates).
-    model_config config = small_config(sparsity_mode::dense, sparsity_mode::dense);
-    config.layers[0].size = 33;
-    config.layers.back().size = 301;
-    const dataset data = random_dataset(96, 20, 301, 67);
-    std::vector<uint32_t> rows(96);
-    std::iota(rows.begin(), rows.end(), 0u);
-    for (const isa_level level : {isa_level::scalar, isa_level::avx2, isa_level::avx512,
-                                  isa_level::avx512bf16, isa_level::amx}) {
-        if (!isa_supported(level)) continue;
-        SCOPED_TRACE(to_string(level));
-        const cpu::kernel_table& kernels = cpu::kernels_for(level);
-        cpu::cpu_backend be(model_state::create(config, 67), train_config{}, 2, kernels);
-        for (int e = 0; e < 3; ++e)
-            for (uint32_t b = 0; b < 96; b += 32)
-                be.train_batch({&data, rows.data() + b, 32}, 0.01f);
-        const uint32_t n = 96, all = 301;
-        std::vector<uint32_t> exact(n * all);
-        std::vector<float> exact_scores(n * all);
-        be.predict({&data, rows.data(), n}, all, scoring_mode::exact, exact.data(),
-                   exact_scores.data());
-        for (const uint32_t k : {5u, 20u}) {
-            std::vector<uint32_t> fast(n * k), bf16(n * k);
-            std::vector<float> fast_scores(n * k), bf16_scores(n * k);
-            be.predict({&data, rows.data(), n}, k, scoring_mode::exact_fast, fast.data(),
-                       fast_scores.data());
-            if (!cpu::searches_int8_copy(kernels)) {
-                be.predict({&data, rows.data(), n}, k, scoring_mode::exact_bf16, bf16.data(),
-                           bf16_scores.data());
-                EXPECT_EQ(fast, bf16);
-                EXPECT_EQ(fast_scores, bf16_scores);
-                continue;
-            }
-            uint32_t same = 0;
-            for (uint32_t p = 0; p < n; ++p) {
-                std::vector<float> exact_of(all, 0.0f);
-                for (uint32_t i = 0; i < all; ++i)
-                    exact_of[exact[p * all + i]] = exact_scores[p * all + i];
-                bool all_same = true;
-                for (uint32_t i = 0; i < k; ++i) {
-                    const uint32_t label = fast[p * k + i];
-                    ASSERT_LT(label, all) << "point " << p << " rank " << i;
-                    EXPECT_NEAR(fast_scores[p * k + i], exact_of[label], 1e-4f)
-                        << "point " << p << " rank " << i;
-                    if (i > 0) EXPECT_GE(fast_scores[p * k + i - 1], fast_scores[p * k + i]);
-                    // Logits here are ~1: 6-bit queries and int8 rows err by ~1% of that.
-                    EXPECT_GE(exact_of[label], exact_scores[p * all + k - 1] - 0.05f)
-                        << "point " << p << " rank " << i;
-                    all_same = all_same && label == exact[p * all + i];
+    for_each_trained_level(
+        301, 67,
+        [](cpu::cpu_backend& be, const cpu::kernel_table& kernels, const batch_view& points) {
+            const uint32_t n = 96, all = 301;
+            std::vector<uint32_t> exact(n * all);
+            std::vector<float> exact_scores(n * all);
+            be.predict(points, all, scoring_mode::exact, exact.data(), exact_scores.data());
+            for (const uint32_t k : {5u, 20u}) {
+                std::vector<uint32_t> fast(n * k), bf16(n * k);
+                std::vector<float> fast_scores(n * k), bf16_scores(n * k);
+                be.predict(points, k, scoring_mode::exact_fast, fast.data(), fast_scores.data());
+                if (!cpu::searches_int8_copy(kernels)) {
+                    be.predict(points, k, scoring_mode::exact_bf16, bf16.data(),
+                               bf16_scores.data());
+                    EXPECT_EQ(fast, bf16);
+                    EXPECT_EQ(fast_scores, bf16_scores);
+                    continue;
                 }
-                same += all_same;
+                uint32_t same = 0;
+                for (uint32_t p = 0; p < n; ++p) {
+                    std::vector<float> exact_of(all, 0.0f);
+                    for (uint32_t i = 0; i < all; ++i)
+                        exact_of[exact[p * all + i]] = exact_scores[p * all + i];
+                    bool all_same = true;
+                    for (uint32_t i = 0; i < k; ++i) {
+                        const uint32_t label = fast[p * k + i];
+                        ASSERT_LT(label, all) << "point " << p << " rank " << i;
+                        EXPECT_NEAR(fast_scores[p * k + i], exact_of[label], 1e-4f)
+                            << "point " << p << " rank " << i;
+                        if (i > 0) EXPECT_GE(fast_scores[p * k + i - 1], fast_scores[p * k + i]);
+                        // Logits here are ~1: 6-bit queries and int8 rows err by ~1% of that.
+                        EXPECT_GE(exact_of[label], exact_scores[p * all + k - 1] - 0.05f)
+                            << "point " << p << " rank " << i;
+                        all_same = all_same && label == exact[p * all + i];
+                    }
+                    same += all_same;
+                }
+                EXPECT_GE(same, n * 95 / 100) << "k " << k;
             }
-            EXPECT_GE(same, n * 95 / 100) << "k " << k;
-        }
-    }
+        });
 }
 
 TEST(CpuBackend, Bf16TrainsLikeFp32AndImportRefreshesItsCopy) {
