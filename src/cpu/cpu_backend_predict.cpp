@@ -133,7 +133,7 @@ void cpu_backend::predict_exact_int8(const batch_view& batch, uint32_t k, uint32
     const layer_rows rows = rows_of(out_layer);
     const uint32_t candidates = std::min(rows.rows, std::max(2 * k, 16u));
     // predict_chunks' chunks are sized for k; a score call of `candidates` takes as many
-    // points only while its buffers stay small (k up to 16,384: always but for huge k).
+    // points only while its buffers stay small (k up to 8,192; past it, exact scoring).
     if (exact_scoring::chunk(candidates) < exact_scoring::chunk(k))
         return predict_exact(batch, k, labels, scores);
     // Copied now, for this call, as predict_exact_bf16 rounds: the buffer is kept.
