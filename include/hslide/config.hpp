@@ -245,6 +245,12 @@ enum class scoring_mode {
     lsh,  ///< the LSH active set only
     ivf,  ///< a top-k layer's IVF index: the rows of each point's --ivf-probes best clusters
 };
+/// Whether `mode` scores every output neuron (exact, exact-bf16, exact-fast), whatever index
+/// the layer has.
+inline bool scores_every_neuron(scoring_mode mode) {
+    return mode == scoring_mode::exact || mode == scoring_mode::exact_bf16 ||
+           mode == scoring_mode::exact_fast;
+}
 scoring_mode parse_scoring(const std::string& name);
 const char* to_string(scoring_mode mode);
 

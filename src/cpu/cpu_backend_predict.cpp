@@ -34,8 +34,7 @@ void cpu_backend::predict_rows(const batch_view& batch, uint32_t k, scoring_mode
         (scoring == scoring_mode::automatic && output_selection().searches_ivf()))
         return predict_ivf(batch, k, labels, scores);
     // Otherwise only an LSH output layer has a cheaper way to score than every neuron.
-    const bool exact = scoring == scoring_mode::exact || scoring == scoring_mode::exact_bf16 ||
-                       scoring == scoring_mode::exact_fast || !model_.config.uses_lsh(out_layer);
+    const bool exact = scores_every_neuron(scoring) || !model_.config.uses_lsh(out_layer);
     // The blocked exact path needs the output layer's input as a dense vector per sample.
     if (exact && !model_.config.has_active_sets(out_layer - 1)) {
         if (scoring == scoring_mode::exact_fast && searches_int8_copy(k_))

@@ -14,9 +14,8 @@ void gpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scor
     // A top-k layer has no tables: its prediction is exact scoring.
     // exact-bf16 and exact-fast are exact here: the GPU's exact scoring is its tensor cores'
     // already.
-    const bool exact = !selection_ || !selection_->predicts_from_sets() ||
-                       scoring == scoring_mode::exact || scoring == scoring_mode::exact_bf16 ||
-                       scoring == scoring_mode::exact_fast;
+    const bool exact =
+        !selection_ || !selection_->predicts_from_sets() || scores_every_neuron(scoring);
     HSLIDE_CHECK_KIND(exact || shape_.config.layers[1].active.probes == 0, error_kind::unsupported,
                       "multi-probe LSH scoring (--probes {}) runs on the CPU backend only; use "
                       "--probes 0 or --scoring exact on the GPU",
