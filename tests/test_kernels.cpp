@@ -1448,10 +1448,10 @@ TEST_P(kernel_level, dots16_u8s8) {
     // the kernel against the scalar definition. The padding refilled with 0x80 must leave every
     // score's bits as they were; a row's scores do not depend on where it falls in a call.
     // nullptr exactly where the table says: amx (deliberately) and the AVX-512 levels without
-    // VNNI; avx2 has it (vpmaddubsw's pairs summed by vpmaddwd), for inputs up to 63.
+    // VNNI; avx2 has it (vpmaddubsw's pairs summed by vpmaddwd), for inputs up to 15.
     if (k().level == isa_level::amx) EXPECT_EQ(k().dots16_u8s8, nullptr);
     if (k().level == isa_level::avx2) EXPECT_NE(k().dots16_u8s8, nullptr);
-    EXPECT_EQ(k().u8s8_input_max, k().level == isa_level::avx2 ? 63 : 255);
+    EXPECT_EQ(k().u8s8_input_max, k().level == isa_level::avx2 ? 15 : 255);
     if (k().level == isa_level::avx512 || k().level == isa_level::avx512bf16)
         EXPECT_EQ(k().dots16_u8s8 != nullptr, detect_cpu_features().avx512_vnni);
     if (const char* why = no_u8s8_reason(k()))
@@ -1551,11 +1551,11 @@ TEST_P(kernel_level, dots16_u8s8_reads_nothing_past_its_buffers) {
 
 TEST_P(kernel_level, dots16_u8s8_extremes_at_max_width) {
     // width 65536, the most the doc allows: rows all +127, all -127 or random +-127, inputs all
-    // at the level's u8s8_input_max (255: vpdpbusd; 63: avx2), all 0 or random 0 / max, zero
+    // at the level's u8s8_input_max (255: vpdpbusd; 15: avx2), all 0 or random 0 / max, zero
     // points 0 or max, so that acc, zero * row_sum and their difference reach +-max * 127 *
-    // 65536 (at 255 +-2,122,383,360, just under 2^31; at 63 the 16-bit pair sums at their
-    // largest). Scales 1, no bias: every score is float(c) of the exact int64 c, bit for bit, at
-    // every level and in the reference.
+    // 65536 (at 255 +-2,122,383,360, just under 2^31; at 15 avx2's 16-bit sums of eight fours'
+    // pairs at their largest, 30,480). Scales 1, no bias: every score is float(c) of the exact
+    // int64 c, bit for bit, at every level and in the reference.
     if (const char* why = no_u8s8_reason(k()))
         GTEST_SKIP() << k().name << ": no dots16_u8s8 (" << why << ")";
     rng g = gen(22);

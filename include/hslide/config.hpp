@@ -142,8 +142,8 @@ constexpr bool cpu_exact_search_in_bf16(isa_level level) {
 /// Whether a CPU backend's exact top-k search (automatic) scores an int8 copy of the rows on
 /// kernels of `level`, in place of bf16 or of the fp32 rows: where the level has 8-bit
 /// products. On avx512bf16 with AVX512_VNNI (vpdpbusd: twice vdpbf16ps' products an
-/// instruction) and on avx2 (vpmaddubsw over 6-bit queries, its pairs summed by vpmaddwd: 2x
-/// fp32's products a second on a 2-core Zen 3: bench/kernels.md, 2026-12-06 fourth session).
+/// instruction) and on avx2 (vpmaddubsw over 4-bit queries, eight fours' pairs summed by one
+/// vpmaddwd: 2.5x fp32's products a second on a 2-core Zen 3: bench/kernels.md, 2026-12-06).
 /// AMX tiles keep bf16.
 bool cpu_exact_search_in_int8(isa_level level);
 

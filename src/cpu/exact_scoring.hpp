@@ -56,7 +56,7 @@ struct int8_copy {
 /// Whether an exact search over kernels `k` (top_k_search::automatic) scores an int8 copy of
 /// the rows: where they have 8-bit products (dots16_u8s8) and are not the scalar reference
 /// (whose int8 products are slower than its fp32 ones). vpdpbusd on avx512bf16 with VNNI
-/// doubles vdpbf16ps' products an instruction; vpmaddubsw on avx2 (6-bit queries) does twice
+/// doubles vdpbf16ps' products an instruction; vpmaddubsw on avx2 (4-bit queries) does 2.5x
 /// the fp32 kernel's products a second.
 inline bool searches_int8_copy(const kernel_table& k) {
     return k.level != isa_level::scalar && k.dots16_u8s8 != nullptr;

@@ -199,8 +199,8 @@ struct kernel_table {
                         const float* query_scale, const int32_t* query_zero, const float* bias,
                         float* out);
     /// The largest input byte dots16_u8s8 takes (queries are quantized to [0, this]): 255 in
-    /// the reference and vpdpbusd; 63 on avx2, where two fours' 16-bit pair sums must not
-    /// overflow (a 6-bit query loses no P@1 there: bench/kernels.md).
+    /// the reference and vpdpbusd; 15 on avx2, where eight fours' 16-bit pair sums must not
+    /// overflow (a 4-bit query loses no P@1 there: bench/kernels.md).
     uint8_t u8s8_input_max;
 };
 

@@ -214,35 +214,34 @@ inline __m256i broadcast_four(const int8_t* p, uint32_t bytes) {
 
 // dots16_u8s8 without 8-bit dot products: vpmaddubsw multiplies the inputs' bytes (lane j of
 // vector t: input 8t + j's four) by a row's four broadcast, summing each pair into 16 bits,
-// and vpmaddwd by ones sums the pairs into the int32 lane. With inputs at most 63
-// (kernel_table::u8s8_input_max) and rows in [-127, 127], a pair is at most 16,002 in
-// magnitude, so two fours' pairs add in 16 bits (32,004) before one vpmaddwd widens them: six
-// multiplies for 128 products a row where widening the bytes for vpmaddwd took eight and a
-// widening. At 255 the pairs would saturate.
-//
-// A row's sums against the 16 inputs: lane j of v0 is input j's, of v1 input 8 + j's.
-struct u8s8_sums {
-    __m256i v0 = _mm256_setzero_si256(), v1 = v0;
+// and vpmaddwd by ones sums the pairs into the int32 lane. With inputs at most 15
+// (kernel_table::u8s8_input_max) and rows in [-127, 127], a pair is at most 3,810 in
+// magnitude, so eight fours' pairs add in 16 bits (30,480) before one vpmaddwd widens them:
+// 18 multiplies for 512 products a row, where 6-bit inputs, widened every two fours, took 24
+// (and whole bytes, widened every four, 32). Past 15 the 16-bit sums could wrap.
+constexpr uint32_t avx2_u8s8_fours_a_widening = 8;
 
-    // Two fours of the row (broadcast in r, s) against the inputs' fours x0, x1 and y0, y1.
-    void add(__m256i r, __m256i s, __m256i x0, __m256i x1, __m256i y0, __m256i y1) {
+// A row's sums against the 16 inputs: lane j of v0 is input j's, of v1 input 8 + j's; p0 and
+// p1 hold the 16-bit pair sums of the fours since the last widening.
+struct u8s8_sums {
+    __m256i v0 = _mm256_setzero_si256(), v1 = v0, p0 = v0, p1 = v0;
+
+    // One four of the row (broadcast in r) against the inputs' fours x0 and x1.
+    void add(__m256i r, __m256i x0, __m256i x1) {
+        p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(x0, r));
+        p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(x1, r));
+    }
+
+    // The pair sums into the int32 lanes, at most avx2_u8s8_fours_a_widening fours after the
+    // last.
+    void widen() {
         const __m256i ones = _mm256_set1_epi16(1);
-        const __m256i p0 =
-            _mm256_add_epi16(_mm256_maddubs_epi16(x0, r), _mm256_maddubs_epi16(y0, s));
-        const __m256i p1 =
-            _mm256_add_epi16(_mm256_maddubs_epi16(x1, r), _mm256_maddubs_epi16(y1, s));
         v0 = _mm256_add_epi32(_mm256_madd_epi16(p0, ones), v0);
         v1 = _mm256_add_epi32(_mm256_madd_epi16(p1, ones), v1);
+        p0 = p1 = _mm256_setzero_si256();
     }
 
-    // One four alone (an odd count of fours).
-    void add(__m256i r, __m256i x0, __m256i x1) {
-        const __m256i ones = _mm256_set1_epi16(1);
-        v0 = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(x0, r), ones), v0);
-        v1 = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(x1, r), ones), v1);
-    }
-
-    // The epilogue of dots16_u8s8 for row a: out[a * 16 + j].
+    // The epilogue of dots16_u8s8 for row a (widened): out[a * 16 + j].
     void store(uint32_t a, const float* row_scale, const int32_t* row_sum, const float* query_scale,
                const int32_t* query_zero, const float* bias, float* out) const {
         const __m256i sums[2] = {v0, v1};
@@ -274,31 +273,34 @@ void dots16_u8s8_rows_avx2(const int8_t* rows, size_t stride, uint32_t width, ui
     u8s8_sums first, second, third;
     const int8_t* w = rows + size_t(a) * stride;
     const uint32_t fours = (width + 3) / 4, whole = width / 4;
-    // The last four's values alone where the width is not a multiple of 4: nothing past it is
-    // read.
-    auto bytes = [&](uint32_t p) { return p < whole ? 4u : width % 4; };
-    auto inputs = [&](uint32_t p, uint32_t t) {
-        return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + size_t(p) * 64 + 32 * t));
+    // One four against the inputs: the last four's values alone where the width is not a
+    // multiple of 4 (nothing past it is read).
+    auto add_four = [&](uint32_t p, uint32_t bytes) {
+        const __m256i x0 =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + size_t(p) * 64));
+        const __m256i x1 =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + size_t(p) * 64 + 32));
+        first.add(broadcast_four(w + 4 * p, bytes), x0, x1);
+        if constexpr (R >= 2) second.add(broadcast_four(w + stride + 4 * p, bytes), x0, x1);
+        if constexpr (R >= 3) third.add(broadcast_four(w + 2 * stride + 4 * p, bytes), x0, x1);
     };
+    auto widen = [&] {
+        first.widen();
+        if constexpr (R >= 2) second.widen();
+        if constexpr (R >= 3) third.widen();
+    };
+    constexpr uint32_t block = avx2_u8s8_fours_a_widening;
     uint32_t p = 0;
-    for (; p + 2 <= fours; p += 2) {
-        const __m256i x0 = inputs(p, 0), x1 = inputs(p, 1);
-        const __m256i y0 = inputs(p + 1, 0), y1 = inputs(p + 1, 1);
-        const uint32_t b0 = bytes(p), b1 = bytes(p + 1);
-        first.add(broadcast_four(w + 4 * p, b0), broadcast_four(w + 4 * p + 4, b1), x0, x1, y0, y1);
-        if constexpr (R >= 2)
-            second.add(broadcast_four(w + stride + 4 * p, b0),
-                       broadcast_four(w + stride + 4 * p + 4, b1), x0, x1, y0, y1);
-        if constexpr (R >= 3)
-            third.add(broadcast_four(w + 2 * stride + 4 * p, b0),
-                      broadcast_four(w + 2 * stride + 4 * p + 4, b1), x0, x1, y0, y1);
+    for (; p + block <= whole; p += block) {
+        // Not unrolled whole: GCC then computed the block's 48 products first and spilled
+        // them to sum them as a tree.
+#pragma GCC unroll 2
+        for (uint32_t q = 0; q < block; ++q) add_four(p + q, 4);
+        widen();
     }
     if (p < fours) {
-        const __m256i x0 = inputs(p, 0), x1 = inputs(p, 1);
-        const uint32_t b = bytes(p);
-        first.add(broadcast_four(w + 4 * p, b), x0, x1);
-        if constexpr (R >= 2) second.add(broadcast_four(w + stride + 4 * p, b), x0, x1);
-        if constexpr (R >= 3) third.add(broadcast_four(w + 2 * stride + 4 * p, b), x0, x1);
+        for (; p < fours; ++p) add_four(p, p < whole ? 4u : width % 4);
+        widen();
     }
     first.store(a, row_scale, row_sum, query_scale, query_zero, bias, out);
     if constexpr (R >= 2)
@@ -307,15 +309,18 @@ void dots16_u8s8_rows_avx2(const int8_t* rows, size_t stride, uint32_t width, ui
         third.store(a + 2, row_scale, row_sum, query_scale, query_zero, bias, out);
 }
 
-// The inputs' largest byte: two fours' pairs, 2 * 2 * 63 * 127 = 32,004, stay in int16.
-constexpr uint8_t avx2_u8s8_input_max = 63;
+// The inputs' largest byte: eight fours' pairs, 8 * 2 * 15 * 127 = 30,480, stay in int16 (a
+// 4-bit query loses no P@1 on the real sets: bench/kernels.md).
+constexpr uint8_t avx2_u8s8_input_max = 15;
+static_assert(avx2_u8s8_fours_a_widening * 2 * avx2_u8s8_input_max * 127 <= 32767);
 
 void dots16_u8s8_avx2(const int8_t* rows, size_t stride, uint32_t width, uint32_t n,
                       const uint8_t* xq, const float* row_scale, const int32_t* row_sum,
                       const float* query_scale, const int32_t* query_zero, const float* bias,
                       float* out) {
-    // Three rows at a time: their 6 accumulators and the four input vectors of two fours,
-    // with the broadcasts and the products, fill the 16 registers.
+    // Three rows at a time: their six 16-bit sums, the two input vectors, the broadcasts and
+    // the products fill the 16 registers (the int32 sums wait in L1 between widenings); two
+    // or four rows were 6-40% slower (bench/kernels.md).
     constexpr uint32_t R = 3;
     uint32_t a = 0;
     for (; a + R <= n; a += R)
