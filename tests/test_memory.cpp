@@ -90,6 +90,20 @@ TEST(Memory, AlignedArraysAreZeroAndBlocksFrom2MiBStartOnAHugePageBoundary) {
         ASSERT_EQ(reused.size(), floats);
         EXPECT_EQ(std::memcmp(copy.data(), a.data(), floats * sizeof(float)), 0);
         EXPECT_EQ(std::memcmp(reused.data(), a.data(), floats * sizeof(float)), 0);
+        // A snapshot's copy on normal pages: the same values and alignment; one of the same
+        // size writes into the block it holds.
+        aligned_floats snapshot(floats + 3);
+        snapshot.copy_from(a, detail::page_size::normal);
+        ASSERT_EQ(snapshot.size(), floats);
+        EXPECT_EQ(reinterpret_cast<uintptr_t>(snapshot.data()) % 64, 0u);
+        if (floats * sizeof(float) >= huge)
+            EXPECT_EQ(reinterpret_cast<uintptr_t>(snapshot.data()) % huge, 0u);
+        EXPECT_EQ(std::memcmp(snapshot.data(), a.data(), floats * sizeof(float)), 0);
+        const float* held = snapshot.data();
+        a[floats - 1] = 42.0f;
+        snapshot.copy_from(a, detail::page_size::normal);
+        EXPECT_EQ(snapshot.data(), held);
+        EXPECT_EQ(snapshot[floats - 1], 42.0f);
         a.resize(floats);
         for (size_t i = 0; i < floats; i += 97) ASSERT_EQ(a[i], 0.0f);
     }

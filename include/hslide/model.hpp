@@ -19,11 +19,18 @@
 namespace hslide {
 
 namespace detail {
+/// Whether a big block is advised to use huge pages.
+enum class page_size {
+    huge,   ///< a block read and written at random (a model that trains): fewer TLB misses
+    normal  ///< a block copied in order (a snapshot): on a VM a fresh huge page cost 2-3 ms
+            ///< a MiB to fault in where normal pages cost 0.9 (bench/peers.md, 2026-12-06)
+};
+
 /// `bytes` of memory, 64-byte aligned, zeroed (by the OpenMP threads where it is big) unless
 /// `zeroed` is false (for a block about to be copied over whole); blocks of 2 MiB and more are
-/// 2 MiB aligned, their size rounded up to 2 MiB, and advised to use huge pages (a kernel that
-/// refuses leaves them on normal pages).
-void* allocate_aligned(size_t bytes, bool zeroed = true);
+/// 2 MiB aligned, their size rounded up to 2 MiB, and with page_size::huge advised to use huge
+/// pages (a kernel that refuses leaves them on normal pages).
+void* allocate_aligned(size_t bytes, bool zeroed = true, page_size pages = page_size::huge);
 void free_aligned(void* p);
 /// memcpy of `bytes` from `src` to `dst` (not overlapping); blocks of 4 MiB and more are
 /// copied by the OpenMP threads in 2 MiB pieces.
@@ -39,14 +46,16 @@ class aligned_array {
     explicit aligned_array(size_t n) { resize(n); }
     aligned_array(const aligned_array& other) { *this = other; }
     aligned_array& operator=(const aligned_array& other) {
-        if (this != &other) {
-            // Same size: copy into the block held (a fresh one costs page faults, which
-            // dominated whole-model copies of a few MB); else a fresh block, not zeroed first:
-            // the copy writes every byte of it.
-            if (other.size_ != size_) allocate(other.size_, /*zeroed=*/false);
-            if (size_) detail::copy_bytes(data(), other.data(), size_ * sizeof(T));
-        }
+        copy_from(other, detail::page_size::huge);
         return *this;
+    }
+    /// Makes this a copy of `other`: into the block held where the sizes match (a fresh one
+    /// costs page faults, which dominated whole-model copies of a few MB), else into a fresh
+    /// block of `pages`, not zeroed first (the copy writes every byte of it).
+    void copy_from(const aligned_array& other, detail::page_size pages) {
+        if (this == &other) return;
+        if (other.size_ != size_) allocate(other.size_, /*zeroed=*/false, pages);
+        if (size_) detail::copy_bytes(data(), other.data(), size_ * sizeof(T));
     }
     aligned_array(aligned_array&&) noexcept = default;
     aligned_array& operator=(aligned_array&&) noexcept = default;
@@ -60,11 +69,11 @@ class aligned_array {
     T operator[](size_t i) const { return data_.get()[i]; }
 
   private:
-    void allocate(size_t n, bool zeroed) {
+    void allocate(size_t n, bool zeroed, detail::page_size pages = detail::page_size::huge) {
         data_.reset();
         size_ = 0;
         if (n == 0) return;
-        data_.reset(static_cast<T*>(detail::allocate_aligned(n * sizeof(T), zeroed)));
+        data_.reset(static_cast<T*>(detail::allocate_aligned(n * sizeof(T), zeroed, pages)));
         size_ = n;
     }
     struct deleter {
@@ -138,7 +147,9 @@ struct model_state {
     /// Makes this model a copy of `src` (with_optimizer: with its Adam moments; without: none,
     /// as parameters() gives), keeping this model's buffers where their sizes match: a backend
     /// exports into the same snapshot every epoch (--epochs auto's best model), and fresh
-    /// buffers cost page faults and zeroing that took 5-15x the copy itself.
+    /// buffers cost page faults and zeroing that took 5-15x the copy itself. Fresh buffers are
+    /// on normal pages (detail::page_size::normal): a copy is a snapshot, not a model that
+    /// trains.
     void copy_from(const model_state& src, bool with_optimizer);
     /// Takes `in`'s weights, biases and hash seeds (and, with `with_optimizer`, its Adam
     /// moments and step count): what a host backend's import_state does. Throws hslide::error

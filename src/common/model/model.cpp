@@ -16,7 +16,7 @@
 
 namespace hslide {
 
-void* detail::allocate_aligned(size_t bytes, bool zeroed) {
+void* detail::allocate_aligned(size_t bytes, bool zeroed, page_size pages) {
     // Round the byte count to 2 MiB for big blocks so they can sit on huge pages. From 2 MiB,
     // not 8: a block on 4 KiB pages costs a fault a page, and on a VM those faults were most
     // of creating Debian-recs' model (its output layer's three 6.3 MB arrays: 143 -> 88 ms,
@@ -31,7 +31,8 @@ void* detail::allocate_aligned(size_t bytes, bool zeroed) {
         if (zeroed) std::memset(p, 0, bytes);
         return p;
     }
-    madvise(p, bytes, MADV_HUGEPAGE);  // a refusal is harmless: normal pages then
+    // A refusal is harmless: normal pages then.
+    if (pages == page_size::huge) madvise(p, bytes, MADV_HUGEPAGE);
     if (!zeroed) return p;
     // The first write to a page faults it in and the kernel clears it: for a model of a few
     // GiB that took seconds on one thread, so the threads share the pages.
@@ -73,10 +74,6 @@ model_state model_state::parameters() const {
 
 void model_state::copy_from(const model_state& src, bool with_optimizer) {
     if (this == &src) return;
-    if (with_optimizer) {
-        *this = src;  // element by element: aligned_array's assignment keeps a same-size block
-        return;
-    }
     config = src.config;
     adam_step = src.adam_step;
     hash_seeds = src.hash_seeds;
@@ -88,12 +85,19 @@ void model_state::copy_from(const model_state& src, bool with_optimizer) {
         dst.rows = from.rows;
         dst.width = from.width;
         dst.stride = from.stride;
-        dst.weights = from.weights;
+        dst.weights.copy_from(from.weights, detail::page_size::normal);
         dst.bias = from.bias;
-        dst.adam_m.resize(0);
-        dst.adam_v.resize(0);
-        dst.bias_m.clear();
-        dst.bias_v.clear();
+        if (with_optimizer) {
+            dst.adam_m.copy_from(from.adam_m, detail::page_size::normal);
+            dst.adam_v.copy_from(from.adam_v, detail::page_size::normal);
+            dst.bias_m = from.bias_m;
+            dst.bias_v = from.bias_v;
+        } else {
+            dst.adam_m.resize(0);
+            dst.adam_v.resize(0);
+            dst.bias_m.clear();
+            dst.bias_v.clear();
+        }
     }
 }
 
