@@ -447,6 +447,11 @@ TEST(CpuBackend, SelectionQualityMeasuresTheSetsAgainstTheExactTopLogits) {
     EXPECT_GT(some.top_recall, 0.0);
     EXPECT_LT(some.mean_set_size, 30.0);
     EXPECT_GE(some.mean_set_size, 8.0);  // filled to min_active
+    // The trainer's automatic probe runs where the selection may miss (selection_is_exact):
+    // LSH, not a dense layer nor an exact top-k (IVF: test_ivf_index.cpp).
+    EXPECT_TRUE(be.selection_is_exact());
+    EXPECT_TRUE(dense.selection_is_exact());
+    EXPECT_FALSE(lsh.selection_is_exact());
 }
 
 TEST(CpuBackend, TopKOverEveryNeuronTrainsAsTheDenseLayer) {

@@ -434,9 +434,12 @@ TEST(IvfTopK, ProbingEveryClusterTrainsAsExactTopK) {
             }
         }
         EXPECT_EQ(hslide::testing::max_parameter_difference(exact.model(), ivf.model()), 0.0);
-        // The selection probe sees the exact top-k's recall.
+        // The selection probe sees the exact top-k's recall. The index is what the trainer's
+        // automatic probe is for (selection_is_exact), whatever its probes.
         const selection_quality q = ivf.measure_selection({&data, rows.data(), 40}, 6);
         EXPECT_EQ(q.top_recall, 1.0);
+        EXPECT_FALSE(ivf.selection_is_exact());
+        EXPECT_TRUE(exact.selection_is_exact());
     }
 }
 

@@ -36,6 +36,7 @@ class recording_backend final : public backend {
     double loss_per_sample = 1.0;
     std::vector<std::vector<uint32_t>> probes;  // points of each measure_selection call
     bool measures = true;
+    bool exact = false;  // selection_is_exact
 
     step_report train_batch(const batch_view& batch, float learning_rate) override {
         batches.emplace_back(batch.rows, batch.rows + batch.size);
@@ -60,6 +61,7 @@ class recording_backend final : public backend {
         q.mean_set_size = 7;
         return q;
     }
+    bool selection_is_exact() const override { return exact; }
     void refresh_selections(bool new_functions) override {
         rebuilds.push_back({samples, new_functions});
     }
@@ -248,6 +250,22 @@ TEST(Trainer, MeasuresTheSelectionOnTheSameTrainingPointsEveryEpoch) {
     const std::vector<epoch_record> none = trainer(b, data, &test, o).run();
     EXPECT_EQ(b.probes.size(), 1u);
     EXPECT_FALSE(none.back().selection);
+    // Automatic (-1): trainer_options::auto_selection_probe_points where the selection is
+    // approximate, no probe where the backend says its sets are exact; asked for, a probe of
+    // an exact selection runs all the same.
+    o.selection_probe_points = -1;
+    recording_backend approximate;
+    trainer(approximate, data, &test, o).run();
+    ASSERT_EQ(approximate.probes.size(), 3u);
+    EXPECT_EQ(approximate.probes[0].size(),
+              std::min<size_t>(95, trainer_options::auto_selection_probe_points));
+    recording_backend exact;
+    exact.exact = true;
+    EXPECT_FALSE(trainer(exact, data, &test, o).run().back().selection);
+    EXPECT_TRUE(exact.probes.empty());
+    o.selection_probe_points = 20;
+    EXPECT_TRUE(trainer(exact, data, &test, o).run().back().selection);
+    EXPECT_EQ(exact.probes.size(), 3u);
 }
 
 TEST(Trainer, LargeBatchRulesScaleTheRateAndTheWarmUpRampsItUp) {

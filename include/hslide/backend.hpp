@@ -103,6 +103,11 @@ class backend {
     virtual selection_quality measure_selection(const batch_view& batch, uint32_t top) {
         return {};
     }
+    /// Whether the output layer's sets hold each point's exact top logits by construction (a
+    /// dense layer, or a top-k found by scoring every row): there measure_selection has nothing
+    /// to find, and the trainer's automatic probe (trainer_options::selection_probe_points -1)
+    /// does not run. Default false.
+    virtual bool selection_is_exact() const { return false; }
 
     // Optional interfaces (ggml style): a backend offers one by registering it in its
     // constructor; callers ask for it rather than test which backend they hold.

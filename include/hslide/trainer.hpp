@@ -138,9 +138,12 @@ struct trainer_options {
     /// Where a resumed run starts (from its checkpoint; the backend already holds the
     /// checkpoint's model). Unset: a fresh start.
     std::optional<trainer_state> resume;
-    /// Training points on which the active sets are measured after every epoch (0 = never),
-    /// and how many exact top logits their recall is against.
-    uint32_t selection_probe_points = 256;
+    /// Training points on which the active sets are measured after every epoch (0 = never; -1 =
+    /// auto: auto_selection_probe_points where the backend's selection is approximate, LSH or
+    /// an IVF index, none where its sets hold the exact top by construction:
+    /// backend::selection_is_exact), and how many exact top logits their recall is against.
+    int32_t selection_probe_points = -1;
+    static constexpr uint32_t auto_selection_probe_points = 256;
     uint32_t selection_probe_top = 32;
     bool show_progress = true;
     validation_options validation;  ///< validation set, best epoch, early stopping

@@ -388,8 +388,9 @@ std::vector<option_spec> make_table() {
         spec("selection-probe", group::diagnostics,
              "after each evaluated epoch, score this many training points exactly and report how "
              "well the output layer's active sets (labels not forced) hold their top "
-             "--selection-top logits and their labels (0 = never)",
-             HSLIDE_FIELD(trainer.selection_probe_points), {}, {}, both),
+             "--selection-top logits and their labels (0 = never; -1 = auto: 256 where the "
+             "selection is approximate, LSH or an IVF index, none where it is exact)",
+             HSLIDE_FIELD(trainer.selection_probe_points), {}, range(-1, 1 << 30), both),
         spec("selection-top", group::diagnostics,
              "the exact top logits the selection probe's recall is against",
              HSLIDE_FIELD(trainer.selection_probe_top), {}, positive(), both),

@@ -137,6 +137,9 @@ class cpu_backend final : public backend, public row_transfer {
     /// rows up to date first, as predict does; draws its random fills from its own seed.
     /// points == 0 when the layer before the output has active sets (no exact scoring).
     selection_quality measure_selection(const batch_view& batch, uint32_t top) override;
+    /// A dense output layer, or a top-k one searched by scoring every row (exact_top_k); not
+    /// LSH, nor a top-k searched through an IVF index.
+    bool selection_is_exact() const override;
 
     /// Forward and backward on `batch` without updating: writes the batch-mean gradient of
     /// the loss into `gradient` (shaped like the model; zero where the batch did not touch)

@@ -79,6 +79,12 @@ void cpu_backend::select_active_sets(const batch_view& batch, size_t l, bool tra
     }
 }
 
+bool cpu_backend::selection_is_exact() const {
+    const neuron_selector& selector = output_selection();
+    return selector.kind() == neuron_selection::all ||
+           (selector.kind() == neuron_selection::top_k && !selector.searches_ivf());
+}
+
 selection_quality cpu_backend::measure_selection(const batch_view& batch, uint32_t top) {
     HSLIDE_CHECK(top > 0 && batch.size > 0, "a selection measurement needs points and a top");
     if (shard_.sharded()) return {};  // not measured across ranks (points == 0: not asked again)

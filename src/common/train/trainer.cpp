@@ -105,13 +105,22 @@ trainer::trainer(backend& engine, const dataset& train, const dataset* test,
         inverse_propensities_ =
             inverse_propensities(label_counts_, train_.size(), options_.eval.metrics.propensity_a,
                                  options_.eval.metrics.propensity_b);
-    if (options_.selection_probe_points > 0) {
+    // An exact selection's probe would measure its construction, at 3% of a Debian-recs epoch
+    // (bench/peers.md, 2026-12-06): automatic runs it only where the selection is approximate.
+    HSLIDE_CHECK(options_.selection_probe_points >= -1,
+                 "the selection probe's points must be -1 (auto), 0 (never) or more, not {}",
+                 options_.selection_probe_points);
+    const uint32_t probe_points =
+        options_.selection_probe_points >= 0 ? uint32_t(options_.selection_probe_points)
+        : backend_.selection_is_exact()      ? 0
+                                             : trainer_options::auto_selection_probe_points;
+    if (probe_points > 0) {
         // A fixed sample, so every epoch's measurement is of the same points.
         std::vector<uint32_t> all(train_.size());
         std::iota(all.begin(), all.end(), 0u);
         rng probe_gen(derive_seed(options_.train.seed, 0x9e1ec7));
         shuffle(all.begin(), all.end(), probe_gen);
-        all.resize(std::min<size_t>(all.size(), options_.selection_probe_points));
+        all.resize(std::min<size_t>(all.size(), probe_points));
         std::sort(all.begin(), all.end());
         probe_rows_ = std::move(all);
     }
