@@ -22,7 +22,7 @@ namespace detail {
 /// Whether a big block is advised to use huge pages.
 enum class page_size {
     huge,   ///< a block read and written at random (a model that trains): fewer TLB misses
-    normal  ///< a block copied in order (a snapshot): on a VM a fresh huge page cost 2-3 ms
+    normal  ///< a block copied in order (a snapshot): on a VM a fresh huge page cost 3-4 ms
             ///< a MiB to fault in where normal pages cost 0.9 (bench/peers.md, 2026-12-06)
 };
 
