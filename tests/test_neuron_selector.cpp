@@ -448,11 +448,11 @@ std::vector<uint32_t> int8_reference_top_k(const exact_layer& layer,
 TEST(NeuronSelector, QuantizeQueryU8WritesTheReferencesBytesScaleAndZeroPoint) {
     // Awkward widths (a partial last four, one value, a whole 64-byte group), ReLU outputs
     // (zero point 0), affine values of either sign, a constant and an all-zero query, at the
-    // avx2 kernels' range (63) and VNNI's (255). The bytes past each four's 4 must stay as
-    // they were (they are other queries' lanes).
+    // avx2 kernels' range (15, and the 63 it was), and VNNI's (255). The bytes past each four's 4
+    // must stay as they were (they are other queries' lanes).
     rng g(31);
     for (uint32_t width : {1u, 2u, 3u, 4u, 5u, 15u, 16u, 17u, 33u, 64u, 255u, 256u, 257u})
-        for (uint8_t max : {uint8_t{63}, uint8_t{255}})
+        for (uint8_t max : {uint8_t{15}, uint8_t{63}, uint8_t{255}})
             for (int kind = 0; kind < 4; ++kind) {
                 SCOPED_TRACE(::testing::Message()
                              << "width " << width << ", max " << int(max) << ", kind " << kind);
