@@ -10,6 +10,7 @@
 #include "hslide/trainer.hpp"
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,17 +18,24 @@ namespace hslide {
 
 /// What a checkpoint holds.
 struct checkpoint_contents {
-    model_state model;                   ///< parameters and Adam state
+    /// Parameters and Adam state. Where the run averaged its weights (weight_average.hpp) the
+    /// weights and biases are the average: the model to score with.
+    model_state model;
+    /// Where the weights are an average: the weights and biases the optimizer was at
+    /// (parameters only), from which a resumed run trains on. Unset otherwise.
+    std::optional<model_state> training_weights;
     trainer_state trainer;               ///< where training stopped
     std::vector<uint32_t> label_counts;  ///< training points per label (may be empty)
     uint64_t train_points = 0;           ///< training points the counts come from
     label_map rows;  ///< the label each output row stands for (identity in older files)
 };
 
-/// Writes a checkpoint atomically (temporary file, then rename).
+/// Writes a checkpoint atomically (temporary file, then rename). `training_weights`: where
+/// `model`'s weights are an average, the weights the optimizer is at (checkpoint_contents).
 void save_checkpoint(const std::string& path, const model_state& model,
                      const trainer_state& trainer, const std::vector<uint32_t>& label_counts = {},
-                     uint64_t train_points = 0, const label_map& rows = {});
+                     uint64_t train_points = 0, const label_map& rows = {},
+                     const model_state* training_weights = nullptr);
 
 /// Reads and fully validates a checkpoint; throws hslide::input_error naming the file and the
 /// problem (not a checkpoint, truncated, checksum mismatch, layer shapes that disagree...).

@@ -318,6 +318,12 @@ struct train_config {
     /// Samples over which the rate ramps up linearly from 0 at the start of training (0 = none);
     /// large scaled rates want it.
     uint64_t warmup_samples = 0;
+    /// The model a run evaluates, keeps and saves: an exponential moving average of the
+    /// weights with this time constant in epochs (weight_average.hpp), or the weights
+    /// themselves (0). -1 (the front ends' default; this struct's default stays 0):
+    /// weight_average_auto_epochs (0.5) where the backend holds its model in host memory (the
+    /// CPU ones) and the run is one process, else 0.
+    double ema_epochs = 0;
     float adam_beta1 = 0.9f;
     float adam_beta2 = 0.999f;
     float adam_epsilon = 1e-8f;

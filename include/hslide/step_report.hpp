@@ -15,10 +15,11 @@ struct stage_times {
     double update = 0;       ///< gradient reduction and the optimizer
     double rebuild = 0;      ///< table rebuilds
     double transfer = 0;     ///< host<->device copies (GPU backends), collectives across ranks
+    double average = 0;      ///< the weight average's ticks, and its swaps in and out for scoring
 
     stage_times& operator+=(const stage_times& o);
     double total() const {
-        return hashing + active_sets + forward + backward + update + rebuild + transfer;
+        return hashing + active_sets + forward + backward + update + rebuild + transfer + average;
     }
 };
 

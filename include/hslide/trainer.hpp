@@ -138,6 +138,10 @@ struct trainer_options {
     /// Where a resumed run starts (from its checkpoint; the backend already holds the
     /// checkpoint's model). Unset: a fresh start.
     std::optional<trainer_state> resume;
+    /// A resumed run whose checkpoint holds an average of the weights (the backend holds
+    /// it): the weights the optimizer was at (checkpoint_contents::training_weights), from
+    /// which training goes on. Unset: training goes on from the weights the backend holds.
+    std::optional<model_state> resume_training_weights;
     /// Training points on which the active sets are measured after every epoch (0 = never; -1 =
     /// auto: auto_selection_probe_points where the backend's selection is approximate, LSH or
     /// an IVF index, none where its sets hold the exact top by construction:
@@ -195,6 +199,9 @@ class trainer {
     void request_stop() { stop_requested_ = true; }
     /// An epoch's record as one JSON object: the line --metrics-out writes.
     std::string record_json(const epoch_record& record) const;
+    /// The time constant in epochs of the weight average the run evaluates, keeps and saves
+    /// (train_config::ema_epochs with auto resolved); 0 when it uses the weights themselves.
+    double ema_epochs() const { return ema_epochs_; }
 
   private:
     /// One epoch; with `synchronize_at_end`, waits until an asynchronous backend applied it.
@@ -218,9 +225,23 @@ class trainer {
     /// it; the `undone` epochs trained past the best are counted (the caller brings the best
     /// epoch's model back where there are any).
     void drop_rate(uint32_t undone);
+    /// The backend goes back to the best epoch's model (best_model_), and the average to the
+    /// best epoch's.
+    void restore_best_model();
     /// " by more than M x its hold-out noise (N)" where validation_options::min_gain is set,
     /// else "": what a plateau's message says the epochs fell short of.
     std::string gain_wanted() const;
+
+    /// The model the backend trains, in host memory with every row up to date (for the
+    /// average's ticks); nullptr where the backend holds it elsewhere.
+    const model_state* current_parameters();
+    /// A tick of the weight average (weight_average.hpp).
+    void tick_average();
+    /// With an average: the backend holds the average's weights (for evaluation, the best
+    /// model's snapshot and checkpoints) and training_weights_ the weights it trains, until
+    /// hide_average() puts those back. Nothing without an average or when already so.
+    void show_average();
+    void hide_average();
 
     backend& backend_;  // holds the model being trained
     const dataset& train_;
@@ -236,6 +257,12 @@ class trainer {
     trainer_state best_state_;
     std::optional<epoch_record> best_record_;   // keep_best: the best epoch's record
     std::optional<epoch_record> final_record_;  // keep_best: the kept model's, after run()
+    double ema_epochs_ = 0;
+    float average_keep_ = 0;               // weight_average_keep(ema_epochs_); 0: no average
+    model_state average_;                  // the weights' average (no layers before its first tick)
+    model_state training_weights_;         // show_average(): the weights the backend trains
+    bool showing_average_ = false;
+    model_state best_training_weights_;    // keep_best with an average: the best epoch's
     uint32_t epochs_run_ = 0;
     uint32_t epochs_undone_ = 0;
     bool stop_requested_ = false;

@@ -72,6 +72,10 @@ struct auto_epochs_defaults {
     /// Bibtex by 0.012 and 0.013 (seeds 1, 2), Yeast by 0.004 (seed 3), and kept it within 0.002
     /// elsewhere (Corel5k, Debian-recs; bench/epochs.md), for 1-3 more epochs.
     static constexpr int32_t lr_drops = 1;
+    /// The same where the run scores an average of its weights (train_config::ema_epochs):
+    /// none. The average does what the drop did, without the epochs at the lower rate
+    /// (bench/peers.md, 2026-12-07).
+    static constexpr int32_t lr_drops_with_average = 0;
     /// Epochs at the dropped rate (validation_options::epochs_per_drop): one. Training on at a
     /// tenth of the rate until the next plateau took 2-4 epochs after the drop; stopping after
     /// the first kept the mean test P@1 of seeds 1-4 within 0.002 on every real set (Debian-

@@ -71,10 +71,18 @@ struct output_options {
 
 /// Every setting of a training run, as the table's options fill them. The enum settings are
 /// held by name (the choices the help lists) and parsed by apply_names().
+/// train_config as the front ends (the command line, hslide.Model) default it: the weight
+/// average on auto.
+inline train_config front_end_train_config() {
+    train_config train;
+    train.ema_epochs = -1;
+    return train;
+}
+
 struct train_settings {
     data_options data;
     model_options model;
-    train_config train;
+    train_config train = front_end_train_config();
     trainer_options trainer;
     std::string backend = "cpu";
     compute_options compute;

@@ -207,6 +207,7 @@ int run_train(int argc, char** argv) {
                      rows.identity() ? "" : ", some of which it has no row for");
         initial = std::move(ck.model);
         to.resume = ck.trainer;
+        to.resume_training_weights = std::move(ck.training_weights);
         check_resume_epochs(tc, ck.trainer, resume_path);
         spdlog::info("resuming from {}", resume_path);
         // The checkpoint fixes the network; --probes only steers its evaluation, so it applies.

@@ -19,6 +19,7 @@ stage_times& stage_times::operator+=(const stage_times& o) {
     update += o.update;
     rebuild += o.rebuild;
     transfer += o.transfer;
+    average += o.average;
     return *this;
 }
 

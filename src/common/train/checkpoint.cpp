@@ -46,7 +46,9 @@ void read_floats(const checkpoint_reader& r, const std::string& name, std::vecto
 
 void save_checkpoint(const std::string& path, const model_state& model,
                      const trainer_state& trainer, const std::vector<uint32_t>& label_counts,
-                     uint64_t train_points, const label_map& rows) {
+                     uint64_t train_points, const label_map& rows,
+                     const model_state* training_weights) {
+    if (training_weights) model.check_same_layout(*training_weights);
     checkpoint_writer w(path);
     nlohmann::json meta;
     meta["model"] = nlohmann::json::parse(model_config_to_json(model.config));
@@ -88,6 +90,10 @@ void save_checkpoint(const std::string& path, const model_state& model,
         w.add_vector(section(l, "bias"), layer.bias);
         w.add_vector(section(l, "bias_m"), layer.bias_m);
         w.add_vector(section(l, "bias_v"), layer.bias_v);
+        if (training_weights) {
+            add_floats(w, section(l, "training_weights"), training_weights->layers[l].weights);
+            w.add_vector(section(l, "training_bias"), training_weights->layers[l].bias);
+        }
     }
     if (!label_counts.empty()) w.add_vector("label_counts", label_counts);
     if (!rows.identity()) w.add_vector("row_labels", rows.labels);
@@ -160,6 +166,21 @@ checkpoint_contents load_checkpoint(const std::string& path) {
         read_floats(r, section(l, "bias"), layer.bias, neurons);
         read_floats(r, section(l, "bias_m"), layer.bias_m, neurons);
         read_floats(r, section(l, "bias_v"), layer.bias_v, neurons);
+    }
+    // Written by a run that averaged its weights: every layer has its training weights.
+    if (r.has(section(0, "training_weights"))) {
+        c.training_weights = model_state::layout(c.model.config);
+        model_state& t = *c.training_weights;
+        t.layers.back().rows = c.model.layers.back().rows;
+        t.output_first = c.model.output_first;
+        t.adam_step = c.model.adam_step;
+        t.hash_seeds = c.model.hash_seeds;
+        for (size_t l = 0; l < t.layers.size(); ++l) {
+            layer_state& layer = t.layers[l];
+            read_floats(r, section(l, "training_weights"), layer.weights,
+                        size_t(layer.rows) * layer.stride);
+            read_floats(r, section(l, "training_bias"), layer.bias, c.model.layers[l].bias.size());
+        }
     }
     if (r.has("label_counts")) c.label_counts = r.get_vector<uint32_t>("label_counts");
     if (r.has("row_labels")) {
