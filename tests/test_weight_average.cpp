@@ -10,6 +10,7 @@
 #include "hslide/model_options.hpp"
 #include "hslide/synthetic.hpp"
 #include "hslide/trainer.hpp"
+#include "hslide/validation.hpp"
 #include "hslide/weight_average.hpp"
 #include "scripted_backend.hpp"
 #include "test_util.hpp"
@@ -258,6 +259,62 @@ TEST(WeightAverage, AResumedRunEndsAsTheUninterruptedOne) {
     auto resumed = cpu_backend_for(tc, std::move(ck.model));
     trainer(*resumed, tiny_train(), nullptr, second).run();
     expect_same_parameters(parameters_of(*resumed), parameters_of(*straight));
+}
+
+TEST(WeightAverage, AnAutoRunWithADropEndsWithItsBestAverageAndResumesAsTheUninterruptedOne) {
+    temp_dir dir;
+    train_config tc = averaged_config(adam_mode::input_catch_up);
+    parse_epochs("auto", tc);
+    tc.learning_rate = 0.03f;  // overfits: a plateau, a drop, a stop
+    const auto parts = hold_out_for_auto_epochs(tiny_train(), tc.seed);
+    trainer_options o = quiet(tc);
+    o.validation.valid = &parts.second;
+    o.validation.lr_drops = 1;  // not auto's with an average (0): the drop's path is tested here
+
+    trainer_options saved = o;
+    saved.save_path = dir.file("whole.ckpt");
+    auto straight = cpu_backend_for(tc, model_state::create(tiny_config(), tc.seed));
+    trainer whole(*straight, parts.first, nullptr, saved);
+    whole.run();
+    ASSERT_EQ(whole.state().lr_drops, 1u) << "this rate meets a plateau";
+    const uint32_t ran = whole.epochs_run();
+    // The run ends with the kept epoch's average, which its checkpoint holds beside the
+    // weights training was at.
+    const checkpoint_contents end = load_checkpoint(saved.save_path);
+    expect_same_parameters(end.model, parameters_of(*straight));
+    ASSERT_TRUE(end.training_weights);
+    EXPECT_TRUE(any_weight_differs(end.model, *end.training_weights));
+
+    // Interrupted after the epoch before the last, and resumed from its checkpoint.
+    trainer_options first = o;
+    first.save_path = dir.file("auto.ckpt");
+    auto half = cpu_backend_for(tc, model_state::create(tiny_config(), tc.seed));
+    trainer interrupted(*half, parts.first, nullptr, first);
+    interrupted.run([&](const epoch_record& r) {
+        if (r.epoch == ran - 1) interrupted.request_stop();
+    });
+    const checkpoint_contents ck = load_checkpoint(first.save_path);
+    ASSERT_TRUE(ck.training_weights);
+    ASSERT_EQ(ck.trainer.lr_drops, 0u) << "the best before the drop";
+    auto resume = [&](const trainer_state& state) {
+        trainer_options second = o;
+        second.resume = state;
+        second.resume_training_weights = *ck.training_weights;
+        auto be = cpu_backend_for(tc, ck.model);
+        trainer resumed(*be, parts.first, nullptr, second);
+        resumed.run();
+        EXPECT_EQ(resumed.best_epoch(), whole.best_epoch());
+        EXPECT_EQ(resumed.epochs_run(), ran);
+        expect_same_parameters(parameters_of(*be), parameters_of(*straight));
+    };
+    // Resumed, it meets the plateau again and drops the rate as the whole run did.
+    resume(ck.trainer);
+    // The drop trains on from the best epoch's training weights and average, as a run resumed
+    // from the best epoch's checkpoint at the dropped rate does.
+    trainer_state dropped = ck.trainer;
+    dropped.lr_drops = 1;
+    dropped.lr_dropped_after = ck.trainer.epochs_done;
+    resume(dropped);
 }
 
 TEST(WeightAverage, AutoIsOffAndAnExplicitAverageRefusedWhereTheModelIsNotInHostMemory) {

@@ -262,7 +262,7 @@ class trainer {
     model_state average_;                  // the weights' average (no layers before its first tick)
     model_state training_weights_;         // show_average(): the weights the backend trains
     bool showing_average_ = false;
-    model_state best_training_weights_;    // keep_best with an average: the best epoch's
+    model_state best_training_weights_;    // keep_best with an average: the best epoch's (or none)
     uint32_t epochs_run_ = 0;
     uint32_t epochs_undone_ = 0;
     bool stop_requested_ = false;

@@ -231,10 +231,12 @@ bool trainer::drop_epochs_spent() const {
 void trainer::restore_best_model() {
     hide_average();
     backend_.import_state(*best_model_, /*with_optimizer=*/true);
-    if (best_training_weights_.layers.empty()) return;
-    // best_model_ holds the best epoch's average: the backend trains on from its weights.
+    if (average_keep_ == 0) return;
+    // best_model_ holds the best epoch's average; the backend trains on from the weights it
+    // had then where they were kept (else from the average: the run is ending).
     average_.copy_from(*best_model_, /*with_optimizer=*/false);
-    backend_.import_state(best_training_weights_, /*with_optimizer=*/false);
+    if (!best_training_weights_.layers.empty())
+        backend_.import_state(best_training_weights_, /*with_optimizer=*/false);
 }
 
 void trainer::drop_rate(uint32_t undone) {
@@ -530,7 +532,13 @@ void trainer::validate_epoch(epoch_record& record) {
         if (v.keep_best) {
             if (!best_model_) best_model_.emplace();
             backend_.export_state(*best_model_, /*with_optimizer=*/true);
-            if (showing_average_) best_training_weights_.copy_from(training_weights_, false);
+            // With an average, best_model_ holds it. The weights training was at are kept only
+            // for a drop (which trains on from them) and a checkpoint (which a resumed run
+            // does): at the Amazon-670K shape they are 212 MB.
+            if (showing_average_ && (v.lr_drops > 0 || !options_.save_path.empty()))
+                best_training_weights_.copy_from(training_weights_, false);
+            else
+                best_training_weights_ = model_state{};
             best_state_ = state_;
         }
     }
