@@ -914,6 +914,48 @@ TEST(CpuBackend, CatchUpAdamBringsTheModelUpToDateBeforeReadingIt) {
     EXPECT_EQ(max_parameter_difference(be.model(), exported), 0.0);
 }
 
+TEST(CpuBackend, SwapParametersExchangesTheWeightsAsAnExportAndAnImportWould) {
+    const model_config config = small_config(sparsity_mode::dense, sparsity_mode::lsh);
+    const dataset data = random_dataset(64, 20, 30, 64);
+    train_config tc;
+    tc.adam = adam_mode::catch_up;  // rows left behind, which the swap must bring up to date
+    const auto& k = cpu::best_kernels();
+    cpu::cpu_backend be(model_state::create(config, 64), tc, 2, k, precision_mode::bf16);
+    cpu::cpu_backend twin(model_state::create(config, 64), tc, 2, k, precision_mode::bf16);
+    std::vector<uint32_t> rows = {0, 1, 2, 3}, later = {4, 5};
+    for (cpu::cpu_backend* b : {&be, &twin}) {
+        b->train_batch({&data, rows.data(), 4}, 0.01f);
+        b->train_batch({&data, later.data(), 2}, 0.01f);
+    }
+    model_state trained;
+    twin.export_state(trained, /*with_optimizer=*/false);
+    const model_state other_before = model_state::create(config, 77).parameters();
+    model_state other = other_before;
+
+    ASSERT_TRUE(be.swap_parameters(other));
+    EXPECT_TRUE(same_parameters(other, trained)) << "the swap hands out every row up to date";
+    EXPECT_TRUE(same_parameters(be.model(), other_before));
+    // Its derived copies follow (bf16 rows for exact scoring): it predicts as a replica that
+    // imported the same weights.
+    cpu::cpu_backend imported(model_state::create(config, 64), tc, 1, k, precision_mode::bf16);
+    imported.import_state(other_before, /*with_optimizer=*/false);
+    const uint32_t top = 3;
+    std::vector<uint32_t> all(64), l1(64 * top), l2(64 * top);
+    std::iota(all.begin(), all.end(), 0u);
+    std::vector<float> s1(64 * top), s2(64 * top);
+    be.predict({&data, all.data(), 64}, top, scoring_mode::exact, l1.data(), s1.data());
+    imported.predict({&data, all.data(), 64}, top, scoring_mode::exact, l2.data(), s2.data());
+    EXPECT_EQ(l1, l2);
+    EXPECT_EQ(s1, s2);
+
+    ASSERT_TRUE(be.swap_parameters(other));
+    EXPECT_TRUE(same_parameters(be.model(), trained));
+    EXPECT_TRUE(same_parameters(other, other_before));
+    model_state wrong = model_state::create(config, 5).parameters();
+    wrong.layers.pop_back();
+    EXPECT_THROW(be.swap_parameters(wrong), error);
+}
+
 TEST(CpuBackend, ExportImportRoundTripAndPredict) {
     const model_config config = small_config(sparsity_mode::dense, sparsity_mode::dense);
     const dataset data = random_dataset(64, 20, 30, 51);

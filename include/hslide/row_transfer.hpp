@@ -56,6 +56,14 @@ class row_transfer {
     /// backend calls it on each device before merging them whole. Returns whether it moved any
     /// row. The default: nothing is deferred.
     virtual bool complete_deferred_updates() { return false; }
+
+    /// Exchanges the replica's weights and biases with `other`'s (this model's shapes, checked)
+    /// without copying them: the replica then holds what import_state(other, false) would give
+    /// it, and `other` the weights and biases the replica had, every row up to date as
+    /// export_state gives them. Adam state, the step and the hash functions stay. Returns false
+    /// where not offered (the default): the caller exports and imports instead. The trainer
+    /// shows its weight average to the evaluation this way (weight_average.hpp).
+    virtual bool swap_parameters(model_state& other) { return false; }
 };
 
 /// The stand-in for a backend that offers no row_transfer: no rows tracked (every row counts

@@ -238,10 +238,12 @@ class trainer {
     /// A tick of the weight average (weight_average.hpp).
     void tick_average();
     /// With an average: the backend holds the average's weights (for evaluation, the best
-    /// model's snapshot and checkpoints) and training_weights_ the weights it trains, until
-    /// hide_average() puts those back. Nothing without an average or when already so.
+    /// model's snapshot and checkpoints) and shown_training_weights() the weights it trains,
+    /// until hide_average() puts those back. Nothing without an average or when already so.
     void show_average();
     void hide_average();
+    /// While the average is shown, the weights training is at (else nullptr).
+    const model_state* shown_training_weights() const;
 
     backend& backend_;  // holds the model being trained
     const dataset& train_;
@@ -260,8 +262,11 @@ class trainer {
     double ema_epochs_ = 0;
     float average_keep_ = 0;               // weight_average_keep(ema_epochs_); 0: no average
     model_state average_;                  // the weights' average (no layers before its first tick)
-    model_state training_weights_;         // show_average(): the weights the backend trains
+    // show_average() on a backend that cannot swap (row_transfer::swap_parameters): the
+    // weights it trains; where it swapped (swapped_), average_ holds them meanwhile.
+    model_state training_weights_;
     bool showing_average_ = false;
+    bool swapped_ = false;
     model_state best_training_weights_;    // keep_best with an average: the best epoch's (or none)
     uint32_t epochs_run_ = 0;
     uint32_t epochs_undone_ = 0;

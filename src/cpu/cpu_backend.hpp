@@ -130,6 +130,7 @@ class cpu_backend final : public backend, public row_transfer {
     /// in their old buckets until the next refresh_selections, which re-hashes just those rows.
     void import_rows(const model_state& in, const row_sets& rows) override;
     model_state* writable_host_state() override { return &model_; }
+    bool swap_parameters(model_state& other) override;
     void rows_written(const row_sets& rows) override;
 
     /// The output layer's sets for `batch` as training would choose them without the labels,
@@ -327,6 +328,9 @@ class cpu_backend final : public backend, public row_transfer {
     /// kept), for writing: ahead of an update or a catch-up of the row.
     void prefetch_row_state(size_t l, uint32_t row) const;
     void take_moments();
+    /// After model_'s weights and biases were replaced whole (import_state, swap_parameters):
+    /// a new start for take_changed_rows, fresh bf16 copies, every selection refreshed.
+    void parameters_replaced();
     void widen_moments(model_state& out) const;
     void drop_widened_moments();
     /// Throws unless every id is a row of layer l.

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 namespace hslide::cpu {
 
@@ -29,9 +30,7 @@ void cpu_backend::export_state(model_state& out, bool with_optimizer) const {
     if (with_optimizer) widen_moments(out);
 }
 
-void cpu_backend::import_state(const model_state& in, bool with_optimizer) {
-    model_.assign(in, with_optimizer);
-    if (with_optimizer && !moments16_.empty()) take_moments();
+void cpu_backend::parameters_replaced() {
     std::vector<uint32_t> discard;
     for (size_t l = 0; l < model_.layers.size(); ++l) {
         changed_[l].take(discard);  // a new starting point for take_changed_rows
@@ -41,6 +40,27 @@ void cpu_backend::import_state(const model_state& in, bool with_optimizer) {
         selections_[l]->all_rows_changed();
         selections_[l]->refresh({model_.adam_step, model_.hash_seeds[l]});
     }
+}
+
+bool cpu_backend::swap_parameters(model_state& other) {
+    model_.check_same_layout(other);
+    for (size_t l = 0; l < model_.layers.size(); ++l)
+        HSLIDE_CHECK(other.layers[l].bias.size() == model_.layers[l].bias.size(),
+                     "swapped layer {} has {} biases, this model's has {}", l,
+                     other.layers[l].bias.size(), model_.layers[l].bias.size());
+    complete_deferred_updates();  // `other` gets every row up to date, as an export would
+    for (size_t l = 0; l < model_.layers.size(); ++l) {
+        std::swap(model_.layers[l].weights, other.layers[l].weights);
+        std::swap(model_.layers[l].bias, other.layers[l].bias);
+    }
+    parameters_replaced();
+    return true;
+}
+
+void cpu_backend::import_state(const model_state& in, bool with_optimizer) {
+    model_.assign(in, with_optimizer);
+    if (with_optimizer && !moments16_.empty()) take_moments();
+    parameters_replaced();
     // New Adam state: every row is up to date at its step. Parameters alone keep the
     // replica's moments and step, and with them its rows' deferred steps.
     if (catches_up() && with_optimizer) {
