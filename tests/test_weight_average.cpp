@@ -170,8 +170,8 @@ TEST(WeightAverage, BlendMatchesAScalarReferenceAndTheFirstTickCopies) {
 
     model_options other;
     other.hidden = {8};
-    const model_state wrong = model_state::create(
-        make_model_config(other, config.input_dim, config.output_dim()), 3);
+    const model_state wrong =
+        model_state::create(make_model_config(other, config.input_dim, config.output_dim()), 3);
     EXPECT_THROW(blend_into_average(average, wrong, keep), error);
 }
 
@@ -228,8 +228,8 @@ TEST(WeightAverage, ACheckpointKeepsTheTrainingWeightsBesideTheAverage) {
     // Training weights of another shape are refused before anything is written.
     model_options other;
     other.hidden = {8};
-    const model_state wrong = model_state::create(
-        make_model_config(other, config.input_dim, config.output_dim()), 3);
+    const model_state wrong =
+        model_state::create(make_model_config(other, config.input_dim, config.output_dim()), 3);
     EXPECT_THROW(save_checkpoint(dir.file("c.ckpt"), average, ts, {}, 0, {}, &wrong), error);
 }
 

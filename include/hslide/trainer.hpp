@@ -260,14 +260,14 @@ class trainer {
     std::optional<epoch_record> best_record_;   // keep_best: the best epoch's record
     std::optional<epoch_record> final_record_;  // keep_best: the kept model's, after run()
     double ema_epochs_ = 0;
-    float average_keep_ = 0;               // weight_average_keep(ema_epochs_); 0: no average
-    model_state average_;                  // the weights' average (no layers before its first tick)
+    float average_keep_ = 0;  // weight_average_keep(ema_epochs_); 0: no average
+    model_state average_;     // the weights' average (no layers before its first tick)
     // show_average() on a backend that cannot swap (row_transfer::swap_parameters): the
     // weights it trains; where it swapped (swapped_), average_ holds them meanwhile.
     model_state training_weights_;
     bool showing_average_ = false;
     bool swapped_ = false;
-    model_state best_training_weights_;    // keep_best with an average: the best epoch's (or none)
+    model_state best_training_weights_;  // keep_best with an average: the best epoch's (or none)
     uint32_t epochs_run_ = 0;
     uint32_t epochs_undone_ = 0;
     bool stop_requested_ = false;

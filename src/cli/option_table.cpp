@@ -155,7 +155,8 @@ std::vector<option_spec> make_table() {
         spec("lr-drops", group::essentials,
              "at a plateau (patience run out) go back to the best epoch's model and go on at a "
              "tenth of the learning rate, this many times, before stopping (needs --keep-best "
-             "and --patience; -1 = under --epochs auto its default, 1, else 0)",
+             "and --patience; -1 = under --epochs auto its default: 0 with a weight average "
+             "(--ema), else 1; 0 without --epochs auto)",
              HSLIDE_FIELD(trainer.validation.lr_drops), {}, range(-1, 16), both),
         spec("epochs-per-drop", group::essentials,
              "after a --lr-drops drop, train at most this many epochs at the lower rate before "

@@ -438,10 +438,10 @@ std::string trainer::record_json(const epoch_record& r) const {
              {"peak_rss_bytes", f.peak_rss_bytes},
              {"communication",
               communication(f.steps, f.collectives, f.transfer_bytes, f.transfer_seconds)}});
-    j["stage_seconds"] = {{"hashing", r.times.hashing},  {"active_sets", r.times.active_sets},
-                          {"forward", r.times.forward},  {"backward", r.times.backward},
-                          {"update", r.times.update},    {"rebuild", r.times.rebuild},
-                          {"transfer", r.times.transfer},    {"average", r.times.average}};
+    j["stage_seconds"] = {{"hashing", r.times.hashing},   {"active_sets", r.times.active_sets},
+                          {"forward", r.times.forward},   {"backward", r.times.backward},
+                          {"update", r.times.update},     {"rebuild", r.times.rebuild},
+                          {"transfer", r.times.transfer}, {"average", r.times.average}};
     if (ema_epochs_ > 0) j["ema_epochs"] = ema_epochs_;
     for (const worker_stats& w : r.workers)
         j["workers"].push_back({{"name", w.name},
