@@ -2,6 +2,7 @@
 #include "test_util.hpp"
 
 #include "hslide/rng.hpp"
+#include "hslide/synthetic.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -25,6 +26,16 @@
 #include <stdexcept>
 
 namespace hslide::testing {
+
+dataset tiny_synthetic_train(uint64_t seed) {
+    synthetic_config sc;
+    sc.preset = "tiny";
+    sc.scale = 0.5;
+    sc.n_labels = 200;
+    sc.n_features = 1000;
+    sc.seed = seed;
+    return generate_synthetic(sc).train;
+}
 
 lsh_config make_lsh_config(hash_kind kind, int K, int L, int bits, int capacity,
                            insertion_policy policy) {

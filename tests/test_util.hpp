@@ -11,10 +11,31 @@
 #include "hslide/model.hpp"
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
 namespace hslide::testing {
+
+/// Bit for bit: the same bytes (NaN-safe, unlike ==).
+template <class Array>
+bool same_bytes(const Array& a, const Array& b) {
+    return a.size() == b.size() &&
+           (a.size() == 0 || std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0);
+}
+
+/// The training points of the tiny synthetic preset at scale 0.5 with 200 labels and 1,000
+/// features, drawn with `seed` (the trainer's tests' small real-looking set).
+dataset tiny_synthetic_train(uint64_t seed);
+
+/// Expects every layer's weights and biases (not Adam state) the same bit for bit.
+inline void expect_same_parameters(const model_state& a, const model_state& b) {
+    ASSERT_EQ(a.layers.size(), b.layers.size());
+    for (size_t l = 0; l < a.layers.size(); ++l) {
+        EXPECT_TRUE(same_bytes(a.layers[l].weights, b.layers[l].weights)) << "layer " << l;
+        EXPECT_TRUE(same_bytes(a.layers[l].bias, b.layers[l].bias)) << "layer " << l;
+    }
+}
 
 /// The ../shared/data folder beside the checkout, or "" when this clone has none.
 std::string shared_data_dir();

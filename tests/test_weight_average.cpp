@@ -30,21 +30,15 @@ using hslide::testing::generated_data_dir;
 using hslide::testing::labelled_points;
 using hslide::testing::run_hslide;
 using hslide::testing::scripted_backend;
+using hslide::testing::expect_same_parameters;
+using hslide::testing::same_bytes;
 using hslide::testing::temp_dir;
 
 namespace {
 
 /// The tiny synthetic preset's training points (deterministic).
 const dataset& tiny_train() {
-    static const dataset data = [] {
-        synthetic_config sc;
-        sc.preset = "tiny";
-        sc.scale = 0.5;
-        sc.n_labels = 200;
-        sc.n_features = 1000;
-        sc.seed = 11;
-        return generate_synthetic(sc).train;
-    }();
+    static const dataset data = hslide::testing::tiny_synthetic_train(11);
     return data;
 }
 
@@ -87,20 +81,6 @@ model_state parameters_of(const backend& be) {
     model_state m;
     be.export_state(m, /*with_optimizer=*/false);
     return m;
-}
-
-template <class Array>
-bool same_bytes(const Array& a, const Array& b) {
-    return a.size() == b.size() &&
-           (a.size() == 0 || std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0);
-}
-
-void expect_same_parameters(const model_state& a, const model_state& b) {
-    ASSERT_EQ(a.layers.size(), b.layers.size());
-    for (size_t l = 0; l < a.layers.size(); ++l) {
-        EXPECT_TRUE(same_bytes(a.layers[l].weights, b.layers[l].weights)) << "layer " << l;
-        EXPECT_TRUE(same_bytes(a.layers[l].bias, b.layers[l].bias)) << "layer " << l;
-    }
 }
 
 bool any_weight_differs(const model_state& a, const model_state& b) {
