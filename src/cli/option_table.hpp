@@ -69,8 +69,6 @@ struct output_options {
     std::string log_level = "info";
 };
 
-/// Every setting of a training run, as the table's options fill them. The enum settings are
-/// held by name (the choices the help lists) and parsed by apply_names().
 /// train_config as the front ends (the command line, hslide.Model) default it: the weight
 /// average on auto.
 inline train_config front_end_train_config() {
@@ -79,6 +77,8 @@ inline train_config front_end_train_config() {
     return train;
 }
 
+/// Every setting of a training run, as the table's options fill them. The enum settings are
+/// held by name (the choices the help lists) and parsed by apply_names().
 struct train_settings {
     data_options data;
     model_options model;
