@@ -26,12 +26,12 @@
 #include <vector>
 
 using namespace hslide;
+using hslide::testing::expect_same_parameters;
 using hslide::testing::generated_data_dir;
 using hslide::testing::labelled_points;
 using hslide::testing::run_hslide;
-using hslide::testing::scripted_backend;
-using hslide::testing::expect_same_parameters;
 using hslide::testing::same_bytes;
+using hslide::testing::scripted_backend;
 using hslide::testing::temp_dir;
 
 namespace {
@@ -328,8 +328,21 @@ TEST(WeightAverageCli, TheDefaultAveragesAndZeroScoresTheWeights) {
         while (std::getline(in, line)) last = line;
         return nlohmann::json::parse(last);
     };
-    const auto averaging = run_hslide("train" + args + dir.file("auto.jsonl"));
+    const auto averaging =
+        run_hslide("train" + args + dir.file("auto.jsonl") + " --save " + dir.file("m.ckpt"));
     ASSERT_EQ(averaging.exit_code, 0) << averaging.output;
+    // The saved model is the average the run tested: `eval` scores it the same.
+    const auto scored = run_hslide("eval --model " + dir.file("m.ckpt") + " --test " +
+                                   generated_data_dir() + "/test.txt --threads 2 --no-progress");
+    ASSERT_EQ(scored.exit_code, 0) << scored.output;
+    auto p_at_1 = [](const std::string& text, const std::string& after) {
+        const size_t at = text.find("P@1 ", text.find(after));
+        return at == std::string::npos ? std::string("none") : text.substr(at, 10);
+    };
+    const std::string tested = p_at_1(averaging.output, "final:");
+    EXPECT_NE(tested, "none") << averaging.output;
+    EXPECT_EQ(p_at_1(scored.output, "P@1"), tested);
+    EXPECT_TRUE(load_checkpoint(dir.file("m.ckpt")).training_weights);
     const auto averaged = last_record(dir.file("auto.jsonl"));
     EXPECT_DOUBLE_EQ(averaged.at("ema_epochs").get<double>(), weight_average_auto_epochs);
     EXPECT_GT(averaged.at("stage_seconds").at("average").get<double>(), 0.0);
