@@ -154,8 +154,12 @@ checkpoint_contents load_checkpoint(const std::string& path) {
     }
     if (c.model.hash_seeds.size() != c.model.layers.size())
         throw input_error(path, 0, "hash seeds do not match the number of layers");
-    check_host_allocation(fmt::format("{}: {}", path, describe_model_allocation(c.model, true)),
-                          model_allocation_bytes(c.model, true));
+    // A run that averaged its weights wrote the weights training was at beside them.
+    const bool averaged = r.has(section(0, "training_weights"));
+    check_host_allocation(fmt::format("{}: {}{}", path, describe_model_allocation(c.model, true),
+                                      averaged ? " and its training weights" : ""),
+                          model_allocation_bytes(c.model, true) +
+                              (averaged ? model_allocation_bytes(c.model, false) : 0));
     for (size_t l = 0; l < c.model.layers.size(); ++l) {
         layer_state& layer = c.model.layers[l];
         const size_t n = size_t(layer.rows) * layer.stride;
@@ -167,8 +171,7 @@ checkpoint_contents load_checkpoint(const std::string& path) {
         read_floats(r, section(l, "bias_m"), layer.bias_m, neurons);
         read_floats(r, section(l, "bias_v"), layer.bias_v, neurons);
     }
-    // Written by a run that averaged its weights: every layer has its training weights.
-    if (r.has(section(0, "training_weights"))) {
+    if (averaged) {  // every layer has its training weights
         c.training_weights = model_state::layout(c.model.config);
         model_state& t = *c.training_weights;
         t.layers.back().rows = c.model.layers.back().rows;
