@@ -670,10 +670,12 @@ std::vector<epoch_record> trainer::run(const std::function<void(const epoch_reco
         }
     }
     epochs_run_ = state_.epochs_done;
-    // The run ends with the backend holding the model it evaluated: the average, if any.
-    show_average();
+    // The run ends with the backend holding the model it evaluated: the average, if any (the
+    // kept epoch's where that is an earlier one: shown after going back to it, below).
+    const bool going_back = v.keep_best && best_model_ && best_epoch_ != state_.epochs_done;
+    if (!going_back) show_average();
     if (v.keep_best && best_model_) {
-        if (best_epoch_ != state_.epochs_done) {
+        if (going_back) {
             // The best epoch's model and trainer state replace the last epoch's: what the
             // backend holds, what state() says and what --save holds from here on.
             spdlog::info("keeping epoch {}'s model ({} {:.4f} on the validation set)", best_epoch_,
