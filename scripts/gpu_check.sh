@@ -617,8 +617,7 @@ run_mpi_check() {
         --epochs 2 --threads 1 --no-progress --output-sparsity topk --top-k-search exact
         --top-k 16 --min-active 64)
     rm -f "$work"/mpi-*.jsonl "$work"/mpi-strace*
-    # --ema 0: the one process scores its weights, as ranks do (they keep no weight average yet).
-    timeout -k 5 60 "$root/bin/hslide" train "${tiny[@]}" --ema 0 --metrics-out "$work/mpi-one.jsonl" \
+    timeout -k 5 60 "$root/bin/hslide" train "${tiny[@]}" --metrics-out "$work/mpi-one.jsonl" \
         >"$work/mpi-one.log" 2>&1 || echo "one process: exit $? (mpi-one.log)" >>"$summary"
     command -v strace >/dev/null &&
         trace=(strace -ff -qq -e "trace=openat,execve" -e signal=none -o "$work/mpi-strace")

@@ -52,12 +52,12 @@ for line in open(sys.argv[1]):
 }
 
 # same_run NAME ARGS...: trains with ARGS as one process and as 2 ranks; the epochs' P@1 must
-# agree to four digits and the losses within 1e-5 relative. (The one process scores its weights,
-# --ema 0, as ranks do: they keep no weight average yet.)
+# agree to four digits and the losses within 1e-5 relative (each scores its weight average, the
+# default, as ranks keep it too).
 same_run() {
     local name=$1
     shift
-    timeout 300 "$hslide" train "$@" --ema 0 --metrics-out "one_$name.jsonl" >"one_$name.log" 2>&1 ||
+    timeout 300 "$hslide" train "$@" --metrics-out "one_$name.jsonl" >"one_$name.log" 2>&1 ||
         fail "$name: one process failed: $(tail -5 "one_$name.log")"
     timeout 300 "${mpi2[@]}" "$hslide" train "$@" --log-level debug \
         --metrics-out "two_$name.jsonl" >"two_$name.log" 2>&1 ||
@@ -110,7 +110,7 @@ PY
 close_run() {
     local name=$1 within=$2
     shift 2
-    timeout 300 "$hslide" train "$@" --ema 0 --metrics-out "one_$name.jsonl" >"one_$name.log" 2>&1 ||
+    timeout 300 "$hslide" train "$@" --metrics-out "one_$name.jsonl" >"one_$name.log" 2>&1 ||
         fail "$name: one process failed: $(tail -5 "one_$name.log")"
     timeout 300 "${mpi2[@]}" "$hslide" train "$@" --log-level debug \
         --metrics-out "two_$name.jsonl" >"two_$name.log" 2>&1 ||

@@ -535,6 +535,25 @@ TEST(ShardTraining, Bf16PrecisionOnTwoRanksTrainsTheOneRankModel) {
                       precision_mode::bf16);
 }
 
+TEST(ShardTraining, TheWeightAverageOnTwoAndThreeRanksIsTheOneRanks) {
+    // Each rank averages what it holds (the replicated layers alike on every rank): the averaged
+    // model the ranks score, keep and export is the one rank's, bit for bit.
+    const dataset train = random_dataset(600, 60, 97, 11, 7),
+                  test = random_dataset(200, 60, 97, 12);
+    train_config averaged = small_training();
+    averaged.ema_epochs = 0.5;
+    expect_same_model(small_model(sparsity_mode::topk), averaged, train, test, 2);
+    expect_same_model(small_model(sparsity_mode::dense), averaged, train, test, 3, "1,2,1");
+    // And it is an average: not the weights a run without one ends with.
+    const model_config config = small_model(sparsity_mode::topk);
+    const rank_result with = train_as_ranks(config, averaged, train, test, 2)[1];
+    const rank_result without = train_as_ranks(config, small_training(), train, test, 2)[1];
+    for (size_t l = 0; l < config.layers.size(); ++l)
+        EXPECT_GT(compare_layers(without.model.layers[l], 0, with.model.layers[l], l > 0).differing,
+                  with.model.layers[l].weights.size() / 2)
+            << "layer " << l;
+}
+
 /// Bibtex (train/test splits of ../shared/data/bibtex), hidden 256.
 void bibtex(dataset& train, dataset& test) {
     const std::string dir = testing::shared_data_dir() + "/bibtex/";

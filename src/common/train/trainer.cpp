@@ -87,16 +87,14 @@ trainer::trainer(backend& engine, const dataset& train, const dataset* test,
     HSLIDE_CHECK(ema_epochs_ == -1 || (ema_epochs_ >= 0 && std::isfinite(ema_epochs_)),
                  "--ema must be a time constant in epochs (0 = no average, -1 = auto), not {}",
                  ema_epochs_);
-    if (ema_epochs_ < 0)
-        ema_epochs_ = host_model && !options_.ranks ? weight_average_auto_epochs : 0.0;
+    // Under ranks each keeps the average of what it holds: the replicated layers' averages are
+    // blends of the same bits, so they stay identical across ranks.
+    if (ema_epochs_ < 0) ema_epochs_ = host_model ? weight_average_auto_epochs : 0.0;
     HSLIDE_CHECK(ema_epochs_ == 0 || host_model,
                  "--ema {:g}: the weight average is kept in host memory, beside the model, and "
                  "the {} backend holds its model elsewhere (--ema 0 scores the weights "
                  "themselves)",
                  ema_epochs_, backend_.info().kind);
-    HSLIDE_CHECK(ema_epochs_ == 0 || !options_.ranks,
-                 "--ema {:g}: a run sharded across MPI ranks has no weight average yet (--ema 0)",
-                 ema_epochs_);
     if (ema_epochs_ > 0) average_keep_ = weight_average_keep(ema_epochs_);
     if (options_.train.epochs_auto) {
         // What auto means: the best epoch's model, and a stop once it stops improving (an
