@@ -7,6 +7,7 @@
 #include "hslide/rng.hpp"
 #include "test_util.hpp"
 #if HSLIDE_HAVE_CUDA
+#include "cpu/kernels.hpp"
 #include "gpu/gpu_backend.hpp"
 #include "gpu/gpu_testing.hpp"
 #endif
@@ -386,6 +387,49 @@ TEST(GpuLayers, SparseBackwardMatchesAReferenceOnAwkwardWidthsAndSetSizes) {
                     bad += std::abs(got[at] - want) > 1e-5 * (1 + magnitude);
                 }
             EXPECT_EQ(bad, 0u) << where;
+        }
+}
+
+// A GPU rank's share of the hidden gradient (hidden_gradient_share_f64) is the CPU ranks' in
+// every bit: the CPU's scalar weighted_row_sum_f64 (the reference of its SIMD levels) over the
+// same entries, on awkward widths and set sizes, fp32 and the bf16 copy. The products are exact
+// in double and both add them in entry order, so no tolerance is needed.
+TEST(GpuLayers, HiddenGradientShareIsTheCpuRanksBitForBit) {
+    HSLIDE_REQUIRE_GPU();
+    rng gen(3309);
+    const cpu::kernel_table& reference = cpu::kernels_for(isa_level::scalar);
+    for (const uint32_t width : {1u, 15u, 16u, 17u, 33u, 128u, 300u, 1000u})
+        for (const bool bf16 : {false, true}) {
+            const uint32_t stride = (width + 15) / 16 * 16, rows = 777;
+            const std::vector<uint32_t> sizes{0, 1, 5, 31, 33, 700, 2};
+            const uint32_t batch = uint32_t(sizes.size());
+            const gpu::testing::host_layer layer =
+                random_host_layer(rows, width, stride, bf16, gen);
+            std::vector<uint32_t> offsets{0}, ids;
+            std::vector<float> delta;
+            for (const uint32_t n : sizes) {
+                for (uint32_t i = 0; i < n; ++i) {
+                    ids.push_back(uint32_t(gen.below(rows)));
+                    delta.push_back(float(gen.normal()) * 0.01f);
+                }
+                offsets.push_back(uint32_t(ids.size()));
+            }
+            const std::vector<double> got =
+                gpu::testing::hidden_gradient_share(layer, width, bf16, offsets, ids, delta, batch);
+            std::vector<double> want(size_t(batch) * width, 0.0);
+            for (uint32_t s = 0; s < batch; ++s) {
+                const uint32_t n = offsets[s + 1] - offsets[s];
+                if (n == 0) continue;
+                if (bf16)
+                    reference.weighted_row_sum_bf16_f64(
+                        layer.weights16.data(), stride, width, ids.data() + offsets[s],
+                        delta.data() + offsets[s], n, want.data() + size_t(s) * width);
+                else
+                    reference.weighted_row_sum_f64(
+                        layer.weights.data(), stride, width, ids.data() + offsets[s],
+                        delta.data() + offsets[s], n, want.data() + size_t(s) * width);
+            }
+            EXPECT_EQ(got, want) << "width " << width << (bf16 ? " bf16" : " fp32");
         }
 }
 

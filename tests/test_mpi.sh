@@ -242,8 +242,11 @@ expect_failure other_seed "the ranks disagree on --seed (rank 0: 1, rank 1: 2)" 
     -np 1 "$hslide" train "${one_rank[@]}" --seed 2
 expect_failure lsh_catch_up "--adam catch-up: an LSH output layer sharded" "${mpi2[@]}" \
     "$hslide" train "${one_rank[@]}" --output-sparsity lsh --adam catch-up
-expect_failure dense_backend "only --backend cpu" "${mpi2[@]}" "$hslide" train "${one_rank[@]}" \
-    --backend cpu-dense
+expect_failure dense_backend "only --backend cpu and --backend gpu" "${mpi2[@]}" "$hslide" train \
+    "${one_rank[@]}" --backend cpu-dense
+expect_failure mixed_backends "the ranks disagree on --backend" \
+    mpirun --oversubscribe -np 1 "$hslide" train "${one_rank[@]}" --backend cpu : \
+    -np 1 "$hslide" train "${one_rank[@]}" --backend gpu
 expect_failure no_rows "would hold none" "${mpi2[@]}" "$hslide" train "${one_rank[@]}" \
     --shard-weights 1000000,1
 expect_failure other_weights "the ranks disagree on --shard-weights" \

@@ -5,6 +5,7 @@
 // the replicated layers bit-identical on every rank, the same P@1, and each rank holding its
 // share of the output layer's bytes; and against one plain process, the same P@1 and losses.
 // The same code under mpirun is tests/test_mpi.sh's.
+#include "gpu_test_util.hpp"
 #include "test_util.hpp"
 
 #include "cpu/cpu_backend.hpp"
@@ -306,12 +307,12 @@ cpu::cpu_backend rank_backend(const model_config& config, const train_config& tc
 /// Trains `config` on `train` for `epochs` epochs as `ranks` ranks (threads of a local_group;
 /// one rank takes the sharded step over the whole layer, as N ranks do over their shares) and
 /// evaluates on `test` after each epoch. plain: one unsharded backend instead (ranks = 1), the
-/// single process's arithmetic.
+/// single process's arithmetic. `kind` gpu: each rank a GPU backend on GPU 0.
 std::vector<rank_result> train_as_ranks(const model_config& config, const train_config& tc,
                                         const dataset& train, const dataset& test, int ranks,
                                         const std::string& weights = "",
                                         precision_mode precision = precision_mode::fp32,
-                                        bool plain = false) {
+                                        bool plain = false, backend_kind kind = backend_kind::cpu) {
     std::vector<rank_result> results(static_cast<size_t>(ranks));
     auto run = [&](shard_comm* comm) {
         rank_result& out = results[comm ? size_t(comm->rank()) : 0];
@@ -320,16 +321,26 @@ std::vector<rank_result> train_as_ranks(const model_config& config, const train_
         model_state initial = comm ? model_state::create_shard(config, tc.seed, tc.adam_moments,
                                                                out.shard.first, out.shard.count)
                                    : model_state::create(config, tc.seed, tc.adam_moments);
-        cpu::cpu_backend engine(std::move(initial), tc, 1, cpu::best_kernels(), precision,
-                                out.shard);
-        trainer run(engine, train, &test, quiet_options(tc));
+        std::unique_ptr<backend> engine;
+        if (kind == backend_kind::cpu) {
+            engine = std::make_unique<cpu::cpu_backend>(std::move(initial), tc, 1,
+                                                        cpu::best_kernels(), precision, out.shard);
+        } else {
+            backend_options bo;
+            bo.kind = kind;
+            bo.precision = precision;
+            bo.shard = out.shard;
+            engine = create_backend(bo, std::move(initial), tc);
+        }
+        trainer run(*engine, train, &test, quiet_options(tc));
         for (const epoch_record& r : run.run()) {
             out.losses.push_back(r.loss);
             if (r.evaluated) out.p_at_1 = r.metrics.p_at(1);
         }
-        engine.export_state(out.model, /*with_optimizer=*/true);
-        out.checksum = engine.replicated_checksum();
-        out.memory_bytes = engine.info().memory_bytes;
+        engine->export_state(out.model, /*with_optimizer=*/true);
+        out.checksum = replicated_layers_checksum(out.model.adam_step, out.model.layers.data(),
+                                                  out.model.layers.size() - 1);
+        out.memory_bytes = engine->info().memory_bytes;
     };
     if (plain) {
         HSLIDE_ASSERT(ranks == 1);
@@ -552,6 +563,90 @@ TEST(ShardTraining, TheWeightAverageOnTwoAndThreeRanksIsTheOneRanks) {
         EXPECT_GT(compare_layers(without.model.layers[l], 0, with.model.layers[l], l > 0).differing,
                   with.model.layers[l].weights.size() / 2)
             << "layer " << l;
+}
+
+/// GPU ranks (`ranks` threads, each a GPU backend on GPU 0) against one GPU rank taking the same
+/// sharded step, and that one against one CPU rank (the sets are built by the same host code,
+/// from the same seeds): the replicated layer the same bits on every rank, every weight within
+/// 1e-5 relative of the one GPU rank's, the same P@1 to four digits and losses within 1e-5;
+/// the GPU's float products against the CPU's: P@1 within 0.02 and losses within 1e-3.
+void expect_gpu_ranks_train_one_ranks_model(const model_config& config, const train_config& tc,
+                                            const dataset& train, const dataset& test, int ranks,
+                                            precision_mode precision = precision_mode::fp32) {
+    const rank_result one =
+        train_as_ranks(config, tc, train, test, 1, "", precision, false, backend_kind::gpu).front();
+    const rank_result cpu_one = train_as_ranks(config, tc, train, test, 1, "", precision).front();
+    const std::vector<rank_result> many =
+        train_as_ranks(config, tc, train, test, ranks, "", precision, false, backend_kind::gpu);
+    const size_t out = config.layers.size() - 1;
+    for (const rank_result& r : many) {
+        SCOPED_TRACE("GPU rank " + std::to_string(r.rank) + " of " + std::to_string(ranks));
+        EXPECT_EQ(r.checksum, many[0].checksum) << "the replicated layer differs between ranks";
+        for (size_t l = 0; l <= out; ++l) {
+            const difference d = compare_layers(one.model.layers[l], l == out ? r.shard.first : 0,
+                                                r.model.layers[l], l > 0);
+            EXPECT_LE(d.max_relative, 1e-5)
+                << "layer " << l << ": " << d.differing << " of " << d.weights << " differ";
+        }
+        EXPECT_EQ(std::round(r.p_at_1 * 1e4), std::round(one.p_at_1 * 1e4))
+            << "one GPU rank " << one.p_at_1 << ", " << ranks << ": " << r.p_at_1;
+        ASSERT_EQ(r.losses.size(), one.losses.size());
+        for (size_t e = 0; e < one.losses.size(); ++e)
+            EXPECT_NEAR(r.losses[e], one.losses[e], 1e-5 * one.losses[e]) << "epoch " << e + 1;
+    }
+    EXPECT_NEAR(one.p_at_1, cpu_one.p_at_1, 0.02) << "one GPU rank against one CPU rank";
+    ASSERT_EQ(one.losses.size(), cpu_one.losses.size());
+    for (size_t e = 0; e < one.losses.size(); ++e)
+        EXPECT_NEAR(one.losses[e], cpu_one.losses[e], 1e-3 * cpu_one.losses[e])
+            << "one GPU rank against one CPU rank, epoch " << e + 1;
+    std::printf("  %d GPU ranks: P@1 %.4f (one GPU rank %.4f, one CPU rank %.4f)\n", ranks,
+                many[0].p_at_1, one.p_at_1, cpu_one.p_at_1);
+}
+
+TEST(ShardTraining, GpuRanksOfADenseLayerTrainTheOneGpuRanksModel) {
+    HSLIDE_REQUIRE_GPU();
+    const dataset train = random_dataset(600, 60, 97, 11, 7),
+                  test = random_dataset(200, 60, 97, 12);
+    expect_gpu_ranks_train_one_ranks_model(small_model(sparsity_mode::dense), small_training(),
+                                           train, test, 2);
+    expect_gpu_ranks_train_one_ranks_model(small_model(sparsity_mode::dense), small_training(),
+                                           train, test, 3, precision_mode::bf16);
+}
+
+TEST(ShardTraining, GpuRanksOfAnExactTopKLayerTrainTheOneGpuRanksModel) {
+    HSLIDE_REQUIRE_GPU();
+    const dataset train = random_dataset(600, 60, 97, 11, 7),
+                  test = random_dataset(200, 60, 97, 12);
+    expect_gpu_ranks_train_one_ranks_model(small_model(sparsity_mode::topk), small_training(),
+                                           train, test, 2);
+    expect_gpu_ranks_train_one_ranks_model(small_model(sparsity_mode::topk), small_training(),
+                                           train, test, 3);
+    // A top 40 of 97 rows on 3 ranks: each rank's candidates are all its rows, padded.
+    model_config wide = small_model(sparsity_mode::topk);
+    wide.layers.back().top_k = 40;
+    wide.layers.back().active.min_active = 60;
+    expect_gpu_ranks_train_one_ranks_model(wide, small_training(), train, test, 3,
+                                           precision_mode::bf16);
+}
+
+TEST(ShardTraining, GpuRanksRefuseWhatTheyDoNotShard) {
+    HSLIDE_REQUIRE_GPU();
+    const model_config lsh = small_model(sparsity_mode::lsh);
+    on_ranks(2, [&](shard_comm& comm) {
+        backend_options bo;
+        bo.kind = backend_kind::gpu;
+        bo.shard = make_output_shard(comm, lsh.output_dim(), "");
+        try {
+            create_backend(bo,
+                           model_state::create_shard(lsh, 3, moment_storage::fp32, bo.shard.first,
+                                                     bo.shard.count),
+                           small_training());
+            ADD_FAILURE() << "an LSH output layer was sharded across GPU ranks";
+        } catch (const error& e) {
+            EXPECT_NE(std::string(e.what()).find("--output-sparsity lsh"), std::string::npos)
+                << e.what();
+        }
+    });
 }
 
 /// Bibtex (train/test splits of ../shared/data/bibtex), hidden 256.

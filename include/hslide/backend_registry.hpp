@@ -49,7 +49,7 @@ struct backend_options {
     std::optional<isa_level> isa;
     /// The output layer's rows this rank holds in a label-sharded run (output_shard.hpp; the
     /// model given to create_backend holds them: model_state::create_shard). Default: the
-    /// whole layer. Only the cpu kind runs sharded; the others refuse it.
+    /// whole layer. Only the cpu and gpu kinds run sharded; the others refuse it.
     output_shard shard;
 };
 

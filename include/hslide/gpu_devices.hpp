@@ -26,6 +26,10 @@ bool cuda_build();
 /// a driver problem is reported in `problem` when given.
 std::vector<gpu_device> list_gpus(std::string* problem = nullptr);
 
+/// How many GPUs the CUDA runtime sees (0 without CUDA or without a device), creating no
+/// context on any of them. Never throws.
+int gpu_count();
+
 /// The CUDA runtime and driver versions as "runtime X.Y, driver X.Y" ("" without CUDA).
 std::string cuda_versions();
 

@@ -5,6 +5,7 @@
 // and hidden layers are not split (every rank holds them whole and keeps them bit-identical).
 #pragma once
 
+#include "hslide/model.hpp"
 #include "hslide/shard_comm.hpp"
 
 #include <cstdint>
@@ -76,5 +77,11 @@ output_shard make_output_shard(shard_comm& comm, uint32_t rows, const std::strin
 /// This rank's shard of the split `bounds` (shard_bounds' form: comm.size() + 1 values, the
 /// last the layer's rows).
 output_shard make_output_shard(shard_comm& comm, std::vector<uint32_t> bounds);
+
+/// The checksum the ranks compare to check that their replicas of the layers every rank holds
+/// whole are the same (the backends' synchronize()): XXH3 of `adam_step` and layers[0..n)'s
+/// weights, Adam moments and biases, in that order (the same on every backend, so that the
+/// bits, not where they live, are compared).
+uint64_t replicated_layers_checksum(uint64_t adam_step, const layer_state* layers, size_t n);
 
 }  // namespace hslide

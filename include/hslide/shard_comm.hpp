@@ -104,6 +104,9 @@ class local_group {
 bool mpi_built();
 /// Ranks the launcher started (Open MPI's OMPI_COMM_WORLD_SIZE, or PMI_SIZE), 1 without one.
 int launched_ranks();
+/// This rank's index among the ranks the launcher started on its host (Open MPI's
+/// OMPI_COMM_WORLD_LOCAL_RANK, or MPI_LOCALRANKID / PMI_LOCAL_RANK), 0 without one.
+int launched_local_rank();
 /// The process's group: started on first call (MPI_Init_thread when launched as more than one
 /// rank). Throws hslide::error (unsupported) when launched as several ranks by a build without
 /// MPI.

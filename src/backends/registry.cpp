@@ -39,7 +39,7 @@ std::unique_ptr<backend> create_gpu_kind(const backend_options& o, model_state i
 #if HSLIDE_HAVE_CUDA
     return gpu::create_gpu_backend(std::move(initial), train, o.device, o.precision,
                                    /*dense_output=*/o.kind == backend_kind::gpu_dense,
-                                   o.gpu_async_rebuild);
+                                   o.gpu_async_rebuild, o.shard);
 #else
     throw error(error_kind::unsupported,
                 fmt::format("--backend={}: this build of hslide has no CUDA backend (rebuild with "
@@ -301,10 +301,11 @@ std::unique_ptr<backend> create_backend(const backend_options& options, model_st
                       "--backend {} does not find top-k sets with --top-k-search ivf; use "
                       "--top-k-search exact with it",
                       e.name);
-    HSLIDE_CHECK_KIND(!options.shard.sharded() || options.kind == backend_kind::cpu,
+    HSLIDE_CHECK_KIND(!options.shard.sharded() || options.kind == backend_kind::cpu ||
+                          options.kind == backend_kind::gpu,
                       error_kind::unsupported,
-                      "--backend {}: only --backend cpu runs with its output layer sharded across "
-                      "MPI ranks ({} ranks); run one process, or --backend cpu",
+                      "--backend {}: only --backend cpu and --backend gpu run with their output "
+                      "layer sharded across MPI ranks ({} ranks); run one process, or one of them",
                       e.name, options.shard.sharded() ? options.shard.comm->size() : 1);
     const std::string what = fmt::format("creating the {} backend (its buffers and tables for {})",
                                          e.name, describe_model_allocation(initial, true));
@@ -317,7 +318,8 @@ std::unique_ptr<backend> create_backend(const backend_options& options, model_st
 
 double measure_scoring_rate(const backend_options& options, uint32_t width) {
     HSLIDE_CHECK_KIND(options.kind == backend_kind::cpu, error_kind::unsupported,
-                      "--backend {}: only --backend cpu runs sharded across MPI ranks",
+                      "--shard-weights auto measures the scoring rate of --backend cpu ranks; "
+                      "give --backend {} ranks their shares (--shard-weights 3,1)",
                       to_string(options.kind));
     const int threads = options.threads > 0 ? options.threads : omp_get_max_threads();
     return cpu::exact_scoring::measure_rate(

@@ -2,6 +2,7 @@
 #include "cli_common.hpp"
 
 #include "hslide/error.hpp"
+#include "hslide/gpu_devices.hpp"
 #include "hslide/isa.hpp"
 #include "hslide/progress.hpp"
 #include "hslide/synthetic.hpp"
@@ -176,6 +177,20 @@ void apply_compute_options(const compute_options& o, backend_options& backend) {
     backend.precision = parse_precision(o.precision);
     backend.device = o.gpu;
     backend.gpu_async_rebuild = o.gpu_async_rebuild;
+}
+
+int check_rank_backend(shard_comm& comm, backend_kind kind, int gpu) {
+    HSLIDE_CHECK_KIND(kind == backend_kind::cpu || kind == backend_kind::gpu,
+                      error_kind::unsupported,
+                      "--backend {}: only --backend cpu and --backend gpu run sharded across MPI "
+                      "ranks ({} ranks)",
+                      to_string(kind), comm.size());
+    comm.check_same(uint64_t(kind),
+                    "--backend (every rank runs the same backend; ranks of different ones are "
+                    "not supported yet)");
+    if (kind != backend_kind::gpu) return gpu;
+    const int visible = gpu_count();
+    return visible > 0 ? (gpu + launched_local_rank()) % visible : gpu;
 }
 
 void add_hybrid_worker_help(CLI::App& app) {

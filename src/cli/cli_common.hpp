@@ -7,6 +7,7 @@
 #include "hslide/dataset.hpp"
 #include "hslide/hybrid.hpp"
 #include "hslide/model_options.hpp"
+#include "hslide/shard_comm.hpp"
 #include "option_table.hpp"
 
 #include <CLI/CLI.hpp>
@@ -36,6 +37,12 @@ std::vector<CLI::Option*> model_flags(const std::vector<CLI::Option*>& options);
 /// Forces the ISA level process-wide (hashing included) unless "auto", and fills the backend
 /// options' precision and GPU index. Throws hslide::error when this CPU lacks the level asked for.
 void apply_compute_options(const compute_options& options, backend_options& backend);
+
+/// A rank of a run sharded across MPI ranks (comm.size() > 1): checks that `kind` shards its
+/// output layer (cpu, gpu) and that every rank runs the same backend (a collective), and
+/// returns the GPU a gpu rank uses: (`gpu` + its local rank) modulo the GPUs it sees, so that
+/// the default --gpu 0 spreads a host's ranks over its GPUs. Returns `gpu` otherwise.
+int check_rank_backend(shard_comm& comm, backend_kind kind, int gpu);
 
 /// Adds the registry's hybrid worker kinds to --workers' help.
 void add_hybrid_worker_help(CLI::App& app);

@@ -91,7 +91,7 @@ int run_train(int argc, char** argv) {
     train_config& tc = settings.train;
     mopt.batch_size = tc.batch_size;  // the automatic output layer's sets follow the batch
     trainer_options& to = settings.trainer;
-    const compute_options& compute = settings.compute;
+    compute_options& compute = settings.compute;
     const std::string& backend_name = settings.backend;
     const std::string &valid_path = settings.valid, &valid_split = settings.valid_split,
                       &keep_best = settings.keep_best, &resume_path = settings.resume;
@@ -117,10 +117,7 @@ int run_train(int argc, char** argv) {
 
     if (tc.threads > 0) omp_set_num_threads(tc.threads);
     if (sharded) {
-        HSLIDE_CHECK_KIND(kind == backend_kind::cpu, error_kind::unsupported,
-                          "--backend {}: only --backend cpu runs sharded across MPI ranks ({} "
-                          "ranks) in this build",
-                          backend_name, comm.size());
+        compute.gpu = check_rank_backend(comm, kind, compute.gpu);
         spdlog::info("{} ranks ({}): the output layer's rows are split across them", comm.size(),
                      comm.name());
         if (!resume_path.empty() && !settings.shard_weights.empty())

@@ -84,6 +84,7 @@
 #include "hslide/row_transfer.hpp"
 #include "hslide/seed_streams.hpp"
 #include "hslide/selection_quality.hpp"
+#include "hslide/shard_softmax.hpp"
 #include "kernels.hpp"
 #include "neuron_selector.hpp"
 #include "row_marks.hpp"
@@ -392,11 +393,12 @@ class cpu_backend final : public backend, public row_transfer {
     // (called a chunk of points at a time) and the exports then skip the O(rows) scan.
     bool rows_behind_ = false;
     output_shard shard_;  // the output layer's rows this rank holds (default: all, not sharded)
-    // Sharded steps' per-sample buffers: maxima, sums (of exponentials, kept mass and label
-    // logits), the hidden layer's gradient (batch x width, in double until summed over ranks),
-    // and the merge's messages.
-    std::vector<float> shard_max_;
-    std::vector<double> shard_sums_;
+    // Sharded steps' buffers: the set softmax's samples and sums (shard_softmax.hpp), the hidden
+    // layer's gradient (batch x width, in double until summed over ranks), and the merge's
+    // messages.
+    std::vector<shard_softmax_sample> shard_softmax_;
+    std::vector<uint32_t> shard_label_index_;  // every-row layers: this rank's labels' rows
+    shard_softmax_scratch shard_sums_;
     std::vector<double> shard_grad_;
     std::vector<unsigned char> shard_scratch_;
 };

@@ -8,9 +8,9 @@
 
 #include "hslide/clock.hpp"
 #include "hslide/error.hpp"
+#include "hslide/shard_softmax.hpp"
 
 #include <spdlog/spdlog.h>
-#include <xxhash.h>
 
 #include <omp.h>
 
@@ -67,81 +67,55 @@ void cpu_backend::sharded_output_backward(const batch_view& batch, step_report& 
     const size_t out = model_.layers.size() - 1;
     const uint32_t n = batch.size, first = shard_.first, count = shard_.count;
     const bool sparse = model_.config.has_active_sets(out);
-    const bool full_partition = output_selection().computes_log_partition();
     shard_comm& comm = *shard_.comm;
-    double comm_seconds = 0;
-    auto collective = [&](auto&& call) {
-        const auto t0 = clock_type::now();
-        call();
-        comm_seconds += seconds_since(t0);
-    };
-    // This rank's labels of sample s: act[] indices (sparse: the list's first shard_labels).
-    auto for_my_labels = [&](uint32_t s, const label_row& y, auto&& visit) {
-        if (sparse) {
-            for (uint32_t i = 0; i < samples_[s].shard_labels; ++i) visit(i);
-        } else {
-            for (uint32_t i = 0; i < y.count; ++i)
-                if (y.ids[i] - first < count) visit(y.ids[i] - first);
-        }
-    };
     const auto t_forward = clock_type::now();
-    // 1. The set's maximum logit, over ranks (exact: a maximum does not depend on the order).
-    shard_max_.assign(n, -std::numeric_limits<float>::infinity());
-#pragma omp parallel for schedule(static) num_threads(threads_)
-    for (int64_t s = 0; s < int64_t(n); ++s)
-        for (float a : samples_[s].layers[out].act) shard_max_[s] = std::max(shard_max_[s], a);
-    collective([&] { comm.all_reduce_max(shard_max_.data(), n); });
-    // 2. Per sample, over ranks in rank order: the sum of exponentials (as the softmax kernel
-    // sums them: float exponentials added in double), the full softmax's mass the set keeps
-    // (exact top-k), and the labels' target-weighted logits (the loss).
-    shard_sums_.assign(size_t(n) * 3, 0.0);
-#pragma omp parallel for schedule(static) num_threads(threads_)
-    for (int64_t s = 0; s < int64_t(n); ++s) {
+    // The set softmax and loss over ranks (shard_softmax.hpp). A sparse set lists its labels
+    // first (keep_shard_members); every row's activations are indexed by row, so this rank's
+    // labels are their rows.
+    shard_softmax_.resize(n);
+    shard_label_index_.clear();
+    std::vector<uint32_t> label_begin(sparse ? 0 : size_t(n) + 1, 0);
+    for (uint32_t s = 0; s < n && !sparse; ++s) {
         const label_row y = batch.data->labels(batch.rows[s]);
-        if (y.count == 0) continue;
-        const sample_buffers& sb = samples_[s];
-        const std::vector<float>& act = sb.layers[out].act;
-        double* sums = shard_sums_.data() + size_t(s) * 3;
-        for (float a : act) {
-            sums[0] += std::exp(a - shard_max_[s]);
-            if (full_partition) sums[1] += std::exp(double(a) - sb.log_partition);
-        }
-        const float target = 1.0f / float(y.count);
-        for_my_labels(uint32_t(s), y, [&](uint32_t i) { sums[2] += double(target) * act[i]; });
+        for (uint32_t i = 0; i < y.count; ++i)
+            if (y.ids[i] - first < count) shard_label_index_.push_back(y.ids[i] - first);
+        label_begin[s + 1] = uint32_t(shard_label_index_.size());
     }
-    collective([&] { comm.all_reduce_sum(shard_sums_.data(), shard_sums_.size()); });
-    // 3. Deltas (softmax over the set minus the targets) and the loss, every rank the same.
-#pragma omp parallel for schedule(static) num_threads(threads_)
-    for (int64_t s = 0; s < int64_t(n); ++s) {
+    for (uint32_t s = 0; s < n; ++s) {
         sample_buffers& sb = samples_[s];
         layer_buffers& lb = sb.layers[out];
-        const label_row y = batch.data->labels(batch.rows[s]);
-        sb.trained = y.count > 0;
-        sb.loss = 0;
-        sb.dropped_mass = 0;
-        lb.delta.assign(lb.act.size(), 0.0f);
-        if (!sb.trained) continue;
-        const double* sums = shard_sums_.data() + size_t(s) * 3;
-        const float inv_sum = float(1.0 / sums[0]);
-        for (size_t i = 0; i < lb.act.size(); ++i)
-            lb.delta[i] = std::exp(lb.act[i] - shard_max_[s]) * inv_sum;
-        const float target = 1.0f / float(y.count);
-        for_my_labels(uint32_t(s), y, [&](uint32_t i) { lb.delta[i] -= target; });
-        // As output_loss: the set's log-sum-exp, or the full softmax's through the exact
-        // log-partition (the gradient stays the set's softmax).
-        const double log_sum =
-            full_partition ? sb.log_partition : double(shard_max_[s]) + std::log(sums[0]);
-        if (full_partition) sb.dropped_mass = std::max(0.0, 1.0 - sums[1]);
-        sb.loss = double(target) * double(y.count) * log_sum - sums[2];
+        lb.delta.resize(lb.act.size());
+        shard_softmax_sample& x = shard_softmax_[s];
+        x.logits = lb.act.data();
+        x.delta = lb.delta.data();
+        x.members = uint32_t(lb.act.size());
+        x.label_index = sparse ? nullptr : shard_label_index_.data() + label_begin[s];
+        x.label_members = sparse ? sb.shard_labels : label_begin[s + 1] - label_begin[s];
+        x.labels = batch.data->labels(batch.rows[s]).count;
+        x.log_partition = sb.log_partition;
+    }
+    double comm_seconds =
+        sharded_set_softmax(comm, shard_softmax_.data(), n,
+                            output_selection().computes_log_partition(), threads_, shard_sums_);
+    for (uint32_t s = 0; s < n; ++s) {
+        sample_buffers& sb = samples_[s];
+        sb.trained = shard_softmax_[s].labels > 0;
+        sb.loss = shard_softmax_[s].loss;
+        sb.dropped_mass = shard_softmax_[s].dropped_mass;
     }
     const double forward_comm_seconds = comm_seconds;
     report.times.forward += seconds_since(t_forward) - forward_comm_seconds;
-    // 4. Each rank's share of the last hidden layer's gradient, in double (its products are
+    // Each rank's share of the last hidden layer's gradient, in double (its products are
     // exact there), summed over ranks in rank order and rounded to float once: the result does
     // not depend on how the rows were split (up to the double sums' roundings, which a float
     // rounding almost never sees), so N ranks compute the bits one rank does, and every rank
     // the same bits. Then the backward of the layers below.
     const auto t_backward = clock_type::now();
+    auto collective = [&](auto&& call) {
+        const auto t0 = clock_type::now();
+        call();
+        comm_seconds += seconds_since(t0);
+    };
     const layer_state& layer = model_.layers[out];
     const uint32_t width = layer.width;
     shard_grad_.assign(size_t(n) * width, 0.0);
@@ -178,25 +152,8 @@ void cpu_backend::sharded_output_backward(const batch_view& batch, step_report& 
 }
 
 uint64_t cpu_backend::replicated_checksum() const {
-    XXH3_state_t* state = XXH3_createState();
-    HSLIDE_ASSERT(state);
-    XXH3_64bits_reset(state);
-    auto add = [&](const void* p, size_t bytes) {
-        if (bytes) XXH3_64bits_update(state, p, bytes);
-    };
-    add(&model_.adam_step, sizeof model_.adam_step);
-    for (size_t l = 0; l + 1 < model_.layers.size(); ++l) {
-        const layer_state& layer = model_.layers[l];
-        add(layer.weights.data(), layer.weights.size() * sizeof(float));
-        add(layer.adam_m.data(), layer.adam_m.size() * sizeof(float));
-        add(layer.adam_v.data(), layer.adam_v.size() * sizeof(float));
-        add(layer.bias.data(), layer.bias.size() * sizeof(float));
-        add(layer.bias_m.data(), layer.bias_m.size() * sizeof(float));
-        add(layer.bias_v.data(), layer.bias_v.size() * sizeof(float));
-    }
-    const uint64_t hash = XXH3_64bits_digest(state);
-    XXH3_freeState(state);
-    return hash;
+    return replicated_layers_checksum(model_.adam_step, model_.layers.data(),
+                                      model_.layers.size() - 1);
 }
 
 step_report cpu_backend::synchronize() {

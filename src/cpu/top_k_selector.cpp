@@ -88,6 +88,13 @@ void top_k_selector::build_sets(selection_batch& batch, uint32_t first, uint32_t
 uint32_t top_k_selector::build_set(const uint32_t* best, uint32_t k, const label_row& labels,
                                    uint32_t fill, const fill_pool& pool, rng& gen, int thread,
                                    std::vector<uint32_t>& ids) {
+    return build_top_k_set(best, k, labels, fill, pool, rows_count_, gen, scratch_[size_t(thread)],
+                           ids);
+}
+
+uint32_t build_top_k_set(const uint32_t* best, uint32_t k, const label_row& labels, uint32_t fill,
+                         const fill_pool& pool, uint32_t rows, rng& gen, set_member_marks& marks,
+                         std::vector<uint32_t>& ids) {
     // Labels first (the loss reads them there), then the top-k and the fill, each in
     // increasing id order (the products read them nearly in memory order): the fill apart,
     // so that its correction (fill_correction) knows where it begins.
@@ -98,20 +105,18 @@ uint32_t top_k_selector::build_set(const uint32_t* best, uint32_t k, const label
     std::sort(ids.begin() + y.count, ids.end());
     const uint32_t drawn_from = uint32_t(ids.size());
     if (ids.size() < fill) {
-        thread_scratch& scratch = scratch_[size_t(thread)];
-        const uint32_t rows = rows_count_;
-        if (scratch.member_stamp.size() != rows) {
-            scratch.member_stamp.assign(rows, 0);
-            scratch.stamp = 0;
+        if (marks.stamp.size() != rows) {
+            marks.stamp.assign(rows, 0);
+            marks.current = 0;
         }
-        if (++scratch.stamp == 0) {  // wrapped: no stale stamp may equal the new one
-            std::fill(scratch.member_stamp.begin(), scratch.member_stamp.end(), 0);
-            scratch.stamp = 1;
+        if (++marks.current == 0) {  // wrapped: no stale stamp may equal the new one
+            std::fill(marks.stamp.begin(), marks.stamp.end(), 0);
+            marks.current = 1;
         }
-        for (uint32_t id : ids) scratch.member_stamp[id] = scratch.stamp;
+        for (uint32_t id : ids) marks.stamp[id] = marks.current;
         draw_fill(gen, pool, rows, uint32_t(ids.size()), fill, [&](uint32_t r) {
-            if (scratch.member_stamp[r] == scratch.stamp) return false;
-            scratch.member_stamp[r] = scratch.stamp;
+            if (marks.stamp[r] == marks.current) return false;
+            marks.stamp[r] = marks.current;
             ids.push_back(r);
             return true;
         });

@@ -9,6 +9,7 @@
 #include "ivf_index.hpp"
 #include "neuron_selector.hpp"
 #include "row_marks.hpp"
+#include "top_k_set.hpp"
 
 #include "hslide/fill_pool.hpp"
 #include "hslide/output_shard.hpp"
@@ -26,10 +27,8 @@ class top_k_selector : public neuron_selector {
     /// to times.active_sets.
     void select(selection_batch& batch, stage_times& times) override;
 
-    /// A set from candidates best[0..k) (ranked, padded with UINT32_MAX): `labels` first, then
-    /// the other candidates in increasing id order, then, while the set is under `fill`,
-    /// random rows drawn from `pool` (size 0: the whole layer) by `gen`, in increasing id
-    /// order. Returns where the fill begins. Thread `thread`'s scratch marks the members.
+    /// build_top_k_set over this layer's rows (a sharded layer's: the whole layer's), thread
+    /// `thread`'s marks marking the members.
     uint32_t build_set(const uint32_t* best, uint32_t k, const label_row& labels, uint32_t fill,
                        const fill_pool& pool, rng& gen, int thread, std::vector<uint32_t>& ids);
     /// The fill pool of the training step `step` of `batch` samples.
@@ -59,12 +58,7 @@ class top_k_selector : public neuron_selector {
     output_shard shard_;   // not sharded by default
 
   private:
-    struct thread_scratch {
-        // A row is in the sample's set when its stamp is the current one.
-        std::vector<uint32_t> member_stamp;
-        uint32_t stamp = 0;
-    };
-    std::vector<thread_scratch> scratch_;
+    std::vector<set_member_marks> scratch_;  // one per thread
     // A chunk's candidates and log-partitions.
     std::vector<uint32_t> labels_;
     std::vector<float> scores_;

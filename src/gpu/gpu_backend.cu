@@ -2,11 +2,18 @@
 // import, its report of itself, and the factory functions of gpu_backend.hpp.
 #include "gpu_backend_impl.cuh"
 
+#include <fmt/format.h>
+
 namespace hslide::gpu {
 
 gpu_backend::gpu_backend(model_state initial, const train_config& train, int device,
-                         precision_mode precision, bool dense_output, bool async_rebuild)
-    : train_(train), device_(device), precision_(precision), async_rebuild_(async_rebuild) {
+                         precision_mode precision, bool dense_output, bool async_rebuild,
+                         output_shard shard)
+    : train_(train),
+      device_(device),
+      precision_(precision),
+      async_rebuild_(async_rebuild),
+      shard_(std::move(shard)) {
     offer_rows(this);
     validate(initial.config);
     const model_config& config = initial.config;
@@ -61,6 +68,11 @@ gpu_backend::gpu_backend(model_state initial, const train_config& train, int dev
     }
 
     shape_ = model_state::layout(config);
+    if (shard_.sharded()) {  // a rank's rows of the output layer
+        shape_.layers[1].rows = shard_.count;
+        shape_.output_first = shard_.first;
+        check_shardable();
+    }
     shape_.adam_step = initial.adam_step;
     shape_.hash_seeds = initial.hash_seeds;
     shape_.check_same_layout(initial);
@@ -71,10 +83,11 @@ gpu_backend::gpu_backend(model_state initial, const train_config& train, int dev
         input_catch_up_.start(train_.adam_beta1, train_.adam_beta2, train_.adam_epsilon,
                               layers_[0].rows, shape_.adam_step, stream_);
     // The output layer's selection (none for a dense layer): LSH builds its tables now.
+    // A rank's exact top-k scores its shard through exact_ (gpu_backend_shard.cu).
     const layer_config& output = shape_.config.layers[1];
-    if (top_k)
+    if (top_k && !shard_.sharded())
         selection_ = make_top_k_selection(layers_[1].rows, output, use_bf16(), blas_);
-    else if (!dense_output_)
+    else if (!top_k && !dense_output_)
         selection_ = make_lsh_selection(layers_[1].view(), output, shape_.hash_seeds[1],
                                         shape_.adam_step, async_rebuild_, stream_);
     HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -152,7 +165,11 @@ void gpu_backend::export_state(model_state& out, bool with_optimizer) const {
     const_cast<gpu_backend*>(this)->complete_deferred_updates();
     // Keep out's buffers where it has this model's shapes (the same snapshot is exported into
     // every epoch under --epochs auto); a layout has none.
-    if (!out.same_layout(shape_)) out = model_state::layout(shape_.config);
+    if (!out.same_layout(shape_)) {
+        out = model_state::layout(shape_.config);
+        out.layers[1].rows = shape_.layers[1].rows;  // a rank's shard
+    }
+    out.output_first = shape_.output_first;
     out.config = shape_.config;
     out.adam_step = shape_.adam_step;
     out.hash_seeds = shape_.hash_seeds;
@@ -212,7 +229,15 @@ void gpu_backend::refresh_selections(bool new_functions) {
 backend_info gpu_backend::info() const {
     backend_info bi;
     bi.kind = to_string(dense_output_ ? backend_kind::gpu_dense : backend_kind::gpu);
-    bi.device = device_name_ + (selection_ ? selection_->describe() : " (dense output, cuBLAS)");
+    bi.device = device_name_ + (selection_          ? selection_->describe()
+                                : !shard_.sharded() ? " (dense output, cuBLAS)"
+                                : dense_output_     ? " (every row)"
+                                                    : " (top-k output, cuBLAS scoring)");
+    if (shard_.sharded())
+        bi.device += fmt::format(", rank {} of {}: output rows [{}, {}) of {}", shard_.comm->rank(),
+                                 shard_.comm->size(), shard_.first, shard_.first + shard_.count,
+                                 shard_.total);
+    bi.output_first = shard_.first;
     bi.precision = to_string(precision_);
     for (const device_layer& l : layers_)
         bi.memory_bytes += l.weights.bytes() + l.adam_m.bytes() + l.adam_v.bytes() +
@@ -235,9 +260,9 @@ std::vector<std::vector<uint32_t>> last_output_active_sets(backend& b) {
 
 std::unique_ptr<backend> create_gpu_backend(model_state initial, const train_config& train,
                                             int device, precision_mode precision, bool dense_output,
-                                            bool async_rebuild) {
+                                            bool async_rebuild, const output_shard& shard) {
     return std::make_unique<gpu_backend>(std::move(initial), train, device, precision, dense_output,
-                                         async_rebuild);
+                                         async_rebuild, shard);
 }
 
 }  // namespace hslide::gpu

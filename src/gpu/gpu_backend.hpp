@@ -11,6 +11,7 @@
 #pragma once
 
 #include "hslide/backend.hpp"
+#include "hslide/output_shard.hpp"
 
 #include <cstdint>
 #include <memory>
@@ -25,9 +26,20 @@ namespace hslide::gpu {
 /// new hash functions) run on a side stream while the steps go on with the tables in use,
 /// which are swapped for the new ones when they are done (G-SLIDE's scheme); without, the
 /// next step uses the new tables.
+///
+/// With a `shard` that is sharded, the backend is one rank of a label-sharded run (issue 32,
+/// output_shard.hpp): `initial`'s output layer holds that shard's rows
+/// (model_state::create_shard), and each step selects within the shard (exact top-k, or every
+/// row of a dense layer), merges the candidates and builds the sets with the other ranks on
+/// the host (as the CPU backend's ranks do: the same sets), computes its members' logits on
+/// the GPU, the set softmax over ranks on the host (shard_softmax.hpp), its share of the
+/// hidden gradient in double on the GPU, summed over ranks on the host, and updates its rows
+/// and the replicated layer on the GPU. The collectives' buffers are staged through host
+/// memory. LSH output layers and --fill-correction are refused (the CPU backend's ranks take
+/// LSH).
 std::unique_ptr<backend> create_gpu_backend(model_state initial, const train_config& train,
                                             int device, precision_mode precision, bool dense_output,
-                                            bool async_rebuild);
+                                            bool async_rebuild, const output_shard& shard = {});
 
 /// Waits for the table rebuilds a GPU backend made with `async_rebuild` still runs, and puts
 /// the last one in use (tests and benchmarks; nothing for other backends).

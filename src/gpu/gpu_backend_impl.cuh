@@ -50,6 +50,9 @@
 #include "hslide/rng.hpp"
 #include "hslide/row_transfer.hpp"
 #include "hslide/seed_streams.hpp"
+#include "hslide/shard_softmax.hpp"
+
+#include "cpu/top_k_set.hpp"
 
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_run_length_encode.cuh>
@@ -148,7 +151,8 @@ struct row_groups {
 class gpu_backend final : public backend, public row_transfer {
   public:
     gpu_backend(model_state initial, const train_config& train, int device,
-                precision_mode precision, bool dense_output, bool async_rebuild);
+                precision_mode precision, bool dense_output, bool async_rebuild,
+                output_shard shard = {});
     ~gpu_backend() override;
 
     step_report train_batch(const batch_view& batch, float learning_rate) override;
@@ -197,6 +201,22 @@ class gpu_backend final : public backend, public row_transfer {
     uint32_t upload_batch(const batch_view& batch, bool check_labels);
     /// Waits for the step still in flight, if any, and returns its report.
     step_report finish_pending_step();
+    /// A step's start: the batch uploaded (`uploaded`, when not null, recorded after it), the
+    /// first layer's rows it reads caught up, the hidden activations; returns the largest
+    /// label count.
+    uint32_t forward_first_layer(const batch_view& batch, cudaEvent_t uploaded);
+    /// The next step's Adam parameters, for the first and the output layer (their rates).
+    struct step_adam {
+        adam_params input, output;
+    };
+    step_adam adam_for_step(float learning_rate) const;
+    /// Queues the output layer's row-sparse update over active_'s `total` entries (their
+    /// deltas in delta_), flagging the rows it changed and copying their count to `touched`
+    /// (pinned host memory).
+    void output_rows_update(uint32_t total, float inv_batch, const adam_params& adam,
+                            uint32_t* touched);
+    /// Counts the step whose updates are queued (the Adam step; catch-up's schedule).
+    void count_step(const adam_params& input_adam);
     batch_csr device_batch(uint32_t size) const;
     /// Sizes the per-batch buffers for `batch` samples (a no-op when they are big enough; an
     /// allocation that failed is tried again).
@@ -221,6 +241,18 @@ class gpu_backend final : public backend, public row_transfer {
     void reserve_first_layer_update(uint32_t nnz);
     void first_layer_update(uint32_t batch, uint32_t nnz, float inv_batch, const adam_params& adam);
     void activate() const { HSLIDE_CUDA_CHECK(cudaSetDevice(device_)); }
+
+    // A label-sharded output layer (gpu_backend_shard.cu; gpu_backend.hpp says how a step runs).
+    /// The constructor's refusals of what GPU ranks do not shard.
+    void check_shardable() const;
+    /// A rank's training step; synchronous (the host takes part in it): returns its own report.
+    step_report sharded_train_batch(const batch_view& batch, float learning_rate);
+    /// This rank's members of each sample's set, built on the host with the other ranks, into
+    /// shard_host_ (local ids, labels first) and active_; returns the entries (the whole sets'
+    /// sizes added into `set_entries`).
+    uint32_t build_shard_sets(const batch_view& batch, uint64_t& set_entries);
+    /// synchronize()'s check that every rank's replicated layer is the same.
+    void check_replicas();
     /// No row changed since now (creation, a whole import, a take).
     void reset_changed_rows();
     /// Calls chunk(ids, n) for consecutive chunks of layer l's `rows`, each checked against
@@ -313,8 +345,33 @@ class gpu_backend final : public backend, public row_transfer {
     mutable device_array<uint32_t> row_ids_;
     mutable device_array<float> row_block_, row_bias_;
 
+    // A label-sharded output layer: which rows this rank holds (default: all, not sharded), and
+    // the host side of its steps.
+    output_shard shard_;
+    struct shard_host {
+        std::vector<uint32_t> best;          // batch x k candidates (local, then merged: global)
+        std::vector<float> best_score;       // their scores
+        std::vector<float> log_partition32;  // the rank's log-partitions, as scored
+        std::vector<double> log_partition;   // the whole layer's, after the merge
+        std::vector<unsigned char> merge_scratch;
+        cpu::set_member_marks marks;
+        std::vector<uint32_t> set;                         // one sample's whole set
+        std::vector<uint32_t> offsets, ids, entry_sample;  // this rank's members (CSR)
+        std::vector<uint32_t> label_members;               // per sample: its labels among them
+        std::vector<uint32_t> label_index, label_begin;    // every-row layers: labels' rows
+        std::vector<float> logits, delta;
+        std::vector<shard_softmax_sample> softmax;
+        shard_softmax_scratch softmax_scratch;
+        std::vector<double> share;    // batch x width: the hidden gradient, summed over ranks
+        std::vector<float> d_hidden;  // batch x stride: rounded
+    };
+    shard_host shard_host_;
+    device_array<double> shard_share_;  // batch x width: this rank's share of the hidden gradient
+    pinned_array<uint32_t> shard_touched_;
+
     // The output layer's selection (gpu_selection.cuh): LSH or exact top-k; none for a dense
-    // output layer. Last: destroyed first, while the stream and the layers it reads exist.
+    // output layer or a sharded one. Last: destroyed first, while the stream and the layers it
+    // reads exist.
     std::unique_ptr<output_selection> selection_;
 };
 

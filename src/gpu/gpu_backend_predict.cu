@@ -3,6 +3,8 @@
 // memory O(batch x (k + chunk)), no batch x rows matrix) or by LSH scoring of active sets.
 #include "gpu_backend_impl.cuh"
 
+#include "cpu/shard_merge.hpp"
+
 namespace hslide::gpu {
 
 void gpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scoring,
@@ -60,7 +62,7 @@ void gpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scor
                     labels[size_t(begin + s) * k + j] = UINT32_MAX;
                     scores[size_t(begin + s) * k + j] = -INFINITY;
                 }
-            continue;
+            continue;  // a rank's ids are its shard's until the merge below
         }
         // LSH: the samples' active sets (no labels) scored, then their k best.
         top_labels_.reserve(size_t(b) * k, "top-k labels");
@@ -86,6 +88,11 @@ void gpu_backend::predict(const batch_view& batch, uint32_t k, scoring_mode scor
                                           size_t(b) * k * 4, cudaMemcpyDeviceToHost, stream_));
         HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream_));
     }
+    // A rank's k best of its rows, merged with the other ranks' into the whole layer's k best
+    // (ids of the whole layer), the same on every rank.
+    if (shard_.sharded())
+        cpu::merge_shard_top_k(*shard_.comm, shard_.first, batch.size, k, labels, scores, nullptr,
+                               shard_host_.merge_scratch);
 }
 
 }  // namespace hslide::gpu

@@ -18,11 +18,11 @@ uint32_t gpu_backend::upload_batch(const batch_view& batch, bool check_labels) {
             HSLIDE_CHECK(x.ids[i] < shape_.layers[0].rows,
                          "{}: point {} has feature {} but the model has {} inputs", data.source,
                          point, x.ids[i], shape_.layers[0].rows);
-        if (check_labels)
+        if (check_labels)  // ids of the whole layer (a rank's shard holds some of them)
             for (uint32_t i = 0; i < y.count; ++i)
-                HSLIDE_CHECK(y.ids[i] < shape_.layers[1].rows,
+                HSLIDE_CHECK(y.ids[i] < shape_.config.output_dim(),
                              "{}: point {} has label {} but the model has {} outputs", data.source,
-                             point, y.ids[i], shape_.layers[1].rows);
+                             point, y.ids[i], shape_.config.output_dim());
         nnz += x.count;
         n_labels += y.count;
         max_labels = std::max(max_labels, y.count);
@@ -198,19 +198,11 @@ void gpu_backend::reserve_first_layer_update(uint32_t nnz) {
         input_touched_.reserve(layers_[0].rows, "first-layer row flags");
 }
 
-step_report gpu_backend::train_batch(const batch_view& batch, float learning_rate) {
-    HSLIDE_CHECK(batch.size > 0 && batch.data, "empty batch");
-    activate();
-    const drain_on_throw drain(stream_);
-    const int parity = step_parity_;
-    cudaEvent_t* events = handles_.events[parity];
-    const uint32_t b = batch.size;
-    ensure_work(b);
-    HSLIDE_CUDA_CHECK(cudaEventRecord(events[0], stream_));
+uint32_t gpu_backend::forward_first_layer(const batch_view& batch, cudaEvent_t uploaded) {
+    ensure_work(batch.size);
     const uint32_t max_labels = upload_batch(batch, /*check_labels=*/true);
-    const batch_csr csr = device_batch(b);
-    HSLIDE_CUDA_CHECK(cudaEventRecord(events[1], stream_));
-
+    const batch_csr csr = device_batch(batch.size);
+    if (uploaded) HSLIDE_CUDA_CHECK(cudaEventRecord(uploaded, stream_));
     if (catches_up_inputs()) {
         // Every row the forward pass reads (unlabelled points' too), as the CPU's forward pass
         // does; counted in the forward time, as there.
@@ -218,9 +210,60 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
         input_catch_up_.catch_up_batch(layers_[0].view(), csr.feature_ids, batch_nnz_,
                                        changed_[0].data(), stream_);
     }
-    device_layer& out = layers_[1];
     first_layer_forward(layers_[0].view(), csr, hidden_.data(),
                         use_bf16() ? hidden16_.data() : nullptr, stream_);
+    return max_labels;
+}
+
+gpu_backend::step_adam gpu_backend::adam_for_step(float learning_rate) const {
+    const adam_corrections corrections = adam_bias_corrections(train_, shape_.adam_step + 1);
+    const adam_params adam{learning_rate,       train_.adam_beta1, train_.adam_beta2,
+                           train_.adam_epsilon, corrections.c1,    corrections.c2};
+    // Each layer's rate (layer_config::lr_scale).
+    step_adam a{adam, adam};
+    a.input.lr *= shape_.config.layers[0].lr_scale;
+    a.output.lr *= shape_.config.layers[1].lr_scale;
+    return a;
+}
+
+void gpu_backend::output_rows_update(uint32_t total, float inv_batch, const adam_params& adam,
+                                     uint32_t* touched) {
+    device_layer& out = layers_[1];
+    row_groups& g = output_groups_;
+    g.reserve(total);
+    if (total == 0) return;
+    HSLIDE_CUDA_CHECK(cudaMemcpyAsync(g.keys.data(), active_.ids.data(), size_t(total) * 4,
+                                      cudaMemcpyDeviceToDevice, stream_));
+    iota(g.index.data(), total, stream_);
+    g.group(total, bits_for(out.rows), stream_);
+    output_rows_adam(out.view(), g.unique.data(), g.begin.data(), g.n_unique.data(), total,
+                     g.order.data(), active_.entry_sample.data(), delta_.data(), hidden_.data(),
+                     inv_batch, adam, stream_);
+    mark_rows(changed_[1].data(), g.unique.data(), g.n_unique.data(), total, stream_);
+    HSLIDE_CUDA_CHECK(
+        cudaMemcpyAsync(touched, g.n_unique.data(), 4, cudaMemcpyDeviceToHost, stream_));
+}
+
+void gpu_backend::count_step(const adam_params& input_adam) {
+    shape_.adam_step += 1;
+    if (catches_up_inputs()) {
+        input_catch_up_.record_step(input_adam.lr);
+        rows_behind_ = true;
+    }
+}
+
+step_report gpu_backend::train_batch(const batch_view& batch, float learning_rate) {
+    HSLIDE_CHECK(batch.size > 0 && batch.data, "empty batch");
+    if (shard_.sharded()) return sharded_train_batch(batch, learning_rate);
+    activate();
+    const drain_on_throw drain(stream_);
+    const int parity = step_parity_;
+    cudaEvent_t* events = handles_.events[parity];
+    const uint32_t b = batch.size;
+    HSLIDE_CUDA_CHECK(cudaEventRecord(events[0], stream_));
+    const uint32_t max_labels = forward_first_layer(batch, events[1]);
+    const batch_csr csr = device_batch(b);
+    device_layer& out = layers_[1];
     uint64_t active_entries = uint64_t(b) * out.rows;
     const float inv_batch = 1.0f / float(b);
     uint32_t total = 0;
@@ -277,43 +320,19 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
     reserve_first_layer_update(batch_nnz_);
     loss_host_[parity].reserve(b, "losses");
     if (dropped) dropped_host_[parity].reserve(b, "dropped mass");
-    const uint64_t step = shape_.adam_step + 1;
-    const adam_corrections corrections = adam_bias_corrections(train_, step);
-    const adam_params adam{learning_rate,       train_.adam_beta1, train_.adam_beta2,
-                           train_.adam_epsilon, corrections.c1,    corrections.c2};
-    // Each layer's rate (layer_config::lr_scale).
-    adam_params input_adam = adam, output_adam = adam;
-    input_adam.lr *= shape_.config.layers[0].lr_scale;
-    output_adam.lr *= shape_.config.layers[1].lr_scale;
+    const step_adam adam = adam_for_step(learning_rate);
     touched_host_[parity].reserve(1, "touched rows");
     touched_host_[parity].data()[0] = 0;  // read two steps ago at the latest, as the losses
     if (sparse_output()) {
         HSLIDE_CUDA_CHECK(cudaEventRecord(events[6], stream_));
-        row_groups& g = output_groups_;
-        g.reserve(total);
-        if (total > 0) {
-            HSLIDE_CUDA_CHECK(cudaMemcpyAsync(g.keys.data(), active_.ids.data(), size_t(total) * 4,
-                                              cudaMemcpyDeviceToDevice, stream_));
-            iota(g.index.data(), total, stream_);
-            g.group(total, bits_for(out.rows), stream_);
-            output_rows_adam(out.view(), g.unique.data(), g.begin.data(), g.n_unique.data(), total,
-                             g.order.data(), active_.entry_sample.data(), delta_.data(),
-                             hidden_.data(), inv_batch, output_adam, stream_);
-            mark_rows(changed_[1].data(), g.unique.data(), g.n_unique.data(), total, stream_);
-            HSLIDE_CUDA_CHECK(cudaMemcpyAsync(touched_host_[parity].data(), g.n_unique.data(), 4,
-                                              cudaMemcpyDeviceToHost, stream_));
-        }
+        output_rows_update(total, inv_batch, adam.output, touched_host_[parity].data());
     } else {
-        dense_backward_and_update(b, inv_batch, output_adam);  // backward and update in one
+        dense_backward_and_update(b, inv_batch, adam.output);  // backward and update in one
         all_changed_[1] = true;
         HSLIDE_CUDA_CHECK(cudaEventRecord(events[6], stream_));
     }
-    first_layer_update(b, batch_nnz_, inv_batch, input_adam);
-    shape_.adam_step = step;
-    if (catches_up_inputs()) {
-        input_catch_up_.record_step(input_adam.lr);
-        rows_behind_ = true;
-    }
+    first_layer_update(b, batch_nnz_, inv_batch, adam.input);
+    count_step(adam.input);
     // This parity's loss block was last read two steps ago (its report is taken).
     HSLIDE_CUDA_CHECK(cudaMemcpyAsync(loss_host_[parity].data(), loss_.data(), size_t(b) * 4,
                                       cudaMemcpyDeviceToHost, stream_));
@@ -380,6 +399,7 @@ step_report gpu_backend::finish_pending_step() {
 step_report gpu_backend::synchronize() {
     activate();
     step_report report = finish_pending_step();
+    if (shard_.sharded()) check_replicas();
     // A refresh is not a batch: one still running goes on (finish_table_rebuild waits).
     if (selection_) report.times.rebuild += selection_->take_refresh_seconds(true);
     return report;

@@ -11,6 +11,15 @@ bool cuda_build() {
     return true;
 }
 
+int gpu_count() {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return count;
+}
+
 std::vector<gpu_device> list_gpus(std::string* problem) {
     std::vector<gpu_device> devices;
     int count = 0;

@@ -237,6 +237,19 @@ __global__ void __launch_bounds__(backward_max_warps * 32)
     }
 }
 
+template <class W>
+__global__ void hidden_gradient_share_kernel(const W* weights, uint32_t stride, uint32_t width,
+                                             const uint32_t* offsets, const uint32_t* ids,
+                                             const float* delta, double* share) {
+    const uint32_t s = blockIdx.x, begin = offsets[s], end = offsets[s + 1];
+    for (uint32_t j = threadIdx.x; j < width; j += blockDim.x) {
+        double acc = 0.0;
+        for (uint32_t e = begin; e < end; ++e)
+            acc += double(delta[e]) * double(float(weights[size_t(ids[e]) * stride + j]));
+        share[size_t(s) * width + j] = acc;
+    }
+}
+
 __global__ void relu_backward_kernel(const float* hidden, size_t n, float* d_hidden) {
     const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i < n && !(hidden[i] > 0.0f)) d_hidden[i] = 0.0f;
@@ -544,6 +557,22 @@ void sparse_output_backward(const layer_view& layer, bool bf16, const uint32_t* 
     else
         sparse_output_backward_of(layer.weights, layer.stride, offsets, ids, delta, hidden, batch,
                                   d_hidden, stream);
+}
+
+void hidden_gradient_share_f64(const layer_view& layer, bool bf16, const uint32_t* offsets,
+                               const uint32_t* ids, const float* delta, uint32_t batch,
+                               double* share, cudaStream_t stream) {
+    if (batch == 0) return;
+    // A warp's lanes read consecutive units of a row (coalesced); the entries one after the
+    // other, as the reference adds them.
+    const uint32_t threads = std::min<uint32_t>(1024, (layer.width + 31) / 32 * 32);
+    if (bf16)
+        hidden_gradient_share_kernel<<<batch, threads, 0, stream>>>(
+            layer.weights16, layer.stride, layer.width, offsets, ids, delta, share);
+    else
+        hidden_gradient_share_kernel<<<batch, threads, 0, stream>>>(
+            layer.weights, layer.stride, layer.width, offsets, ids, delta, share);
+    HSLIDE_CUDA_LAUNCH();
 }
 
 void relu_backward(const float* hidden, uint32_t batch, uint32_t stride, float* d_hidden,

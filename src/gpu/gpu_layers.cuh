@@ -75,6 +75,16 @@ void sparse_output_backward(const layer_view& layer, bool bf16, const uint32_t* 
                             const uint32_t* ids, const float* delta, const float* hidden,
                             uint32_t batch, float* d_hidden, cudaStream_t stream);
 
+/// share[s * width + j] = sum over sample s's entries e, in entry order, of double(delta[e]) *
+/// double(W[ids[e]][j]) (the layer's bf16 copy when `bf16`), for j < width: a rank's share of
+/// the hidden gradient of a label-sharded output layer, in double (a float product is exact
+/// there), so that the ranks' shares summed in rank order and rounded once give the bits one
+/// rank does. The CPU kernels' weighted_row_sum_f64 / weighted_row_sum_bf16_f64 are its
+/// reference. One block per sample, a thread per hidden unit.
+void hidden_gradient_share_f64(const layer_view& layer, bool bf16, const uint32_t* offsets,
+                               const uint32_t* ids, const float* delta, uint32_t batch,
+                               double* share, cudaStream_t stream);
+
 /// d_hidden[s] = relu'(hidden[s]) * d_hidden[s] (after a dense product wrote W^T delta).
 void relu_backward(const float* hidden, uint32_t batch, uint32_t stride, float* d_hidden,
                    cudaStream_t stream);

@@ -329,6 +329,22 @@ std::vector<float> sparse_output_backward(const host_layer& layer, bool bf16,
     return to_host(d_grad.data(), size_t(batch) * layer.stride);
 }
 
+std::vector<double> hidden_gradient_share(const host_layer& layer, uint32_t width, bool bf16,
+                                          const std::vector<uint32_t>& offsets,
+                                          const std::vector<uint32_t>& ids,
+                                          const std::vector<float>& delta, uint32_t batch) {
+    device_host_layer d(layer);
+    d.view.width = width;
+    const auto d_offsets = to_device(offsets, "test offsets");
+    const auto d_ids = to_device(ids, "test ids");
+    const auto d_delta = to_device(delta, "test deltas");
+    device_array<double> d_share(std::max<size_t>(size_t(batch) * width, 1), "test share");
+    gpu::hidden_gradient_share_f64(d.view, bf16, d_offsets.data(), d_ids.data(), d_delta.data(),
+                                   batch, d_share.data(), nullptr);
+    HSLIDE_CUDA_CHECK(cudaDeviceSynchronize());
+    return to_host(d_share.data(), size_t(batch) * width);
+}
+
 uint32_t dense_ld(uint32_t rows) {
     return dense_leading_dimension(rows);
 }

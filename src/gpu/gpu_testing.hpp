@@ -110,6 +110,14 @@ std::vector<float> sparse_output_backward(const host_layer& layer, bool bf16,
 /// compare exactly), bias rows floats; the labels in CSR form (batch + 1 offsets). Returns
 /// delta as written (batch x dense_ld(rows), bf16 values widened when `bf16`), the bias
 /// gradient (rows, the batch mean of delta) and the per-sample losses.
+/// The GPU's hidden_gradient_share_f64 over the first `width` values of layer's rows: batch rows
+/// of `width` doubles (a rank's share of the hidden gradient over each sample's entries
+/// [offsets[s], offsets[s + 1]) of ids and deltas); reads the bf16 copy when bf16.
+std::vector<double> hidden_gradient_share(const host_layer& layer, uint32_t width, bool bf16,
+                                          const std::vector<uint32_t>& offsets,
+                                          const std::vector<uint32_t>& ids,
+                                          const std::vector<float>& delta, uint32_t batch);
+
 uint32_t dense_ld(uint32_t rows);
 void dense_softmax_loss(const std::vector<float>& logits, const std::vector<float>& bias,
                         uint32_t rows, uint32_t batch, const std::vector<uint32_t>& label_offsets,

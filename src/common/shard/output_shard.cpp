@@ -7,6 +7,7 @@
 
 #include <spdlog/spdlog.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cmath>
@@ -183,6 +184,28 @@ output_shard make_output_shard(shard_comm& comm, std::vector<uint32_t> bounds) {
     shard.first = shard.bounds[size_t(comm.rank())];
     shard.count = shard.bounds[size_t(comm.rank()) + 1] - shard.first;
     return shard;
+}
+
+uint64_t replicated_layers_checksum(uint64_t adam_step, const layer_state* layers, size_t n) {
+    XXH3_state_t* state = XXH3_createState();
+    HSLIDE_ASSERT(state);
+    XXH3_64bits_reset(state);
+    auto add = [&](const void* p, size_t bytes) {
+        if (bytes) XXH3_64bits_update(state, p, bytes);
+    };
+    add(&adam_step, sizeof adam_step);
+    for (size_t l = 0; l < n; ++l) {
+        const layer_state& layer = layers[l];
+        add(layer.weights.data(), layer.weights.size() * sizeof(float));
+        add(layer.adam_m.data(), layer.adam_m.size() * sizeof(float));
+        add(layer.adam_v.data(), layer.adam_v.size() * sizeof(float));
+        add(layer.bias.data(), layer.bias.size() * sizeof(float));
+        add(layer.bias_m.data(), layer.bias_m.size() * sizeof(float));
+        add(layer.bias_v.data(), layer.bias_v.size() * sizeof(float));
+    }
+    const uint64_t hash = XXH3_64bits_digest(state);
+    XXH3_freeState(state);
+    return hash;
 }
 
 }  // namespace hslide

@@ -200,6 +200,12 @@ int launched_ranks() {
     return 1;
 }
 
+int launched_local_rank() {
+    for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK"})
+        if (const int n = env_int(name); n > 0) return n;
+    return 0;
+}
+
 shard_comm& world_comm() {
     std::lock_guard<std::mutex> lock(world_mutex);
     if (world) return *world;

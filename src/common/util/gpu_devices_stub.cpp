@@ -10,6 +10,9 @@ std::vector<gpu_device> list_gpus(std::string* problem) {
     if (problem) *problem = "this build of hslide has no CUDA backend";
     return {};
 }
+int gpu_count() {
+    return 0;
+}
 std::string cuda_versions() {
     return "";
 }

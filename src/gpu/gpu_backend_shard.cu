@@ -1,0 +1,251 @@
+// The CUDA backend's label-sharded output layer (gpu_backend.hpp's create_gpu_backend, issue
+// 32): one rank's training step, the check of its replicas, and what it refuses. The GPU does
+// what reads the rows (scoring, the members' logits, the hidden gradient's share, the updates);
+// the host does what the ranks share, with the CPU backend's code (the candidates' merge, the
+// sets, the set softmax, the sums over ranks), so that GPU ranks build the CPU ranks' sets and
+// every rank holds the same replicated layer. A step moves O(batch x (k + set + hidden))
+// values between device and host, as between ranks; it is synchronous.
+#include "gpu_backend_impl.cuh"
+
+#include "cpu/shard_merge.hpp"
+#include "hslide/clock.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <omp.h>
+
+namespace hslide::gpu {
+
+void gpu_backend::check_shardable() const {
+    const layer_config& c = shape_.config.layers[1];
+    const int ranks = shard_.comm->size();
+    HSLIDE_CHECK_KIND(!shape_.config.uses_lsh(1), error_kind::unsupported,
+                      "--output-sparsity lsh: GPU ranks ({} ranks) shard a top-k (exact) or "
+                      "dense output layer; LSH output layers are sharded on --backend cpu ranks",
+                      ranks);
+    HSLIDE_CHECK_KIND(c.fill_correction == 0.0f, error_kind::unsupported,
+                      "--fill-correction is not sharded across MPI ranks ({} ranks): leave it at 0",
+                      ranks);
+    HSLIDE_ASSERT(shape_.layers[1].rows == shard_.count && shard_.total == c.size &&
+                  shard_.first + shard_.count <= shard_.total);
+}
+
+uint32_t gpu_backend::build_shard_sets(const batch_view& batch, uint64_t& set_entries) {
+    const uint32_t b = batch.size, first = shard_.first, count = shard_.count;
+    const uint32_t total_rows = shard_.total;
+    const layer_config& c = shape_.config.layers[1];
+    shard_host& h = shard_host_;
+    h.offsets.assign(size_t(b) + 1, 0);
+    h.label_members.assign(b, 0);
+    h.ids.clear();
+    h.entry_sample.clear();
+    h.label_index.clear();
+    h.label_begin.assign(size_t(b) + 1, 0);
+    set_entries = 0;
+    if (dense_output_) {
+        // Every row: a labelled sample's members are the shard's rows, its labels their rows.
+        for (uint32_t s = 0; s < b; ++s) {
+            const label_row y = batch.data->labels(batch.rows[s]);
+            if (y.count > 0) {
+                for (uint32_t r = 0; r < count; ++r) {
+                    h.ids.push_back(r);
+                    h.entry_sample.push_back(s);
+                }
+                for (uint32_t i = 0; i < y.count; ++i)
+                    if (y.ids[i] - first < count) h.label_index.push_back(y.ids[i] - first);
+                set_entries += total_rows;
+            }
+            h.offsets[s + 1] = uint32_t(h.ids.size());
+            h.label_begin[s + 1] = uint32_t(h.label_index.size());
+            h.label_members[s] = h.label_begin[s + 1] - h.label_begin[s];
+        }
+        return uint32_t(h.ids.size());
+    }
+    // Exact top-k: this rank's k best (ids local to the shard, padded where the shard has
+    // fewer rows), merged with the other ranks' into the whole layer's k best, with the
+    // whole layer's log-partition.
+    const uint32_t k = std::min(c.top_k, total_rows), kept = std::min(k, count);
+    score_top_k(layers_[1].view(), hidden_.data(), use_bf16() ? hidden16_.data() : nullptr,
+                layers_[0].stride, use_bf16(), b, kept, /*chunk=*/0, blas_, exact_, stream_);
+    h.best.assign(size_t(b) * k, UINT32_MAX);
+    h.best_score.assign(size_t(b) * k, -INFINITY);
+    h.log_partition32.resize(b);
+    HSLIDE_CUDA_CHECK(cudaMemcpy2DAsync(h.best.data(), size_t(k) * 4, exact_.best_id.data(),
+                                        size_t(kept) * 4, size_t(kept) * 4, b,
+                                        cudaMemcpyDeviceToHost, stream_));
+    HSLIDE_CUDA_CHECK(cudaMemcpy2DAsync(h.best_score.data(), size_t(k) * 4,
+                                        exact_.best_score.data(), size_t(kept) * 4,
+                                        size_t(kept) * 4, b, cudaMemcpyDeviceToHost, stream_));
+    HSLIDE_CUDA_CHECK(cudaMemcpyAsync(h.log_partition32.data(), exact_.log_partition.data(),
+                                      size_t(b) * 4, cudaMemcpyDeviceToHost, stream_));
+    HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    h.log_partition.assign(h.log_partition32.begin(), h.log_partition32.end());
+    cpu::merge_shard_top_k(*shard_.comm, first, b, k, h.best.data(), h.best_score.data(),
+                           h.log_partition.data(), h.merge_scratch);
+    // The sets over the whole layer, as the CPU's ranks build them (the same seeds and pool),
+    // then this rank's members in set order (labels first), as local ids.
+    const uint64_t step = shape_.adam_step;
+    const uint32_t fill = std::min(c.active.min_active, total_rows);
+    const fill_pool pool{step_seed(train_.seed, seed_stream::fill_pool, step),
+                         fill_pool_size(c.fill_pool, total_rows, fill, b)};
+    const uint64_t sample_seed = step_seed(train_.seed, seed_stream::train_sample, step);
+    for (uint32_t s = 0; s < b; ++s) {
+        const label_row y = batch.data->labels(batch.rows[s]);
+        if (y.count > 0) {  // a sample without labels gets no set (it is not trained)
+            rng gen(derive_seed(sample_seed, uint64_t(s)));
+            cpu::build_top_k_set(h.best.data() + size_t(s) * k, k, y, fill, pool, total_rows, gen,
+                                 h.marks, h.set);
+            set_entries += h.set.size();
+            for (size_t i = 0; i < h.set.size(); ++i)
+                if (h.set[i] - first < count) {
+                    h.label_members[s] += i < y.count;
+                    h.ids.push_back(h.set[i] - first);
+                    h.entry_sample.push_back(s);
+                }
+        }
+        h.offsets[s + 1] = uint32_t(h.ids.size());
+    }
+    return uint32_t(h.ids.size());
+}
+
+step_report gpu_backend::sharded_train_batch(const batch_view& batch, float learning_rate) {
+    activate();
+    const drain_on_throw drain(stream_);
+    shard_comm& comm = *shard_.comm;
+    shard_host& h = shard_host_;
+    step_report report;
+    stage_times& st = report.times;
+    const auto t0 = clock_type::now();
+    // Each stage's wall time less its collectives' (the step's transfer).
+    auto t = t0;
+    double comm_mark = comm.traffic().seconds;
+    auto stage_end = [&](double& seconds) {
+        const double comm_now = comm.traffic().seconds;
+        seconds += seconds_since(t) - (comm_now - comm_mark);
+        st.transfer += comm_now - comm_mark;
+        comm_mark = comm_now;
+        t = clock_type::now();
+    };
+    const uint32_t b = batch.size, width = layers_[0].width, stride = layers_[0].stride;
+    const float inv_batch = 1.0f / float(b);
+    const bool every_row = dense_output_;
+
+    forward_first_layer(batch, nullptr);
+    stage_end(st.forward);  // queued: the GPU's time lands in the stage that waits for it
+    // The sets (the merge's collective inside), uploaded as the step's active sets.
+    uint64_t set_entries = 0;
+    const uint32_t total = build_shard_sets(batch, set_entries);
+    active_.offsets.reserve(size_t(b) + 1, "active sets");
+    active_.ids.reserve(std::max(total, 1u), "active sets");
+    active_.entry_sample.reserve(std::max(total, 1u), "active sets");
+    auto upload = [&](auto* to, const auto& from) {
+        if (!from.empty())
+            HSLIDE_CUDA_CHECK(cudaMemcpyAsync(to, from.data(), from.size() * sizeof(from[0]),
+                                              cudaMemcpyHostToDevice, stream_));
+    };
+    upload(active_.offsets.data(), h.offsets);
+    upload(active_.ids.data(), h.ids);
+    upload(active_.entry_sample.data(), h.entry_sample);
+    stage_end(st.active_sets);
+
+    // The members' logits, then the set softmax over ranks on the host.
+    logits_.reserve(std::max(total, 1u), "active logits");
+    delta_.reserve(std::max(total, 1u), "active gradients");
+    sparse_output_forward(layers_[1].view(), hidden_.data(), hidden16_.data(), use_bf16(),
+                          active_.ids.data(), active_.entry_sample.data(), total, logits_.data(),
+                          stream_);
+    h.logits.resize(total);
+    h.delta.resize(total);
+    if (total > 0)
+        HSLIDE_CUDA_CHECK(cudaMemcpyAsync(h.logits.data(), logits_.data(), size_t(total) * 4,
+                                          cudaMemcpyDeviceToHost, stream_));
+    HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    h.softmax.assign(b, shard_softmax_sample{});
+    uint32_t labelled = 0;
+    for (uint32_t s = 0; s < b; ++s) {
+        shard_softmax_sample& x = h.softmax[s];
+        x.logits = h.logits.data() + h.offsets[s];
+        x.delta = h.delta.data() + h.offsets[s];
+        x.members = h.offsets[s + 1] - h.offsets[s];
+        x.label_index = every_row ? h.label_index.data() + h.label_begin[s] : nullptr;
+        x.label_members = h.label_members[s];
+        x.labels = batch.data->labels(batch.rows[s]).count;
+        x.log_partition = every_row ? 0.0 : h.log_partition[s];
+        labelled += x.labels > 0;
+    }
+    sharded_set_softmax(comm, h.softmax.data(), b, /*full_partition=*/!every_row,
+                        omp_get_max_threads(), h.softmax_scratch);
+    upload(delta_.data(), h.delta);
+    for (const shard_softmax_sample& x : h.softmax) {
+        report.loss_sum += x.loss;
+        report.dropped_mass_sum += x.dropped_mass;
+    }
+    if (!every_row) report.full_softmax_samples = labelled;
+    stage_end(st.forward);
+
+    // This rank's share of the hidden gradient in double, summed over ranks in rank order and
+    // rounded once (every rank the same bits), then through the ReLU.
+    shard_share_.reserve(size_t(b) * width, "hidden gradient shares");
+    hidden_gradient_share_f64(layers_[1].view(), use_bf16(), active_.offsets.data(),
+                              active_.ids.data(), delta_.data(), b, shard_share_.data(), stream_);
+    h.share.resize(size_t(b) * width);
+    HSLIDE_CUDA_CHECK(cudaMemcpyAsync(h.share.data(), shard_share_.data(),
+                                      h.share.size() * sizeof(double), cudaMemcpyDeviceToHost,
+                                      stream_));
+    HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    comm.all_reduce_sum(h.share.data(), h.share.size());
+    h.d_hidden.assign(size_t(b) * stride, 0.0f);
+    for (uint32_t s = 0; s < b; ++s)
+        for (uint32_t j = 0; j < width; ++j)
+            h.d_hidden[size_t(s) * stride + j] = float(h.share[size_t(s) * width + j]);
+    upload(d_hidden_.data(), h.d_hidden);
+    relu_backward(hidden_.data(), b, stride, d_hidden_.data(), stream_);
+    stage_end(st.backward);
+
+    // The updates: this rank's rows, and the replicated layer as every rank does it.
+    reserve_first_layer_update(batch_nnz_);
+    const step_adam adam = adam_for_step(learning_rate);
+    shard_touched_.reserve(1, "touched rows");
+    shard_touched_.data()[0] = 0;
+    output_rows_update(total, inv_batch, adam.output, shard_touched_.data());
+    first_layer_update(b, batch_nnz_, inv_batch, adam.input);
+    count_step(adam.input);
+    HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    stage_end(st.update);
+
+    report.samples = b;
+    report.active_per_layer = {uint64_t(b) * width, set_entries};
+    report.output_touched_share_sum = double(shard_touched_.data()[0]) / double(shard_.count);
+    report.steps_counted = 1;
+    report.seconds = seconds_since(t0);
+    last_batch_ = b;
+    return report;
+}
+
+void gpu_backend::check_replicas() {
+    // The replicated layer with its Adam state and the step count, hashed as the CPU backend's
+    // ranks hash theirs.
+    model_state replica;
+    replica.layers.resize(1);
+    layer_state& layer = replica.layers[0];
+    const device_layer& src = layers_[0];
+    auto get = [&](auto& to, const device_array<float>& from) {
+        to.resize(from.size());
+        HSLIDE_CUDA_CHECK(cudaMemcpyAsync(to.data(), from.data(), from.size() * sizeof(float),
+                                          cudaMemcpyDeviceToHost, stream_));
+    };
+    get(layer.weights, src.weights);
+    get(layer.adam_m, src.adam_m);
+    get(layer.adam_v, src.adam_v);
+    get(layer.bias, src.bias);
+    get(layer.bias_m, src.bias_m);
+    get(layer.bias_v, src.bias_v);
+    HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    const uint64_t checksum = replicated_layers_checksum(shape_.adam_step, &layer, 1);
+    shard_.comm->check_same(checksum,
+                            "the replicated layers' checksum (they must stay bit-identical)");
+    spdlog::debug("the replicated layers are the same on all {} ranks (checksum {:016x})",
+                  shard_.comm->size(), checksum);
+}
+
+}  // namespace hslide::gpu
