@@ -74,8 +74,7 @@
 #                                           # 1 hslide ... --backend gpu : -np 1 hslide ...
 #                                           # --backend cpu`); 2 CPU ranks. Each mpirun under
 #                                           # a timeout (120-150 s, then killed with its ranks);
-#                                           # a run the engine refuses (ranks of different
-#                                           # backends, until they are built) is a row with
+#                                           # a run the engine refuses is a row with
 #                                           # hslide's message.
 #   scripts/gpu_check.sh mpi                # wherever the pack is unpacked (here too): the
 #                                           # pack's Open MPI (ompi_info's folders, ldd) and 2
@@ -739,9 +738,8 @@ EOF
 # one GPU (the same P@1 every epoch, s/epoch of both); a GPU rank holding three quarters of the
 # output rows beside a CPU rank holding the rest (MPMD: one mpirun, two programs); 2 CPU ranks
 # (the pack's MPI at this size, whatever the GPU ranks do); CPU ranks of 3/4 and 1/4 of the cores
-# with --shard-weights auto (the split their measured rates give). What the engine refuses (a GPU
-# rank beside a CPU rank, until ranks of different backends are built) is a row saying so, with
-# hslide's message.
+# with --shard-weights auto (the split their measured rates give). A run the engine refuses is a
+# row saying so, with hslide's message.
 run_ranks() {
     local epochs=$1 threads half rest most few common=() one=gpu-1-process two=gpu-2-ranks
     threads=$(nproc)

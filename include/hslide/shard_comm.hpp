@@ -49,6 +49,10 @@ class shard_comm {
                             std::vector<size_t>& offsets);
     /// Waits until every rank arrived.
     void barrier();
+    /// data[0..bytes) becomes rank 0's on every rank (every rank calls it with the same
+    /// `bytes`). All-gathers of at most 8 MiB a rank, so that it needs little memory beside
+    /// `data` whatever its size.
+    void copy_from_first_rank(void* data, size_t bytes);
     /// values[0..n) becomes the maximum over ranks, element by element.
     void all_reduce_max(float* values, size_t n);
     /// values[0..n) becomes the sum over ranks, element by element, added in rank order.

@@ -162,6 +162,12 @@ struct trainer_options {
     /// (rank_figures) are gathered into the record on every rank, so that rank 0's
     /// --metrics-out holds them all. Every rank's trainer must have it. Null: one process.
     shard_comm* ranks = nullptr;
+    /// A sharded run whose ranks compute the replicated layers differently (other backends,
+    /// CPU instruction sets or precisions: their float sums round differently, so their
+    /// replicas would drift apart by roundings): at every epoch's end, before the ranks check
+    /// their replicas, rank 0's replicated layers (with their Adam state, and its weight
+    /// average's) are copied to every rank. Every rank's trainer must say the same.
+    bool replicas_differ = false;
 };
 
 /// Runs training on `engine` (a backend holding the initial replica of the model).
@@ -212,6 +218,8 @@ class trainer {
     void write_metrics_record(const epoch_record& record);
     /// A sharded run: every rank's figures of the epoch into record.ranks (a collective).
     void gather_rank_figures(epoch_record& record);
+    /// trainer_options::replicas_differ's copy of rank 0's replicated layers (a collective).
+    void copy_first_ranks_replicas();
     /// Evaluates the test set into `record` (its metrics and seconds, counted in the run's).
     void test_into(epoch_record& record);
     /// Evaluates the validation set into `record`, and keeps the model when it is the best.

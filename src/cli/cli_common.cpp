@@ -14,8 +14,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <sstream>
 #include <type_traits>
 #include <variant>
@@ -179,18 +181,42 @@ void apply_compute_options(const compute_options& o, backend_options& backend) {
     backend.gpu_async_rebuild = o.gpu_async_rebuild;
 }
 
-int check_rank_backend(shard_comm& comm, backend_kind kind, int gpu) {
+rank_backend check_rank_backend(shard_comm& comm, backend_kind kind,
+                                const compute_options& compute) {
     HSLIDE_CHECK_KIND(kind == backend_kind::cpu || kind == backend_kind::gpu,
                       error_kind::unsupported,
                       "--backend {}: only --backend cpu and --backend gpu run sharded across MPI "
                       "ranks ({} ranks)",
                       to_string(kind), comm.size());
-    comm.check_same(uint64_t(kind),
-                    "--backend (every rank runs the same backend; ranks of different ones are "
-                    "not supported yet)");
-    if (kind != backend_kind::gpu) return gpu;
-    const int visible = gpu_count();
-    return visible > 0 ? (gpu + launched_local_rank()) % visible : gpu;
+    // What decides the replicated layers' roundings: the backend, a CPU's instruction set
+    // (its kernels sum in other orders), the precision.
+    const std::string arithmetic =
+        fmt::format("{} {}{}", to_string(kind),
+                    kind == backend_kind::gpu
+                        ? ""
+                        : std::string(to_string(compute.isa == "auto" ? active_isa()
+                                                                      : parse_isa(compute.isa))) +
+                              " ",
+                    compute.precision);
+    std::array<char, 48> mine{};
+    std::snprintf(mine.data(), mine.size(), "%s", arithmetic.c_str());
+    std::vector<std::array<char, 48>> all(size_t(comm.size()));
+    comm.all_gather(mine.data(), mine.size(), all.data());
+    rank_backend out;
+    out.gpu = compute.gpu;
+    std::string ranks;
+    for (size_t r = 0; r < all.size(); ++r) {
+        out.replicas_differ |= std::strcmp(all[r].data(), all[0].data()) != 0;
+        ranks += fmt::format("{}rank {}: {}", r ? ", " : "", r, all[r].data());
+    }
+    if (out.replicas_differ && comm.rank() == 0)
+        spdlog::info(
+            "the ranks compute the replicated layers differently ({}): their roundings differ, "
+            "so rank 0's are copied to every rank at each epoch's end",
+            ranks);
+    if (kind == backend_kind::gpu && gpu_count() > 0)
+        out.gpu = (compute.gpu + launched_local_rank()) % gpu_count();
+    return out;
 }
 
 void add_hybrid_worker_help(CLI::App& app) {

@@ -38,11 +38,20 @@ std::vector<CLI::Option*> model_flags(const std::vector<CLI::Option*>& options);
 /// options' precision and GPU index. Throws hslide::error when this CPU lacks the level asked for.
 void apply_compute_options(const compute_options& options, backend_options& backend);
 
-/// A rank of a run sharded across MPI ranks (comm.size() > 1): checks that `kind` shards its
-/// output layer (cpu, gpu) and that every rank runs the same backend (a collective), and
-/// returns the GPU a gpu rank uses: (`gpu` + its local rank) modulo the GPUs it sees, so that
-/// the default --gpu 0 spreads a host's ranks over its GPUs. Returns `gpu` otherwise.
-int check_rank_backend(shard_comm& comm, backend_kind kind, int gpu);
+/// What a rank of a run sharded across MPI ranks computes on (check_rank_backend).
+struct rank_backend {
+    /// The GPU a gpu rank uses: (--gpu + its local rank) modulo the GPUs it sees, so that the
+    /// default --gpu 0 spreads a host's ranks over its GPUs; --gpu otherwise.
+    int gpu = 0;
+    /// The ranks compute the replicated layers differently (trainer_options::replicas_differ).
+    bool replicas_differ = false;
+};
+
+/// A rank of a run sharded across MPI ranks (comm.size() > 1; a collective): checks that
+/// `kind` shards its output layer (cpu, gpu) and gathers what every rank computes on (its
+/// backend, CPU instruction set, precision). Where they differ, rank 0 logs each rank's.
+rank_backend check_rank_backend(shard_comm& comm, backend_kind kind,
+                                const compute_options& compute);
 
 /// Adds the registry's hybrid worker kinds to --workers' help.
 void add_hybrid_worker_help(CLI::App& app);

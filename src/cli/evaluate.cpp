@@ -89,7 +89,7 @@ std::unique_ptr<backend> open_backend(const scoring_options& o, dataset& data,
         comm.check_same(data.size(), "the number of points");
         comm.check_same(data.n_features * 0x9e3779b97f4a7c15ull ^ data.n_labels,
                         "the data's feature and label counts");
-        bo.device = check_rank_backend(comm, bo.kind, bo.device);
+        bo.device = check_rank_backend(comm, bo.kind, s.compute).gpu;
         std::string shares;
         for (int r = 0; r < comm.size(); ++r)
             shares += fmt::format("{}[{}, {})", r ? " " : "", shard.bounds[size_t(r)],

@@ -117,7 +117,9 @@ int run_train(int argc, char** argv) {
 
     if (tc.threads > 0) omp_set_num_threads(tc.threads);
     if (sharded) {
-        compute.gpu = check_rank_backend(comm, kind, compute.gpu);
+        const rank_backend rb = check_rank_backend(comm, kind, compute);
+        compute.gpu = rb.gpu;
+        to.replicas_differ = rb.replicas_differ;
         spdlog::info("{} ranks ({}): the output layer's rows are split across them", comm.size(),
                      comm.name());
         if (!resume_path.empty() && !settings.shard_weights.empty())

@@ -45,6 +45,17 @@ void shard_comm::all_gather_varying(const void* send, size_t bytes,
                         size_t(counts[r]));
 }
 
+void shard_comm::copy_from_first_rank(void* data, size_t bytes) {
+    constexpr size_t piece = size_t{8} << 20;
+    unsigned char* p = static_cast<unsigned char*>(data);
+    for (size_t at = 0; at < bytes; at += piece) {
+        const size_t n = std::min(piece, bytes - at);
+        gathered_.resize(n * size_t(size()));
+        all_gather(p + at, n, gathered_.data());
+        std::memcpy(p + at, gathered_.data(), n);  // rank 0's part
+    }
+}
+
 void shard_comm::barrier() {
     unsigned char token = 0;
     gathered_.resize(size_t(size()));

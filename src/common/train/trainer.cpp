@@ -81,8 +81,15 @@ trainer::trainer(backend& engine, const dataset& train, const dataset* test,
                  "one out of the training data when none is given)");
     HSLIDE_CHECK(validating || (!v.keep_best && v.patience == 0),
                  "keeping the best epoch and early stopping (patience) need a validation set");
-    // The weight average lives in host memory, beside the model it averages.
-    const bool host_model = current_parameters() != nullptr;
+    // The weight average lives in host memory, beside the model it averages; ranks average
+    // only where every rank can (one of another backend may not).
+    const bool own_host_model = current_parameters() != nullptr;
+    bool host_model = own_host_model;
+    if (options_.ranks) {
+        float without = host_model ? 0.0f : 1.0f;
+        options_.ranks->all_reduce_max(&without, 1);
+        host_model = without == 0.0f;
+    }
     ema_epochs_ = options_.train.ema_epochs;
     HSLIDE_CHECK(ema_epochs_ == -1 || (ema_epochs_ >= 0 && std::isfinite(ema_epochs_)),
                  "--ema must be a time constant in epochs (0 = no average, -1 = auto), not {}",
@@ -92,9 +99,10 @@ trainer::trainer(backend& engine, const dataset& train, const dataset* test,
     if (ema_epochs_ < 0) ema_epochs_ = host_model ? weight_average_auto_epochs : 0.0;
     HSLIDE_CHECK(ema_epochs_ == 0 || host_model,
                  "--ema {:g}: the weight average is kept in host memory, beside the model, and "
-                 "the {} backend holds its model elsewhere (--ema 0 scores the weights "
-                 "themselves)",
-                 ema_epochs_, backend_.info().kind);
+                 "{} holds its model elsewhere (--ema 0 scores the weights themselves)",
+                 ema_epochs_,
+                 own_host_model ? std::string("another rank's backend")
+                                : fmt::format("the {} backend", backend_.info().kind));
     if (ema_epochs_ > 0) average_keep_ = weight_average_keep(ema_epochs_);
     if (options_.train.epochs_auto) {
         // What auto means: the best epoch's model, and a stop once it stops improving (an
@@ -358,6 +366,11 @@ epoch_record trainer::run_epoch(bool synchronize_at_end) {
         if (reported > 0) bar.set_suffix(fmt::format("loss {:.4f}", loss_sum / double(reported)));
         if (options_.between_steps) options_.between_steps();
     }
+    if (options_.replicas_differ) {
+        const auto t0 = clock_type::now();
+        copy_first_ranks_replicas();
+        record.times.transfer += seconds_since(t0);
+    }
     if (synchronize_at_end) add_report(backend_.synchronize(), order.size());
     bar.finish();
     record.epoch_seconds = seconds_since(t_epoch);
@@ -480,6 +493,26 @@ std::string trainer::record_json(const epoch_record& r) const {
     }
     if (options_.train.epochs_auto) j["epochs"] = "auto";
     return j.dump();
+}
+
+void trainer::copy_first_ranks_replicas() {
+    HSLIDE_ASSERT(options_.ranks);
+    shard_comm& comm = *options_.ranks;
+    model_state model;
+    backend_.export_state(model, /*with_optimizer=*/true);
+    auto copy = [&](auto& values) {
+        comm.copy_from_first_rank(values.data(), values.size() * sizeof(values[0]));
+    };
+    for (size_t l = 0; l + 1 < model.layers.size(); ++l) {  // the output layer is sharded
+        layer_state& layer = model.layers[l];
+        for (auto* values : {&layer.weights, &layer.adam_m, &layer.adam_v}) copy(*values);
+        for (auto* values : {&layer.bias, &layer.bias_m, &layer.bias_v}) copy(*values);
+        if (!average_.layers.empty()) {
+            copy(average_.layers[l].weights);
+            copy(average_.layers[l].bias);
+        }
+    }
+    backend_.import_state(model, /*with_optimizer=*/true);
 }
 
 void trainer::write_metrics_record(const epoch_record& r) {
