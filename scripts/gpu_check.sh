@@ -72,7 +72,8 @@
 #                                           # with 3/4 of the output rows beside a CPU rank
 #                                           # with 1/4 (--shard-weights 3,1, MPMD: `mpirun -np
 #                                           # 1 hslide ... --backend gpu : -np 1 hslide ...
-#                                           # --backend cpu`); 2 CPU ranks. Each mpirun under
+#                                           # --backend cpu`), and the same pair split by
+#                                           # --shard-weights auto; 2 CPU ranks. Each mpirun under
 #                                           # a timeout (120-150 s, then killed with its ranks);
 #                                           # a run the engine refuses is a row with
 #                                           # hslide's message.
@@ -767,6 +768,10 @@ run_ranks() {
     fits 40 && rank_run gpu-3-cpu-1 150 mpirun "${mpirun_opts[@]}" \
         -np 1 "$root/bin/hslide" train --backend gpu --threads 2 --shard-weights 3,1 "${common[@]}" \
         : -np 1 "$root/bin/hslide" train --backend cpu --threads "$rest" --shard-weights 3,1 "${common[@]}"
+    # The same pair split by their measured rates and the memory each can spare (the GPU's).
+    fits 40 && rank_run gpu-cpu-auto 150 mpirun "${mpirun_opts[@]}" \
+        -np 1 "$root/bin/hslide" train --backend gpu --threads 2 --shard-weights auto "${common[@]}" \
+        : -np 1 "$root/bin/hslide" train --backend cpu --threads "$rest" --shard-weights auto "${common[@]}"
     fits 40 && rank_run cpu-2-ranks 150 mpirun "${mpirun_opts[@]}" -np 2 "$root/bin/hslide" train \
         --backend cpu --threads "$half" "${common[@]}"
     # Ranks of three quarters and a quarter of the cores, split by their measured rates.
@@ -790,6 +795,7 @@ EOF
         echo "- 1 GPU process: hslide train --backend gpu --threads $half"
         echo "- 2 ranks on one GPU: mpirun -np 2 hslide train --backend gpu --threads $half"
         echo "- GPU + CPU: mpirun -np 1 hslide train --backend gpu --threads 2 --shard-weights 3,1 : -np 1 hslide train --backend cpu --threads $rest --shard-weights 3,1"
+        echo "- GPU + CPU by measured rate: the same with --shard-weights auto on both"
         echo "- 2 CPU ranks: mpirun -np 2 hslide train --backend cpu --threads $half"
         echo "- CPU ranks by measured rate: mpirun -np 1 hslide train --backend cpu --threads $most --shard-weights auto : -np 1 hslide train --backend cpu --threads $few --shard-weights auto"
         echo "- common: ${common[*]//$work\//} (@metrics: --metrics-out ranks-RUN.jsonl)"

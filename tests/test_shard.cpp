@@ -218,6 +218,38 @@ TEST(ShardAuto, RanksExchangeTheirOffersAndSplitAlike) {
     EXPECT_EQ(bounds[1], bounds[0]);
 }
 
+TEST(ShardAuto, ARankOnAGpuOffersItsGpusMemoryWhichTheRanksOnItDivide) {
+    // Rank 0 scores three times as fast but its GPU holds only 1,000 rows of 100 bytes: it
+    // gets those, rank 1 (host memory) the rest.
+    const memory_pool gpu{"h GPU 0", 1000 * 100.0};
+    std::vector<std::vector<uint32_t>> bounds(2);
+    on_ranks(2, [&](shard_comm& comm) {
+        bounds[size_t(comm.rank())] = auto_shard_bounds(
+            comm, 4000, 100, 0, comm.rank() == 0 ? 3e9 : 1e9, comm.rank() == 0 ? &gpu : nullptr);
+    });
+    EXPECT_EQ(bounds[0], (std::vector<uint32_t>{0, 1000, 4000}));
+    EXPECT_EQ(bounds[1], bounds[0]);
+    // Two ranks on that GPU divide it: 500 rows each hold a quarter of the layer, short of it.
+    on_ranks(2, [&](shard_comm& comm) {
+        EXPECT_THROW(auto_shard_bounds(comm, 4000, 100, 0, 1e9, &gpu), error);
+    });
+}
+
+#if HSLIDE_HAVE_CUDA
+TEST(ShardAuto, TheGpuScoringRateIsMeasured) {
+    HSLIDE_REQUIRE_GPU();
+    backend_options o;
+    o.kind = backend_kind::gpu;
+    for (const precision_mode p : {precision_mode::fp32, precision_mode::bf16}) {
+        o.precision = p;
+        const double rate = measure_scoring_rate(o, 128);
+        std::printf("  GPU 0 scores %.3g rows a second at width 128 (%s)\n", rate,
+                    p == precision_mode::bf16 ? "bf16" : "fp32");
+        EXPECT_GT(rate, 1e9) << "far below any GPU's rate: the measurement is broken";
+    }
+}
+#endif
+
 TEST(ShardAuto, TheCpuScoringRateIsMeasured) {
     backend_options o;
     o.kind = backend_kind::cpu;

@@ -119,10 +119,10 @@ adam_mode adam_mode_run_by(backend_kind kind, adam_mode mode);
 std::unique_ptr<backend> create_backend(const backend_options& options, model_state initial,
                                         const train_config& train);
 
-/// Row scores a second that a backend of `options` (its kind, threads and ISA) offers at rows
-/// of `width`: a tenth of a second's measurement of the exact scoring a sharded rank's step is
-/// nearly all of (--shard-weights auto). Throws hslide::error (unsupported) for a kind that
-/// does not run sharded.
+/// Row scores a second that a backend of `options` (its kind, threads and ISA; a gpu one's GPU
+/// and precision) offers at rows of `width`: a tenth of a second's measurement of the exact
+/// scoring a sharded rank's step is nearly all of (--shard-weights auto). Throws hslide::error
+/// (unsupported) for a kind that does not run sharded.
 double measure_scoring_rate(const backend_options& options, uint32_t width);
 
 }  // namespace hslide

@@ -30,6 +30,9 @@ std::vector<gpu_device> list_gpus(std::string* problem = nullptr);
 /// context on any of them. Never throws.
 int gpu_count();
 
+/// GPU `device`'s free memory in bytes (0 without CUDA or without that device). Never throws.
+uint64_t gpu_free_memory(int device);
+
 /// The CUDA runtime and driver versions as "runtime X.Y, driver X.Y" ("" without CUDA).
 std::string cuda_versions();
 

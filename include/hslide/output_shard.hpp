@@ -64,13 +64,25 @@ inline bool is_auto_shard_weights(const std::string& text) {
 std::vector<double> auto_shard_weights(const std::vector<rank_capacity>& ranks, uint32_t rows,
                                        double bytes_per_row);
 
+/// The memory a rank draws its rows from, for auto's split: ranks naming the same pool divide
+/// its `available_bytes` equally (a host's memory among its CPU ranks, a GPU's among the ranks
+/// on it).
+struct memory_pool {
+    std::string name;  ///< e.g. "node7", "node7 GPU 0" (at most 63 characters count)
+    double available_bytes = 0;
+};
+
+/// This host's memory: its name, and MemAvailable + SwapFree.
+memory_pool host_memory_pool();
+
 /// auto's split across `comm` (a collective): this rank offers `scores_per_second` (its
-/// backend's measured rate) and its host's available memory (MemAvailable + SwapFree) shared
-/// equally by the ranks on that host, less `replicated_bytes` (the layers every rank holds
-/// whole); every rank computes the same bounds from all the ranks' offers (auto_shard_weights),
-/// and rank 0 logs each rank's offer and share.
+/// backend's measured rate) and its share of `pool` (default: host_memory_pool()), less
+/// `replicated_bytes` (the layers every rank holds whole); every rank computes the same bounds
+/// from all the ranks' offers (auto_shard_weights), and rank 0 logs each rank's offer and
+/// share.
 std::vector<uint32_t> auto_shard_bounds(shard_comm& comm, uint32_t rows, double bytes_per_row,
-                                        double replicated_bytes, double scores_per_second);
+                                        double replicated_bytes, double scores_per_second,
+                                        const memory_pool* pool = nullptr);
 
 /// This rank's shard of an output layer of `rows` rows split by `weights_text` across `comm`.
 output_shard make_output_shard(shard_comm& comm, uint32_t rows, const std::string& weights_text);

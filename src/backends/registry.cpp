@@ -317,9 +317,14 @@ std::unique_ptr<backend> create_backend(const backend_options& options, model_st
 }
 
 double measure_scoring_rate(const backend_options& options, uint32_t width) {
+#if HSLIDE_HAVE_CUDA
+    if (options.kind == backend_kind::gpu)
+        return gpu::measure_gpu_scoring_rate(options.device, width,
+                                             options.precision == precision_mode::bf16);
+#endif
     HSLIDE_CHECK_KIND(options.kind == backend_kind::cpu, error_kind::unsupported,
-                      "--shard-weights auto measures the scoring rate of --backend cpu ranks; "
-                      "give --backend {} ranks their shares (--shard-weights 3,1)",
+                      "--shard-weights auto measures the scoring rate of --backend cpu and gpu "
+                      "ranks; give --backend {} ranks their shares (--shard-weights 3,1)",
                       to_string(options.kind));
     const int threads = options.threads > 0 ? options.threads : omp_get_max_threads();
     return cpu::exact_scoring::measure_rate(

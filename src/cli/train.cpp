@@ -6,6 +6,7 @@
 #include "hslide/checkpoint.hpp"
 #include "hslide/error.hpp"
 #include "hslide/fill_pool.hpp"
+#include "hslide/gpu_devices.hpp"
 #include "hslide/hybrid.hpp"
 #include "hslide/input_check.hpp"
 #include "hslide/label_map.hpp"
@@ -242,8 +243,14 @@ int run_train(int argc, char** argv) {
             backend_options probe;
             probe.kind = kind;
             probe.threads = tc.threads;
+            apply_compute_options(compute, probe);
+            // A GPU rank's rows live in its GPU's memory, which the ranks on that GPU divide.
+            memory_pool pool = host_memory_pool();
+            if (kind == backend_kind::gpu)
+                pool = {fmt::format("{} GPU {}", pool.name, probe.device),
+                        double(gpu_free_memory(probe.device))};
             bounds = auto_shard_bounds(comm, config.output_dim(), bytes_per_row, replicated,
-                                       measure_scoring_rate(probe, out.width));
+                                       measure_scoring_rate(probe, out.width), &pool);
         } else {
             bounds = shard_bounds(config.output_dim(), comm.size(),
                                   parse_shard_weights(settings.shard_weights, comm.size()));

@@ -41,6 +41,11 @@ std::unique_ptr<backend> create_gpu_backend(model_state initial, const train_con
                                             int device, precision_mode precision, bool dense_output,
                                             bool async_rebuild, const output_shard& shard = {});
 
+/// Row scores a second of exact top-k scoring (score_top_k: the chunked GEMMs and the merge) on
+/// GPU `device`, over a layer of rows `width` wide, in bf16 products (`bf16`) or fp32: what a GPU
+/// rank offers --shard-weights auto (output_shard.hpp). Measured on random rows, about 0.1 s.
+double measure_gpu_scoring_rate(int device, uint32_t width, bool bf16);
+
 /// Waits for the table rebuilds a GPU backend made with `async_rebuild` still runs, and puts
 /// the last one in use (tests and benchmarks; nothing for other backends).
 void finish_table_rebuild(backend& b);

@@ -248,4 +248,74 @@ void gpu_backend::check_replicas() {
                   shard_.comm->size(), checksum);
 }
 
+double measure_gpu_scoring_rate(int device, uint32_t width, bool bf16) {
+    HSLIDE_CUDA_CHECK(cudaSetDevice(device));
+    // A layer of 2^16 random rows scored for 256 samples, their 64 best kept: enough GEMM and
+    // merge work (17 M scores a pass) that the rate is the steady one.
+    const uint32_t rows = 1u << 16, batch = 256, k = 64, stride = padded_stride(width);
+    std::vector<float> host(size_t(rows) * stride, 0.0f);
+    rng gen(0x5ca1ab1e);
+    for (uint32_t r = 0; r < rows; ++r)
+        for (uint32_t i = 0; i < width; ++i) host[size_t(r) * stride + i] = float(gen.normal());
+    struct probe_handles {  // released whatever throws below
+        cudaStream_t stream = nullptr;
+        cublasHandle_t blas = nullptr;
+        cudaEvent_t marks[2] = {};
+        ~probe_handles() {
+            if (stream) cudaStreamSynchronize(stream);
+            if (blas) cublas().destroy(blas);
+            for (cudaEvent_t e : marks)
+                if (e) cudaEventDestroy(e);
+            if (stream) cudaStreamDestroy(stream);
+        }
+    } handles;
+    HSLIDE_CUDA_CHECK(cudaStreamCreateWithFlags(&handles.stream, cudaStreamNonBlocking));
+    HSLIDE_CUBLAS_CHECK(cublas().create(&handles.blas));
+    HSLIDE_CUBLAS_CHECK(cublas().set_stream(handles.blas, handles.stream));
+    cudaStream_t stream = handles.stream;
+    device_array<float> weights(host.size(), "scoring rate probe"),
+        bias(rows, "scoring rate probe"), hidden(size_t(batch) * stride, "scoring rate probe");
+    device_array<__nv_bfloat16> weights16, hidden16;
+    HSLIDE_CUDA_CHECK(cudaMemcpyAsync(weights.data(), host.data(), host.size() * 4,
+                                      cudaMemcpyHostToDevice, stream));
+    // The hidden rows: the first `batch` rows, made non-negative as ReLU activations are.
+    for (float& x : host) x = std::fabs(x);
+    HSLIDE_CUDA_CHECK(cudaMemcpyAsync(hidden.data(), host.data(), size_t(batch) * stride * 4,
+                                      cudaMemcpyHostToDevice, stream));
+    bias.zero(stream);
+    if (bf16) {
+        weights16.resize(weights.size(), "scoring rate probe");
+        hidden16.resize(hidden.size(), "scoring rate probe");
+        to_bf16(weights.data(), weights16.data(), weights.size(), stream);
+        to_bf16(hidden.data(), hidden16.data(), hidden.size(), stream);
+    }
+    const layer_view layer{weights.data(),
+                           nullptr,
+                           nullptr,
+                           bias.data(),
+                           nullptr,
+                           nullptr,
+                           bf16 ? weights16.data() : nullptr,
+                           rows,
+                           width,
+                           stride};
+    top_k_workspace ws;
+    auto pass = [&] {
+        score_top_k(layer, hidden.data(), bf16 ? hidden16.data() : nullptr, stride, bf16, batch, k,
+                    /*chunk=*/0, handles.blas, ws, stream);
+    };
+    pass();  // allocations and cuBLAS's first call
+    cudaEvent_t* marks = handles.marks;
+    HSLIDE_CUDA_CHECK(cudaEventCreate(&marks[0]));
+    HSLIDE_CUDA_CHECK(cudaEventCreate(&marks[1]));
+    const int passes = 5;
+    HSLIDE_CUDA_CHECK(cudaEventRecord(marks[0], stream));
+    for (int i = 0; i < passes; ++i) pass();
+    HSLIDE_CUDA_CHECK(cudaEventRecord(marks[1], stream));
+    HSLIDE_CUDA_CHECK(cudaEventSynchronize(marks[1]));
+    float ms = 0;
+    HSLIDE_CUDA_CHECK(cudaEventElapsedTime(&ms, marks[0], marks[1]));
+    return double(rows) * batch * passes / (std::max(ms, 1e-3f) / 1000.0);
+}
+
 }  // namespace hslide::gpu

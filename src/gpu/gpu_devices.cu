@@ -20,6 +20,19 @@ int gpu_count() {
     return count;
 }
 
+uint64_t gpu_free_memory(int device) {
+    int current = 0;
+    const bool restore = cudaGetDevice(&current) == cudaSuccess;
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaSetDevice(device) != cudaSuccess ||
+        cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+        cudaGetLastError();
+        free_bytes = 0;
+    }
+    if (restore) cudaSetDevice(current);
+    return free_bytes;
+}
+
 std::vector<gpu_device> list_gpus(std::string* problem) {
     std::vector<gpu_device> devices;
     int count = 0;

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
@@ -110,19 +111,27 @@ std::vector<double> auto_shard_weights(const std::vector<rank_capacity>& ranks, 
     return weights;
 }
 
+memory_pool host_memory_pool() {
+    char host[64] = {};
+    if (gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "?");
+    return {host, double(available_host_bytes())};
+}
+
 std::vector<uint32_t> auto_shard_bounds(shard_comm& comm, uint32_t rows, double bytes_per_row,
-                                        double replicated_bytes, double scores_per_second) {
+                                        double replicated_bytes, double scores_per_second,
+                                        const memory_pool* pool) {
     const int ranks = comm.size();
-    // Each rank's host name and offer; the ranks of one host divide its memory.
+    // Each rank's memory pool and offer; the ranks of one pool divide its memory.
     struct offer {
         char host[64];
         double scores_per_second;
         double available_bytes;
     };
+    const memory_pool from = pool ? *pool : host_memory_pool();
     offer mine{};
-    if (gethostname(mine.host, sizeof mine.host - 1) != 0) std::strcpy(mine.host, "?");
+    std::snprintf(mine.host, sizeof mine.host, "%s", from.name.c_str());
     mine.scores_per_second = scores_per_second;
-    mine.available_bytes = double(available_host_bytes());
+    mine.available_bytes = from.available_bytes;
     std::vector<offer> all(static_cast<size_t>(ranks));
     comm.all_gather(&mine, sizeof mine, all.data());
     std::vector<rank_capacity> capacity(all.size());

@@ -13,6 +13,9 @@ std::vector<gpu_device> list_gpus(std::string* problem) {
 int gpu_count() {
     return 0;
 }
+uint64_t gpu_free_memory(int) {
+    return 0;
+}
 std::string cuda_versions() {
     return "";
 }
