@@ -359,11 +359,12 @@ class gpu_backend final : public backend, public row_transfer {
         std::vector<uint32_t> offsets, ids, entry_sample;  // this rank's members (CSR)
         std::vector<uint32_t> label_members;               // per sample: its labels among them
         std::vector<uint32_t> label_index, label_begin;    // every-row layers: labels' rows
-        std::vector<float> logits, delta;
+        // The step's largest transfers, in page-locked memory (asynchronous, full-speed copies).
+        pinned_array<float> logits, delta;
         std::vector<shard_softmax_sample> softmax;
         shard_softmax_scratch softmax_scratch;
-        std::vector<double> share;    // batch x width: the hidden gradient, summed over ranks
-        std::vector<float> d_hidden;  // batch x stride: rounded
+        pinned_array<double> share;    // batch x width: the hidden gradient, summed over ranks
+        pinned_array<float> d_hidden;  // batch x stride: rounded
     };
     shard_host shard_host_;
     device_array<double> shard_share_;  // batch x width: this rank's share of the hidden gradient

@@ -154,8 +154,8 @@ step_report gpu_backend::sharded_train_batch(const batch_view& batch, float lear
     sparse_output_forward(layers_[1].view(), hidden_.data(), hidden16_.data(), use_bf16(),
                           active_.ids.data(), active_.entry_sample.data(), total, logits_.data(),
                           stream_);
-    h.logits.resize(total);
-    h.delta.resize(total);
+    h.logits.reserve(std::max(total, 1u), "active logits (host)");
+    h.delta.reserve(std::max(total, 1u), "active gradients (host)");
     if (total > 0)
         HSLIDE_CUDA_CHECK(cudaMemcpyAsync(h.logits.data(), logits_.data(), size_t(total) * 4,
                                           cudaMemcpyDeviceToHost, stream_));
@@ -175,7 +175,9 @@ step_report gpu_backend::sharded_train_batch(const batch_view& batch, float lear
     }
     sharded_set_softmax(comm, h.softmax.data(), b, /*full_partition=*/!every_row,
                         omp_get_max_threads(), h.softmax_scratch);
-    upload(delta_.data(), h.delta);
+    if (total > 0)
+        HSLIDE_CUDA_CHECK(cudaMemcpyAsync(delta_.data(), h.delta.data(), size_t(total) * 4,
+                                          cudaMemcpyHostToDevice, stream_));
     for (const shard_softmax_sample& x : h.softmax) {
         report.loss_sum += x.loss;
         report.dropped_mass_sum += x.dropped_mass;
@@ -188,17 +190,21 @@ step_report gpu_backend::sharded_train_batch(const batch_view& batch, float lear
     shard_share_.reserve(size_t(b) * width, "hidden gradient shares");
     hidden_gradient_share_f64(layers_[1].view(), use_bf16(), active_.offsets.data(),
                               active_.ids.data(), delta_.data(), b, shard_share_.data(), stream_);
-    h.share.resize(size_t(b) * width);
-    HSLIDE_CUDA_CHECK(cudaMemcpyAsync(h.share.data(), shard_share_.data(),
-                                      h.share.size() * sizeof(double), cudaMemcpyDeviceToHost,
-                                      stream_));
+    const size_t shares = size_t(b) * width, gradients = size_t(b) * stride;
+    h.share.reserve(shares, "hidden gradient shares (host)");
+    HSLIDE_CUDA_CHECK(cudaMemcpyAsync(h.share.data(), shard_share_.data(), shares * sizeof(double),
+                                      cudaMemcpyDeviceToHost, stream_));
     HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    comm.all_reduce_sum(h.share.data(), h.share.size());
-    h.d_hidden.assign(size_t(b) * stride, 0.0f);
+    comm.all_reduce_sum(h.share.data(), shares);
+    // The upload of the step before read this block: done (the update's wait came after it).
+    h.d_hidden.reserve(gradients, "hidden gradients (host)");
+    std::fill(h.d_hidden.data(), h.d_hidden.data() + gradients, 0.0f);
     for (uint32_t s = 0; s < b; ++s)
         for (uint32_t j = 0; j < width; ++j)
-            h.d_hidden[size_t(s) * stride + j] = float(h.share[size_t(s) * width + j]);
-    upload(d_hidden_.data(), h.d_hidden);
+            h.d_hidden.data()[size_t(s) * stride + j] =
+                float(h.share.data()[size_t(s) * width + j]);
+    HSLIDE_CUDA_CHECK(cudaMemcpyAsync(d_hidden_.data(), h.d_hidden.data(), gradients * 4,
+                                      cudaMemcpyHostToDevice, stream_));
     relu_backward(hidden_.data(), b, stride, d_hidden_.data(), stream_);
     stage_end(st.backward);
 
