@@ -322,7 +322,9 @@ struct train_config {
     /// weights with this time constant in epochs (weight_average.hpp), or the weights
     /// themselves (0). -1 (the front ends' default; this struct's default stays 0):
     /// weight_average_auto_epochs (0.5) where the backend holds its model in host memory (the
-    /// CPU ones; a sharded run's ranks each average what they hold), else 0.
+    /// CPU ones; a sharded run's ranks each average what they hold, where every rank can),
+    /// else 0. A backend holding its model elsewhere (GPU, hybrid) averages when asked, each
+    /// update exporting its model (host memory for it and the average).
     double ema_epochs = 0;
     float adam_beta1 = 0.9f;
     float adam_beta2 = 0.999f;

@@ -270,6 +270,7 @@ class trainer {
     double ema_epochs_ = 0;
     float average_keep_ = 0;  // weight_average_keep(ema_epochs_); 0: no average
     model_state average_;     // the weights' average (no layers before its first tick)
+    model_state exported_;    // a tick's export of a model not held in host memory
     // show_average() on a backend that cannot swap (row_transfer::swap_parameters): the
     // weights it trains; where it swapped (swapped_), average_ holds them meanwhile.
     model_state training_weights_;

@@ -321,7 +321,8 @@ std::vector<option_spec> make_table() {
         spec("ema", group::optimiser,
              "evaluate, keep and save an exponential moving average of the weights with this "
              "time constant in epochs, updated 4 times an epoch (0 = the weights themselves; -1 "
-             "= auto: 0.5 on the cpu and cpu-dense backends, else 0)",
+             "= auto: 0.5 on the cpu and cpu-dense backends, else 0; elsewhere each update exports "
+             "the model)",
              HSLIDE_FIELD(train.ema_epochs), {}, range(-1.0, 1000.0), both),
         // --- hybrid
         spec("schedule", group::hybrid,

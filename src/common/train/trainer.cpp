@@ -83,8 +83,7 @@ trainer::trainer(backend& engine, const dataset& train, const dataset* test,
                  "keeping the best epoch and early stopping (patience) need a validation set");
     // The weight average lives in host memory, beside the model it averages; ranks average
     // only where every rank can (one of another backend may not).
-    const bool own_host_model = current_parameters() != nullptr;
-    bool host_model = own_host_model;
+    bool host_model = current_parameters() != nullptr;
     if (options_.ranks) {
         float without = host_model ? 0.0f : 1.0f;
         options_.ranks->all_reduce_max(&without, 1);
@@ -95,14 +94,10 @@ trainer::trainer(backend& engine, const dataset& train, const dataset* test,
                  "--ema must be a time constant in epochs (0 = no average, -1 = auto), not {}",
                  ema_epochs_);
     // Under ranks each keeps the average of what it holds: the replicated layers' averages are
-    // blends of the same bits, so they stay identical across ranks.
+    // blends of the same bits, so they stay identical across ranks (or, where the ranks round
+    // differently, rank 0's are copied: copy_first_ranks_replicas). A model held elsewhere (a
+    // GPU's) is averaged only when asked: each tick exports it, which auto does not impose.
     if (ema_epochs_ < 0) ema_epochs_ = host_model ? weight_average_auto_epochs : 0.0;
-    HSLIDE_CHECK(ema_epochs_ == 0 || host_model,
-                 "--ema {:g}: the weight average is kept in host memory, beside the model, and "
-                 "{} holds its model elsewhere (--ema 0 scores the weights themselves)",
-                 ema_epochs_,
-                 own_host_model ? std::string("another rank's backend")
-                                : fmt::format("the {} backend", backend_.info().kind));
     if (ema_epochs_ > 0) average_keep_ = weight_average_keep(ema_epochs_);
     if (options_.train.epochs_auto) {
         // What auto means: the best epoch's model, and a stop once it stops improving (an
@@ -207,7 +202,10 @@ const model_state* trainer::current_parameters() {
 
 void trainer::tick_average() {
     const model_state* current = current_parameters();
-    HSLIDE_ASSERT(current);
+    if (!current) {  // a model elsewhere (a GPU's): exported for the tick
+        backend_.export_state(exported_, /*with_optimizer=*/false);
+        current = &exported_;
+    }
     blend_into_average(average_, *current, average_keep_);
 }
 
