@@ -341,6 +341,20 @@ TEST(GpuLayers, RowSparseAdamMatchesAReferenceOnAwkwardWidthsAndSegments) {
             }
 }
 
+// Per sample sizes[s] entries (CSR offsets) of random rows below `rows` and small random deltas.
+void random_entries(const std::vector<uint32_t>& sizes, uint32_t rows, rng& gen,
+                    std::vector<uint32_t>& offsets, std::vector<uint32_t>& ids,
+                    std::vector<float>& delta) {
+    offsets.assign(1, 0);
+    for (const uint32_t n : sizes) {
+        for (uint32_t i = 0; i < n; ++i) {
+            ids.push_back(uint32_t(gen.below(rows)));
+            delta.push_back(float(gen.normal()) * 0.01f);
+        }
+        offsets.push_back(uint32_t(ids.size()));
+    }
+}
+
 // The sparse backward against a double-precision reference: samples with no entries, one,
 // fewer than a warp's 32, and thousands (every warp of the block busy, many rounds), on
 // awkward widths, reading the fp32 weights or their bf16 copy; the ReLU mask applied; the
@@ -356,15 +370,9 @@ TEST(GpuLayers, SparseBackwardMatchesAReferenceOnAwkwardWidthsAndSetSizes) {
             const gpu::testing::host_layer layer =
                 random_host_layer(rows, width, stride, bf16, gen);
             const std::vector<float> hidden = random_rows(batch, width, stride, gen);
-            std::vector<uint32_t> offsets{0}, ids;
+            std::vector<uint32_t> offsets, ids;
             std::vector<float> delta;
-            for (const uint32_t n : sizes) {
-                for (uint32_t i = 0; i < n; ++i) {
-                    ids.push_back(uint32_t(gen.below(rows)));
-                    delta.push_back(float(gen.normal()) * 0.01f);
-                }
-                offsets.push_back(uint32_t(ids.size()));
-            }
+            random_entries(sizes, rows, gen, offsets, ids, delta);
             const auto got = gpu::testing::sparse_output_backward(layer, bf16, offsets, ids, delta,
                                                                   hidden, batch);
             const auto again = gpu::testing::sparse_output_backward(layer, bf16, offsets, ids,
@@ -405,15 +413,9 @@ TEST(GpuLayers, HiddenGradientShareIsTheCpuRanksBitForBit) {
             const uint32_t batch = uint32_t(sizes.size());
             const gpu::testing::host_layer layer =
                 random_host_layer(rows, width, stride, bf16, gen);
-            std::vector<uint32_t> offsets{0}, ids;
+            std::vector<uint32_t> offsets, ids;
             std::vector<float> delta;
-            for (const uint32_t n : sizes) {
-                for (uint32_t i = 0; i < n; ++i) {
-                    ids.push_back(uint32_t(gen.below(rows)));
-                    delta.push_back(float(gen.normal()) * 0.01f);
-                }
-                offsets.push_back(uint32_t(ids.size()));
-            }
+            random_entries(sizes, rows, gen, offsets, ids, delta);
             const std::vector<double> got =
                 gpu::testing::hidden_gradient_share(layer, width, bf16, offsets, ids, delta, batch);
             std::vector<double> want(size_t(batch) * width, 0.0);
