@@ -237,11 +237,15 @@ backend_info gpu_backend::info() const {
         bi.device += fmt::format(", rank {} of {}: output rows [{}, {}) of {}", shard_.comm->rank(),
                                  shard_.comm->size(), shard_.first, shard_.first + shard_.count,
                                  shard_.total);
-    bi.output_first = shard_.first;
     bi.precision = to_string(precision_);
     for (const device_layer& l : layers_)
         bi.memory_bytes += l.weights.bytes() + l.adam_m.bytes() + l.adam_v.bytes() +
                            l.bias.bytes() * 3 + l.weights16.bytes();
+    const device_layer& out = layers_[1];  // its rows: a rank's shard, or all
+    bi.output_layer_bytes = out.weights.bytes() + out.adam_m.bytes() + out.adam_v.bytes() +
+                            out.bias.bytes() * 3 + out.weights16.bytes();
+    bi.output_first = shard_.first;
+    bi.output_rows = out.rows;
     bi.memory_bytes += exact_.memory_bytes() + input_catch_up_.memory_bytes();
     if (selection_) bi.memory_bytes += selection_->memory_bytes();
     activate();
