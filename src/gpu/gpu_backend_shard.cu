@@ -255,6 +255,14 @@ void gpu_backend::check_replicas() {
 }
 
 double measure_gpu_scoring_rate(int device, uint32_t width, bool bf16) {
+    int n_gpus = 0;
+    const cudaError_t count_status = cudaGetDeviceCount(&n_gpus);
+    cudaGetLastError();  // reported below, not left for a later check
+    HSLIDE_CHECK_KIND(
+        count_status == cudaSuccess && device >= 0 && device < n_gpus, error_kind::unsupported,
+        "--shard-weights auto: no usable GPU {} on this machine to measure ({})", device,
+        count_status != cudaSuccess ? std::string(cudaGetErrorString(count_status))
+                                    : fmt::format("it has {}", n_gpus));
     HSLIDE_CUDA_CHECK(cudaSetDevice(device));
     // A layer of 2^16 random rows scored for 256 samples, their 64 best kept: enough GEMM and
     // merge work (17 M scores a pass) that the rate is the steady one.
