@@ -165,6 +165,21 @@ python3 -c "import sys; sys.exit(abs(float(sys.argv[1]) - float(sys.argv[2])) > 
     "$(epochs_of one_tiny_topk.jsonl | tail -1 | cut -d' ' -f2)" ||
     fail "ranks of different kernels: P@1 $(epochs_of two_mixed.jsonl | tail -1), one process: $(epochs_of one_tiny_topk.jsonl | tail -1)"
 echo "ok: tiny_topk_mixed_kernels: $(epochs_of two_mixed.jsonl | tr '\n' ' ')"
+# Such a run saved after 2 epochs and resumed to 3 ends as the uninterrupted one, bit for bit
+# (the checkpoint holds the replicas as copied at the epoch's end).
+mixed() { # mixed EPOCHS ARGS...: the scalar rank beside the best one
+    local epochs=$1
+    shift
+    timeout 300 mpirun --oversubscribe -np 1 "$hslide" train "${tiny[@]}" --epochs "$epochs" \
+        "${sparse[@]}" --isa scalar "$@" : -np 1 "$hslide" train "${tiny[@]}" --epochs "$epochs" \
+        "${sparse[@]}" "$@"
+}
+mixed 2 --save mixed_ck >mixed_save.log 2>&1 || fail "the mixed save failed: $(tail -5 mixed_save.log)"
+mixed 3 --resume mixed_ck --metrics-out mixed_resumed.jsonl >mixed_resume.log 2>&1 ||
+    fail "the mixed resume failed: $(tail -5 mixed_resume.log)"
+[[ $(epochs_of mixed_resumed.jsonl) == "$(epochs_of two_mixed.jsonl | tail -1)" ]] ||
+    fail "mixed, resumed: $(epochs_of mixed_resumed.jsonl), uninterrupted: $(epochs_of two_mixed.jsonl | tail -1)"
+echo "ok: the mixed run resumed: $(epochs_of mixed_resumed.jsonl)"
 # The tiny preset's P@1 climbs 0.3 in these 3 epochs: a looser bound there; Bibtex's is the issue's.
 close_run tiny_lsh 0.05 "${tiny[@]}" --epochs 3 --output-sparsity lsh --min-active 64
 close_run tiny_ivf 0.05 "${tiny[@]}" --epochs 3 --output-sparsity topk --top-k-search ivf --top-k 16 \
