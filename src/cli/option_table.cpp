@@ -113,7 +113,8 @@ std::vector<option_spec> make_table() {
         spec("threads", group::essentials, "CPU threads (0 = all)", HSLIDE_FIELD(train.threads), {},
              non_negative(), both),
         spec("gpu", group::essentials,
-             "GPU index for --backend gpu/gpu-dense and hybrid gpu workers",
+             "GPU index for --backend gpu/gpu-dense and hybrid gpu workers (a GPU rank under "
+             "mpirun: this plus its local rank, modulo the GPUs it sees)",
              HSLIDE_FIELD(compute.gpu), {}, non_negative(), both),
         spec("shard-weights", group::essentials,
              "under mpirun -np N (N > 1): each rank's share of the output layer's rows, e.g. 3,1, "
