@@ -7,6 +7,7 @@
 // logits through the host), so that the two compute the same bits.
 #pragma once
 
+#include "hslide/dataset.hpp"
 #include "hslide/shard_comm.hpp"
 
 #include <cstdint>
@@ -35,6 +36,13 @@ struct shard_softmax_scratch {
     std::vector<float> max;
     std::vector<double> sums;
 };
+
+/// Every-row layers (a rank's members are all its rows, indexed by row): for points[0..n) of
+/// `data`, each point's labels that fall in the rank's rows [first, first + count), as rows of
+/// the rank, in label order, into `rows`; point s's are rows[begin[s]..begin[s + 1]) (the
+/// label_index and label_members of its shard_softmax_sample).
+void shard_label_rows(const dataset& data, const uint32_t* points, uint32_t n, uint32_t first,
+                      uint32_t count, std::vector<uint32_t>& rows, std::vector<uint32_t>& begin);
 
 /// For samples[0..n) (every rank calls it with the same n, a collective): each trained
 /// sample's deltas (softmax over the whole set, its maximum and sum of exponentials all-reduced,

@@ -397,7 +397,8 @@ class cpu_backend final : public backend, public row_transfer {
     // layer's gradient (batch x width, in double until summed over ranks), and the merge's
     // messages.
     std::vector<shard_softmax_sample> shard_softmax_;
-    std::vector<uint32_t> shard_label_index_;  // every-row layers: this rank's labels' rows
+    // Every-row layers: this rank's labels' rows (shard_label_rows).
+    std::vector<uint32_t> shard_label_index_, shard_label_begin_;
     shard_softmax_scratch shard_sums_;
     std::vector<double> shard_grad_;
     std::vector<unsigned char> shard_scratch_;

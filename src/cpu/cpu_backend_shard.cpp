@@ -73,14 +73,9 @@ void cpu_backend::sharded_output_backward(const batch_view& batch, step_report& 
     // first (keep_shard_members); every row's activations are indexed by row, so this rank's
     // labels are their rows.
     shard_softmax_.resize(n);
-    shard_label_index_.clear();
-    std::vector<uint32_t> label_begin(sparse ? 0 : size_t(n) + 1, 0);
-    for (uint32_t s = 0; s < n && !sparse; ++s) {
-        const label_row y = batch.data->labels(batch.rows[s]);
-        for (uint32_t i = 0; i < y.count; ++i)
-            if (y.ids[i] - first < count) shard_label_index_.push_back(y.ids[i] - first);
-        label_begin[s + 1] = uint32_t(shard_label_index_.size());
-    }
+    std::vector<uint32_t>& label_begin = shard_label_begin_;
+    if (!sparse)
+        shard_label_rows(*batch.data, batch.rows, n, first, count, shard_label_index_, label_begin);
     for (uint32_t s = 0; s < n; ++s) {
         sample_buffers& sb = samples_[s];
         layer_buffers& lb = sb.layers[out];

@@ -39,24 +39,19 @@ uint32_t gpu_backend::build_shard_sets(const batch_view& batch, uint64_t& set_en
     h.label_members.assign(b, 0);
     h.ids.clear();
     h.entry_sample.clear();
-    h.label_index.clear();
-    h.label_begin.assign(size_t(b) + 1, 0);
     set_entries = 0;
     if (dense_output_) {
         // Every row: a labelled sample's members are the shard's rows, its labels their rows.
+        shard_label_rows(*batch.data, batch.rows, b, first, count, h.label_index, h.label_begin);
         for (uint32_t s = 0; s < b; ++s) {
-            const label_row y = batch.data->labels(batch.rows[s]);
-            if (y.count > 0) {
+            if (batch.data->labels(batch.rows[s]).count > 0) {
                 for (uint32_t r = 0; r < count; ++r) {
                     h.ids.push_back(r);
                     h.entry_sample.push_back(s);
                 }
-                for (uint32_t i = 0; i < y.count; ++i)
-                    if (y.ids[i] - first < count) h.label_index.push_back(y.ids[i] - first);
                 set_entries += total_rows;
             }
             h.offsets[s + 1] = uint32_t(h.ids.size());
-            h.label_begin[s + 1] = uint32_t(h.label_index.size());
             h.label_members[s] = h.label_begin[s + 1] - h.label_begin[s];
         }
         return uint32_t(h.ids.size());

@@ -20,6 +20,18 @@ void for_label_members(const shard_softmax_sample& s, Visit&& visit) {
 
 }  // namespace
 
+void shard_label_rows(const dataset& data, const uint32_t* points, uint32_t n, uint32_t first,
+                      uint32_t count, std::vector<uint32_t>& rows, std::vector<uint32_t>& begin) {
+    rows.clear();
+    begin.assign(size_t(n) + 1, 0);
+    for (uint32_t s = 0; s < n; ++s) {
+        const label_row y = data.labels(points[s]);
+        for (uint32_t i = 0; i < y.count; ++i)
+            if (y.ids[i] - first < count) rows.push_back(y.ids[i] - first);
+        begin[s + 1] = uint32_t(rows.size());
+    }
+}
+
 double sharded_set_softmax(shard_comm& comm, shard_softmax_sample* samples, uint32_t n,
                            bool full_partition, int threads, shard_softmax_scratch& scratch) {
     double comm_seconds = 0;
