@@ -1,6 +1,7 @@
 // The merge of sharded candidates across ranks (shard_merge.hpp).
 #include "shard_merge.hpp"
 
+#include "exact_scoring.hpp"
 #include "top_k.hpp"
 
 #include <algorithm>
@@ -59,6 +60,10 @@ void merge_shard_top_k(shard_comm& comm, uint32_t first, uint32_t n, uint32_t k,
             log_partition[q] = top + std::log(sum);
         }
     }
+}
+
+uint32_t shard_merge_chunk(uint32_t k) {
+    return exact_scoring::chunk(k);
 }
 
 }  // namespace hslide::cpu

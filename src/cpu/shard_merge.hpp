@@ -21,4 +21,9 @@ namespace hslide::cpu {
 void merge_shard_top_k(shard_comm& comm, uint32_t first, uint32_t n, uint32_t k, uint32_t* labels,
                        float* scores, double* log_partition, std::vector<unsigned char>& scratch);
 
+/// The queries a step's selection merges in one call for top k: a batch is merged in chunks of
+/// this many (the last shorter), by every rank whatever its backend, so that the ranks'
+/// collectives pair up (the CPU's exact search's chunk, exact_scoring::chunk).
+uint32_t shard_merge_chunk(uint32_t k);
+
 }  // namespace hslide::cpu

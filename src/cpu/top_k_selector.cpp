@@ -45,7 +45,9 @@ fill_pool top_k_selector::step_pool(uint64_t step, uint32_t batch) const {
 void top_k_selector::select(selection_batch& batch, stage_times& times) {
     const auto t0 = clock_type::now();
     const uint32_t k = top_k();
+    // Sharded, the merges' chunks are every rank's (shard_merge_chunk), which is the search's.
     const uint32_t chunk = exact_scoring::chunk(k);
+    HSLIDE_ASSERT(!shard_.sharded() || chunk == shard_merge_chunk(k));
     const bool with_log_partition = computes_log_partition();
     double merge_seconds = 0;  // the merges' collectives: the step's transfer, not this stage
     for (uint32_t begin = 0; begin < batch.size; begin += chunk) {

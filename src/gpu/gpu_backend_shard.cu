@@ -42,6 +42,12 @@ uint32_t gpu_backend::build_shard_sets(const batch_view& batch, uint64_t& set_en
     set_entries = 0;
     if (dense_output_) {
         // Every row: a labelled sample's members are the shard's rows, its labels their rows.
+        // The entries are counted in 32 bits, and sorted by CUB with an int count.
+        HSLIDE_CHECK_KIND(uint64_t(b) * count < (uint64_t{1} << 31), error_kind::unsupported,
+                          "a dense output layer sharded across GPU ranks: a step of {} samples "
+                          "over this rank's {} rows is {} entries, above 2^31; use a smaller "
+                          "--batch-size, more ranks, or --output-sparsity topk",
+                          b, count, uint64_t(b) * count);
         shard_label_rows(*batch.data, batch.rows, b, first, count, h.label_index, h.label_begin);
         for (uint32_t s = 0; s < b; ++s) {
             if (batch.data->labels(batch.rows[s]).count > 0) {
@@ -75,8 +81,15 @@ uint32_t gpu_backend::build_shard_sets(const batch_view& batch, uint64_t& set_en
                                       size_t(b) * 4, cudaMemcpyDeviceToHost, stream_));
     HSLIDE_CUDA_CHECK(cudaStreamSynchronize(stream_));
     h.log_partition.assign(h.log_partition32.begin(), h.log_partition32.end());
-    cpu::merge_shard_top_k(*shard_.comm, first, b, k, h.best.data(), h.best_score.data(),
-                           h.log_partition.data(), h.merge_scratch);
+    // In the chunks every rank merges in (a CPU rank's search's), so that the collectives of
+    // GPU and CPU ranks pair up at any batch size.
+    const uint32_t merge_chunk = cpu::shard_merge_chunk(k);
+    for (uint32_t begin = 0; begin < b; begin += merge_chunk) {
+        const uint32_t n = std::min(merge_chunk, b - begin);
+        cpu::merge_shard_top_k(*shard_.comm, first, n, k, h.best.data() + size_t(begin) * k,
+                               h.best_score.data() + size_t(begin) * k,
+                               h.log_partition.data() + begin, h.merge_scratch);
+    }
     // The sets over the whole layer, as the CPU's ranks build them (the same seeds and pool),
     // then this rank's members in set order (labels first), as local ids.
     const uint64_t step = shape_.adam_step;
@@ -111,9 +124,10 @@ step_report gpu_backend::sharded_train_batch(const batch_view& batch, float lear
     step_report report;
     stage_times& st = report.times;
     const auto t0 = clock_type::now();
+    const shard_comm::traffic_count before = comm.traffic();
     // Each stage's wall time less its collectives' (the step's transfer).
     auto t = t0;
-    double comm_mark = comm.traffic().seconds;
+    double comm_mark = before.seconds;
     auto stage_end = [&](double& seconds) {
         const double comm_now = comm.traffic().seconds;
         seconds += seconds_since(t) - (comm_now - comm_mark);
@@ -215,6 +229,8 @@ step_report gpu_backend::sharded_train_batch(const batch_view& batch, float lear
     stage_end(st.update);
 
     report.samples = b;
+    report.collectives = comm.traffic().collectives - before.collectives;
+    report.transfer_bytes = comm.traffic().bytes - before.bytes;
     report.active_per_layer = {uint64_t(b) * width, set_entries};
     report.output_touched_share_sum = double(shard_touched_.data()[0]) / double(shard_.count);
     report.steps_counted = 1;
