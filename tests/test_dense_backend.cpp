@@ -47,12 +47,15 @@ model_config dense_config(uint32_t outputs = 30) {
 }
 
 /// The batch-mean loss from the definition, in double: ReLU hidden layers, softmax over every
-/// output neuron, target 1/|y| on each label; points without labels add 0 but count.
+/// output neuron, target 1/|y| on each label (or, `logistic`, a binary cross-entropy per output
+/// neuron, target 1 on each label); points without labels add 0 but count.
 struct reference_net {
     std::vector<std::vector<double>> w, b;  // w[l][row * width + i]
     std::vector<uint32_t> rows, width;
+    bool logistic = false;
 
-    explicit reference_net(const model_state& m) {
+    explicit reference_net(const model_state& m, bool logistic_loss = false)
+        : logistic(logistic_loss) {
         for (const auto& layer : m.layers) {
             std::vector<double> wl(size_t(layer.rows) * layer.width);
             for (uint32_t r = 0; r < layer.rows; ++r)
@@ -94,6 +97,14 @@ struct reference_net {
             const label_row y = d.labels(p);
             if (y.count == 0) continue;
             const std::vector<double> z = logits(d, p);
+            if (logistic) {
+                for (uint32_t j = 0; j < z.size(); ++j) {
+                    const bool label = std::find(y.ids, y.ids + y.count, j) != y.ids + y.count;
+                    const double sigmoid = 1.0 / (1.0 + std::exp(-z[j]));
+                    total -= std::log(label ? sigmoid : 1.0 - sigmoid);
+                }
+                continue;
+            }
             const double m = *std::max_element(z.begin(), z.end());
             double sum = 0;
             for (double v : z) sum += std::exp(v - m);
@@ -154,10 +165,13 @@ bool same_state(const model_state& a, const model_state& b) {
 
 }  // namespace
 
-TEST(DenseBackendGradient, EveryLayerMatchesFiniteDifferences) {
+class DenseBackendGradient : public ::testing::TestWithParam<output_loss> {};
+
+TEST_P(DenseBackendGradient, EveryLayerMatchesFiniteDifferences) {
     const model_config config = dense_config();
     const dataset data = random_dataset(40, 20, 30, 101, 7);
     train_config tc;
+    tc.loss = GetParam();
     cpu::dense_backend be(model_state::create(config, 101), tc, 2);
     // A few steps first, so weights, biases and ReLU patterns are not at their initial values.
     const std::vector<uint32_t> all = iota_rows(data.size());
@@ -167,7 +181,7 @@ TEST(DenseBackendGradient, EveryLayerMatchesFiniteDifferences) {
     ASSERT_EQ(data.labels(6).count, 0u);
     model_state grad;
     const double loss = be.compute_gradient({&data, rows.data(), uint32_t(rows.size())}, grad);
-    reference_net ref(be.model());
+    reference_net ref(be.model(), tc.loss == output_loss::logistic);
     // fp32 forward against the double reference.
     EXPECT_NEAR(ref.loss(data, rows), loss, 1e-5 * std::max(1.0, std::abs(loss)));
 
@@ -203,18 +217,24 @@ TEST(DenseBackendGradient, EveryLayerMatchesFiniteDifferences) {
     }
 }
 
+INSTANTIATE_TEST_SUITE_P(Losses, DenseBackendGradient,
+                         ::testing::Values(output_loss::softmax, output_loss::logistic),
+                         [](const auto& info) { return std::string(to_string(info.param)); });
+
 /// Several steps of cpu-dense and of the CPU backend with every layer dense, from the same
 /// initial model: losses per step and the final weights must agree. The two sum in different
 /// orders (BLAS blocking against per-row axpy), so they agree to fp32 rounding, not bit for bit.
 /// Weights are compared as |dense - cpu| / (|cpu| + 1e-2): at most `max_relative`, and all but
 /// a fraction `outliers` within 1e-4.
 void expect_same_training(const model_config& config, adam_mode adam, int dense_threads,
-                          double max_relative, double outliers) {
-    SCOPED_TRACE(std::string("adam ") + to_string(adam));
+                          double max_relative, double outliers,
+                          output_loss loss = output_loss::softmax) {
+    SCOPED_TRACE(std::string("adam ") + to_string(adam) + ", loss " + to_string(loss));
     const dataset data = random_dataset(160, 20, config.output_dim(), 202, 9);
     const model_state initial = model_state::create(config, 202);
     train_config tc;
     tc.adam = adam;
+    tc.loss = loss;
     cpu::cpu_backend reference(initial, tc, 1);
     cpu::dense_backend dense(initial, tc, dense_threads);
     const std::vector<uint32_t> rows = iota_rows(data.size());
@@ -243,6 +263,11 @@ TEST(DenseBackend, TrainingMatchesCpuBackendWithDenseLayers) {
     // backend moves them every step (as input-dense).
     for (adam_mode adam : {adam_mode::sparse, adam_mode::dense, adam_mode::input_catch_up})
         expect_same_training(dense_config(), adam, 2, 1e-4, 0.0);
+}
+
+TEST(DenseBackend, LogisticTrainingMatchesCpuBackendWithDenseLayers) {
+    for (adam_mode adam : {adam_mode::sparse, adam_mode::input_catch_up})
+        expect_same_training(dense_config(), adam, 2, 1e-4, 0.0, output_loss::logistic);
 }
 
 TEST(DenseBackend, WideOutputLayerSpansSeveralGradientBlocks) {

@@ -127,7 +127,9 @@ close_run() {
 }
 
 "$hslide" gen --preset tiny --out tiny --no-progress -q
-tiny=(--train tiny/train.txt --test tiny/test.txt --hidden 64 --threads 1 --seed 5 --no-progress --label-rows all)
+# Ranks train the softmax (--loss auto's choice there; one process's is logistic).
+tiny=(--train tiny/train.txt --test tiny/test.txt --hidden 64 --threads 1 --seed 5 --no-progress --label-rows all
+    --loss softmax)
 sparse=(--output-sparsity topk --top-k-search exact --top-k 16 --min-active 64)
 same_run tiny_dense "${tiny[@]}" --epochs 3 --output-sparsity dense
 same_run tiny_topk "${tiny[@]}" --epochs 3 "${sparse[@]}"
@@ -136,7 +138,7 @@ grep -q "output rows per rank \[0, 375) \[375, 500)" two_tiny_topk_3_1.log ||
     fail "--shard-weights 3,1 did not give rank 0 rows [0, 375) of 500"
 # auto: ranks of 2 and 1 threads (MPMD) split by their measured rates; exact top-k trains the
 # one-process model whatever the split.
-tiny_auto=(--train tiny/train.txt --test tiny/test.txt --hidden 64 --seed 5 --no-progress --epochs 3 --label-rows all
+tiny_auto=(--train tiny/train.txt --test tiny/test.txt --hidden 64 --seed 5 --no-progress --epochs 3 --label-rows all --loss softmax
     "${sparse[@]}" --shard-weights auto)
 timeout 300 mpirun --oversubscribe -np 1 "$hslide" train "${tiny_auto[@]}" --threads 2 \
     --metrics-out two_auto.jsonl : -np 1 "$hslide" train "${tiny_auto[@]}" --threads 1 \
@@ -188,7 +190,8 @@ close_run tiny_ivf 0.05 "${tiny[@]}" --epochs 3 --output-sparsity topk --top-k-s
 if [[ -n $shared && -f $shared/bibtex/Bibtex_data.txt ]]; then
     b=$shared/bibtex
     bibtex=(--train "$b/Bibtex_data.txt" --train-split "$b/bibtex_trSplit.txt"
-        --test-split "$b/bibtex_tstSplit.txt" --epochs 3 --threads 1 --seed 1 --no-progress)
+        --test-split "$b/bibtex_tstSplit.txt" --epochs 3 --threads 1 --seed 1 --no-progress
+        --loss softmax)
     same_run bibtex_dense "${bibtex[@]}" --output-sparsity dense
     same_run bibtex_topk "${bibtex[@]}" --output-sparsity topk --top-k-search exact --top-k 16 \
         --min-active 48

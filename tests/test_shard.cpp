@@ -1058,7 +1058,7 @@ TEST(ShardTraining, BibtexForcedSparseLshOnTwoRanksWithinAHundredthOfOneRank) {
 }
 
 TEST(ShardTraining, RefusesWhatIsNotSharded) {
-    const train_config tc = small_training();
+    train_config tc = small_training();
     auto message = [&](model_config config) {
         std::string text = "no error";
         on_ranks(2, [&](shard_comm& comm) {
@@ -1092,6 +1092,26 @@ TEST(ShardTraining, RefusesWhatIsNotSharded) {
     model_config corrected = small_model(sparsity_mode::topk);
     corrected.layers.back().fill_correction = 1;
     EXPECT_NE(message(corrected).find("--fill-correction"), std::string::npos);
+    tc.loss = output_loss::logistic;
+    EXPECT_NE(message(small_model(sparsity_mode::topk)).find("--loss logistic is not sharded"),
+              std::string::npos);
+    // What --loss auto and --lr 0 become: the softmax and its rate on ranks and GPUs.
+    for (backend_kind kind : {backend_kind::cpu, backend_kind::cpu_dense, backend_kind::gpu}) {
+        for (bool sharded : {false, true}) {
+            train_config automatic;
+            automatic.loss = output_loss::automatic;
+            automatic.learning_rate = 0;
+            resolve_auto_training(automatic, kind, sharded);
+            const bool logistic = kind != backend_kind::gpu && !sharded;
+            EXPECT_EQ(automatic.loss, logistic ? output_loss::logistic : output_loss::softmax);
+            EXPECT_EQ(automatic.learning_rate,
+                      logistic ? logistic_learning_rate : softmax_learning_rate);
+            automatic.learning_rate = 0.01f;  // a rate given is kept
+            automatic.loss = output_loss::automatic;
+            resolve_auto_training(automatic, kind, sharded);
+            EXPECT_EQ(automatic.learning_rate, 0.01f);
+        }
+    }
 }
 
 TEST(ShardTraining, DivergedReplicasAreCaught) {

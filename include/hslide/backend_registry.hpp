@@ -71,6 +71,7 @@ struct backend_capabilities {
     /// Per adam_mode (indexed by its value): the mode it runs as (the same model), or nullopt
     /// when it refuses the mode.
     std::array<std::optional<adam_mode>, 5> adam_runs_as{};
+    bool logistic_loss = false;  ///< --loss logistic (softmax always)
     bool needs_gpu = false;      ///< runs on a GPU (creating it fails without one)
     bool hybrid_worker = false;  ///< may be a worker of the hybrid backend (--workers)
 };
@@ -112,6 +113,13 @@ void check_supported(backend_kind kind, const model_config& model, const train_c
 /// The Adam mode `kind` runs `mode` as (itself, or the mode that trains the same model);
 /// throws hslide::error (unsupported) where it refuses it.
 adam_mode adam_mode_run_by(backend_kind kind, adam_mode mode);
+
+/// Resolves a front end's automatic training settings for a run on `kind` (`sharded`: as a
+/// rank of a label-sharded run), before validate(train): --loss auto becomes logistic where the
+/// backend trains it in one process (cpu, cpu-dense; bench/peers.md: test P@1 as high or higher
+/// than the softmax's on every real set), else softmax (the GPU backends, the hybrid, ranks);
+/// --lr 0 becomes the loss's rate (softmax_learning_rate, logistic_learning_rate).
+void resolve_auto_training(train_config& train, backend_kind kind, bool sharded);
 
 /// Creates a backend holding `initial` and builds its tables. Pass the state with std::move
 /// where the caller no longer needs it: a copy doubles the peak memory of a large model.

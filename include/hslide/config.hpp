@@ -6,6 +6,7 @@
 #pragma once
 
 #include "hslide/isa.hpp"
+#include "hslide/loss.hpp"
 #include "hslide/lsh.hpp"
 #include "hslide/thread_limits.hpp"  // validate(train_config) checks threads with it
 
@@ -326,6 +327,9 @@ struct train_config {
     /// else 0. A backend holding its model elsewhere (GPU, hybrid) averages when asked, each
     /// update exporting its model (host memory for it and the average).
     double ema_epochs = 0;
+    /// The output layer's loss (loss.hpp): the set's softmax, or a logistic loss per member
+    /// (whose output biases start at the labels' prior: logistic_prior_bias).
+    output_loss loss = output_loss::softmax;
     float adam_beta1 = 0.9f;
     float adam_beta2 = 0.999f;
     float adam_epsilon = 1e-8f;

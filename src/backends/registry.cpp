@@ -62,6 +62,7 @@ backend_capabilities cpu_caps() {
     c.top_k_selection = true;
     c.ivf_top_k_search = true;
     c.adam_runs_as = every_adam_mode;
+    c.logistic_loss = true;
     c.hybrid_worker = true;
     return c;
 }
@@ -72,6 +73,7 @@ backend_capabilities cpu_dense_caps() {
     // Its dense Adam is catch-up's result already; input-catch-up is input-dense there.
     c.adam_runs_as = {adam_mode::sparse, adam_mode::dense, adam_mode::input_dense, adam_mode::dense,
                       adam_mode::input_dense};
+    c.logistic_loss = true;
     return c;
 }
 
@@ -259,6 +261,13 @@ void check_supported(backend_kind kind, const model_config& model, const train_c
                               return x.caps.ivf_top_k_search && x.kind != backend_kind::hybrid;
                           }));
     adam_mode_run_by(kind, train.adam);
+    HSLIDE_CHECK_KIND(
+        train.loss == output_loss::softmax || c.logistic_loss, error_kind::unsupported,
+        "--backend {} trains with --loss softmax only; use --backend {} for --loss {}", e.name,
+        names_where([](const backend_entry& x) {
+            return x.caps.logistic_loss && x.kind != backend_kind::hybrid;
+        }),
+        to_string(train.loss));
     const bool probes = std::any_of(model.layers.begin(), model.layers.end(),
                                     [](const layer_config& l) { return l.active.probes > 0; });
     // auto scores an LSH layer with LSH, as lsh does.
@@ -283,6 +292,15 @@ void check_supported(backend_kind kind, const model_config& model, const train_c
                       e.name, names_where([](const backend_entry& x) {
                           return x.caps.ivf_top_k_search && x.kind != backend_kind::hybrid;
                       }));
+}
+
+void resolve_auto_training(train_config& train, backend_kind kind, bool sharded) {
+    if (train.loss == output_loss::automatic)
+        train.loss = backend_entry_of(kind).caps.logistic_loss && !sharded ? output_loss::logistic
+                                                                           : output_loss::softmax;
+    if (train.learning_rate == 0)
+        train.learning_rate =
+            train.loss == output_loss::logistic ? logistic_learning_rate : softmax_learning_rate;
 }
 
 std::unique_ptr<backend> create_backend(const backend_options& options, model_state initial,

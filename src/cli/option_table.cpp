@@ -19,6 +19,7 @@ void train_settings::apply_names() {
     train.adam_moments = parse_moment_storage(adam_moments);
     train.schedule = parse_lr_schedule(lr_schedule);
     train.lr_scaling = parse_lr_batch_scaling(lr_scaling);
+    train.loss = parse_output_loss(loss);
     trainer.eval.scoring = parse_scoring(scoring);
     parse_epochs(epochs, train);
     if (!keep_best.empty()) {
@@ -106,8 +107,9 @@ std::vector<option_spec> make_table() {
         spec("batch-size", group::essentials, "samples per step", HSLIDE_FIELD(train.batch_size),
              {}, positive(), both),
         // Range checked by validate(train_config), which names a non-finite value plainly.
-        spec("lr", group::essentials, "Adam learning rate", HSLIDE_FIELD(train.learning_rate), {},
-             {}, both),
+        spec("lr", group::essentials,
+             "Adam learning rate (0 = auto: 0.005 with --loss logistic, 0.003 with softmax)",
+             HSLIDE_FIELD(train.learning_rate), {}, {}, both),
         // --backend's choices and footer come from the backend registry (restrict_backends).
         spec("backend", group::essentials, "where to compute", HSLIDE_FIELD(backend), {}, {}, both),
         spec("threads", group::essentials, "CPU threads (0 = all)", HSLIDE_FIELD(train.threads), {},
@@ -303,6 +305,14 @@ std::vector<option_spec> make_table() {
              "drops; the hidden layers train at --lr); 0 = auto: 1 up to 12288 output rows, "
              "12288 / rows above",
              HSLIDE_FIELD(model.output_lr_scale), {}, non_negative(), both),
+        spec("loss", group::optimiser,
+             "the output layer's loss: softmax (the cross-entropy of the set's softmax, the "
+             "labels sharing the target), logistic (a binary cross-entropy per neuron of the "
+             "set, biases starting at the labels' prior: it ranks by each label's own "
+             "probability, what P@k counts; P@1 +0.017 on a set of 4.7 labels a point, "
+             "bench/peers.md; cpu and cpu-dense backends, one process), or auto (logistic where "
+             "the backend has it in one process, else softmax)",
+             HSLIDE_FIELD(loss), names_of(output_loss{}), {}, both),
         spec("beta1", group::optimiser, "Adam beta1", HSLIDE_FIELD(train.adam_beta1), {}, {}, both),
         spec("beta2", group::optimiser, "Adam beta2", HSLIDE_FIELD(train.adam_beta2), {}, {}, both),
         spec("adam-eps", group::optimiser, "Adam epsilon", HSLIDE_FIELD(train.adam_epsilon), {}, {},

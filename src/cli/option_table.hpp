@@ -70,10 +70,12 @@ struct output_options {
 };
 
 /// train_config as the front ends (the command line, hslide.Model) default it: the weight
-/// average on auto.
+/// average, the loss and the learning rate on auto (resolve_auto_training).
 inline train_config front_end_train_config() {
     train_config train;
     train.ema_epochs = -1;
+    train.loss = output_loss::automatic;
+    train.learning_rate = 0;
     return train;
 }
 
@@ -92,6 +94,7 @@ struct train_settings {
     std::string adam_moments = to_string(train_config{}.adam_moments);
     std::string lr_schedule = to_string(train_config{}.schedule);
     std::string lr_scaling = to_string(train_config{}.lr_scaling);
+    std::string loss = to_string(output_loss::automatic);
     std::string scoring = to_string(evaluation_options{}.scoring);
     /// --epochs: "auto" (the default) or a count, parsed into train.epochs/epochs_auto.
     std::string epochs = "auto";

@@ -113,6 +113,7 @@ int run_train(int argc, char** argv) {
     to.eval.show_progress = show_progress;
     to.show_progress = show_progress;
     const backend_kind kind = parse_backend_kind(backend_name);
+    resolve_auto_training(tc, kind, sharded);
     validate(tc);
     validate(to.eval.metrics);
 
@@ -264,6 +265,7 @@ int run_train(int argc, char** argv) {
         initial = model_state::create(make_model_config(mopt, uint32_t(d.train.n_features),
                                                         output_rows(d.train, rows), &output_choice),
                                       tc.seed, tc.adam_moments);
+        if (tc.loss == output_loss::logistic) start_at_label_prior(initial, d.train);
     }
     // Every set in row ids from here on (a resumed run's training set already is).
     if (resume_path.empty()) labels_to_rows(d.train, rows);
@@ -386,7 +388,8 @@ int run_train(int argc, char** argv) {
         engine = create_backend(bo, std::move(initial), tc);
     }
     const backend_info bi = engine->info();
-    spdlog::info("backend: {} on {}, {}", bi.kind, bi.device, bi.precision);
+    spdlog::info("backend: {} on {}, {}, {} loss", bi.kind, bi.device, bi.precision,
+                 to_string(tc.loss));
 
     to.train = tc;
     if (valid.size() > 0) to.validation.valid = &valid;

@@ -206,7 +206,8 @@ float cpu_backend::fill_correction_shift(const sample_buffers& sb) const {
 }
 
 void cpu_backend::output_loss(const label_row& y, uint32_t s, thread_scratch& scratch) {
-    // Softmax over the output active set, against the label distribution 1/|y| per label.
+    // Softmax over the output active set, against the label distribution 1/|y| per label, or
+    // the logistic loss of each member of the set (loss.hpp).
     const auto t0 = clock_type::now();
     sample_buffers& sb = samples_[s];
     layer_buffers& out = sb.layers.back();
@@ -214,7 +215,13 @@ void cpu_backend::output_loss(const label_row& y, uint32_t s, thread_scratch& sc
     sb.loss = 0;
     sb.dropped_mass = 0;
     out.delta.assign(out.act.size(), 0.0f);
-    if (sb.trained) {
+    if (sb.trained && train_.loss == hslide::output_loss::logistic) {
+        // A sparse set puts the labels first (forced labels); a dense layer has them by id.
+        HSLIDE_ASSERT(out.ids.empty() || (out.ids.size() >= y.count && out.ids[0] == y.ids[0]));
+        sb.loss =
+            logistic_loss_gradient(out.act.data(), uint32_t(out.act.size()),
+                                   out.ids.empty() ? y.ids : nullptr, y.count, out.delta.data());
+    } else if (sb.trained) {
         const size_t out_layer = model_.layers.size() - 1;
         const bool top_k = model_.config.selection(out_layer) == neuron_selection::top_k;
         const float correction = top_k ? fill_correction_shift(sb) : 0.0f;
@@ -362,7 +369,8 @@ void cpu_backend::run_forward_backward(const batch_view& batch, step_report& rep
     report.active_per_layer.assign(n_layers, 0);
     // Only the exact top-k search computes the full softmax's partition (IVF's loss is the
     // set's, as LSH's): dropped mass is reported where it is measured.
-    const bool full_partition = output_selection().computes_log_partition();
+    const bool full_partition =
+        train_.loss == hslide::output_loss::softmax && output_selection().computes_log_partition();
     for (uint32_t s = 0; s < batch.size; ++s) {
         report.loss_sum += samples_[s].loss;
         if (full_partition && samples_[s].trained) {

@@ -31,6 +31,10 @@ void cpu_backend::check_shardable() const {
                       "--adam {}: an LSH output layer sharded across MPI ranks ({} ranks) does "
                       "not catch its rows up (use input-catch-up, the default, or sparse)",
                       to_string(train_.adam), ranks);
+    HSLIDE_CHECK_KIND(train_.loss == hslide::output_loss::softmax, error_kind::unsupported,
+                      "--loss {} is not sharded across MPI ranks ({} ranks) yet: use --loss "
+                      "softmax, or one process",
+                      to_string(train_.loss), ranks);
     HSLIDE_CHECK_KIND(c.fill_correction == 0.0f, error_kind::unsupported,
                       "--fill-correction is not sharded across MPI ranks ({} ranks): leave it at 0",
                       ranks);

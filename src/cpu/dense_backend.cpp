@@ -208,6 +208,10 @@ void dense_backend::forward(const dataset& data, const uint32_t* rows, uint32_t 
                 std::fill(a, a + n_out, 0.0f);
                 continue;
             }
+            if (train_.loss == hslide::output_loss::logistic) {
+                loss_[s] = logistic_loss_gradient(a, n_out, y.ids, y.count, a);
+                continue;
+            }
             label_logits.resize(y.count);
             for (uint32_t i = 0; i < y.count; ++i) label_logits[i] = a[y.ids[i]];
             // softmax reads each logit before it writes that probability, so in place is safe.

@@ -208,6 +208,7 @@ options parse_options(const py::dict& given) {
     o.device.gpu_async_rebuild = s.compute.gpu_async_rebuild;
     HSLIDE_CHECK(o.device.kind != backend_kind::hybrid,
                  "backend 'hybrid' is offered by the command line only (hslide train)");
+    resolve_auto_training(s.train, o.device.kind, /*sharded=*/false);
     validate(s.train);
     validate(s.trainer.eval.metrics);
     check_validation_fraction(s.valid_fraction);
@@ -285,7 +286,9 @@ class model {
                         options_.eval().scoring);
         backend_options bo = options_.device;
         bo.threads = tc.threads;
-        engine_ = create_backend(bo, model_state::create(config, tc.seed, tc.adam_moments), tc);
+        model_state initial = model_state::create(config, tc.seed, tc.adam_moments);
+        if (tc.loss == output_loss::logistic) start_at_label_prior(initial, train);
+        engine_ = create_backend(bo, std::move(initial), tc);
         config_ = config;
 
         trainer_options to;

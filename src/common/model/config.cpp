@@ -242,6 +242,8 @@ void validate(const model_config& model) {
 
 void validate(const train_config& train) {
     HSLIDE_CHECK(train.epochs > 0, "--epochs must be at least 1 (in total, when resuming)");
+    HSLIDE_CHECK(train.loss != output_loss::automatic,
+                 "--loss auto is resolved for a backend before training (resolve_auto_training)");
     HSLIDE_CHECK(train.batch_size > 0, "batch-size must be positive");
     HSLIDE_CHECK(train.lr_base_batch > 0, "lr-base-batch must be positive");
     // {:g}: an infinite or huge value prints as "inf" or "3.4e+38", not 300 digits.

@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Writes a real extreme multi-label set, in XC format, from Debian's package index.
+
+For each binary package that names others in FIELD (Depends by default), predict those
+packages from its own metadata: the words of its name and short description, its section,
+debtags, maintainer, priority and architecture. Features are binary and L2-normalised, kept
+where seen in at least 2 packages; labels are kept where seen in at least 2 training
+packages, and points left without a label are dropped; the split is 80/20 by a hash of the
+package name. `../shared/data/debian-recs` is this recipe over Recommends and Suggests
+(`--field Recommends+Suggests`, from another snapshot of the index and another split hash).
+
+Depends over bookworm main amd64 (2026-12): 43,408 train / 10,566 test points, 25,089
+features, 15,591 labels, 4.7 labels a point: the shape of the held-out power-law set issue 30
+quotes (15,658 labels, 43.6k points). bench/peers.md measures hslide and napkinXC on it.
+
+Usage: scripts/debian_packages_set.py OUT_DIR [--field Depends] [--packages FILE]
+  --packages: a Packages file (plain, or compressed: read through apt-helper cat-file);
+  default: this machine's apt index of a Debian main amd64 suite
+  (/var/lib/apt/lists/*_main_binary-amd64_Packages*, the largest; `apt-get update` fetches it).
+Writes OUT_DIR/train.txt and OUT_DIR/test.txt, and prints their shapes and the index's SHA-256
+(the set changes with the index: say which one a figure is of).
+"""
+
+import argparse
+import collections
+import glob
+import hashlib
+import math
+import os
+import re
+import subprocess
+import sys
+
+WORD = re.compile(r"[a-z0-9][a-z0-9+.\-]*")
+
+
+def read_index(path):
+    """The index's bytes (decompressed by apt-helper where the name says compressed)."""
+    if path.endswith((".lz4", ".gz", ".xz", ".bz2", ".zst")):
+        return subprocess.run(["/usr/lib/apt/apt-helper", "cat-file", path], check=True,
+                              stdout=subprocess.PIPE).stdout
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def stanzas(text):
+    """Each package's fields (continuation lines joined for Tag, dropped elsewhere)."""
+    fields, last = {}, None
+    for line in text.splitlines():
+        if not line:
+            if fields:
+                yield fields
+            fields, last = {}, None
+        elif line[0] in " \t":
+            if last == "Tag":
+                fields[last] += " " + line.strip()
+        else:
+            key, _, value = line.partition(":")
+            fields[key] = value.strip()
+            last = key
+    if fields:
+        yield fields
+
+
+def packages_named(fields, names):
+    """The package names in the fields `names` ("a (>= 1) | b:any, c"): every alternative."""
+    out = set()
+    for name in names:
+        for relation in fields.get(name, "").split(","):
+            for alternative in relation.split("|"):
+                package = alternative.strip().split(" ")[0].split(":")[0].split("(")[0]
+                if package:
+                    out.add(package)
+    return out
+
+
+def features_of(fields):
+    name = fields["Package"]
+    out = {"n=" + w for w in WORD.findall(name.lower().replace("-", " "))}
+    out |= {"d=" + w for w in WORD.findall(fields.get("Description", "").lower())}
+    for key, prefix in (("Section", "s="), ("Priority", "p="), ("Architecture", "a="),
+                        ("Maintainer", "m=")):
+        out.add(prefix + fields.get(key, ""))
+    out |= {"t=" + t.strip() for t in fields.get("Tag", "").split(",") if t.strip()}
+    return out
+
+
+def build(text, field_names):
+    """(train, test, n_features, n_labels): points as (feature ids, label ids)."""
+    rows = []
+    for fields in stanzas(text):
+        if "Package" not in fields:
+            continue
+        labels = packages_named(fields, field_names)
+        if not labels:
+            continue
+        name = fields["Package"]
+        test = int(hashlib.md5(name.encode()).hexdigest(), 16) % 5 == 0
+        rows.append((test, features_of(fields), labels))
+    feature_count = collections.Counter(f for _, fs, _ in rows for f in fs)
+    label_count = collections.Counter(l for test, _, ls in rows if not test for l in ls)
+    feature_id = {f: i for i, f in enumerate(sorted(f for f, c in feature_count.items() if c >= 2))}
+    label_id = {l: i for i, l in enumerate(sorted(l for l, c in label_count.items() if c >= 2))}
+    parts = {False: [], True: []}
+    for test, fs, ls in rows:
+        ys = sorted(label_id[l] for l in ls if l in label_id)
+        if ys:
+            parts[test].append((sorted(feature_id[f] for f in fs if f in feature_id), ys))
+    return parts[False], parts[True], len(feature_id), len(label_id)
+
+
+def write(path, points, n_features, n_labels):
+    with open(path, "w") as out:
+        out.write(f"{len(points)} {n_features} {n_labels}\n")
+        for features, labels in points:
+            value = 1.0 / math.sqrt(len(features)) if features else 0.0
+            out.write(",".join(map(str, labels)) + " " +
+                      " ".join(f"{f}:{value:.6f}" for f in features) + "\n")
+
+
+def default_index():
+    found = glob.glob("/var/lib/apt/lists/*_main_binary-amd64_Packages*")
+    if not found:
+        sys.exit("debian_packages_set.py: no apt index of a main amd64 suite in "
+                 "/var/lib/apt/lists (run apt-get update, or pass --packages FILE)")
+    return max(found, key=os.path.getsize)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out_dir")
+    parser.add_argument("--field", default="Depends",
+                        help="the relation(s) to predict, joined by + (default Depends)")
+    parser.add_argument("--packages", help="a Packages file (default: the apt index)")
+    args = parser.parse_args()
+    path = args.packages or default_index()
+    data = read_index(path)
+    train, test, n_features, n_labels = build(data.decode("utf-8", "replace"),
+                                              args.field.split("+"))
+    if not train or not test:
+        sys.exit(f"debian_packages_set.py: {path}: no package with a kept {args.field} label "
+                 "in the train or the test part")
+    os.makedirs(args.out_dir, exist_ok=True)
+    write(os.path.join(args.out_dir, "train.txt"), train, n_features, n_labels)
+    write(os.path.join(args.out_dir, "test.txt"), test, n_features, n_labels)
+    print(f"{args.out_dir}: {args.field} of {path} (SHA-256 {hashlib.sha256(data).hexdigest()}): "
+          f"{len(train)} train / {len(test)} test points, {n_features} features, "
+          f"{n_labels} labels")
+
+
+if __name__ == "__main__":
+    main()
