@@ -17,7 +17,7 @@ out="results/hybrid-$(date +%Y%m%d-%H%M%S)"
 mkdir -p "$out"
 common=(--train "$data/Bibtex_data.txt" --train-split "$data/bibtex_trSplit.txt"
         --test-split "$data/bibtex_tstSplit.txt" --epochs "$epochs" --eval-every "$epochs"
-        --no-progress -q)
+        --no-progress -q --loss softmax)  # the hybrid's loss (--loss auto: logistic on one cpu)
 for r in $(seq "$repeats"); do
     ./build/hslide train "${common[@]}" --threads 1 --metrics-out "$out/single-$r.jsonl"
     ./build/hslide train "${common[@]}" --backend hybrid --workers cpu,cpu --worker-threads 1 \

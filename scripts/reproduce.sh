@@ -294,7 +294,9 @@ mkdir -p "$out/runs"
 # --label-rows all: a row for every label, as the papers' networks and the dense baselines have.
 model_args=(--hidden "$hidden" --K "$K" --L "$L" --bits "$bits" --bucket-capacity "$capacity"
             --min-active "$min_active" --fill-correction "$p_fill_correction" --label-rows all)
-common=(--batch-size "$batch" --lr "$lr" --eval-every 1 --scoring "$scoring"
+# The papers' softmax (and PyTorch's, and every backend's: the CPU rows' --loss auto would be
+# logistic, the GPU rows' softmax).
+common=(--batch-size "$batch" --lr "$lr" --loss softmax --eval-every 1 --scoring "$scoring"
         --eval-max "$eval_max" --no-progress)
 
 # --- the runs -------------------------------------------------------------------------------------

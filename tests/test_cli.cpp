@@ -484,6 +484,10 @@ TEST(Cli, TheLogisticLossIsTheDefaultOnTheCpuAndTrainsAsAskedByName) {
     EXPECT_NE(last("auto.jsonl").at("loss"), last("softmax.jsonl").at("loss"));
     // The logistic loss learns: P@1 well above the tiny preset's chance.
     EXPECT_GT(double(last("auto.jsonl").at("p@1")), 0.2) << r.output;
+    r = run_hslide(common + out.file("corrected.jsonl") + " --fill-correction 1");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("--fill-correction corrects the softmax"), std::string::npos)
+        << r.output;
     r = run_hslide(common + out.file("bad.jsonl") + " --loss hinge");
     EXPECT_EQ(r.exit_code, 2) << r.output;
     EXPECT_NE(r.output.find("--loss"), std::string::npos) << r.output;
