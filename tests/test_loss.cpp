@@ -30,6 +30,19 @@ double reference_loss(const std::vector<double>& z, const std::vector<uint32_t>&
     return loss;
 }
 
+// 4 inputs, a dense hidden layer of 8, a dense output layer of 100.
+model_config small_dense_model() {
+    model_config c;
+    c.input_dim = 4;
+    layer_config l;
+    l.sparsity = sparsity_mode::dense;
+    for (uint32_t size : {8u, 100u}) {
+        l.size = size;
+        c.layers.push_back(l);
+    }
+    return c;
+}
+
 }  // namespace
 
 TEST(LogisticLoss, ValueAndGradientMatchTheDefinitionAndFiniteDifferences) {
@@ -103,15 +116,7 @@ TEST(LogisticLoss, BiasesStartAtTheLabelsPriorLogOdds) {
     dataset empty;
     EXPECT_EQ(logistic_prior_bias(empty, 100), 0.0f);
 
-    model_config c;
-    c.input_dim = 4;
-    layer_config l;
-    l.sparsity = sparsity_mode::dense;
-    for (uint32_t size : {8u, 100u}) {
-        l.size = size;
-        c.layers.push_back(l);
-    }
-    model_state m = model_state::create(c, 1);
+    model_state m = model_state::create(small_dense_model(), 1);
     start_at_label_prior(m, d);
     for (float b : m.layers.back().bias) EXPECT_EQ(b, logistic_prior_bias(d, 100));
     for (float b : m.layers.front().bias) EXPECT_EQ(b, 0.0f);
@@ -130,14 +135,7 @@ TEST(LogisticLoss, NamesRoundTripAndABadOneIsNamed) {
 }
 
 TEST(LogisticLoss, BackendsWithoutItRefuseItByName) {
-    model_config c;
-    c.input_dim = 4;
-    layer_config l;
-    l.sparsity = sparsity_mode::dense;
-    for (uint32_t size : {8u, 100u}) {
-        l.size = size;
-        c.layers.push_back(l);
-    }
+    const model_config c = small_dense_model();
     train_config tc;
     tc.loss = output_loss::logistic;
     for (backend_kind kind : {backend_kind::cpu, backend_kind::cpu_dense})
