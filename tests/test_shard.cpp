@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -80,6 +81,7 @@ template <typename Body>
 void on_ranks(int ranks, Body body) {
     auto comms = local_group::make(ranks);
     std::vector<std::exception_ptr> failures(static_cast<size_t>(ranks));
+    std::atomic<int> first_failure{-1};
     std::vector<std::thread> threads;
     for (int r = 0; r < ranks; ++r)
         threads.emplace_back([&, r] {
@@ -87,11 +89,14 @@ void on_ranks(int ranks, Body body) {
                 body(*comms[size_t(r)]);
             } catch (...) {
                 failures[size_t(r)] = std::current_exception();
+                int none = -1;
+                first_failure.compare_exchange_strong(none, r);
+                local_group::fail(*comms[size_t(r)]);  // the others must not wait for it
             }
         });
     for (auto& t : threads) t.join();
-    for (auto& f : failures)
-        if (f) std::rethrow_exception(f);
+    // The first rank's to fail: the others' are "another rank failed".
+    if (first_failure >= 0) std::rethrow_exception(failures[size_t(first_failure.load())]);
 }
 
 TEST(ShardComm, OneProcessIsTheIdentity) {
@@ -139,6 +144,21 @@ TEST(ShardComm, ReductionsAreInRankOrderAndTheSameOnEveryRank) {
         EXPECT_EQ(maxima[size_t(r)], (std::vector<float>{2.0f, 0.0f}));
         EXPECT_EQ(float_sums[size_t(r)], (std::vector<float>{(1e8f + 1.0f) - 1e8f}));
         EXPECT_EQ(gathered[size_t(r)], (std::vector<uint8_t>{0, 10, 1, 11, 2, 12}));
+    }
+}
+
+TEST(ShardComm, ARankThatFailsBeforeACollectiveFailsTheOthersInsteadOfHangingThem) {
+    // Rank 1 throws before the reduction rank 0 waits in; rank 0 must throw, not wait forever,
+    // and on_ranks must report rank 1's error.
+    try {
+        on_ranks(2, [](shard_comm& comm) {
+            if (comm.rank() == 1) throw std::runtime_error("rank 1's own error");
+            double x = 1;
+            comm.all_reduce_sum(&x, 1);
+        });
+        FAIL() << "no error";
+    } catch (const std::runtime_error& e) {
+        EXPECT_STREQ(e.what(), "rank 1's own error");
     }
 }
 

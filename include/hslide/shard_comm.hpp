@@ -102,6 +102,11 @@ class single_process_comm final : public shard_comm {
 class local_group {
   public:
     static std::vector<std::unique_ptr<shard_comm>> make(int ranks);
+    /// Marks the group of `comm` (one of make()'s) failed: every rank waiting in a collective,
+    /// or entering one later, throws std::runtime_error instead of waiting for a rank that
+    /// will not come (what MPI_Abort does to an MPI job). The thread of a rank that threw calls
+    /// it before it ends.
+    static void fail(shard_comm& comm);
 };
 
 /// Whether this hslide was built with MPI.

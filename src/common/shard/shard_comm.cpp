@@ -137,13 +137,19 @@ struct local_shared {
     void wait() {
         std::unique_lock<std::mutex> lock(mutex);
         const uint64_t gen = generation;
-        if (++arrived == ranks) {
+        if (!failed && ++arrived == ranks) {
             arrived = 0;
             ++generation;
             cv.notify_all();
         } else {
-            cv.wait(lock, [&] { return generation != gen; });
+            cv.wait(lock, [&] { return generation != gen || failed; });
         }
+        if (failed) throw std::runtime_error("local_group: another rank failed");
+    }
+    void fail() {
+        const std::lock_guard<std::mutex> lock(mutex);
+        failed = true;
+        cv.notify_all();
     }
     int ranks;
     std::vector<const void*> sends;
@@ -151,6 +157,7 @@ struct local_shared {
     std::condition_variable cv;
     int arrived = 0;
     uint64_t generation = 0;
+    bool failed = false;  // local_group::fail
 };
 
 class local_comm final : public shard_comm {
@@ -164,6 +171,7 @@ class local_comm final : public shard_comm {
                                  std::to_string(exit_code));
     }
     const char* name() const override { return "threads of one process"; }
+    local_shared& shared() const { return *shared_; }
 
   protected:
     void all_gather_impl(const void* send, size_t bytes, void* recv) override {
@@ -199,6 +207,12 @@ std::vector<std::unique_ptr<shard_comm>> local_group::make(int ranks) {
     std::vector<std::unique_ptr<shard_comm>> comms;
     for (int r = 0; r < ranks; ++r) comms.push_back(std::make_unique<local_comm>(shared, r));
     return comms;
+}
+
+void local_group::fail(shard_comm& comm) {
+    auto* local = dynamic_cast<local_comm*>(&comm);
+    HSLIDE_ASSERT(local != nullptr);
+    local->shared().fail();
 }
 
 bool mpi_built() {
