@@ -6,7 +6,7 @@
 // that comes alone. The logistic loss learns each label's own probability of being one of
 // the point's labels, which is what P@k ranks by (Menon et al., "Multilabel reductions: what
 // is my loss optimising?", NeurIPS 2019). On a real set with 4.7 labels a point (Debian's
-// Depends, scripts/debian_packages_set.py) it raised test P@1 from 0.835 to 0.852 at
+// Depends, scripts/debian_packages_set.py) it raised test P@1 from 0.835 to 0.851 at
 // --lr 0.005 (bench/peers.md, 2026-12-07 third session).
 //
 // Over a sparse set (the labels, the top-k, the random fill) it is the negative-sampling

@@ -309,7 +309,7 @@ std::vector<option_spec> make_table() {
              "the output layer's loss: softmax (the cross-entropy of the set's softmax, the "
              "labels sharing the target), logistic (a binary cross-entropy per neuron of the "
              "set, biases starting at the labels' prior: it ranks by each label's own "
-             "probability, what P@k counts; P@1 +0.017 on a set of 4.7 labels a point, "
+             "probability, what P@k counts; P@1 +0.016 on a set of 4.7 labels a point, "
              "bench/peers.md; cpu and cpu-dense backends, one process), or auto (logistic where "
              "the backend has it in one process, else softmax)",
              HSLIDE_FIELD(loss), names_of(output_loss{}), {}, both),
