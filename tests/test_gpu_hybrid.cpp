@@ -28,7 +28,7 @@ TEST(GpuHybrid, CpuAndGpuWorkersTrainBibtexTogether) {
     hslide::testing::temp_dir out;
     const std::string common =
         "train " + hslide::testing::bibtex_train_flags() +
-        "--split-column 1 --epochs 10 --output-sparsity lsh --no-progress -q ";
+        "--split-column 1 --epochs 10 --output-sparsity lsh --no-progress -q --loss softmax ";
     const std::string single = out.file("cpu.jsonl"), hybrid = out.file("hybrid.jsonl");
     auto r = hslide::testing::run_hslide(common + "--backend cpu --metrics-out " + single);
     ASSERT_EQ(r.exit_code, 0) << r.output;
