@@ -314,16 +314,8 @@ double measure_gpu_scoring_rate(int device, uint32_t width, bool bf16) {
         to_bf16(weights.data(), weights16.data(), weights.size(), stream);
         to_bf16(hidden.data(), hidden16.data(), hidden.size(), stream);
     }
-    const layer_view layer{weights.data(),
-                           nullptr,
-                           nullptr,
-                           bias.data(),
-                           nullptr,
-                           nullptr,
-                           bf16 ? weights16.data() : nullptr,
-                           rows,
-                           width,
-                           stride};
+    const layer_view layer = layer_view::for_scoring(
+        weights.data(), bias.data(), bf16 ? weights16.data() : nullptr, rows, width, stride);
     top_k_workspace ws;
     auto pass = [&] {
         score_top_k(layer, hidden.data(), bf16 ? hidden16.data() : nullptr, stride, bf16, batch, k,

@@ -34,6 +34,12 @@ struct layer_view {
     float* bias_v;
     __nv_bfloat16* weights16;
     uint32_t rows, width, stride;
+
+    /// A layer as the scoring passes read it: weights, bias and the bf16 copy, no Adam state.
+    static layer_view for_scoring(float* weights, float* bias, __nv_bfloat16* weights16,
+                                  uint32_t rows, uint32_t width, uint32_t stride) {
+        return {weights, nullptr, nullptr, bias, nullptr, nullptr, weights16, rows, width, stride};
+    }
 };
 
 /// A batch in CSR form on the device (offsets relative to the batch).

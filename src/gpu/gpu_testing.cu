@@ -61,16 +61,8 @@ struct scoring_inputs {
     }
     // The layer as the scoring passes read it (no Adam state).
     layer_view view() {
-        return layer_view{weights.data(),
-                          nullptr,
-                          nullptr,
-                          bias.data(),
-                          nullptr,
-                          nullptr,
-                          bf16 ? weights16.data() : nullptr,
-                          rows,
-                          width,
-                          stride};
+        return layer_view::for_scoring(weights.data(), bias.data(),
+                                       bf16 ? weights16.data() : nullptr, rows, width, stride);
     }
 };
 
