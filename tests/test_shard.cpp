@@ -1115,21 +1115,36 @@ TEST(ShardTraining, RefusesWhatIsNotSharded) {
     tc.loss = output_loss::logistic;
     EXPECT_NE(message(small_model(sparsity_mode::topk)).find("--loss logistic is not sharded"),
               std::string::npos);
-    // What --loss auto and --lr 0 become: the softmax and its rate on ranks and GPUs.
+    // What --loss auto, --batch-size 0 and --lr 0 become: the softmax, its batch and its rate
+    // on ranks and GPUs; the logistic loss's batch doubles on large sets, its rate by sqrt(2).
     for (backend_kind kind : {backend_kind::cpu, backend_kind::cpu_dense, backend_kind::gpu}) {
         for (bool sharded : {false, true}) {
-            train_config automatic;
-            automatic.loss = output_loss::automatic;
-            automatic.learning_rate = 0;
-            resolve_auto_training(automatic, kind, sharded);
-            const bool logistic = kind != backend_kind::gpu && !sharded;
-            EXPECT_EQ(automatic.loss, logistic ? output_loss::logistic : output_loss::softmax);
-            EXPECT_EQ(automatic.learning_rate,
-                      logistic ? logistic_learning_rate : softmax_learning_rate);
-            automatic.learning_rate = 0.01f;  // a rate given is kept
-            automatic.loss = output_loss::automatic;
-            resolve_auto_training(automatic, kind, sharded);
-            EXPECT_EQ(automatic.learning_rate, 0.01f);
+            for (uint64_t points : {uint64_t{0}, large_batch_points - 1, large_batch_points}) {
+                train_config automatic;
+                automatic.loss = output_loss::automatic;
+                automatic.batch_size = 0;
+                automatic.learning_rate = 0;
+                resolve_auto_training(automatic, kind, sharded, points);
+                const bool logistic = kind != backend_kind::gpu && !sharded;
+                const bool large = logistic && points >= large_batch_points;
+                EXPECT_EQ(automatic.loss, logistic ? output_loss::logistic : output_loss::softmax);
+                EXPECT_EQ(automatic.batch_size, large ? 256u : 128u);
+                const float rate = logistic ? logistic_learning_rate : softmax_learning_rate;
+                EXPECT_FLOAT_EQ(automatic.learning_rate, large ? rate * std::sqrt(2.0f) : rate);
+                // A batch given keeps the loss's rate; a rate given is kept.
+                automatic = train_config{};
+                automatic.loss = output_loss::automatic;
+                automatic.batch_size = 512;
+                automatic.learning_rate = 0;
+                resolve_auto_training(automatic, kind, sharded, points);
+                EXPECT_EQ(automatic.batch_size, 512u);
+                EXPECT_EQ(automatic.learning_rate, rate);
+                automatic.learning_rate = 0.01f;
+                automatic.batch_size = 0;
+                resolve_auto_training(automatic, kind, sharded, points);
+                EXPECT_EQ(automatic.learning_rate, 0.01f);
+                EXPECT_EQ(automatic.batch_size, large ? 256u : 128u);
+            }
         }
     }
 }

@@ -115,11 +115,14 @@ void check_supported(backend_kind kind, const model_config& model, const train_c
 adam_mode adam_mode_run_by(backend_kind kind, adam_mode mode);
 
 /// Resolves a front end's automatic training settings for a run on `kind` (`sharded`: as a
-/// rank of a label-sharded run), before validate(train): --loss auto becomes logistic where the
-/// backend trains it in one process (cpu, cpu-dense; bench/peers.md: test P@1 as high or higher
-/// than the softmax's on every real set), else softmax (the GPU backends, the hybrid, ranks);
-/// --lr 0 becomes the loss's rate (softmax_learning_rate, logistic_learning_rate).
-void resolve_auto_training(train_config& train, backend_kind kind, bool sharded);
+/// rank of a label-sharded run) over `training_points` points, before validate(train): --loss
+/// auto becomes logistic where the backend trains it in one process (cpu, cpu-dense;
+/// bench/peers.md: test P@1 as high or higher than the softmax's on every real set), else
+/// softmax (the GPU backends, the hybrid, ranks); --batch-size 0 becomes
+/// automatic_batch_size(loss, training_points); --lr 0 becomes the loss's rate
+/// (automatic_learning_rate: scaled by the square-root rule where the batch was auto).
+void resolve_auto_training(train_config& train, backend_kind kind, bool sharded,
+                           uint64_t training_points);
 
 /// Creates a backend holding `initial` and builds its tables. Pass the state with std::move
 /// where the caller no longer needs it: a copy doubles the peak memory of a large model.

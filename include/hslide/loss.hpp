@@ -43,6 +43,25 @@ std::vector<std::string> names_of(output_loss);
 constexpr float softmax_learning_rate = 3e-3f;
 constexpr float logistic_learning_rate = 5e-3f;
 
+/// --batch-size's auto (0): the batch the rates above were measured at, 128, doubled to 256
+/// under the logistic loss on at least this many training points (64 steps of 256 an epoch).
+/// Measured (bench/peers.md, 2026-12-07, fourth session; seeds 1-3, the rate times sqrt(2)):
+/// Debian's Depends (41k points) P@1 0.8506 -> 0.8521 in 5-6 epochs of 2.3 s instead of 6 of
+/// 2.8; the Amazon-670K shape at --scale 0.05 (23k) 0.7471 -> 0.7462 in 13% less time; on the
+/// small sets fewer steps an epoch lose (Bibtex 4.9k points: 0.6277 -> 0.6237, Corel5k 0.407
+/// -> 0.385) and Debian-recs (10k) gains nothing (0.5092 -> 0.5082).
+constexpr uint64_t large_batch_points = 16384;
+constexpr uint32_t base_batch_size = 128;
+
+/// The batch --batch-size auto resolves to for `loss` over `training_points` points: 256 for
+/// the logistic loss on large_batch_points or more, else base_batch_size.
+uint32_t automatic_batch_size(output_loss loss, uint64_t training_points);
+
+/// --lr's auto for `loss` at a batch of `batch` that --batch-size auto chose: the loss's rate
+/// at base_batch_size times sqrt(batch / base_batch_size), Adam's square-root rule (Malladi et
+/// al., 2022). A batch the user gives keeps the loss's rate (--lr-scaling scales it).
+float automatic_learning_rate(output_loss loss, uint32_t batch);
+
 /// The logistic loss of one sample over `n` logits, and its gradient: delta[i] =
 /// sigmoid(logits[i]) - t[i], where t[i] is 1 for a label and 0 otherwise. The labels are the
 /// logits at `label_ids` (`labels` of them), or the first `labels` logits where label_ids is

@@ -294,13 +294,16 @@ void check_supported(backend_kind kind, const model_config& model, const train_c
                       }));
 }
 
-void resolve_auto_training(train_config& train, backend_kind kind, bool sharded) {
+void resolve_auto_training(train_config& train, backend_kind kind, bool sharded,
+                           uint64_t training_points) {
     if (train.loss == output_loss::automatic)
         train.loss = backend_entry_of(kind).caps.logistic_loss && !sharded ? output_loss::logistic
                                                                            : output_loss::softmax;
+    const bool automatic_batch = train.batch_size == 0;
+    if (automatic_batch) train.batch_size = automatic_batch_size(train.loss, training_points);
     if (train.learning_rate == 0)
         train.learning_rate =
-            train.loss == output_loss::logistic ? logistic_learning_rate : softmax_learning_rate;
+            automatic_learning_rate(train.loss, automatic_batch ? train.batch_size : base_batch_size);
 }
 
 std::unique_ptr<backend> create_backend(const backend_options& options, model_state initial,

@@ -104,11 +104,14 @@ std::vector<option_spec> make_table() {
              "best epoch's model; or N: exactly N epochs on all the points (in total, when "
              "resuming)",
              HSLIDE_FIELD(epochs), {}, {}, both),
-        spec("batch-size", group::essentials, "samples per step", HSLIDE_FIELD(train.batch_size),
-             {}, positive(), both),
+        spec("batch-size", group::essentials,
+             "samples per step (0 = auto: 256 with --loss logistic on 16,384 training points or "
+             "more, else 128; with --lr auto the rate then grows by the square-root rule)",
+             HSLIDE_FIELD(train.batch_size), {}, non_negative(), both),
         // Range checked by validate(train_config), which names a non-finite value plainly.
         spec("lr", group::essentials,
-             "Adam learning rate (0 = auto: 0.005 with --loss logistic, 0.003 with softmax)",
+             "Adam learning rate (0 = auto: 0.005 with --loss logistic, 0.003 with softmax; times "
+             "sqrt(batch / 128) where --batch-size is auto)",
              HSLIDE_FIELD(train.learning_rate), {}, {}, both),
         // --backend's choices and footer come from the backend registry (restrict_backends).
         spec("backend", group::essentials, "where to compute", HSLIDE_FIELD(backend), {}, {}, both),

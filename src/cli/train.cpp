@@ -90,7 +90,6 @@ int run_train(int argc, char** argv) {
     data_options& data = settings.data;
     model_options& mopt = settings.model;
     train_config& tc = settings.train;
-    mopt.batch_size = tc.batch_size;  // the automatic output layer's sets follow the batch
     trainer_options& to = settings.trainer;
     compute_options& compute = settings.compute;
     const std::string& backend_name = settings.backend;
@@ -113,8 +112,13 @@ int run_train(int argc, char** argv) {
     to.eval.show_progress = show_progress;
     to.show_progress = show_progress;
     const backend_kind kind = parse_backend_kind(backend_name);
-    resolve_auto_training(tc, kind, sharded);
-    validate(tc);
+    {
+        // Checked before the data are read, with auto resolved as for the smallest data; the
+        // run's own resolution (the batch follows the training points) comes after the split.
+        train_config early = tc;
+        resolve_auto_training(early, kind, sharded, 0);
+        validate(early);
+    }
     validate(to.eval.metrics);
 
     if (tc.threads > 0) omp_set_num_threads(tc.threads);
@@ -169,6 +173,10 @@ int run_train(int argc, char** argv) {
         d.train.n_labels = d.test.n_labels = valid.n_labels = n_labels;
     }
     check_model_dimensions(d.train);
+    const bool automatic_batch = tc.batch_size == 0;
+    resolve_auto_training(tc, kind, sharded, d.train.size());
+    validate(tc);
+    mopt.batch_size = tc.batch_size;  // the automatic output layer's sets follow the batch
     // The output layer's rows (label_map.hpp): one for each label the training points carry
     // under --label-rows carried; a checkpoint's own when resuming.
     label_map rows = output_label_rows(d.train, mopt.label_rows);
@@ -388,8 +396,10 @@ int run_train(int argc, char** argv) {
         engine = create_backend(bo, std::move(initial), tc);
     }
     const backend_info bi = engine->info();
-    spdlog::info("backend: {} on {}, {}, {} loss", bi.kind, bi.device, bi.precision,
-                 to_string(tc.loss));
+    spdlog::info("backend: {} on {}, {}, {} loss, batch {}{} at lr {:g}", bi.kind, bi.device,
+                 bi.precision, to_string(tc.loss), tc.batch_size,
+                 automatic_batch ? fmt::format(" (auto: {} training points)", d.train.size()) : "",
+                 tc.learning_rate);
 
     to.train = tc;
     if (valid.size() > 0) to.validation.valid = &valid;

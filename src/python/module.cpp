@@ -102,9 +102,10 @@ struct options {
         settings.output.log_level = "warn";
         settings.trainer.eval.show_progress = false;
     }
-    model_options model() const {
+    /// The model options for a run at `batch` (the automatic output layer's sets follow it).
+    model_options model(uint32_t batch) const {
         model_options m = settings.model;
-        m.batch_size = settings.train.batch_size;  // the automatic output layer's sets follow it
+        m.batch_size = batch;
         return m;
     }
     const train_config& train() const { return settings.train; }
@@ -208,8 +209,13 @@ options parse_options(const py::dict& given) {
     o.device.gpu_async_rebuild = s.compute.gpu_async_rebuild;
     HSLIDE_CHECK(o.device.kind != backend_kind::hybrid,
                  "backend 'hybrid' is offered by the command line only (hslide train)");
-    resolve_auto_training(s.train, o.device.kind, /*sharded=*/false);
-    validate(s.train);
+    {
+        // Checked now, with auto resolved as for the smallest data; fit() resolves the run's
+        // own (the batch follows the training points).
+        train_config early = s.train;
+        resolve_auto_training(early, o.device.kind, /*sharded=*/false, 0);
+        validate(early);
+    }
     validate(s.trainer.eval.metrics);
     check_validation_fraction(s.valid_fraction);
     return o;
@@ -246,7 +252,6 @@ class model {
                                 std::string(py::str(epochs.get_type()))));
             parse_epochs(std::string(py::str(epochs)), tc);
         }
-        validate(tc);
         dataset train = train_in, valid;
         if (valid_in) valid = *valid_in;
         if (options_.settings.valid_fraction > 0) {
@@ -260,6 +265,8 @@ class model {
             train = std::move(parts.first);
             valid = std::move(parts.second);
         }
+        resolve_auto_training(tc, options_.device.kind, /*sharded=*/false, train.size());
+        validate(tc);
         const uint64_t n_features = std::max(train.n_features, valid.n_features);
         const uint64_t n_labels = std::max(train.n_labels, valid.n_labels);
         HSLIDE_CHECK(n_features > 0 && n_labels > 0, "the training data has no labels or features");
@@ -274,11 +281,11 @@ class model {
 
         engine_.reset();
         // Rows for the labels the training points carry (label_map.hpp), as `hslide train`.
-        rows_ = output_label_rows(train, options_.model().label_rows);
+        rows_ = output_label_rows(train, options_.settings.model.label_rows);
         labels_to_rows(train, rows_);
         labels_to_rows(valid, rows_);
         const model_config config = make_model_config(
-            options_.model(), uint32_t(n_features),
+            options_.model(tc.batch_size), uint32_t(n_features),
             rows_.identity() ? uint32_t(n_labels) : uint32_t(rows_.labels.size()));
         normalize_inputs(train, config);
         normalize_inputs(valid, config);

@@ -55,6 +55,19 @@ double logistic_loss_gradient(const float* logits, uint32_t n, const uint32_t* l
     return loss;
 }
 
+uint32_t automatic_batch_size(output_loss loss, uint64_t training_points) {
+    return loss == output_loss::logistic && training_points >= large_batch_points
+               ? 2 * base_batch_size
+               : base_batch_size;
+}
+
+float automatic_learning_rate(output_loss loss, uint32_t batch) {
+    HSLIDE_ASSERT(loss != output_loss::automatic && batch > 0);
+    const float rate = loss == output_loss::logistic ? logistic_learning_rate : softmax_learning_rate;
+    return batch == base_batch_size ? rate
+                                    : float(rate * std::sqrt(double(batch) / base_batch_size));
+}
+
 float logistic_prior_bias(const dataset& train, uint64_t rows) {
     if (train.size() == 0 || rows == 0) return 0.0f;
     uint64_t labels = 0;
