@@ -1035,10 +1035,11 @@ TEST(HybridCli, BibtexHybridOfTwoOneThreadWorkersMatchesSingleBackendP1) {
     // The dense layer at lr 0.002 (the defaults before 2026-11-29): P@1 still rises at epoch
     // 10 there, where today's defaults (top-k sets, lr 0.003) are past their peak and move by
     // about 0.01 from epoch to epoch, more than the hybrid's asynchronous schedule may differ by.
-    // The softmax on both: the hybrid's (--loss auto is logistic on the single cpu backend).
+    // The softmax on both: the hybrid's (--loss auto is logistic on the single cpu backend);
+    // the width of the measurement (--hidden auto is 512 at Bibtex's 159 labels).
     const std::string data = hslide::testing::bibtex_train_flags() +
                              "--no-progress --epochs 10 --eval-every 10 --output-sparsity dense "
-                             "--lr 0.002 --loss softmax ";
+                             "--lr 0.002 --loss softmax --hidden 256 ";
     auto final_p1 = [&](const std::string& args, const std::string& name) {
         const std::string metrics = tmp.file(name + ".jsonl");
         const auto r =

@@ -9,8 +9,32 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 using namespace hslide;
+
+TEST(OutputPlan, AutomaticHiddenWidthIsWideOnlyUnderASmallOutputLayer) {
+    // 512 up to wide_hidden_max_rows output rows (Bibtex, Corel5k, Yeast), 256 above
+    // (Debian-recs, the Amazon-670K shape: bench/peers.md).
+    for (uint32_t rows : {1u, 14u, 159u, 374u, wide_hidden_max_rows})
+        EXPECT_EQ(automatic_hidden_width(rows), wide_hidden_width) << rows;
+    for (uint32_t rows : {wide_hidden_max_rows + 1, 6118u, 69410u})
+        EXPECT_EQ(automatic_hidden_width(rows), narrow_hidden_width) << rows;
+    // make_model_config: the default (0) resolves per layer; a given width is kept, also
+    // beside an automatic one; the output layer is the labels' rows whatever the width.
+    model_options o;
+    ASSERT_EQ(o.hidden, std::vector<uint32_t>{0});
+    EXPECT_EQ(make_model_config(o, 100, 159).layers[0].size, 512u);
+    EXPECT_EQ(make_model_config(o, 100, 6118).layers[0].size, 256u);
+    EXPECT_EQ(make_model_config(o, 100, 6118).layers.back().size, 6118u);
+    o.hidden = {0, 64};
+    const model_config mixed = make_model_config(o, 100, 159);
+    ASSERT_EQ(mixed.layers.size(), 3u);
+    EXPECT_EQ(mixed.layers[0].size, 512u);
+    EXPECT_EQ(mixed.layers[1].size, 64u);
+    o.hidden = {128};
+    EXPECT_EQ(make_model_config(o, 100, 159).layers[0].size, 128u);
+}
 
 TEST(OutputPlan, TheOutputLayersRateFallsAsItsRowsGrowPastTheBound) {
     // 1 up to output_lr_scale_rows (every real set), then bound / rows: about 0.177 at the

@@ -17,7 +17,8 @@ namespace hslide {
 /// be sparse (all but the first), or one value per such layer: the hidden layers after the
 /// first, then the output layer (`--K 4,6`).
 struct model_options {
-    std::vector<uint32_t> hidden{256};
+    /// Hidden layer widths; 0: automatic (automatic_hidden_width, output_plan.hpp).
+    std::vector<uint32_t> hidden{0};
     std::string normalize = "l2";
     /// carried: the output layer has a row for each label a training point carries (the
     /// others can never be learned: label_map.hpp); all: a row for every label id; auto:

@@ -51,6 +51,17 @@ constexpr uint32_t output_lr_scale_rows = 12288;
 /// 0.177); synthetic sets of 18k and 6k carried labels gain too.
 float automatic_output_lr_scale(uint32_t rows);
 
+/// Output rows up to which --hidden 0 (auto) is wide_hidden_width, else narrow_hidden_width.
+constexpr uint32_t wide_hidden_max_rows = 1024;
+constexpr uint32_t wide_hidden_width = 512;
+constexpr uint32_t narrow_hidden_width = 256;
+/// A hidden layer's automatic width (--hidden 0) under an output layer of `rows` rows: 512 up
+/// to wide_hidden_max_rows rows, else 256. Measured (bench/peers.md, 2026-12-07, fourth
+/// session; test P@1, means over seeds): at 512 Bibtex (159 rows, seeds 1-12) 0.6289 -> 0.6371,
+/// Yeast (14, seeds 1-6) 0.7567 -> 0.7661, Corel5k (374, seeds 1-12) 0.3970 either way, in well
+/// under a second; Debian-recs (6,118) gains too (0.5092 -> 0.5154, seeds 1-3) but at 1.8x the
+/// time, past napkinXC's, and a step over a larger layer costs in proportion to the width.
+uint32_t automatic_hidden_width(uint32_t rows);
 /// The plan for an output layer of `rows` rows whose sparsity is `asked` (automatic or topk;
 /// automatic becomes topk or dense), trained in steps of `batch` samples, with --top-k `top_k`
 /// and --min-active `min_active` as given (0: automatic, sized from the rows and the batch).

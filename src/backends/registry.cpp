@@ -302,8 +302,8 @@ void resolve_auto_training(train_config& train, backend_kind kind, bool sharded,
     const bool automatic_batch = train.batch_size == 0;
     if (automatic_batch) train.batch_size = automatic_batch_size(train.loss, training_points);
     if (train.learning_rate == 0)
-        train.learning_rate =
-            automatic_learning_rate(train.loss, automatic_batch ? train.batch_size : base_batch_size);
+        train.learning_rate = automatic_learning_rate(
+            train.loss, automatic_batch ? train.batch_size : base_batch_size);
 }
 
 std::unique_ptr<backend> create_backend(const backend_options& options, model_state initial,

@@ -38,7 +38,9 @@ model_config make_model_config(const model_options& o, uint32_t input_dim, uint3
     for (size_t l = 0; l < n_layers; ++l) {
         const bool output = l + 1 == n_layers;
         layer_config layer;
-        layer.size = output ? output_dim : o.hidden[l];
+        layer.size = output             ? output_dim
+                     : o.hidden[l] == 0 ? automatic_hidden_width(output_dim)
+                                        : o.hidden[l];
         layer.sparsity = l == 0   ? sparsity_mode::dense
                          : output ? parse_sparsity(o.output_sparsity)
                                   : parse_sparsity(o.hidden_sparsity);

@@ -63,7 +63,8 @@ uint32_t automatic_batch_size(output_loss loss, uint64_t training_points) {
 
 float automatic_learning_rate(output_loss loss, uint32_t batch) {
     HSLIDE_ASSERT(loss != output_loss::automatic && batch > 0);
-    const float rate = loss == output_loss::logistic ? logistic_learning_rate : softmax_learning_rate;
+    const float rate =
+        loss == output_loss::logistic ? logistic_learning_rate : softmax_learning_rate;
     return batch == base_batch_size ? rate
                                     : float(rate * std::sqrt(double(batch) / base_batch_size));
 }
