@@ -154,6 +154,31 @@ TEST(Cli, ResumedTrainingEqualsUninterruptedTraining) {
     expect_same_model(dir.file("bf16-straight.ckpt"), dir.file("bf16-resumed.ckpt"));
 }
 
+TEST(Cli, AResumedRunReusesTheCheckpointsCandidatesAsTheUninterruptedRun) {
+    temp_dir dir;
+    // A top-k output layer searched over its int8 (or bf16) copy, each point's candidates
+    // reused while under an epoch old: the checkpoint carries them.
+    const std::string common = tiny_args() + "--output-sparsity topk --reuse-candidates 1 -q ";
+    auto r = run_hslide("train" + common + "--epochs 4 --save " + dir.file("straight.ckpt"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = run_hslide("train" + common + "--epochs 2 --save " + dir.file("half.ckpt"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    if (!hslide::checkpoint_reader(dir.file("half.ckpt")).has("candidates_ids"))
+        GTEST_SKIP() << "this CPU's kernels search the fp32 rows: no candidates are reused";
+    r = run_hslide("train" + common + "--epochs 4 --resume " + dir.file("half.ckpt") + " --save " +
+                   dir.file("resumed.ckpt"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    expect_same_model(dir.file("straight.ckpt"), dir.file("resumed.ckpt"));
+    // The reuse changed the run (so the candidates carried mattered).
+    r = run_hslide("train" + tiny_args() + "--output-sparsity topk --reuse-candidates 0 -q " +
+                   "--epochs 4 --save " + dir.file("searched.ckpt"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    hslide::checkpoint_reader reused(dir.file("straight.ckpt")),
+        searched(dir.file("searched.ckpt"));
+    EXPECT_FALSE(searched.has("candidates_ids"));
+    EXPECT_NE(reused.get_bytes("layer1.weights"), searched.get_bytes("layer1.weights"));
+}
+
 TEST(Cli, AResumedRunTakesProbesAndSaysWhichModelFlagsItIgnores) {
     temp_dir dir;
     const std::string common = tiny_args() + "--output-sparsity lsh --min-active 32 -q ";

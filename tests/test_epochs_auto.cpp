@@ -24,12 +24,12 @@
 #include <vector>
 
 using namespace hslide;
+using hslide::testing::expect_same_parameters;
 using hslide::testing::generated_data_dir;
 using hslide::testing::labelled_points;
 using hslide::testing::run_hslide;
-using hslide::testing::scripted_backend;
-using hslide::testing::expect_same_parameters;
 using hslide::testing::same_bytes;
+using hslide::testing::scripted_backend;
 using hslide::testing::temp_dir;
 
 namespace {
@@ -443,9 +443,24 @@ TEST(EpochsAuto, TheCpuBackendEndsWithTheModelOfARunOfBestEpochEpochs) {
     expect_identical(exported(*automatic), exported(*exact));
 }
 
+static void resumes_as_uninterrupted(const train_config& tc);
+
 TEST(EpochsAuto, AnInterruptedRunResumedFromItsCheckpointEndsAsTheUninterruptedOne) {
+    // As it is, and with the output layer's candidates reused for an epoch (training state
+    // that the checkpoint carries).
+    for (const bool reuse : {false, true}) {
+        SCOPED_TRACE(reuse ? "candidates reused" : "searched every step");
+        train_config tc = tiny_train_config();
+        if (reuse) {
+            tc.reuse_candidates_epochs = 1;
+            tc.reuse_candidates_steps = (tiny_train().size() + tc.batch_size - 1) / tc.batch_size;
+        }
+        resumes_as_uninterrupted(tc);
+    }
+}
+
+static void resumes_as_uninterrupted(const train_config& tc) {
     temp_dir dir;
-    const train_config tc = tiny_train_config();
     const auto parts = hold_out_for_auto_epochs(tiny_train(), tc.seed);
     trainer_options o = auto_options();
     o.train = tc;
@@ -484,11 +499,17 @@ TEST(EpochsAuto, AnInterruptedRunResumedFromItsCheckpointEndsAsTheUninterruptedO
     bo.kind = backend_kind::cpu;
     bo.threads = 2;
     auto resumed_backend = create_backend(bo, std::move(ck.model), tc);
+    EXPECT_EQ(ck.candidates.empty(), tc.reuse_candidates_steps == 0);
+    resumed_backend->import_candidates(ck.candidates);
     trainer resumed(*resumed_backend, parts.first, nullptr, second);
     resumed.run();
     EXPECT_EQ(resumed.best_epoch(), best);
     EXPECT_EQ(resumed.epochs_run(), ran);
     expect_identical(exported(*resumed_backend), exported(*straight));
+    const candidate_cache a = resumed_backend->export_candidates(),
+                          b = straight->export_candidates();
+    EXPECT_EQ(a.ids, b.ids);
+    EXPECT_EQ(a.steps, b.steps);
 
     // A fixed run cannot resume an auto run's checkpoint, nor auto a fixed one's.
     train_config fixed = tc;

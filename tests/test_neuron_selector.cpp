@@ -1,7 +1,8 @@
 // Tests of the CPU neuron selections on their own (src/cpu/neuron_selector.hpp): the exact
 // top-k's sets and log-partitions against a brute-force reference; IVF with every cluster
 // probed chooses exact top-k's sets; an LSH refresh after rows change equals a fresh build (and
-// needs the rows_changed call); the IVF index's rhythm; the factory and the backend's seam.
+// needs the rows_changed call); the IVF index's rhythm; the factory and the backend's seam;
+// reused candidates.
 #include "cpu/cpu_backend.hpp"
 #include "cpu/lsh_selector.hpp"
 #include "cpu/neuron_selector.hpp"
@@ -17,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <vector>
 
@@ -584,4 +586,74 @@ TEST(NeuronSelector, AutomaticSearchIsExactWhereAnIndexWouldProbeEveryCluster) {
     layer.size = 1;
     layer.search = top_k_search::exact;
     EXPECT_EQ(cpu_top_k_search(layer, fp32), top_k_search::exact);
+}
+
+TEST(NeuronSelector, ReusedCandidatesAreTheKeptSearchsUntilTheyAgeAndSurviveAnExport) {
+    // A search over a copy (int8 or bf16: no log-partition, which reuse leaves alone).
+    exact_layer layer(3000, 21, 5);
+    const auto queries = eighth_queries(37, layer.width, 6);
+    const layer_config config = top_k_config(top_k_search::automatic, 0, 0);
+    auto make = [&](uint64_t reuse) {
+        auto s = std::make_unique<exact_top_k>(layer.source(), config, 77, best_kernels(), 2);
+        if (reuse > 0) s->set_candidate_reuse(reuse);
+        return s;
+    };
+    if (make(0)->computes_log_partition())
+        GTEST_SKIP() << "this CPU's best kernels (" << to_string(detected_isa())
+                     << ") search the fp32 rows, with the log-partition: no reuse there";
+    constexpr uint64_t period = 10;
+    // Sets of every sample at `step`, keyed by their index (the last one by none).
+    auto select = [&](exact_top_k& selector, uint64_t step) {
+        test_batch tb(queries, layer.rows, 5);
+        for (size_t s = 0; s + 1 < queries.size(); ++s) tb.samples[s].key = uint32_t(s);
+        selection_batch batch = tb.batch(step, 64);
+        stage_times times;
+        selector.select(batch, times);
+        return tb.ids;
+    };
+    const auto reusing = make(period);
+    EXPECT_EQ(select(*reusing, 5), select(*make(0), 5));
+    EXPECT_EQ(reusing->export_candidates().points(), 0u) << "the first period's are not kept";
+    EXPECT_EQ(select(*reusing, period), select(*make(0), period));
+    const candidate_cache kept = reusing->export_candidates();
+    ASSERT_EQ(kept.width, 9u);
+    ASSERT_EQ(kept.points(), queries.size() - 1);  // the unkeyed sample is not kept
+    for (uint64_t s : kept.steps) EXPECT_EQ(s, period);
+
+    // The rows move: a fresh search finds other candidates, a reusing one keeps the kept ones
+    // (its sets' top-k are their lists' rows that are not labels, ascending) until they are
+    // `period` steps old, and searches for a sample without a key.
+    rng gen(8);
+    const std::vector<uint32_t> moved = layer.redraw_rows(0, 2, gen);
+    reusing->rows_changed(moved.data(), moved.size());
+    auto imported = make(period);
+    imported->import_candidates(kept);
+    const auto fresh_15 = select(*make(0), 15);
+    const auto reused_15 = select(*reusing, 15);
+    EXPECT_EQ(select(*imported, 15), reused_15) << "an imported cache reuses as the kept one";
+    size_t differs = 0;
+    test_batch labelled(queries, layer.rows, 5);
+    for (size_t s = 0; s + 1 < queries.size(); ++s) {
+        const std::vector<uint32_t>& y = labelled.labels[s];
+        std::vector<uint32_t> want;
+        for (uint32_t i = 0; i < kept.width; ++i) {
+            const uint32_t r = kept.ids[s * kept.width + i];
+            if (std::find(y.begin(), y.end(), r) == y.end()) want.push_back(r);
+        }
+        std::sort(want.begin(), want.end());
+        EXPECT_TRUE(std::equal(want.begin(), want.end(), reused_15[s].begin() + y.size()))
+            << "sample " << s;
+        differs += reused_15[s] != fresh_15[s];
+    }
+    EXPECT_GT(differs, 0u) << "the rows moved: some fresh search should differ";
+    EXPECT_EQ(reused_15.back(), fresh_15.back()) << "a sample without a key searches";
+    EXPECT_EQ(reusing->export_candidates().steps, kept.steps) << "nothing searched, nothing kept";
+    // At `period` steps old the kept ones search again, as a fresh selection does.
+    EXPECT_EQ(select(*reusing, period + period), select(*make(0), period + period));
+    for (uint64_t s : reusing->export_candidates().steps) EXPECT_EQ(s, 2 * period);
+    // A cache of another width is refused by name.
+    candidate_cache other = kept;
+    other.width = 4;
+    other.ids.resize(other.points() * 4);
+    EXPECT_THROW(make(period)->import_candidates(other), hslide::error);
 }

@@ -1124,11 +1124,20 @@ TEST(ShardTraining, RefusesWhatIsNotSharded) {
                 automatic.loss = output_loss::automatic;
                 automatic.batch_size = 0;
                 automatic.learning_rate = 0;
+                automatic.reuse_candidates_epochs = -1;
                 resolve_auto_training(automatic, kind, sharded, points);
                 const bool logistic = kind != backend_kind::gpu && !sharded;
                 const bool large = logistic && points >= large_batch_points;
                 EXPECT_EQ(automatic.loss, logistic ? output_loss::logistic : output_loss::softmax);
                 EXPECT_EQ(automatic.batch_size, large ? 256u : 128u);
+                // Candidates reused for an epoch of steps on one cpu process, on large layers.
+                const bool reuses = kind == backend_kind::cpu && !sharded;
+                EXPECT_EQ(automatic.reuse_candidates_epochs, reuses ? 1.0 : 0.0);
+                EXPECT_EQ(automatic.reuse_candidates_steps,
+                          reuses && points > 0
+                              ? (points + automatic.batch_size - 1) / automatic.batch_size
+                              : 0u);
+                EXPECT_EQ(automatic.reuse_candidates_min_rows, reuse_candidates_auto_min_rows);
                 const float rate = logistic ? logistic_learning_rate : softmax_learning_rate;
                 EXPECT_FLOAT_EQ(automatic.learning_rate, large ? rate * std::sqrt(2.0f) : rate);
                 // A batch given keeps the loss's rate; a rate given is kept.
@@ -1144,6 +1153,14 @@ TEST(ShardTraining, RefusesWhatIsNotSharded) {
                 resolve_auto_training(automatic, kind, sharded, points);
                 EXPECT_EQ(automatic.learning_rate, 0.01f);
                 EXPECT_EQ(automatic.batch_size, large ? 256u : 128u);
+                // Given epochs of reuse hold on a layer of any size.
+                automatic.reuse_candidates_epochs = 2;
+                resolve_auto_training(automatic, kind, sharded, points);
+                EXPECT_EQ(automatic.reuse_candidates_min_rows, 0u);
+                EXPECT_EQ(automatic.reuse_candidates_steps,
+                          points > 0
+                              ? (2 * points + automatic.batch_size - 1) / automatic.batch_size
+                              : 0u);
             }
         }
     }

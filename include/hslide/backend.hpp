@@ -15,6 +15,7 @@
 // hslide/backend_registry.hpp.
 #pragma once
 
+#include "hslide/candidate_cache.hpp"
 #include "hslide/config.hpp"
 #include "hslide/dataset.hpp"
 #include "hslide/model.hpp"
@@ -108,6 +109,13 @@ class backend {
     /// to find, and the trainer's automatic probe (trainer_options::selection_probe_points -1)
     /// does not run. Default false.
     virtual bool selection_is_exact() const { return false; }
+    /// The output layer's reused candidates (train_config::reuse_candidates_steps,
+    /// candidate_cache.hpp): training state that a checkpoint carries. Empty where the backend
+    /// keeps none (the default).
+    virtual candidate_cache export_candidates() const { return {}; }
+    /// Restores them (a resumed run's, from its checkpoint); a backend that keeps none ignores
+    /// them (the default).
+    virtual void import_candidates(const candidate_cache& cache) {}
 
     // Optional interfaces (ggml style): a backend offers one by registering it in its
     // constructor; callers ask for it rather than test which backend they hold.

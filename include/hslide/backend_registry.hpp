@@ -120,7 +120,18 @@ adam_mode adam_mode_run_by(backend_kind kind, adam_mode mode);
 /// bench/peers.md: test P@1 as high or higher than the softmax's on every real set), else
 /// softmax (the GPU backends, the hybrid, ranks); --batch-size 0 becomes
 /// automatic_batch_size(loss, training_points); --lr 0 becomes the loss's rate
-/// (automatic_learning_rate: scaled by the square-root rule where the batch was auto).
+/// (automatic_learning_rate: scaled by the square-root rule where the batch was auto);
+/// --reuse-candidates -1 becomes reuse_candidates_auto_epochs on cpu in one process, else 0
+/// (with reuse_candidates_min_rows = reuse_candidates_auto_min_rows), and
+/// reuse_candidates_steps those epochs of `training_points` in steps of the batch.
+/// --reuse-candidates' auto on the cpu backend, in epochs, on output layers of at least
+/// reuse_candidates_auto_min_rows rows. Measured (bench/peers.md, 2026-12-07, fourth session):
+/// the same P@1 on Debian's Depends (15,591 rows) and Debian-recs (6,118) in about 12-20% less
+/// time; reused longer (1.5 epochs) Depends lost 0.002-0.003; on Bibtex (159 rows) and Corel5k
+/// (374) the search is a small share of a step and nothing was gained.
+constexpr double reuse_candidates_auto_epochs = 1.0;
+constexpr uint32_t reuse_candidates_auto_min_rows = 4096;
+
 void resolve_auto_training(train_config& train, backend_kind kind, bool sharded,
                            uint64_t training_points);
 

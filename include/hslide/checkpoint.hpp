@@ -5,6 +5,7 @@
 // mismatched file is a clear error.
 #pragma once
 
+#include "hslide/candidate_cache.hpp"
 #include "hslide/label_map.hpp"
 #include "hslide/model.hpp"
 #include "hslide/trainer.hpp"
@@ -28,14 +29,19 @@ struct checkpoint_contents {
     std::vector<uint32_t> label_counts;  ///< training points per label (may be empty)
     uint64_t train_points = 0;           ///< training points the counts come from
     label_map rows;  ///< the label each output row stands for (identity in older files)
+    /// The output layer's reused candidates (candidate_cache.hpp); empty where the run kept
+    /// none.
+    candidate_cache candidates;
 };
 
 /// Writes a checkpoint atomically (temporary file, then rename). `training_weights`: where
-/// `model`'s weights are an average, the weights the optimizer is at (checkpoint_contents).
+/// `model`'s weights are an average, the weights the optimizer is at (checkpoint_contents);
+/// `candidates`: the output layer's reused candidates, where the run keeps them.
 void save_checkpoint(const std::string& path, const model_state& model,
                      const trainer_state& trainer, const std::vector<uint32_t>& label_counts = {},
                      uint64_t train_points = 0, const label_map& rows = {},
-                     const model_state* training_weights = nullptr);
+                     const model_state* training_weights = nullptr,
+                     const candidate_cache* candidates = nullptr);
 
 /// Reads and fully validates a checkpoint; throws hslide::input_error naming the file and the
 /// problem (not a checkpoint, truncated, checksum mismatch, layer shapes that disagree...).

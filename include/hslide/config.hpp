@@ -327,6 +327,16 @@ struct train_config {
     /// else 0. A backend holding its model elsewhere (GPU, hybrid) averages when asked, each
     /// update exporting its model (host memory for it and the average).
     double ema_epochs = 0;
+    /// A top-k output layer searched exactly (on the CPU, in one process) reuses a training
+    /// point's candidates from its last search while that search is fewer than
+    /// reuse_candidates_steps steps old (candidate_cache.hpp); 0 = search every time. The
+    /// front ends set it from --reuse-candidates EPOCHS (resolve_auto_training): -1, their
+    /// default, is 1 epoch where the backend is cpu in one process and the output layer has
+    /// reuse_candidates_min_rows rows or more, else 0. Searches of the first such period are
+    /// not kept (the model moves fastest then).
+    double reuse_candidates_epochs = 0;
+    uint64_t reuse_candidates_steps = 0;
+    uint32_t reuse_candidates_min_rows = 0;
     /// The output layer's loss (loss.hpp): the set's softmax, or a logistic loss per member
     /// (whose output biases start at the labels' prior: logistic_prior_bias).
     output_loss loss = output_loss::softmax;

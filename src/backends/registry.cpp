@@ -15,6 +15,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 
 namespace hslide {
 
@@ -301,6 +302,18 @@ void resolve_auto_training(train_config& train, backend_kind kind, bool sharded,
                                                                            : output_loss::softmax;
     const bool automatic_batch = train.batch_size == 0;
     if (automatic_batch) train.batch_size = automatic_batch_size(train.loss, training_points);
+    if (train.reuse_candidates_epochs < 0) {
+        train.reuse_candidates_epochs =
+            kind == backend_kind::cpu && !sharded ? reuse_candidates_auto_epochs : 0;
+        train.reuse_candidates_min_rows = reuse_candidates_auto_min_rows;
+    }
+    train.reuse_candidates_steps =
+        train.reuse_candidates_epochs > 0 && std::isfinite(train.reuse_candidates_epochs) &&
+                training_points > 0
+            ? std::max<uint64_t>(
+                  1, uint64_t(std::ceil(train.reuse_candidates_epochs * double(training_points) /
+                                        double(train.batch_size))))
+            : 0;
     if (train.learning_rate == 0)
         train.learning_rate = automatic_learning_rate(
             train.loss, automatic_batch ? train.batch_size : base_batch_size);

@@ -226,6 +226,12 @@ std::vector<option_spec> make_table() {
              "the rows of its --ivf-probes best clusters; CPU only, the loss over the set as "
              "LSH's) or auto (ivf on the CPU, exact on the GPU)",
              HSLIDE_FIELD(model.top_k_search), names_of(top_k_search{}), {}, both),
+        spec("reuse-candidates", group::selection,
+             "a top-k output layer searched exactly on the cpu backend reuses a training point's "
+             "candidates while its last search is younger than this many epochs (0 = search "
+             "every step; -1 = auto: 1 on cpu in one process where the output layer has 4,096 rows "
+             "or more, else 0; the first epoch's searches are not kept)",
+             HSLIDE_FIELD(train.reuse_candidates_epochs), {}, range(-1.0, 1000.0), both),
         spec("ivf-clusters", group::selection,
              "--top-k-search ivf: clusters of output rows (0: about sqrt(rows) / 2)",
              HSLIDE_FIELD(model.ivf_clusters), {}, {}, both),

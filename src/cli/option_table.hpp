@@ -70,10 +70,12 @@ struct output_options {
 };
 
 /// train_config as the front ends (the command line, hslide.Model) default it: the weight
-/// average, the loss, the batch and the learning rate on auto (resolve_auto_training).
+/// average, the loss, the batch, the candidates' reuse and the learning rate on auto
+/// (resolve_auto_training).
 inline train_config front_end_train_config() {
     train_config train;
     train.ema_epochs = -1;
+    train.reuse_candidates_epochs = -1;
     train.loss = output_loss::automatic;
     train.batch_size = 0;
     train.learning_rate = 0;

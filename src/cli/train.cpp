@@ -192,7 +192,8 @@ int run_train(int argc, char** argv) {
     output_shard shard;
 
     model_state initial;
-    std::string output_choice;  // what an automatic output layer became, and why
+    candidate_cache resumed_candidates;  // the checkpoint's reused candidates
+    std::string output_choice;           // what an automatic output layer became, and why
     HSLIDE_CHECK(sharded || resume_path.empty() || !is_shard_manifest(resume_path),
                  "--resume {}: a checkpoint sharded across MPI ranks; resume it under mpirun with "
                  "as many ranks",
@@ -217,6 +218,7 @@ int run_train(int argc, char** argv) {
         initial = std::move(ck.model);
         to.resume = ck.trainer;
         to.resume_training_weights = std::move(ck.training_weights);
+        resumed_candidates = std::move(ck.candidates);
         check_resume_epochs(tc, ck.trainer, resume_path);
         spdlog::info("resuming from {}", resume_path);
         // The checkpoint fixes the network; --probes only steers its evaluation, so it applies.
@@ -395,11 +397,19 @@ int run_train(int argc, char** argv) {
         check_supported(kind, mc, tc, bo.precision, eval_scoring);
         engine = create_backend(bo, std::move(initial), tc);
     }
+    engine->import_candidates(resumed_candidates);
     const backend_info bi = engine->info();
     spdlog::info("backend: {} on {}, {}, {} loss, batch {}{} at lr {:g}", bi.kind, bi.device,
                  bi.precision, to_string(tc.loss), tc.batch_size,
                  automatic_batch ? fmt::format(" (auto: {} training points)", d.train.size()) : "",
                  tc.learning_rate);
+
+    if (!engine->export_candidates().empty())
+        spdlog::info(
+            "top-k candidates: each point's reused while its last search is under {:g} "
+            "epoch{} ({} steps) old (--reuse-candidates)",
+            tc.reuse_candidates_epochs, tc.reuse_candidates_epochs == 1 ? "" : "s",
+            tc.reuse_candidates_steps);
 
     to.train = tc;
     if (valid.size() > 0) to.validation.valid = &valid;

@@ -142,6 +142,9 @@ class cpu_backend final : public backend, public row_transfer {
     /// A dense output layer, or a top-k one searched by scoring every row (exact_top_k); not
     /// LSH, nor a top-k searched through an IVF index.
     bool selection_is_exact() const override;
+    /// The candidates an exactly searched top-k output layer reuses (top_k_selector).
+    candidate_cache export_candidates() const override;
+    void import_candidates(const candidate_cache& cache) override;
 
     /// Forward and backward on `batch` without updating: writes the batch-mean gradient of
     /// the loss into `gradient` (shaped like the model; zero where the batch did not touch)

@@ -1,6 +1,7 @@
 // The CPU backend's side of the selection seam (neuron_selector.hpp): handing a batch to a
 // layer's selector, the refreshes, and the selection probe (measure_selection).
 #include "cpu_backend.hpp"
+#include "top_k_selector.hpp"
 
 #include "hslide/clock.hpp"
 #include "hslide/error.hpp"
@@ -53,7 +54,10 @@ void cpu_backend::select_active_sets(const batch_view& batch, size_t l, bool tra
     std::vector<selection_sample> views(batch.size);
     for (uint32_t s = 0; s < batch.size; ++s) {
         views[s] = selection_view(l, s);
-        if (output && training) views[s].labels = batch.data->labels(batch.rows[s]);
+        if (output && training) {
+            views[s].labels = batch.data->labels(batch.rows[s]);
+            views[s].key = batch.rows[s];
+        }
     }
     selection_batch b{views.data(), batch.size, training, model_.adam_step, batch.size};
     selections_[l]->select(b, report.times);
@@ -83,6 +87,16 @@ bool cpu_backend::selection_is_exact() const {
     const neuron_selector& selector = output_selection();
     return selector.kind() == neuron_selection::all ||
            (selector.kind() == neuron_selection::top_k && !selector.searches_ivf());
+}
+
+candidate_cache cpu_backend::export_candidates() const {
+    const auto* top_k = dynamic_cast<const top_k_selector*>(&output_selection());
+    return top_k ? top_k->export_candidates() : candidate_cache{};
+}
+
+void cpu_backend::import_candidates(const candidate_cache& cache) {
+    if (auto* top_k = dynamic_cast<top_k_selector*>(selections_.back().get()))
+        top_k->import_candidates(cache);
 }
 
 selection_quality cpu_backend::measure_selection(const batch_view& batch, uint32_t top) {

@@ -57,7 +57,11 @@ struct selection_sample {
     /// Forced first into the set, in this order (an output layer's labels in training; none
     /// otherwise).
     label_row labels{nullptr, 0};
-    rng* gen = nullptr;                    ///< the sample's generator: the set's random fill
+    rng* gen = nullptr;  ///< the sample's generator: the set's random fill
+    /// A training step's sample: the point's row in the training set (what a top-k layer
+    /// that reuses candidates keys them by); no_key elsewhere.
+    uint32_t key = no_key;
+    static constexpr uint32_t no_key = ~0u;
     std::vector<uint32_t>* ids = nullptr;  ///< out: the set (empty: every neuron)
     uint32_t fill_start = 0;               ///< out, top-k: where the random fill begins in *ids
     /// out, exact top-k: log sum_j exp(logit j) over every row (0 where not computed)

@@ -52,13 +52,39 @@ void top_k_selector::select(selection_batch& batch, stage_times& times) {
     double merge_seconds = 0;  // the merges' collectives: the step's transfer, not this stage
     for (uint32_t begin = 0; begin < batch.size; begin += chunk) {
         const uint32_t n = std::min(chunk, batch.size - begin);
-        queries_.resize(n);
-        for (uint32_t j = 0; j < n; ++j) queries_[j] = batch.samples[begin + j].input;
+        const bool reuse = reuse_steps_ > 0 && batch.training && !with_log_partition;
+        searching_.clear();
+        for (uint32_t j = 0; j < n; ++j)
+            if (!reuse || !reusable(batch.samples[begin + j].key, batch.step))
+                searching_.push_back(j);
+        const uint32_t m = uint32_t(searching_.size());
+        queries_.resize(m);
+        for (uint32_t i = 0; i < m; ++i) queries_[i] = batch.samples[begin + searching_[i]].input;
         labels_.resize(size_t(n) * k);
         scores_.resize(size_t(n) * k);
         log_partition_.assign(n, 0.0);
-        search(queries_.data(), n, k, labels_.data(), scores_.data(),
-               with_log_partition ? log_partition_.data() : nullptr);
+        if (m > 0)
+            search(queries_.data(), m, k, labels_.data(), scores_.data(),
+                   with_log_partition ? log_partition_.data() : nullptr);
+        if (reuse) {
+            // The searched lists to their samples' places (backwards: searching_[i] >= i, so
+            // no list is overwritten before it moves), then the kept ones, and keep the new.
+            // (Their scores stay where the search wrote them: only a sharded merge reads them.)
+            for (uint32_t i = m; i-- > 0;)
+                if (searching_[i] != i)
+                    std::copy_n(labels_.data() + size_t(i) * k, k,
+                                labels_.data() + size_t(searching_[i]) * k);
+            for (uint32_t j = 0, next = 0; j < n; ++j) {
+                const uint32_t key = batch.samples[begin + j].key;
+                uint32_t* list = labels_.data() + size_t(j) * k;
+                if (next < m && searching_[next] == j) {
+                    ++next;
+                    keep(key, batch.step, list);
+                } else {
+                    std::copy_n(kept_.ids.data() + size_t(key) * k, k, list);
+                }
+            }
+        }
         if (shard_.sharded()) {
             const double before = shard_.comm->traffic().seconds;
             merge_shard_top_k(*shard_.comm, shard_.first, n, k, labels_.data(), scores_.data(),
@@ -69,6 +95,53 @@ void top_k_selector::select(selection_batch& batch, stage_times& times) {
         for (uint32_t j = 0; j < n; ++j) batch.samples[begin + j].log_partition = log_partition_[j];
     }
     times.active_sets += seconds_since(t0) - merge_seconds;
+}
+
+void top_k_selector::set_candidate_reuse(uint64_t steps) {
+    HSLIDE_ASSERT(!shard_.sharded());
+    reuse_steps_ = steps;
+    kept_ = candidate_cache{};
+    if (steps > 0) kept_.width = top_k();
+}
+
+candidate_cache top_k_selector::export_candidates() const {
+    return kept_;
+}
+
+void top_k_selector::import_candidates(const candidate_cache& cache) {
+    if (reuse_steps_ == 0) return;  // a checkpoint's candidates, unused by this run
+    HSLIDE_CHECK(cache.empty() || (cache.width == top_k() &&
+                                   cache.ids.size() == cache.points() * size_t(cache.width)),
+                 "the checkpoint's reused candidates are {} a point for {} points in {} ids, and "
+                 "this output layer keeps {}",
+                 cache.width, cache.points(), cache.ids.size(), top_k());
+    if (cache.empty()) {
+        kept_ = candidate_cache{};
+        kept_.width = top_k();
+    } else {
+        kept_ = cache;
+    }
+}
+
+bool top_k_selector::reusable(uint32_t key, uint64_t step) const {
+    if (key == selection_sample::no_key || key >= kept_.points()) return false;
+    // A search after `step` (kept before a return to an earlier model: a drop back to the best
+    // epoch) is not the model's past: searched again.
+    const uint64_t searched = kept_.steps[key];
+    return searched != candidate_cache::never_searched && step >= searched &&
+           step - searched < reuse_steps_;
+}
+
+void top_k_selector::keep(uint32_t key, uint64_t step, const uint32_t* ids) {
+    // The first period's searches come from a model that moves fast: not worth keeping.
+    if (key == selection_sample::no_key || step < reuse_steps_) return;
+    const uint32_t k = kept_.width;
+    if (key >= kept_.points()) {
+        kept_.steps.resize(size_t(key) + 1, candidate_cache::never_searched);
+        kept_.ids.resize(kept_.steps.size() * k, std::numeric_limits<uint32_t>::max());
+    }
+    std::copy_n(ids, k, kept_.ids.data() + size_t(key) * k);
+    kept_.steps[key] = step;
 }
 
 void top_k_selector::build_sets(selection_batch& batch, uint32_t first, uint32_t n,

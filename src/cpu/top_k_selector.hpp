@@ -11,6 +11,7 @@
 #include "row_marks.hpp"
 #include "top_k_set.hpp"
 
+#include "hslide/candidate_cache.hpp"
 #include "hslide/fill_pool.hpp"
 #include "hslide/output_shard.hpp"
 
@@ -43,6 +44,14 @@ class top_k_selector : public neuron_selector {
     /// sample's set on the merged list as one rank would, in ids of the whole layer, its fill
     /// drawn from the whole layer's rows. Every rank then holds the same sets.
     void set_shard(const output_shard& shard);
+    /// Makes training steps reuse a point's candidates (selection_sample::key) while its last
+    /// search is fewer than `steps` steps old (0: search every time, the default); searches
+    /// at steps before `steps` are not kept. Not on a sharded layer, nor where the search
+    /// computes the log-partition (the full-softmax loss needs it every step).
+    void set_candidate_reuse(uint64_t steps);
+    /// The points' kept candidates (empty where reuse is off), and back (a checkpoint's).
+    candidate_cache export_candidates() const;
+    void import_candidates(const candidate_cache& cache);
 
   protected:
     top_k_selector(rows_source rows, const layer_config& config, uint64_t train_seed,
@@ -65,6 +74,14 @@ class top_k_selector : public neuron_selector {
     std::vector<double> log_partition_;
     std::vector<const float*> queries_;
     std::vector<unsigned char> merge_scratch_;
+    // Candidate reuse: the period, the kept candidates, and the chunk's samples that search.
+    uint64_t reuse_steps_ = 0;
+    candidate_cache kept_;
+    std::vector<uint32_t> searching_;
+    /// Whether `key`'s kept candidates serve a step at `step`.
+    bool reusable(uint32_t key, uint64_t step) const;
+    /// Keeps row `key`'s candidates (k of them at `ids`) as searched at `step`.
+    void keep(uint32_t key, uint64_t step, const uint32_t* ids);
 };
 
 /// Top-k found by scoring every row (top_k_search::exact, and automatic where it means exact).

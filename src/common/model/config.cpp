@@ -246,6 +246,10 @@ void validate(const train_config& train) {
                  "--loss auto is resolved for a backend before training (resolve_auto_training)");
     HSLIDE_CHECK(train.batch_size > 0, "batch-size must be positive");
     HSLIDE_CHECK(train.lr_base_batch > 0, "lr-base-batch must be positive");
+    HSLIDE_CHECK(train.reuse_candidates_epochs >= 0 && std::isfinite(train.reuse_candidates_epochs),
+                 "--reuse-candidates must be a finite number of epochs >= 0 (or -1: auto), got "
+                 "{:g}",
+                 train.reuse_candidates_epochs);
     // {:g}: an infinite or huge value prints as "inf" or "3.4e+38", not 300 digits.
     HSLIDE_CHECK(train.learning_rate > 0 && std::isfinite(train.learning_rate),
                  "--lr must be a finite number > 0, got {:g}", train.learning_rate);

@@ -47,7 +47,7 @@ void read_floats(const checkpoint_reader& r, const std::string& name, std::vecto
 void save_checkpoint(const std::string& path, const model_state& model,
                      const trainer_state& trainer, const std::vector<uint32_t>& label_counts,
                      uint64_t train_points, const label_map& rows,
-                     const model_state* training_weights) {
+                     const model_state* training_weights, const candidate_cache* candidates) {
     if (training_weights) model.check_same_layout(*training_weights);
     checkpoint_writer w(path);
     nlohmann::json meta;
@@ -81,6 +81,8 @@ void save_checkpoint(const std::string& path, const model_state& model,
         meta["output_shard"] = {{"first", model.output_first},
                                 {"count", model.layers.back().rows},
                                 {"rows", model.config.output_dim()}};
+    const bool with_candidates = candidates && !candidates->empty();
+    if (with_candidates) meta["candidates_width"] = candidates->width;
     w.add_json("meta", meta);
     for (size_t l = 0; l < model.layers.size(); ++l) {
         const layer_state& layer = model.layers[l];
@@ -97,6 +99,10 @@ void save_checkpoint(const std::string& path, const model_state& model,
     }
     if (!label_counts.empty()) w.add_vector("label_counts", label_counts);
     if (!rows.identity()) w.add_vector("row_labels", rows.labels);
+    if (with_candidates) {
+        w.add_vector("candidates_ids", candidates->ids);
+        w.add_vector("candidates_steps", candidates->steps);
+    }
     w.commit();
 }
 
@@ -123,6 +129,7 @@ checkpoint_contents load_checkpoint(const std::string& path) {
         c.trainer.epochs_auto = t.value("epochs_auto", false);
         c.trainer.best_epoch = detail::json_integer_or<uint32_t>(t, "best_epoch", 0);
         c.trainer.best_value = t.value("best_value", 0.0);
+        c.candidates.width = detail::json_integer_or<uint32_t>(meta, "candidates_width", 0);
         c.trainer.improved_epoch =
             detail::json_integer_or<uint32_t>(t, "improved_epoch", c.trainer.best_epoch);
         c.trainer.improved_value = t.value("improved_value", c.trainer.best_value);
@@ -196,6 +203,17 @@ checkpoint_contents load_checkpoint(const std::string& path) {
                               fmt::format("section 'row_labels' must name {} labels, ascending, "
                                           "one for each output row",
                                           c.model.config.output_dim()));
+    }
+    if (!c.candidates.empty()) {
+        c.candidates.ids = r.get_vector<uint32_t>("candidates_ids");
+        c.candidates.steps = r.get_vector<uint64_t>("candidates_steps");
+        if (c.candidates.ids.size() != c.candidates.steps.size() * c.candidates.width)
+            throw input_error(
+                path, 0,
+                fmt::format("section 'candidates_ids' holds {} ids, and {} points "
+                            "of {} candidates need {}",
+                            c.candidates.ids.size(), c.candidates.steps.size(), c.candidates.width,
+                            c.candidates.steps.size() * c.candidates.width));
     }
     return c;
 }

@@ -519,14 +519,15 @@ void trainer::write_metrics_record(const epoch_record& r) {
 }
 
 void trainer::save_checkpoint_now() {
+    const candidate_cache candidates = backend_.export_candidates();
     if (const model_state* held = backend_.host_state()) {
         save_checkpoint(options_.save_path, *held, state_, label_counts_, train_.size(),
-                        options_.rows, shown_training_weights());
+                        options_.rows, shown_training_weights(), &candidates);
     } else {
         model_state snapshot;
         backend_.export_state(snapshot, /*with_optimizer=*/true);
         save_checkpoint(options_.save_path, snapshot, state_, label_counts_, train_.size(),
-                        options_.rows, shown_training_weights());
+                        options_.rows, shown_training_weights(), &candidates);
     }
     if (options_.after_checkpoint) options_.after_checkpoint();
 }
