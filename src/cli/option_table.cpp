@@ -102,9 +102,9 @@ std::vector<option_spec> make_table() {
              "auto: train until nDCG@5 (--keep-best) on a validation set (--valid..., else 5% of "
              "the training points, at most 2,000, held out by --seed) has not improved (by more "
              "than --min-gain) for --patience (1) epochs, going back to the best epoch at a tenth "
-             "of the learning rate --lr-drops (1) times first, at most 30 epochs, and keep the "
-             "best epoch's model; or N: exactly N epochs on all the points (in total, when "
-             "resuming)",
+             "of the learning rate --lr-drops times first (0 with a weight average, as on the "
+             "cpu backends by default, else 1), at most 30 epochs, and keep the best epoch's "
+             "model; or N: exactly N epochs on all the points (in total, when resuming)",
              HSLIDE_FIELD(epochs), {}, {}, both),
         spec("batch-size", group::essentials,
              "samples per step (0 = auto: 256 with --loss logistic on 16,384 training points or "
