@@ -177,6 +177,15 @@ TEST(Cli, AResumedRunReusesTheCheckpointsCandidatesAsTheUninterruptedRun) {
         searched(dir.file("searched.ckpt"));
     EXPECT_FALSE(searched.has("candidates_ids"));
     EXPECT_NE(reused.get_bytes("layer1.weights"), searched.get_bytes("layer1.weights"));
+    // `exact` scores the fp32 rows for the full softmax's log-partition every step: no reuse,
+    // and the log says none.
+    r = run_hslide("train" + tiny_args() +
+                   "--output-sparsity topk --top-k-search exact --reuse-candidates 1 --epochs 3 "
+                   "--save " +
+                   dir.file("fp32.ckpt"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(r.output.find("top-k candidates"), std::string::npos) << r.output;
+    EXPECT_FALSE(hslide::checkpoint_reader(dir.file("fp32.ckpt")).has("candidates_ids"));
 }
 
 TEST(Cli, AResumedRunTakesProbesAndSaysWhichModelFlagsItIgnores) {

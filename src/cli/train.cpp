@@ -407,9 +407,9 @@ int run_train(int argc, char** argv) {
     if (!engine->export_candidates().empty())
         spdlog::info(
             "top-k candidates: each point's reused while its last search is under {:g} "
-            "epoch{} ({} steps) old (--reuse-candidates)",
+            "epoch{} ({} step{}) old (--reuse-candidates)",
             tc.reuse_candidates_epochs, tc.reuse_candidates_epochs == 1 ? "" : "s",
-            tc.reuse_candidates_steps);
+            tc.reuse_candidates_steps, tc.reuse_candidates_steps == 1 ? "" : "s");
 
     to.train = tc;
     if (valid.size() > 0) to.validation.valid = &valid;

@@ -72,11 +72,13 @@ cpu_backend::cpu_backend(model_state initial, const train_config& train, int thr
             l + 1 == n_layers ? &shard_ : nullptr);
         selections_[l]->refresh({model_.adam_step, model_.hash_seeds[l]});
     }
-    // Candidate reuse: on an output layer searched exactly, in one process.
+    // Candidate reuse: on an output layer searched exactly over a copy of its rows (the fp32
+    // search also gives the full softmax its log-partition every step), in one process.
     if (train_.reuse_candidates_steps > 0 && !shard_.sharded() &&
         model_.layers.back().rows >= train_.reuse_candidates_min_rows)
         if (auto* top_k = dynamic_cast<top_k_selector*>(selections_.back().get()))
-            if (!top_k->searches_ivf()) top_k->set_candidate_reuse(train_.reuse_candidates_steps);
+            if (!top_k->searches_ivf() && !top_k->computes_log_partition())
+                top_k->set_candidate_reuse(train_.reuse_candidates_steps);
     if (catches_up()) {
         catch_up_ = adam_catch_up(train_.adam_beta1, train_.adam_beta2, train_.adam_epsilon,
                                   model_.adam_step);

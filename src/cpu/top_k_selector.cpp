@@ -52,7 +52,7 @@ void top_k_selector::select(selection_batch& batch, stage_times& times) {
     double merge_seconds = 0;  // the merges' collectives: the step's transfer, not this stage
     for (uint32_t begin = 0; begin < batch.size; begin += chunk) {
         const uint32_t n = std::min(chunk, batch.size - begin);
-        const bool reuse = reuse_steps_ > 0 && batch.training && !with_log_partition;
+        const bool reuse = reuse_steps_ > 0 && batch.training;
         searching_.clear();
         for (uint32_t j = 0; j < n; ++j)
             if (!reuse || !reusable(batch.samples[begin + j].key, batch.step))
@@ -98,7 +98,7 @@ void top_k_selector::select(selection_batch& batch, stage_times& times) {
 }
 
 void top_k_selector::set_candidate_reuse(uint64_t steps) {
-    HSLIDE_ASSERT(!shard_.sharded());
+    HSLIDE_ASSERT(!shard_.sharded() && !computes_log_partition());
     reuse_steps_ = steps;
     kept_ = candidate_cache{};
     if (steps > 0) kept_.width = top_k();
