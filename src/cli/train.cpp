@@ -11,6 +11,7 @@
 #include "hslide/input_check.hpp"
 #include "hslide/label_map.hpp"
 #include "hslide/model.hpp"
+#include "hslide/output_plan.hpp"
 #include "hslide/output_shard.hpp"
 #include "hslide/progress.hpp"
 #include "hslide/shard_checkpoint.hpp"
@@ -338,6 +339,10 @@ int run_train(int argc, char** argv) {
         spdlog::info("model: {} ({:.1f} M parameters, {} with optimizer state)", shape,
                      initial.parameter_count() / 1e6, human_bytes(double(initial.memory_bytes())));
     }
+    if (resume_path.empty() && std::count(mopt.hidden.begin(), mopt.hidden.end(), 0u) > 0)
+        spdlog::info("hidden width: auto: {} ({} output rows: {} up to {}, else {})",
+                     automatic_hidden_width(mc.output_dim()), mc.output_dim(), wide_hidden_width,
+                     wide_hidden_max_rows, narrow_hidden_width);
     if (!output_choice.empty()) spdlog::info("output layer: {}", output_choice);
     for (size_t l = 0; l < mc.layers.size(); ++l)
         if (mc.uses_lsh(l))
