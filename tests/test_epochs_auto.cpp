@@ -506,8 +506,7 @@ static void resumes_as_uninterrupted(const train_config& tc) {
     EXPECT_EQ(resumed.best_epoch(), best);
     EXPECT_EQ(resumed.epochs_run(), ran);
     expect_identical(exported(*resumed_backend), exported(*straight));
-    const candidate_cache a = resumed_backend->export_candidates(),
-                          b = straight->export_candidates();
+    const candidate_cache a = resumed_backend->candidates(), b = straight->candidates();
     EXPECT_EQ(a.ids, b.ids);
     EXPECT_EQ(a.steps, b.steps);
 

@@ -613,9 +613,9 @@ TEST(NeuronSelector, ReusedCandidatesAreTheKeptSearchsUntilTheyAgeAndSurviveAnEx
     };
     const auto reusing = make(period);
     EXPECT_EQ(select(*reusing, 5), select(*make(0), 5));
-    EXPECT_EQ(reusing->export_candidates().points(), 0u) << "the first period's are not kept";
+    EXPECT_EQ(reusing->candidates().points(), 0u) << "the first period's are not kept";
     EXPECT_EQ(select(*reusing, period), select(*make(0), period));
-    const candidate_cache kept = reusing->export_candidates();
+    const candidate_cache kept = reusing->candidates();
     ASSERT_EQ(kept.width, 9u);
     ASSERT_EQ(kept.points(), queries.size() - 1);  // the unkeyed sample is not kept
     for (uint64_t s : kept.steps) EXPECT_EQ(s, period);
@@ -647,10 +647,10 @@ TEST(NeuronSelector, ReusedCandidatesAreTheKeptSearchsUntilTheyAgeAndSurviveAnEx
     }
     EXPECT_GT(differs, 0u) << "the rows moved: some fresh search should differ";
     EXPECT_EQ(reused_15.back(), fresh_15.back()) << "a sample without a key searches";
-    EXPECT_EQ(reusing->export_candidates().steps, kept.steps) << "nothing searched, nothing kept";
+    EXPECT_EQ(reusing->candidates().steps, kept.steps) << "nothing searched, nothing kept";
     // At `period` steps old the kept ones search again, as a fresh selection does.
     EXPECT_EQ(select(*reusing, period + period), select(*make(0), period + period));
-    for (uint64_t s : reusing->export_candidates().steps) EXPECT_EQ(s, 2 * period);
+    for (uint64_t s : reusing->candidates().steps) EXPECT_EQ(s, 2 * period);
     // A cache of another width is refused by name.
     candidate_cache other = kept;
     other.width = 4;

@@ -110,9 +110,12 @@ class backend {
     /// does not run. Default false.
     virtual bool selection_is_exact() const { return false; }
     /// The output layer's reused candidates (train_config::reuse_candidates_steps,
-    /// candidate_cache.hpp): training state that a checkpoint carries. Empty where the backend
-    /// keeps none (the default).
-    virtual candidate_cache export_candidates() const { return {}; }
+    /// candidate_cache.hpp): training state that a checkpoint carries, valid until the next
+    /// step or import. Empty where the backend keeps none (the default).
+    virtual const candidate_cache& candidates() const {
+        static const candidate_cache none;
+        return none;
+    }
     /// Restores them (a resumed run's, from its checkpoint); a backend that keeps none ignores
     /// them (the default).
     virtual void import_candidates(const candidate_cache& cache) {}

@@ -134,6 +134,9 @@ constexpr uint32_t reuse_candidates_auto_min_rows = 4096;
 
 void resolve_auto_training(train_config& train, backend_kind kind, bool sharded,
                            uint64_t training_points);
+/// Checks a front end's `train` before the data are read: a copy resolved as for no training
+/// points, then validate(train_config). The run resolves its own once it knows its points.
+void validate_before_data(const train_config& train, backend_kind kind, bool sharded);
 
 /// Creates a backend holding `initial` and builds its tables. Pass the state with std::move
 /// where the caller no longer needs it: a copy doubles the peak memory of a large model.

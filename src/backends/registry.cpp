@@ -319,6 +319,12 @@ void resolve_auto_training(train_config& train, backend_kind kind, bool sharded,
             train.loss, automatic_batch ? train.batch_size : base_batch_size);
 }
 
+void validate_before_data(const train_config& train, backend_kind kind, bool sharded) {
+    train_config resolved = train;
+    resolve_auto_training(resolved, kind, sharded, 0);
+    validate(resolved);
+}
+
 std::unique_ptr<backend> create_backend(const backend_options& options, model_state initial,
                                         const train_config& train) {
     const backend_entry& e = backend_entry_of(options.kind);

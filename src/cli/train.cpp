@@ -113,13 +113,7 @@ int run_train(int argc, char** argv) {
     to.eval.show_progress = show_progress;
     to.show_progress = show_progress;
     const backend_kind kind = parse_backend_kind(backend_name);
-    {
-        // Checked before the data are read, with auto resolved as for the smallest data; the
-        // run's own resolution (the batch follows the training points) comes after the split.
-        train_config early = tc;
-        resolve_auto_training(early, kind, sharded, 0);
-        validate(early);
-    }
+    validate_before_data(tc, kind, sharded);  // resolved after the split (the batch follows it)
     validate(to.eval.metrics);
 
     if (tc.threads > 0) omp_set_num_threads(tc.threads);
@@ -403,13 +397,14 @@ int run_train(int argc, char** argv) {
         engine = create_backend(bo, std::move(initial), tc);
     }
     engine->import_candidates(resumed_candidates);
+    resumed_candidates = candidate_cache{};  // the backend holds its copy
     const backend_info bi = engine->info();
     spdlog::info("backend: {} on {}, {}, {} loss, batch {}{} at lr {:g}", bi.kind, bi.device,
                  bi.precision, to_string(tc.loss), tc.batch_size,
                  automatic_batch ? fmt::format(" (auto: {} training points)", d.train.size()) : "",
                  tc.learning_rate);
 
-    if (!engine->export_candidates().empty())
+    if (!engine->candidates().empty())
         spdlog::info(
             "top-k candidates: each point's reused while its last search is under {:g} "
             "epoch{} ({} step{}) old (--reuse-candidates)",

@@ -143,7 +143,7 @@ class cpu_backend final : public backend, public row_transfer {
     /// LSH, nor a top-k searched through an IVF index.
     bool selection_is_exact() const override;
     /// The candidates an exactly searched top-k output layer reuses (top_k_selector).
-    candidate_cache export_candidates() const override;
+    const candidate_cache& candidates() const override;
     void import_candidates(const candidate_cache& cache) override;
 
     /// Forward and backward on `batch` without updating: writes the batch-mean gradient of

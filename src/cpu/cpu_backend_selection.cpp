@@ -89,9 +89,9 @@ bool cpu_backend::selection_is_exact() const {
            (selector.kind() == neuron_selection::top_k && !selector.searches_ivf());
 }
 
-candidate_cache cpu_backend::export_candidates() const {
+const candidate_cache& cpu_backend::candidates() const {
     const auto* top_k = dynamic_cast<const top_k_selector*>(&output_selection());
-    return top_k ? top_k->export_candidates() : candidate_cache{};
+    return top_k ? top_k->candidates() : backend::candidates();
 }
 
 void cpu_backend::import_candidates(const candidate_cache& cache) {

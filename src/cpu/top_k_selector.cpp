@@ -104,10 +104,6 @@ void top_k_selector::set_candidate_reuse(uint64_t steps) {
     if (steps > 0) kept_.width = top_k();
 }
 
-candidate_cache top_k_selector::export_candidates() const {
-    return kept_;
-}
-
 void top_k_selector::import_candidates(const candidate_cache& cache) {
     if (reuse_steps_ == 0) return;  // a checkpoint's candidates, unused by this run
     HSLIDE_CHECK(cache.empty() || (cache.width == top_k() &&

@@ -50,7 +50,7 @@ class top_k_selector : public neuron_selector {
     /// computes the log-partition (the full-softmax loss needs it every step).
     void set_candidate_reuse(uint64_t steps);
     /// The points' kept candidates (empty where reuse is off), and back (a checkpoint's).
-    candidate_cache export_candidates() const;
+    const candidate_cache& candidates() const { return kept_; }
     void import_candidates(const candidate_cache& cache);
 
   protected:

@@ -209,13 +209,7 @@ options parse_options(const py::dict& given) {
     o.device.gpu_async_rebuild = s.compute.gpu_async_rebuild;
     HSLIDE_CHECK(o.device.kind != backend_kind::hybrid,
                  "backend 'hybrid' is offered by the command line only (hslide train)");
-    {
-        // Checked now, with auto resolved as for the smallest data; fit() resolves the run's
-        // own (the batch follows the training points).
-        train_config early = s.train;
-        resolve_auto_training(early, o.device.kind, /*sharded=*/false, 0);
-        validate(early);
-    }
+    validate_before_data(s.train, o.device.kind, /*sharded=*/false);  // fit() resolves it
     validate(s.trainer.eval.metrics);
     check_validation_fraction(s.valid_fraction);
     return o;

@@ -519,7 +519,7 @@ void trainer::write_metrics_record(const epoch_record& r) {
 }
 
 void trainer::save_checkpoint_now() {
-    const candidate_cache candidates = backend_.export_candidates();
+    const candidate_cache& candidates = backend_.candidates();
     if (const model_state* held = backend_.host_state()) {
         save_checkpoint(options_.save_path, *held, state_, label_counts_, train_.size(),
                         options_.rows, shown_training_weights(), &candidates);
