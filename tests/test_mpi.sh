@@ -127,10 +127,16 @@ close_run() {
 }
 
 "$hslide" gen --preset tiny --out tiny --no-progress -q
-# Ranks train the softmax (--loss auto's choice there; one process's is logistic).
-tiny=(--train tiny/train.txt --test tiny/test.txt --hidden 64 --threads 1 --seed 5 --no-progress --label-rows all
-    --loss softmax)
+# Most runs here train the softmax, the loss these checks were first set at; --loss auto (the
+# logistic loss on cpu ranks, as in one process) has its own runs.
+tiny_logistic=(--train tiny/train.txt --test tiny/test.txt --hidden 64 --threads 1 --seed 5 --no-progress
+    --label-rows all)
+tiny=("${tiny_logistic[@]}" --loss softmax)
 sparse=(--output-sparsity topk --top-k-search exact --top-k 16 --min-active 64)
+same_run tiny_logistic_topk "${tiny_logistic[@]}" --epochs 3 "${sparse[@]}"
+grep -q "logistic loss" two_tiny_logistic_topk.log ||
+    fail "--loss auto on 2 cpu ranks did not train the logistic loss: $(grep 'backend:' two_tiny_logistic_topk.log)"
+same_run tiny_logistic_dense "${tiny_logistic[@]}" --epochs 3 --output-sparsity dense
 same_run tiny_dense "${tiny[@]}" --epochs 3 --output-sparsity dense
 same_run tiny_topk "${tiny[@]}" --epochs 3 "${sparse[@]}"
 same_run tiny_topk_3_1 "${tiny[@]}" --epochs 3 "${sparse[@]}" --shard-weights 3,1

@@ -14,10 +14,12 @@
 #include "hslide/checkpoint.hpp"
 #include "hslide/dataset.hpp"
 #include "hslide/error.hpp"
+#include "hslide/loss.hpp"
 #include "hslide/metrics.hpp"
 #include "hslide/output_shard.hpp"
 #include "hslide/shard_checkpoint.hpp"
 #include "hslide/shard_comm.hpp"
+#include "hslide/shard_softmax.hpp"
 #include "hslide/trainer.hpp"
 
 #include <gtest/gtest.h>
@@ -32,6 +34,7 @@
 #include <exception>
 #include <fstream>
 #include <numeric>
+#include <random>
 #include <thread>
 
 namespace hslide {
@@ -373,6 +376,7 @@ std::vector<rank_result> train_as_ranks(const model_config& config, const train_
         model_state initial = comm ? model_state::create_shard(config, tc.seed, tc.adam_moments,
                                                                out.shard.first, out.shard.count)
                                    : model_state::create(config, tc.seed, tc.adam_moments);
+        if (tc.loss == output_loss::logistic) start_at_label_prior(initial, train);  // as the CLI
         std::unique_ptr<backend> engine;
         if (kind == backend_kind::cpu) {
             engine = std::make_unique<cpu::cpu_backend>(std::move(initial), tc, 1,
@@ -596,6 +600,85 @@ TEST(ShardTraining, Bf16PrecisionOnTwoRanksTrainsTheOneRankModel) {
                       precision_mode::bf16);
     expect_same_model(small_model(sparsity_mode::dense), small_training(), train, test, 3, "", {},
                       precision_mode::bf16);
+}
+
+TEST(ShardLogistic, EachRanksDeltasAreOneProcesssAndTheLossIsSummed) {
+    // A sample's set split across 3 ranks (some with none of its labels, one with no members)
+    // against logistic_loss_gradient over the whole set: the same delta bits, the same loss.
+    std::mt19937 rng(29);
+    std::normal_distribution<float> logit(0.0f, 3.0f);
+    const uint32_t sizes[] = {1, 15, 16, 17, 33};
+    for (uint32_t set : sizes) {
+        std::vector<float> logits(set), whole(set);
+        for (float& z : logits) z = logit(rng);
+        std::vector<uint32_t> label_ids;  // every third member a label
+        for (uint32_t i = 0; i < set; i += 3) label_ids.push_back(i);
+        const double loss = logistic_loss_gradient(logits.data(), set, label_ids.data(),
+                                                   uint32_t(label_ids.size()), whole.data());
+        // Rank r holds members [bounds[r], bounds[r + 1]); rank 1 none.
+        const uint32_t bounds[] = {0, set / 2, set / 2, set};
+        std::vector<std::vector<float>> deltas(3);
+        std::vector<double> losses(3);
+        on_ranks(3, [&](shard_comm& comm) {
+            const int r = comm.rank();
+            const uint32_t first = bounds[r], members = bounds[r + 1] - first;
+            std::vector<uint32_t> index;
+            for (uint32_t id : label_ids)
+                if (id - first < members) index.push_back(id - first);
+            std::vector<float> delta(members, 99.0f);
+            shard_softmax_sample x;
+            x.logits = logits.data() + first;
+            x.delta = delta.data();
+            x.members = members;
+            x.label_index = index.data();
+            x.label_members = uint32_t(index.size());
+            x.labels = uint32_t(label_ids.size());
+            x.log_partition = 1e30;  // not read
+            shard_softmax_scratch scratch;
+            sharded_set_logistic(comm, &x, 1, 1, scratch);
+            deltas[size_t(r)] = delta;
+            losses[size_t(r)] = x.loss;
+            EXPECT_EQ(x.dropped_mass, 0.0);
+        });
+        for (int r = 0; r < 3; ++r) {
+            SCOPED_TRACE("set of " + std::to_string(set) + ", rank " + std::to_string(r));
+            EXPECT_NEAR(losses[size_t(r)], loss, 1e-12 * std::fabs(loss));
+            EXPECT_EQ(losses[size_t(r)], losses[0]);  // summed in rank order: the same bits
+            for (uint32_t i = 0; i < deltas[size_t(r)].size(); ++i)
+                EXPECT_EQ(deltas[size_t(r)][i], whole[bounds[r] + i]) << "member " << i;
+        }
+    }
+    // An unlabelled sample trains nothing: its deltas and loss are 0 on every rank.
+    on_ranks(2, [&](shard_comm& comm) {
+        float z[3] = {1.0f, -2.0f, 0.5f}, delta[3] = {7.0f, 7.0f, 7.0f};
+        shard_softmax_sample x;
+        x.logits = z;
+        x.delta = delta;
+        x.members = 3;
+        shard_softmax_scratch scratch;
+        sharded_set_logistic(comm, &x, 1, 1, scratch);
+        EXPECT_EQ(x.loss, 0.0);
+        for (float d : delta) EXPECT_EQ(d, 0.0f);
+    });
+}
+
+TEST(ShardTraining, TheLogisticLossOnTwoAndThreeRanksTrainsTheOneRankModel) {
+    // The output biases start at the label prior of the whole layer's rows on every rank.
+    const dataset train = random_dataset(600, 60, 97, 11, 7),
+                  test = random_dataset(200, 60, 97, 12);
+    train_config logistic = small_training();
+    logistic.loss = output_loss::logistic;
+    logistic.learning_rate = logistic_learning_rate;
+    expect_same_model(small_model(sparsity_mode::dense), logistic, train, test, 2);
+    expect_same_model(small_model(sparsity_mode::topk), logistic, train, test, 3, "1,2,1");
+    // And it is not the softmax's model.
+    const model_config config = small_model(sparsity_mode::topk);
+    const rank_result with = train_as_ranks(config, logistic, train, test, 2)[0];
+    train_config softmax = logistic;
+    softmax.loss = output_loss::softmax;
+    const rank_result without = train_as_ranks(config, softmax, train, test, 2)[0];
+    EXPECT_GT(compare_layers(without.model.layers[0], 0, with.model.layers[0], false).differing,
+              with.model.layers[0].weights.size() / 2);
 }
 
 TEST(ShardTraining, TheWeightAverageOnTwoAndThreeRanksIsTheOneRanks) {
@@ -1112,11 +1195,9 @@ TEST(ShardTraining, RefusesWhatIsNotSharded) {
     model_config corrected = small_model(sparsity_mode::topk);
     corrected.layers.back().fill_correction = 1;
     EXPECT_NE(message(corrected).find("--fill-correction"), std::string::npos);
-    tc.loss = output_loss::logistic;
-    EXPECT_NE(message(small_model(sparsity_mode::topk)).find("--loss logistic is not sharded"),
-              std::string::npos);
     // What --loss auto, --batch-size 0 and --lr 0 become: the softmax, its batch and its rate
-    // on ranks and GPUs; the logistic loss's batch doubles on large sets, its rate by sqrt(2).
+    // on GPUs (ranks of several kinds agree before, in the CLI); the logistic loss elsewhere,
+    // whose batch doubles on large sets, its rate by sqrt(2).
     for (backend_kind kind : {backend_kind::cpu, backend_kind::cpu_dense, backend_kind::gpu}) {
         for (bool sharded : {false, true}) {
             for (uint64_t points : {uint64_t{0}, large_batch_points - 1, large_batch_points}) {
@@ -1126,7 +1207,7 @@ TEST(ShardTraining, RefusesWhatIsNotSharded) {
                 automatic.learning_rate = 0;
                 automatic.reuse_candidates_epochs = -1;
                 resolve_auto_training(automatic, kind, sharded, points);
-                const bool logistic = kind != backend_kind::gpu && !sharded;
+                const bool logistic = kind != backend_kind::gpu;
                 const bool large = logistic && points >= large_batch_points;
                 EXPECT_EQ(automatic.loss, logistic ? output_loss::logistic : output_loss::softmax);
                 EXPECT_EQ(automatic.batch_size, large ? 256u : 128u);

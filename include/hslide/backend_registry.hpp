@@ -116,9 +116,10 @@ adam_mode adam_mode_run_by(backend_kind kind, adam_mode mode);
 
 /// Resolves a front end's automatic training settings for a run on `kind` (`sharded`: as a
 /// rank of a label-sharded run) over `training_points` points, before validate(train): --loss
-/// auto becomes logistic where the backend trains it in one process (cpu, cpu-dense;
+/// auto becomes logistic where the backend trains it (cpu, cpu-dense, cpu ranks;
 /// bench/peers.md: test P@1 as high or higher than the softmax's on every real set), else
-/// softmax (the GPU backends, the hybrid, ranks); --batch-size 0 becomes
+/// softmax (the GPU backends, the hybrid; ranks of several kinds decide together before: the
+/// CLI's train); --batch-size 0 becomes
 /// automatic_batch_size(loss, training_points); --lr 0 becomes the loss's rate
 /// (automatic_learning_rate: scaled by the square-root rule where the batch was auto);
 /// --reuse-candidates -1 becomes reuse_candidates_auto_epochs on cpu in one process, else 0

@@ -29,8 +29,8 @@ struct model_state;  // model.hpp (which includes config.hpp, which includes thi
 enum class output_loss {
     softmax,   ///< cross-entropy of the set's softmax against the labels (1 / |Y| each)
     logistic,  ///< a binary cross-entropy per member: 1 for a label, 0 for the others
-    /// The front ends' default (--loss auto): logistic where the backend trains it in one
-    /// process (resolve_auto_training in backend_registry.hpp), else softmax.
+    /// The front ends' default (--loss auto): logistic where the backend trains it (on every
+    /// rank of a sharded run: resolve_auto_training in backend_registry.hpp), else softmax.
     automatic,
 };
 output_loss parse_output_loss(const std::string& name);
@@ -77,7 +77,8 @@ double logistic_loss_gradient(const float* logits, uint32_t n, const uint32_t* l
 float logistic_prior_bias(const dataset& train, uint64_t rows);
 
 /// Sets a freshly created model's output biases to logistic_prior_bias(train, its output
-/// rows): what the front ends do to a new model trained with the logistic loss.
+/// layer's rows: the whole layer's where the model holds a rank's shard of them): what the
+/// front ends do to a new model trained with the logistic loss.
 void start_at_label_prior(model_state& model, const dataset& train);
 
 }  // namespace hslide

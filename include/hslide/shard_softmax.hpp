@@ -4,7 +4,8 @@
 // set's maximum (all-reduced) and sum of exponentials (all-reduced in rank order), after which
 // every rank writes its members' deltas and every rank computes the same loss. Host code over
 // host arrays, shared by the CPU backend and the GPU backend's ranks (which stage their
-// logits through the host), so that the two compute the same bits.
+// logits through the host), so that the two compute the same bits. The logistic loss
+// (loss.hpp) needs no softmax: each member's delta is its own, and only the loss is summed.
 #pragma once
 
 #include "hslide/dataset.hpp"
@@ -53,5 +54,14 @@ void shard_label_rows(const dataset& data, const uint32_t* points, uint32_t n, u
 /// returns the seconds spent in the collectives.
 double sharded_set_softmax(shard_comm& comm, shard_softmax_sample* samples, uint32_t n,
                            bool full_partition, int threads, shard_softmax_scratch& scratch);
+
+/// The logistic loss over samples[0..n) (a collective, as sharded_set_softmax): each trained
+/// sample's deltas are its members' own (sigmoid minus 1 on a label, 0 elsewhere:
+/// logistic_loss_gradient, the bits one process computes), and its loss, the sum of its
+/// members' binary cross-entropies, is summed over ranks in rank order, so that every rank
+/// gets the same losses. Reads neither log_partition nor a maximum; dropped_mass is 0. An
+/// untrained sample's deltas are 0. Returns the seconds spent in the collective.
+double sharded_set_logistic(shard_comm& comm, shard_softmax_sample* samples, uint32_t n,
+                            int threads, shard_softmax_scratch& scratch);
 
 }  // namespace hslide

@@ -298,8 +298,8 @@ void check_supported(backend_kind kind, const model_config& model, const train_c
 void resolve_auto_training(train_config& train, backend_kind kind, bool sharded,
                            uint64_t training_points) {
     if (train.loss == output_loss::automatic)
-        train.loss = backend_entry_of(kind).caps.logistic_loss && !sharded ? output_loss::logistic
-                                                                           : output_loss::softmax;
+        train.loss = backend_entry_of(kind).caps.logistic_loss ? output_loss::logistic
+                                                               : output_loss::softmax;
     const bool automatic_batch = train.batch_size == 0;
     if (automatic_batch) train.batch_size = automatic_batch_size(train.loss, training_points);
     if (train.reuse_candidates_epochs < 0) {

@@ -169,6 +169,13 @@ int run_train(int argc, char** argv) {
     }
     check_model_dimensions(d.train);
     const bool automatic_batch = tc.batch_size == 0;
+    if (sharded && tc.loss == output_loss::automatic) {
+        // MPMD ranks may run kinds that differ: auto is the logistic loss where every rank's
+        // backend trains it.
+        float lacks_logistic = backend_entry_of(kind).caps.logistic_loss ? 0.0f : 1.0f;
+        comm.all_reduce_max(&lacks_logistic, 1);
+        tc.loss = lacks_logistic == 0.0f ? output_loss::logistic : output_loss::softmax;
+    }
     resolve_auto_training(tc, kind, sharded, d.train.size());
     validate(tc);
     mopt.batch_size = tc.batch_size;  // the automatic output layer's sets follow the batch
@@ -182,6 +189,7 @@ int run_train(int argc, char** argv) {
     comm.check_same(d.train.n_features * 0x9e3779b97f4a7c15ull ^ d.train.n_labels,
                     "the data's feature and label counts");
     comm.check_same(tc.seed, "--seed");
+    comm.check_same(uint64_t(tc.loss), "--loss");
     comm.check_same(tc.batch_size, "--batch-size");
     comm.check_same(uint64_t(tc.epochs) * 2 + uint64_t(tc.epochs_auto), "--epochs");
     output_shard shard;
@@ -266,6 +274,7 @@ int run_train(int argc, char** argv) {
         shard = make_output_shard(comm, std::move(bounds));
         initial =
             model_state::create_shard(config, tc.seed, tc.adam_moments, shard.first, shard.count);
+        if (tc.loss == output_loss::logistic) start_at_label_prior(initial, d.train);
     } else {
         initial = model_state::create(make_model_config(mopt, uint32_t(d.train.n_features),
                                                         output_rows(d.train, rows), &output_choice),

@@ -40,7 +40,8 @@
 // candidates the ranks merge) gives every rank the same set, and each keeps its own members
 // (local row ids in layers.back().ids; empty is "no member" there, not "every neuron", unless
 // the layer is dense). The set softmax takes the all-reduced maximum and sum of exponentials,
-// the loss the all-reduced label logits (Megatron's vocab-parallel cross-entropy); each rank's
+// the loss the all-reduced label logits (Megatron's vocab-parallel cross-entropy); under the
+// logistic loss each member's delta is local and only the loss is all-reduced; each rank's
 // share of the hidden layer's gradient, in double, is summed across ranks in rank order and
 // rounded to float once, so every rank backpropagates the same bits, and the bits one rank
 // would: the sums of exponentials and the gradient's shares are double sums rounded once, so
@@ -293,7 +294,8 @@ class cpu_backend final : public backend, public row_transfer {
     void mask_delta(size_t l, uint32_t s, const float* gradient);
     /// Sharded output layer (cpu_backend_shard.cpp): the constructor's checks of what is
     /// sharded; each sample's set reduced to this rank's members (local ids); the set softmax,
-    /// loss and output deltas with the all-reduced maximum and sums, the hidden gradient summed
+    /// loss and output deltas with the all-reduced maximum and sums (the logistic loss: the
+    /// deltas local, the loss all-reduced), the hidden gradient summed
     /// across ranks and the backward of the layers below; prediction's merge across ranks.
     void check_shardable() const;
     void keep_shard_members(const batch_view& batch);

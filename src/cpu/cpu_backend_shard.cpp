@@ -1,7 +1,7 @@
 // The CPU backend's label-sharded output layer (cpu_backend.hpp, "A label-sharded output
 // layer"): what is sharded, each rank's members of a set, the set softmax and loss over ranks
-// (Megatron's vocab-parallel cross-entropy), the hidden gradient summed in rank order, the
-// replicas' check and prediction's merge.
+// (Megatron's vocab-parallel cross-entropy) or the logistic loss, the hidden gradient summed
+// in rank order, the replicas' check and prediction's merge.
 #include "cpu_backend.hpp"
 #include "shard_merge.hpp"
 #include "top_k.hpp"
@@ -31,10 +31,6 @@ void cpu_backend::check_shardable() const {
                       "--adam {}: an LSH output layer sharded across MPI ranks ({} ranks) does "
                       "not catch its rows up (use input-catch-up, the default, or sparse)",
                       to_string(train_.adam), ranks);
-    HSLIDE_CHECK_KIND(train_.loss == hslide::output_loss::softmax, error_kind::unsupported,
-                      "--loss {} is not sharded across MPI ranks ({} ranks) yet: use --loss "
-                      "softmax, or one process",
-                      to_string(train_.loss), ranks);
     HSLIDE_CHECK_KIND(c.fill_correction == 0.0f, error_kind::unsupported,
                       "--fill-correction is not sharded across MPI ranks ({} ranks): leave it at 0",
                       ranks);
@@ -73,9 +69,9 @@ void cpu_backend::sharded_output_backward(const batch_view& batch, step_report& 
     const bool sparse = model_.config.has_active_sets(out);
     shard_comm& comm = *shard_.comm;
     const auto t_forward = clock_type::now();
-    // The set softmax and loss over ranks (shard_softmax.hpp). A sparse set lists its labels
-    // first (keep_shard_members); every row's activations are indexed by row, so this rank's
-    // labels are their rows.
+    // The set softmax, or the logistic loss, over ranks (shard_softmax.hpp). A sparse set
+    // lists its labels first (keep_shard_members); every row's activations are indexed by row,
+    // so this rank's labels are their rows.
     shard_softmax_.resize(n);
     std::vector<uint32_t>& label_begin = shard_label_begin_;
     if (!sparse)
@@ -94,8 +90,11 @@ void cpu_backend::sharded_output_backward(const batch_view& batch, step_report& 
         x.log_partition = sb.log_partition;
     }
     double comm_seconds =
-        sharded_set_softmax(comm, shard_softmax_.data(), n,
-                            output_selection().computes_log_partition(), threads_, shard_sums_);
+        train_.loss == hslide::output_loss::logistic
+            ? sharded_set_logistic(comm, shard_softmax_.data(), n, threads_, shard_sums_)
+            : sharded_set_softmax(comm, shard_softmax_.data(), n,
+                                  output_selection().computes_log_partition(), threads_,
+                                  shard_sums_);
     for (uint32_t s = 0; s < n; ++s) {
         sample_buffers& sb = samples_[s];
         sb.trained = shard_softmax_[s].labels > 0;

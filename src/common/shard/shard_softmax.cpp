@@ -2,6 +2,7 @@
 #include "hslide/shard_softmax.hpp"
 
 #include "hslide/clock.hpp"
+#include "hslide/loss.hpp"
 
 #include <omp.h>
 
@@ -87,6 +88,29 @@ double sharded_set_softmax(shard_comm& comm, shard_softmax_sample* samples, uint
         if (full_partition) x.dropped_mass = std::max(0.0, 1.0 - sums[1]);
         x.loss = double(target) * double(x.labels) * log_sum - sums[2];
     }
+    return comm_seconds;
+}
+
+double sharded_set_logistic(shard_comm& comm, shard_softmax_sample* samples, uint32_t n,
+                            int threads, shard_softmax_scratch& scratch) {
+    std::vector<double>& losses = scratch.sums;
+    losses.assign(n, 0.0);
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t s = 0; s < int64_t(n); ++s) {
+        shard_softmax_sample& x = samples[s];
+        x.dropped_mass = 0;
+        if (x.labels == 0) {
+            std::fill(x.delta, x.delta + x.members, 0.0f);
+            continue;
+        }
+        // A rank without the sample's labels still trains its members as negatives.
+        losses[size_t(s)] =
+            logistic_loss_gradient(x.logits, x.members, x.label_index, x.label_members, x.delta);
+    }
+    const auto t0 = clock_type::now();
+    comm.all_reduce_sum(losses.data(), n);
+    const double comm_seconds = seconds_since(t0);
+    for (uint32_t s = 0; s < n; ++s) samples[s].loss = samples[s].labels > 0 ? losses[s] : 0.0;
     return comm_seconds;
 }
 

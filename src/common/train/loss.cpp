@@ -81,7 +81,9 @@ float logistic_prior_bias(const dataset& train, uint64_t rows) {
 void start_at_label_prior(model_state& model, const dataset& train) {
     HSLIDE_ASSERT(!model.layers.empty());
     layer_state& out = model.layers.back();
-    std::fill(out.bias.begin(), out.bias.end(), logistic_prior_bias(train, out.rows));
+    // A rank's shard holds some of the rows; the prior is over the whole layer's.
+    std::fill(out.bias.begin(), out.bias.end(),
+              logistic_prior_bias(train, model.config.output_dim()));
 }
 
 }  // namespace hslide
