@@ -526,8 +526,9 @@ EOF
 }
 
 
-# run_peers: napkinXC (default settings, all cores) and hslide on the GPU (its defaults) on the
-# real sets in the pack, appended to $summary as one table.
+# run_peers: napkinXC (default settings, all cores) and hslide on the GPU (its defaults, and
+# --loss logistic: the CPU's default, which the GPU's auto takes once this table shows it
+# winning there too) on the real sets in the pack, appended to $summary as one table.
 run_peers() {
     local threads set args=() started
     threads=$(nproc)
@@ -537,12 +538,13 @@ run_peers() {
         return 0
     fi
     {
-        echo "napkinXC 0.7.2's defaults with -t $threads; hslide --backend gpu with its defaults and"
-        echo "a test evaluation after every epoch (to napkinXC's P@1: hslide's epochs' training"
-        echo "seconds until the first epoch at or above it)."
+        echo "napkinXC 0.7.2's defaults with -t $threads; hslide --backend gpu with its defaults"
+        echo "(--loss auto: the softmax on a GPU) and with --loss logistic, and a test evaluation"
+        echo "after every epoch (to napkinXC's P@1: hslide's epochs' training seconds until the"
+        echo "first epoch at or above it)."
         echo
-        echo "| data | napkinXC P@1 | napkinXC train s | hslide P@1 | hslide train s | hslide s to napkinXC's P@1 | speedup |"
-        echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+        echo "| data | napkinXC P@1 | napkinXC train s | hslide --loss | hslide P@1 | hslide train s | hslide s to napkinXC's P@1 | speedup |"
+        echo "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |"
     } >>"$summary"
     for set in debian-recs bibtex corel5k; do
         case $set in
@@ -555,18 +557,20 @@ run_peers() {
         esac
         [[ -f ${args[1]} ]] || continue
         started=$SECONDS
-        rm -f "$work/peers-$set-nxc.jsonl" "$work/peers-$set-hslide.jsonl"
+        rm -f "$work/peers-$set-nxc.jsonl" "$work/peers-$set-hslide"*.jsonl
         TIME_BIN="$root/bin/time" scripts/baselines/napkinxc.sh --nxc "$root/bin/nxc" \
             --threads "$threads" "${args[@]}" --metrics-out "$work/peers-$set-nxc.jsonl" \
             >"$work/peers-$set-nxc.csv" 2>"$work/peers-$set-nxc.log" ||
             echo "| $set | napkinXC failed: see peers-$set-nxc.log |" >>"$summary"
-        "$root/bin/hslide" train "${args[@]}" --backend gpu --eval-every 1 --no-progress \
-            --metrics-out "$work/peers-$set-hslide.jsonl" >"$work/peers-$set-hslide.log" 2>&1 ||
-            echo "| $set | hslide failed: see peers-$set-hslide.log |" >>"$summary"
-        python3 - "$set" "$work/peers-$set-nxc.jsonl" "$work/peers-$set-hslide.jsonl" \
-            >>"$summary" <<'EOF'
+        for loss in auto logistic; do
+            local hs=peers-$set-hslide-$loss
+            "$root/bin/hslide" train "${args[@]}" --backend gpu --loss "$loss" --eval-every 1 \
+                --no-progress --metrics-out "$work/$hs.jsonl" >"$work/$hs.log" 2>&1 ||
+                echo "| $set | hslide --loss $loss failed: see $hs.log |" >>"$summary"
+            python3 - "$set" "$loss" "$work/peers-$set-nxc.jsonl" "$work/$hs.jsonl" \
+                >>"$summary" <<'EOF'
 import json, os, sys
-name, nxc_file, hs_file = sys.argv[1:4]
+name, loss, nxc_file, hs_file = sys.argv[1:5]
 if not (os.path.exists(nxc_file) and os.path.exists(hs_file)):
     sys.exit(0)
 nxc = [json.loads(l) for l in open(nxc_file) if l.strip()][-1]
@@ -579,9 +583,10 @@ for r in hs:
         to_target = spent
 reached = f"{to_target:.2f}" if to_target is not None else "not reached"
 speedup = f"{nxc_s / to_target:.1f}x" if to_target else ""
-print(f"| {name} | {target:.4f} | {nxc_s:.2f} | {hs[-1].get('p@1', float('nan')):.4f} | "
+print(f"| {name} | {target:.4f} | {nxc_s:.2f} | {loss} | {hs[-1].get('p@1', float('nan')):.4f} | "
       f"{sum(r['epoch_seconds'] for r in hs):.2f} | {reached} | {speedup} |")
 EOF
+        done
         echo "peers $set: $((SECONDS - started)) s"
         [[ $out == "$work" ]] || { cp "$summary" "$out/"; ship_logs; }
     done

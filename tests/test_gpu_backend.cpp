@@ -10,6 +10,7 @@
 #include "hslide/backend.hpp"
 #include "hslide/backend_registry.hpp"
 #include "hslide/error.hpp"
+#include "hslide/loss.hpp"
 #include "hslide/lsh.hpp"
 #include "test_util.hpp"
 #if HSLIDE_HAVE_CUDA
@@ -62,16 +63,19 @@ void expect_same_training(const char* kind, sparsity_mode output, precision_mode
                           double loss_tolerance, double weight_tolerance,
                           adam_mode adam = adam_mode::sparse, uint32_t hidden = 33,
                           uint32_t unlabelled_every = 0, size_t allowed_outliers = 0,
-                          bool own_rates = false) {
+                          bool own_rates = false, output_loss loss = output_loss::softmax) {
     model_config config = two_layer_config(output, hidden);
     if (own_rates) {  // layer_config::lr_scale on each layer
         config.layers[0].lr_scale = 1.5f;
         config.layers[1].lr_scale = 0.25f;
     }
-    const model_state initial = model_state::create(config, 3);
+    model_state initial = model_state::create(config, 3);
     train_config tc;
     tc.seed = 4;
     tc.adam = adam;
+    tc.loss = loss;
+    const dataset data = random_dataset(64, 50, 70, 5, unlabelled_every);
+    if (loss == output_loss::logistic) start_at_label_prior(initial, data);  // as the CLI
     std::unique_ptr<backend> gpu;
     try {
         gpu = make_gpu(initial, tc, kind, precision);
@@ -82,7 +86,6 @@ void expect_same_training(const char* kind, sparsity_mode output, precision_mode
         throw;
     }
     cpu::cpu_backend cpu(initial, tc, 1, cpu::scalar_kernels(), precision);
-    const dataset data = random_dataset(64, 50, 70, 5, unlabelled_every);
     std::vector<uint32_t> rows(data.size());
     std::iota(rows.begin(), rows.end(), 0u);
     for (int step = 0; step < 6; ++step) {
@@ -131,7 +134,8 @@ void expect_same_training(const char* kind, sparsity_mode output, precision_mode
 void expect_same_top_k_training(precision_mode precision, double loss_tolerance,
                                 double weight_tolerance, double dropped_tolerance,
                                 size_t allowed_outliers, size_t allowed_set_differences,
-                                bool own_rates = false) {
+                                bool own_rates = false, output_loss loss = output_loss::softmax) {
+    const bool softmax = loss == output_loss::softmax;
     model_config config = hslide::testing::two_layer_model(50, 33, 70, sparsity_mode::topk);
     if (own_rates) {  // layer_config::lr_scale on each layer
         config.layers[0].lr_scale = 1.5f;
@@ -139,10 +143,13 @@ void expect_same_top_k_training(precision_mode precision, double loss_tolerance,
     }
     config.layers[1].top_k = 10;
     config.layers[1].active.min_active = 30;
-    const model_state initial = model_state::create(config, 3);
+    model_state initial = model_state::create(config, 3);
     train_config tc;
     tc.seed = 4;
     tc.adam = adam_mode::sparse;
+    tc.loss = loss;
+    const dataset data = random_dataset(64, 50, 70, 5, /*unlabelled_every=*/7);
+    if (!softmax) start_at_label_prior(initial, data);  // as the CLI
     std::unique_ptr<backend> gpu;
     try {
         gpu = make_gpu(initial, tc, "gpu", precision);
@@ -153,7 +160,6 @@ void expect_same_top_k_training(precision_mode precision, double loss_tolerance,
         throw;
     }
     cpu::cpu_backend cpu(initial, tc, 1, cpu::scalar_kernels(), precision);
-    const dataset data = random_dataset(64, 50, 70, 5, /*unlabelled_every=*/7);
     std::vector<uint32_t> rows(data.size());
     std::iota(rows.begin(), rows.end(), 0u);
     size_t labelled_sets = 0, differing_sets = 0;
@@ -164,7 +170,8 @@ void expect_same_top_k_training(precision_mode precision, double loss_tolerance,
         g += gpu->synchronize();
         EXPECT_EQ(g.samples, c.samples) << "step " << step;
         EXPECT_EQ(g.full_softmax_samples, c.full_softmax_samples) << "step " << step;
-        EXPECT_GT(c.full_softmax_samples, 0u);
+        // The logistic loss reports its own sum, no softmax's.
+        EXPECT_EQ(c.full_softmax_samples > 0, softmax) << "step " << step;
         // The sets themselves: a labelled sample's is the CPU's (labels first, then its top-k
         // ids, then its fill, each in increasing order); an unlabelled one has none on the GPU.
 #if HSLIDE_HAVE_CUDA  // (without CUDA the test has skipped before this)
@@ -185,7 +192,8 @@ void expect_same_top_k_training(precision_mode precision, double loss_tolerance,
                     dropped_tolerance * std::max(1.0, c.dropped_mass_sum))
             << "step " << step;
         // Labels, 10 of 70 and a random fill to 30 leave much of a fresh layer's mass out.
-        EXPECT_GT(g.dropped_mass_sum, 0.1 * double(g.full_softmax_samples)) << "step " << step;
+        if (softmax)
+            EXPECT_GT(g.dropped_mass_sum, 0.1 * double(g.full_softmax_samples)) << "step " << step;
         EXPECT_EQ(g.active_per_layer.size(), 2u);
     }
     EXPECT_GT(labelled_sets, 0u);
@@ -222,6 +230,13 @@ TEST(GpuBackend, TopKTrainingMatchesTheCpu) {
     // fp32: sgemm scores against the CPU's dots16 (1e-6 relative); the log-partition within
     // 1e-4 relative, hence the loss.
     expect_same_top_k_training(precision_mode::fp32, 1e-4, 2e-4, 1e-4, 0, 0);
+}
+
+TEST(GpuBackend, TopKTrainingWithTheLogisticLossMatchesTheCpu) {
+    HSLIDE_REQUIRE_GPU();
+    // Each member's own cross-entropy (logistic_loss), the biases from the label prior.
+    expect_same_top_k_training(precision_mode::fp32, 1e-4, 2e-4, 1e-4, 0, 0, false,
+                               output_loss::logistic);
 }
 
 TEST(GpuBackend, TopKTrainingAtEachLayersOwnRateMatchesTheCpu) {
@@ -482,6 +497,16 @@ TEST(GpuBackend, LshTrainingMatchesTheCpuWithUnlabelledPointsAndAWideHiddenLayer
 TEST(GpuBackend, DenseOutputMatchesTheCpu) {
     HSLIDE_REQUIRE_GPU();
     expect_same_training("gpu-dense", sparsity_mode::dense, precision_mode::fp32, 1e-4, 2e-4);
+}
+
+TEST(GpuBackend, TheLogisticLossMatchesTheCpuOnDenseAndLshOutputs) {
+    HSLIDE_REQUIRE_GPU();
+    // gpu-dense's dense_logistic_loss and the LSH sets' logistic_loss; every 5th point
+    // unlabelled.
+    expect_same_training("gpu-dense", sparsity_mode::dense, precision_mode::fp32, 1e-4, 2e-4,
+                         adam_mode::sparse, 33, 5, 0, false, output_loss::logistic);
+    expect_same_training("gpu", sparsity_mode::lsh, precision_mode::fp32, 1e-4, 2e-4,
+                         adam_mode::sparse, 33, 5, 0, false, output_loss::logistic);
 }
 
 TEST(GpuBackend, DenseOutputAndInputCatchUpAtEachLayersOwnRateMatchTheCpu) {

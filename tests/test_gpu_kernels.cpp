@@ -3,6 +3,7 @@
 // awkward sizes. Every test skips (GTEST_SKIP) without a usable GPU or without CUDA.
 #include "gpu_test_util.hpp"
 #include "hslide/backend.hpp"
+#include "hslide/loss.hpp"
 #include "hslide/lsh.hpp"
 #include "hslide/rng.hpp"
 #include "test_util.hpp"
@@ -435,6 +436,37 @@ TEST(GpuLayers, HiddenGradientShareIsTheCpuRanksBitForBit) {
         }
 }
 
+/// Inputs of the dense output losses (gpu_dense.cuh): batch rows of dense_ld(rows) logits
+/// (the padding NaN; bf16: values the bf16 step's GEMM could have written), the bias, and the
+/// labels in CSR form: sample 0 many (300, past a block's threads), every third none, the
+/// others a few, sample 1 listing one twice.
+struct dense_case {
+    std::vector<float> logits, bias;
+    std::vector<uint32_t> offsets{0}, labels;
+};
+dense_case make_dense_case(uint32_t rows, uint32_t batch, bool bf16, rng& gen) {
+    const uint32_t ld = gpu::testing::dense_ld(rows);
+    dense_case c;
+    c.logits.assign(size_t(batch) * ld, std::nanf(""));
+    c.bias.resize(rows);
+    for (float& b : c.bias) b = float(gen.normal());
+    for (uint32_t s = 0; s < batch; ++s) {
+        for (uint32_t j = 0; j < rows; ++j)
+            c.logits[size_t(s) * ld + j] =
+                bf16 ? round_bf16(float(3.0 * gen.normal())) : float(3.0 * gen.normal());
+        const uint32_t count = s == 0       ? std::min(rows, 300u)
+                               : s % 3 == 2 ? 0u
+                                            : uint32_t(1 + gen.below(std::min(rows, 40u)));
+        std::vector<uint32_t> ids(rows);
+        std::iota(ids.begin(), ids.end(), 0u);
+        for (uint32_t i = 0; i < count; ++i) std::swap(ids[i], ids[i + gen.below(rows - i)]);
+        c.labels.insert(c.labels.end(), ids.begin(), ids.begin() + count);
+        if (s == 1) c.labels.push_back(c.labels.back());  // listed twice
+        c.offsets.push_back(uint32_t(c.labels.size()));
+    }
+    return c;
+}
+
 TEST(GpuDenseSoftmax, MatchesASoftmaxInDoublePrecisionOnAwkwardSizes) {
     // The dense output layer's fused softmax (gpu_dense.cuh): per sample the loss, per entry
     // delta = softmax(logit + bias) - (1/|y|) on labels, per column the batch-mean bias
@@ -452,27 +484,9 @@ TEST(GpuDenseSoftmax, MatchesASoftmaxInDoublePrecisionOnAwkwardSizes) {
                              (bf16 ? ", bf16" : ", fp32"));
                 const uint32_t ld = gpu::testing::dense_ld(rows);
                 ASSERT_GE(ld, rows);
-                std::vector<float> logits(size_t(batch) * ld, std::nanf("")), bias(rows);
-                for (float& b : bias) b = float(gen.normal());
-                std::vector<uint32_t> offsets{0}, labels;
-                for (uint32_t s = 0; s < batch; ++s) {
-                    // bf16: logits the bf16 step's GEMM could have written.
-                    for (uint32_t j = 0; j < rows; ++j)
-                        logits[size_t(s) * ld + j] = bf16 ? round_bf16(float(3.0 * gen.normal()))
-                                                          : float(3.0 * gen.normal());
-                    // Sample 0: many labels; every third: none; the others a few, one repeated.
-                    const uint32_t count = s == 0 ? std::min(rows, 300u)
-                                           : s % 3 == 2
-                                               ? 0u
-                                               : uint32_t(1 + gen.below(std::min(rows, 40u)));
-                    std::vector<uint32_t> ids(rows);
-                    std::iota(ids.begin(), ids.end(), 0u);
-                    for (uint32_t i = 0; i < count; ++i)
-                        std::swap(ids[i], ids[i + gen.below(rows - i)]);
-                    labels.insert(labels.end(), ids.begin(), ids.begin() + count);
-                    if (s == 1) labels.push_back(labels.back());  // listed twice
-                    offsets.push_back(uint32_t(labels.size()));
-                }
+                const dense_case c = make_dense_case(rows, batch, bf16, gen);
+                const std::vector<float>&logits = c.logits, &bias = c.bias;
+                const std::vector<uint32_t>&offsets = c.offsets, &labels = c.labels;
                 std::vector<float> delta, bias_gradient, loss;
                 gpu::testing::dense_softmax_loss(logits, bias, rows, batch, offsets, labels, bf16,
                                                  delta, bias_gradient, loss);
@@ -522,6 +536,136 @@ TEST(GpuDenseSoftmax, MatchesASoftmaxInDoublePrecisionOnAwkwardSizes) {
                         << "column " << j;
             }
         }
+    }
+}
+
+TEST(GpuDenseSoftmax, TheLogisticLossMatchesTheCpuReferenceOnAwkwardSizes) {
+    // dense_logistic_loss: per entry delta = sigmoid(logit + bias) - 1 on each label (a label
+    // listed twice counts twice), per sample the loss (softplus summed over the row less the
+    // labels' logit + bias), per column the batch-mean bias gradient; the CPU's
+    // logistic_loss_gradient over each row + bias is the reference (__expf against std::exp:
+    // about 1e-6 relative; the loss a float sum of up to 20,011 terms).
+    HSLIDE_REQUIRE_GPU();
+    rng gen(35);
+    for (const uint32_t rows : {1u, 15u, 17u, 33u, 1001u, 8193u, 20011u}) {
+        for (const uint32_t batch : {1u, 6u, 9u}) {
+            for (const bool bf16 : {false, true}) {
+                SCOPED_TRACE("rows " + std::to_string(rows) + ", batch " + std::to_string(batch) +
+                             (bf16 ? ", bf16" : ", fp32"));
+                const uint32_t ld = gpu::testing::dense_ld(rows);
+                const dense_case c = make_dense_case(rows, batch, bf16, gen);
+                std::vector<float> delta, bias_gradient, loss;
+                gpu::testing::dense_softmax_loss(c.logits, c.bias, rows, batch, c.offsets, c.labels,
+                                                 bf16, delta, bias_gradient, loss,
+                                                 /*logistic=*/true);
+                ASSERT_EQ(delta.size(), size_t(batch) * ld);
+                std::vector<double> want_bias(rows, 0.0);
+                for (uint32_t s = 0; s < batch; ++s) {
+                    for (uint32_t j = rows; j < ld; ++j)
+                        ASSERT_EQ(delta[size_t(s) * ld + j], 0.0f) << "padding of sample " << s;
+                    const uint32_t n_labels = c.offsets[s + 1] - c.offsets[s];
+                    if (n_labels == 0) {
+                        EXPECT_EQ(loss[s], 0.0f) << "sample " << s;
+                        for (uint32_t j = 0; j < rows; ++j)
+                            ASSERT_EQ(delta[size_t(s) * ld + j], 0.0f) << "sample " << s;
+                        continue;
+                    }
+                    std::vector<float> z(rows), want(rows);
+                    double magnitude = 0;
+                    for (uint32_t j = 0; j < rows; ++j) {
+                        z[j] = c.logits[size_t(s) * ld + j] + c.bias[j];
+                        magnitude += std::abs(z[j]) + 1;
+                    }
+                    const double want_loss = logistic_loss_gradient(
+                        z.data(), rows, c.labels.data() + c.offsets[s], n_labels, want.data());
+                    EXPECT_NEAR(loss[s], want_loss, 1e-5 * magnitude) << "sample " << s;
+                    for (uint32_t j = 0; j < rows; ++j) {
+                        const double tolerance =
+                            2e-6 + 1e-5 * std::abs(want[j]) +
+                            (bf16 ? std::ldexp(std::abs(double(want[j])), -8) : 0.0);
+                        ASSERT_NEAR(delta[size_t(s) * ld + j], want[j], tolerance)
+                            << "sample " << s << ", column " << j;
+                        want_bias[j] += double(want[j]) / batch;
+                    }
+                }
+                for (uint32_t j = 0; j < rows; ++j)
+                    ASSERT_NEAR(bias_gradient[j], want_bias[j],
+                                2e-6 + 1e-5 * std::abs(want_bias[j]))
+                        << "column " << j;
+            }
+        }
+    }
+}
+
+TEST(GpuLayers, SetLogisticLossMatchesTheCpuReferenceOnAwkwardSizes) {
+    // logistic_loss over sparse sets (labels first; an unlabelled sample and an empty set
+    // among them), and over dense columns with the bias added (a label column listed twice),
+    // against the CPU's logistic_loss_gradient. softmax_loss over the same sets: its deltas
+    // sum to 0 per labelled set (the logistic loss's do not), so the two are not confused.
+    HSLIDE_REQUIRE_GPU();
+    rng gen(36);
+    const std::vector<uint32_t> sizes{1, 15, 16, 17, 33, 0, 300, 1025, 5};
+    std::vector<uint32_t> offsets{0}, label_offsets{0}, label_ids;
+    for (size_t s = 0; s < sizes.size(); ++s) {
+        offsets.push_back(offsets.back() + sizes[s]);
+        const uint32_t labels = s == 3 || sizes[s] == 0 ? 0 : 1 + uint32_t(gen.below(sizes[s]));
+        for (uint32_t i = 0; i < labels; ++i) label_ids.push_back(i);  // labels first
+        label_offsets.push_back(uint32_t(label_ids.size()));
+    }
+    std::vector<float> logits(offsets.back());
+    for (float& z : logits) z = float(4.0 * gen.normal());
+    for (const bool logistic : {true, false}) {
+        std::vector<float> delta, loss;
+        gpu::testing::set_loss(logits, {}, offsets, 0, label_offsets, label_ids, logistic, delta,
+                               loss);
+        for (size_t s = 0; s < sizes.size(); ++s) {
+            SCOPED_TRACE("set " + std::to_string(s) + " of " + std::to_string(sizes[s]) +
+                         (logistic ? ", logistic" : ", softmax"));
+            const uint32_t n = sizes[s], labels = label_offsets[s + 1] - label_offsets[s];
+            const float* got = delta.data() + offsets[s];
+            double sum = 0;
+            for (uint32_t i = 0; i < n; ++i) sum += got[i];
+            if (labels == 0) {
+                EXPECT_EQ(loss[s], 0.0f);
+                for (uint32_t i = 0; i < n; ++i) ASSERT_EQ(got[i], 0.0f);
+                continue;
+            }
+            if (!logistic) {
+                EXPECT_NEAR(sum, 0.0, 1e-5);
+                continue;
+            }
+            std::vector<float> want(n);
+            const double want_loss =
+                logistic_loss_gradient(logits.data() + offsets[s], n, nullptr, labels, want.data());
+            double magnitude = 0;
+            for (uint32_t i = 0; i < n; ++i) magnitude += std::abs(logits[offsets[s] + i]) + 1;
+            EXPECT_NEAR(loss[s], want_loss, 1e-5 * magnitude);
+            for (uint32_t i = 0; i < n; ++i)
+                ASSERT_NEAR(got[i], want[i], 2e-6 + 1e-5 * std::abs(want[i])) << "entry " << i;
+        }
+    }
+    // Dense columns: n_columns a sample, the bias added to each labelled sample's logits.
+    const uint32_t columns = 17, batch = 3;
+    std::vector<float> dense(size_t(batch) * columns), bias(columns);
+    for (float& z : dense) z = float(2.0 * gen.normal());
+    for (float& b : bias) b = float(gen.normal());
+    const std::vector<uint32_t> dense_label_offsets{0, 3, 3, 5}, dense_labels{4, 16, 4, 0, 9};
+    std::vector<float> delta, loss;
+    gpu::testing::set_loss(dense, bias, {}, columns, dense_label_offsets, dense_labels,
+                           /*logistic=*/true, delta, loss);
+    for (uint32_t s = 0; s < batch; ++s) {
+        const uint32_t labels = dense_label_offsets[s + 1] - dense_label_offsets[s];
+        std::vector<float> z(columns), want(columns, 0.0f);
+        for (uint32_t j = 0; j < columns; ++j) z[j] = dense[size_t(s) * columns + j] + bias[j];
+        const double want_loss =
+            labels == 0 ? 0.0
+                        : logistic_loss_gradient(z.data(), columns,
+                                                 dense_labels.data() + dense_label_offsets[s],
+                                                 labels, want.data());
+        EXPECT_NEAR(loss[s], want_loss, 1e-4) << "sample " << s;
+        for (uint32_t j = 0; j < columns; ++j)
+            ASSERT_NEAR(delta[size_t(s) * columns + j], want[j], 2e-6 + 1e-5 * std::abs(want[j]))
+                << "sample " << s << ", column " << j;
     }
 }
 

@@ -134,19 +134,24 @@ TEST(LogisticLoss, NamesRoundTripAndABadOneIsNamed) {
     }
 }
 
-TEST(LogisticLoss, BackendsWithoutItRefuseItByName) {
+TEST(LogisticLoss, EveryBackendTrainsItAndAutoPicksItWhereItIsTheDefault) {
+    // The hybrid is checked worker by worker (each a cpu or gpu backend).
     const model_config c = small_dense_model();
     train_config tc;
     tc.loss = output_loss::logistic;
-    for (backend_kind kind : {backend_kind::cpu, backend_kind::cpu_dense})
-        EXPECT_NO_THROW(check_supported(kind, c, tc, precision_mode::fp32, scoring_mode::exact));
-    for (backend_kind kind : {backend_kind::gpu, backend_kind::gpu_dense}) {
-        try {
-            check_supported(kind, c, tc, precision_mode::fp32, scoring_mode::exact);
-            FAIL() << "no error";
-        } catch (const error& e) {
-            EXPECT_EQ(e.kind(), error_kind::unsupported);
-            EXPECT_NE(std::string(e.what()).find("--loss logistic"), std::string::npos) << e.what();
-        }
+    for (backend_kind kind :
+         {backend_kind::cpu, backend_kind::cpu_dense, backend_kind::gpu, backend_kind::gpu_dense})
+        EXPECT_NO_THROW(check_supported(kind, c, tc, precision_mode::fp32, scoring_mode::exact))
+            << to_string(kind);
+    // --loss auto is the logistic loss where it is the backend's default: the CPU's; the GPU
+    // backends keep the softmax until a GPU run has compared the two.
+    for (backend_kind kind : {backend_kind::cpu, backend_kind::cpu_dense, backend_kind::gpu,
+                              backend_kind::gpu_dense, backend_kind::hybrid}) {
+        train_config automatic;
+        automatic.loss = output_loss::automatic;
+        resolve_auto_training(automatic, kind, /*sharded=*/false, 1000);
+        const bool cpu = kind == backend_kind::cpu || kind == backend_kind::cpu_dense;
+        EXPECT_EQ(automatic.loss, cpu ? output_loss::logistic : output_loss::softmax)
+            << to_string(kind);
     }
 }

@@ -72,6 +72,10 @@ struct backend_capabilities {
     /// when it refuses the mode.
     std::array<std::optional<adam_mode>, 5> adam_runs_as{};
     bool logistic_loss = false;  ///< --loss logistic (softmax always)
+    /// --loss auto is logistic there: where the logistic loss was measured to win (the CPU's;
+    /// the GPU's trains it but keeps the softmax, its measured default, until a GPU run has
+    /// compared the two: scripts/gpu_check.sh's peers step).
+    bool logistic_loss_by_default = false;
     bool needs_gpu = false;      ///< runs on a GPU (creating it fails without one)
     bool hybrid_worker = false;  ///< may be a worker of the hybrid backend (--workers)
 };
@@ -116,10 +120,10 @@ adam_mode adam_mode_run_by(backend_kind kind, adam_mode mode);
 
 /// Resolves a front end's automatic training settings for a run on `kind` (`sharded`: as a
 /// rank of a label-sharded run) over `training_points` points, before validate(train): --loss
-/// auto becomes logistic where the backend trains it (cpu, cpu-dense, cpu ranks;
-/// bench/peers.md: test P@1 as high or higher than the softmax's on every real set), else
-/// softmax (the GPU backends, the hybrid; ranks of several kinds decide together before: the
-/// CLI's train); --batch-size 0 becomes
+/// auto becomes logistic where the backend has it by default (logistic_loss_by_default: cpu,
+/// cpu-dense, cpu ranks; bench/peers.md: test P@1 as high or higher than the softmax's on every
+/// real set), else softmax (the GPU backends, the hybrid; ranks of several kinds decide
+/// together before: the CLI's train); --batch-size 0 becomes
 /// automatic_batch_size(loss, training_points); --lr 0 becomes the loss's rate
 /// (automatic_learning_rate: scaled by the square-root rule where the batch was auto);
 /// --reuse-candidates -1 becomes reuse_candidates_auto_epochs on cpu in one process, else 0

@@ -382,6 +382,9 @@ std::vector<std::string> names_of(lr_batch_scaling);
 /// Throws hslide::error naming the setting when a configuration cannot work.
 void validate(const model_config& model);
 void validate(const train_config& train);
+/// What a model and its training settings cannot do together (a backend's constructor checks
+/// it): the fill's log-Q correction under the logistic loss, which has no softmax to correct.
+void validate(const model_config& model, const train_config& train);
 
 }  // namespace hslide
 

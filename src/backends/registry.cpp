@@ -63,7 +63,7 @@ backend_capabilities cpu_caps() {
     c.top_k_selection = true;
     c.ivf_top_k_search = true;
     c.adam_runs_as = every_adam_mode;
-    c.logistic_loss = true;
+    c.logistic_loss = c.logistic_loss_by_default = true;
     c.hybrid_worker = true;
     return c;
 }
@@ -74,7 +74,7 @@ backend_capabilities cpu_dense_caps() {
     // Its dense Adam is catch-up's result already; input-catch-up is input-dense there.
     c.adam_runs_as = {adam_mode::sparse, adam_mode::dense, adam_mode::input_dense, adam_mode::dense,
                       adam_mode::input_dense};
-    c.logistic_loss = true;
+    c.logistic_loss = c.logistic_loss_by_default = true;
     return c;
 }
 
@@ -90,6 +90,7 @@ backend_capabilities gpu_caps(bool dense) {
     // most of a step at WikiLSHTC-325K's 1.6M features).
     c.adam_runs_as = {adam_mode::sparse, refused, adam_mode::input_dense, refused,
                       adam_mode::input_catch_up};
+    c.logistic_loss = true;  // not its auto yet: logistic_loss_by_default
     c.needs_gpu = true;
     c.hybrid_worker = !dense;
     return c;
@@ -298,8 +299,8 @@ void check_supported(backend_kind kind, const model_config& model, const train_c
 void resolve_auto_training(train_config& train, backend_kind kind, bool sharded,
                            uint64_t training_points) {
     if (train.loss == output_loss::automatic)
-        train.loss = backend_entry_of(kind).caps.logistic_loss ? output_loss::logistic
-                                                               : output_loss::softmax;
+        train.loss = backend_entry_of(kind).caps.logistic_loss_by_default ? output_loss::logistic
+                                                                          : output_loss::softmax;
     const bool automatic_batch = train.batch_size == 0;
     if (automatic_batch) train.batch_size = automatic_batch_size(train.loss, training_points);
     if (train.reuse_candidates_epochs < 0) {

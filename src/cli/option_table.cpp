@@ -321,8 +321,9 @@ std::vector<option_spec> make_table() {
              "labels sharing the target), logistic (a binary cross-entropy per neuron of the "
              "set, biases starting at the labels' prior: it ranks by each label's own "
              "probability, what P@k counts; P@1 +0.016 on a set of 4.7 labels a point, "
-             "bench/peers.md; cpu and cpu-dense backends, one process), or auto (logistic where "
-             "the backend has it in one process, else softmax)",
+             "bench/peers.md; every backend), or auto (logistic on the cpu and cpu-dense "
+             "backends and cpu ranks, softmax on the GPU backends and the hybrid until a GPU run "
+             "has compared the two)",
              HSLIDE_FIELD(loss), names_of(output_loss{}), {}, both),
         spec("beta1", group::optimiser, "Adam beta1", HSLIDE_FIELD(train.adam_beta1), {}, {}, both),
         spec("beta2", group::optimiser, "Adam beta2", HSLIDE_FIELD(train.adam_beta2), {}, {}, both),

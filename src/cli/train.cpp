@@ -170,9 +170,9 @@ int run_train(int argc, char** argv) {
     check_model_dimensions(d.train);
     const bool automatic_batch = tc.batch_size == 0;
     if (sharded && tc.loss == output_loss::automatic) {
-        // MPMD ranks may run kinds that differ: auto is the logistic loss where every rank's
-        // backend trains it.
-        float lacks_logistic = backend_entry_of(kind).caps.logistic_loss ? 0.0f : 1.0f;
+        // MPMD ranks may run kinds that differ: auto is the logistic loss where it is every
+        // rank's backend's default.
+        float lacks_logistic = backend_entry_of(kind).caps.logistic_loss_by_default ? 0.0f : 1.0f;
         comm.all_reduce_max(&lacks_logistic, 1);
         tc.loss = lacks_logistic == 0.0f ? output_loss::logistic : output_loss::softmax;
     }

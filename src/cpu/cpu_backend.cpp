@@ -31,10 +31,7 @@ cpu_backend::cpu_backend(model_state initial, const train_config& train, int thr
     validate(model_.config);
     const size_t n_layers = model_.layers.size();
     if (shard_.sharded()) check_shardable();
-    HSLIDE_CHECK(train_.loss != hslide::output_loss::logistic ||
-                     model_.config.layers.back().fill_correction == 0.0f,
-                 "--fill-correction corrects the softmax over a set; with --loss logistic (the "
-                 "CPU's --loss auto) leave it at 0, or use --loss softmax");
+    validate(model_.config, train_);
     if (model_.config.selection(n_layers - 1) == neuron_selection::top_k) {
         // Top-k scores every output row each step, so every row would have to catch up
         // every step: that is dense Adam, which --adam dense runs directly.

@@ -16,6 +16,7 @@ gpu_backend::gpu_backend(model_state initial, const train_config& train, int dev
       shard_(std::move(shard)) {
     offer_rows(this);
     validate(initial.config);
+    validate(initial.config, train);
     const model_config& config = initial.config;
     HSLIDE_CHECK_KIND(config.layers.size() == 2, error_kind::unsupported,
                       "the GPU backend trains networks with one hidden layer for now; this one "

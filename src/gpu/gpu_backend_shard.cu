@@ -182,8 +182,12 @@ step_report gpu_backend::sharded_train_batch(const batch_view& batch, float lear
         x.log_partition = every_row ? 0.0 : h.log_partition[s];
         labelled += x.labels > 0;
     }
-    sharded_set_softmax(comm, h.softmax.data(), b, /*full_partition=*/!every_row,
-                        omp_get_max_threads(), h.softmax_scratch);
+    const bool logistic = train_.loss == output_loss::logistic;
+    if (logistic)
+        sharded_set_logistic(comm, h.softmax.data(), b, omp_get_max_threads(), h.softmax_scratch);
+    else
+        sharded_set_softmax(comm, h.softmax.data(), b, /*full_partition=*/!every_row,
+                            omp_get_max_threads(), h.softmax_scratch);
     if (total > 0)
         HSLIDE_CUDA_CHECK(cudaMemcpyAsync(delta_.data(), h.delta.data(), size_t(total) * 4,
                                           cudaMemcpyHostToDevice, stream_));
@@ -191,7 +195,7 @@ step_report gpu_backend::sharded_train_batch(const batch_view& batch, float lear
         report.loss_sum += x.loss;
         report.dropped_mass_sum += x.dropped_mass;
     }
-    if (!every_row) report.full_softmax_samples = labelled;
+    if (!every_row && !logistic) report.full_softmax_samples = labelled;
     stage_end(st.forward);
 
     // This rank's share of the hidden gradient in double, summed over ranks in rank order and

@@ -100,16 +100,19 @@ void gpu_backend::dense_softmax(uint32_t batch, const batch_csr& csr, float inv_
     // bias gradient with it.
     bias_gradient_.reserve(out.rows, "dense output gradient");
     dense_softmax_work_.reserve(dense_softmax_work_floats(batch, out.rows), "dense softmax");
+    auto run = [&](const auto* logits, auto* delta) {
+        using T = std::remove_pointer_t<decltype(delta)>;  // float or __nv_bfloat16
+        const auto loss =
+            train_.loss == output_loss::logistic ? &dense_logistic_loss<T> : &dense_softmax_loss<T>;
+        loss(logits, out.bias.data(), out.rows, ld, csr, inv_batch, delta, bias_gradient_.data(),
+             loss_.data(), dense_softmax_work_.data(), stream_);
+    };
     if (use_bf16()) {
         delta16_.reserve(size_t(batch) * ld, "bf16 output gradients");
-        dense_softmax_loss(logits16_.data(), out.bias.data(), out.rows, ld, csr, inv_batch,
-                           delta16_.data(), bias_gradient_.data(), loss_.data(),
-                           dense_softmax_work_.data(), stream_);
+        run(logits16_.data(), delta16_.data());
     } else {
         delta_.reserve(size_t(batch) * ld, "dense output gradients");
-        dense_softmax_loss(logits_.data(), out.bias.data(), out.rows, ld, csr, inv_batch,
-                           delta_.data(), bias_gradient_.data(), loss_.data(),
-                           dense_softmax_work_.data(), stream_);
+        run(logits_.data(), delta_.data());
     }
 }
 
@@ -292,13 +295,19 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
         sparse_output_forward(out.view(), hidden_.data(), hidden16_.data(), use_bf16(),
                               active_.ids.data(), active_.entry_sample.data(), total,
                               logits_.data(), stream_);
-        // The gradient is the softmax over the set, over the logits the selection gives it
-        // (top-k: its fill's correction); the loss reported may be the selection's (top-k:
-        // the full softmax's).
-        float* set_logits = selection_->set_logits(logits_.data(), active_, b, total, stream_);
-        softmax_loss(set_logits, nullptr, active_.offsets.data(), 0,
-                     /*labels_first=*/true, csr, delta_.data(), loss_.data(), stream_);
-        dropped = selection_->report_loss(logits_.data(), active_, csr, loss_.data(), stream_);
+        if (train_.loss == output_loss::logistic) {
+            // Each member's own binary cross-entropy: no softmax to correct or to report.
+            logistic_loss(logits_.data(), nullptr, active_.offsets.data(), 0,
+                          /*labels_first=*/true, csr, delta_.data(), loss_.data(), stream_);
+        } else {
+            // The gradient is the softmax over the set, over the logits the selection gives
+            // it (top-k: its fill's correction); the loss reported may be the selection's
+            // (top-k: the full softmax's).
+            float* set_logits = selection_->set_logits(logits_.data(), active_, b, total, stream_);
+            softmax_loss(set_logits, nullptr, active_.offsets.data(), 0,
+                         /*labels_first=*/true, csr, delta_.data(), loss_.data(), stream_);
+            dropped = selection_->report_loss(logits_.data(), active_, csr, loss_.data(), stream_);
+        }
         HSLIDE_CUDA_CHECK(cudaEventRecord(events[5], stream_));
         sparse_output_backward(out.view(), use_bf16(), active_.offsets.data(), active_.ids.data(),
                                delta_.data(), hidden_.data(), b, d_hidden_.data(), stream_);

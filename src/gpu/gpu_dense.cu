@@ -52,8 +52,13 @@ __device__ float4 load_bias4(const float* bias, uint32_t col, uint32_t rows) {
     return make_float4(b[0], b[1], b[2], b[3]);
 }
 
-// One block per (chunk, sample): the chunk's max_sum pair of logit + bias.
-template <class T>
+__device__ float softplus(float x) {
+    return fmaxf(x, 0.0f) + log1pf(__expf(-fabsf(x)));  // log(1 + e^x), neither side overflows
+}
+
+// One block per (chunk, sample): the chunk's max_sum pair of logit + bias; Logistic: the
+// chunk's sum of softplus(logit + bias) in part_sum instead.
+template <bool Logistic, class T>
 __global__ void dense_partials_kernel(const T* logits, const float* bias, uint32_t rows,
                                       uint32_t ld, const uint32_t* label_offsets, uint32_t n_chunks,
                                       float* part_max, float* part_sum) {
@@ -70,14 +75,25 @@ __global__ void dense_partials_kernel(const T* logits, const float* bias, uint32
         v[k] = col < ld ? load4(row, col / 4) : make_float4(0, 0, 0, 0);
     }
     max_sum ms;
+    float softplus_sum = 0.0f;
 #pragma unroll
     for (int k = 0; k < partial_loads; ++k) {
         const uint32_t col = 4 * (q0 + k * partial_threads);
         if (col >= rows) continue;
         const float4 b = load_bias4(bias, col, rows);
 #pragma unroll
-        for (int i = 0; i < 4; ++i)  // padding columns hold whatever: never added
-            if (col + i < rows) ms = max_sum_add(ms, get(v[k], i) + get(b, i));
+        for (int i = 0; i < 4; ++i) {  // padding columns hold whatever: never added
+            if (col + i >= rows) continue;
+            if constexpr (Logistic)
+                softplus_sum += softplus(get(v[k], i) + get(b, i));
+            else
+                ms = max_sum_add(ms, get(v[k], i) + get(b, i));
+        }
+    }
+    if constexpr (Logistic) {
+        softplus_sum = block_sum(softplus_sum, scratch);
+        if (threadIdx.x == 0) part_sum[size_t(s) * n_chunks + c] = softplus_sum;
+        return;
     }
     ms = block_combine(ms, scratch);
     if (threadIdx.x == 0) {
@@ -87,7 +103,8 @@ __global__ void dense_partials_kernel(const T* logits, const float* bias, uint32
 }
 
 // One block per sample: its chunks' pairs combined, its maximum and 1 / Z kept, its loss.
-template <class T>
+// Logistic: its loss, the chunks' softplus sums less the labels' logits + bias.
+template <bool Logistic, class T>
 __global__ void dense_combine_kernel(const T* logits, const float* bias, uint32_t ld,
                                      batch_csr batch, uint32_t n_chunks, const float* part_max,
                                      const float* part_sum, float* sample_max,
@@ -102,6 +119,18 @@ __global__ void dense_combine_kernel(const T* logits, const float* bias, uint32_
             sample_max[s] = 0.0f;
             sample_inv_sum[s] = 0.0f;
         }
+        return;
+    }
+    if constexpr (Logistic) {
+        float sample_loss = 0.0f;
+        for (uint32_t c = threadIdx.x; c < n_chunks; c += blockDim.x)
+            sample_loss += part_sum[size_t(s) * n_chunks + c];
+        for (uint32_t i = threadIdx.x; i < n_labels; i += blockDim.x) {
+            const uint32_t j = batch.label_ids[label_begin + i];
+            sample_loss -= to_float(logits[size_t(s) * ld + j]) + bias[j];
+        }
+        sample_loss = block_sum(sample_loss, scratch);
+        if (threadIdx.x == 0) loss[s] = sample_loss;
         return;
     }
     max_sum ms;
@@ -143,8 +172,9 @@ __device__ void store4(__nv_bfloat16* out, float4 d) {
 // One block per gradient_columns columns, every sample: delta written, column sums kept.
 // A sample's label columns inside the block are marked in shared memory (a count per column:
 // a label listed twice is subtracted twice, as in softmax_loss) by a scan of its labels, and
-// cleared by the thread owning the column once applied.
-template <class T>
+// cleared by the thread owning the column once applied. Logistic: delta = sigmoid(logit +
+// bias) - 1 on each label (the marks count), no maximum or sum read.
+template <bool Logistic, class T>
 __global__ void __launch_bounds__(gradient_threads, gradient_blocks_per_sm)
     dense_gradient_kernel(const T* logits, const float* bias, uint32_t rows, uint32_t ld,
                           batch_csr batch, const float* sample_max, const float* sample_inv_sum,
@@ -182,12 +212,14 @@ __global__ void __launch_bounds__(gradient_threads, gradient_blocks_per_sm)
             const uint32_t n_labels = batch.label_offsets[s + 1] - batch.label_offsets[s];
             float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             if (n_labels > 0) {  // else delta 0: the sample is not trained
-                const float m = sample_max[s], inv_sum = sample_inv_sum[s];
-                const float target = 1.0f / float(n_labels);
+                const float m = Logistic ? 0.0f : sample_max[s];
+                const float inv_sum = Logistic ? 0.0f : sample_inv_sum[s];
+                const float target = Logistic ? 1.0f : 1.0f / float(n_labels);
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     if (col + i >= rows) continue;  // padding: 0
-                    d[i] = __expf(get(l[g], i) + get(b, i) - m) * inv_sum;
+                    const float x = get(l[g], i) + get(b, i);
+                    d[i] = Logistic ? 1.0f / (1.0f + __expf(-x)) : __expf(x - m) * inv_sum;
                     for (int k = marks[g][local + i]; k > 0; --k) d[i] -= target;
                     marks[g][local + i] = 0;
                     acc[i] += d[i];
@@ -207,10 +239,12 @@ size_t dense_softmax_work_floats(uint32_t batch, uint32_t rows) {
     return 2 * size_t(batch) * blocks_for(rows, partial_columns) + 2 * size_t(batch);
 }
 
-template <class T>
-void dense_softmax_loss(const T* logits, const float* bias, uint32_t rows, uint32_t ld,
-                        const batch_csr& batch, float inv_batch, T* delta, float* bias_gradient,
-                        float* loss, float* work, cudaStream_t stream) {
+namespace {
+
+template <bool Logistic, class T>
+void dense_output_loss(const T* logits, const float* bias, uint32_t rows, uint32_t ld,
+                       const batch_csr& batch, float inv_batch, T* delta, float* bias_gradient,
+                       float* loss, float* work, cudaStream_t stream) {
     if (batch.size == 0) return;
     HSLIDE_ASSERT(rows > 0 && ld >= rows && ld % 8 == 0);
     HSLIDE_ASSERT(reinterpret_cast<uintptr_t>(bias) % 16 == 0);
@@ -223,15 +257,35 @@ void dense_softmax_loss(const T* logits, const float* bias, uint32_t rows, uint3
     float* part_sum = part_max + size_t(batch.size) * n_chunks;
     float* sample_max = part_sum + size_t(batch.size) * n_chunks;
     float* sample_inv_sum = sample_max + batch.size;
-    dense_partials_kernel<<<dim3(n_chunks, batch.size), partial_threads, 0, stream>>>(
+    dense_partials_kernel<Logistic><<<dim3(n_chunks, batch.size), partial_threads, 0, stream>>>(
         logits, bias, rows, ld, batch.label_offsets, n_chunks, part_max, part_sum);
     HSLIDE_CUDA_LAUNCH();
-    dense_combine_kernel<<<batch.size, combine_threads, 0, stream>>>(
+    dense_combine_kernel<Logistic><<<batch.size, combine_threads, 0, stream>>>(
         logits, bias, ld, batch, n_chunks, part_max, part_sum, sample_max, sample_inv_sum, loss);
     HSLIDE_CUDA_LAUNCH();
-    dense_gradient_kernel<<<blocks_for(ld, gradient_columns), gradient_threads, 0, stream>>>(
-        logits, bias, rows, ld, batch, sample_max, sample_inv_sum, inv_batch, delta, bias_gradient);
+    dense_gradient_kernel<Logistic>
+        <<<blocks_for(ld, gradient_columns), gradient_threads, 0, stream>>>(
+            logits, bias, rows, ld, batch, sample_max, sample_inv_sum, inv_batch, delta,
+            bias_gradient);
     HSLIDE_CUDA_LAUNCH();
+}
+
+}  // namespace
+
+template <class T>
+void dense_softmax_loss(const T* logits, const float* bias, uint32_t rows, uint32_t ld,
+                        const batch_csr& batch, float inv_batch, T* delta, float* bias_gradient,
+                        float* loss, float* work, cudaStream_t stream) {
+    dense_output_loss<false>(logits, bias, rows, ld, batch, inv_batch, delta, bias_gradient, loss,
+                             work, stream);
+}
+
+template <class T>
+void dense_logistic_loss(const T* logits, const float* bias, uint32_t rows, uint32_t ld,
+                         const batch_csr& batch, float inv_batch, T* delta, float* bias_gradient,
+                         float* loss, float* work, cudaStream_t stream) {
+    dense_output_loss<true>(logits, bias, rows, ld, batch, inv_batch, delta, bias_gradient, loss,
+                            work, stream);
 }
 
 template void dense_softmax_loss(const float*, const float*, uint32_t, uint32_t, const batch_csr&,
@@ -239,5 +293,10 @@ template void dense_softmax_loss(const float*, const float*, uint32_t, uint32_t,
 template void dense_softmax_loss(const __nv_bfloat16*, const float*, uint32_t, uint32_t,
                                  const batch_csr&, float, __nv_bfloat16*, float*, float*, float*,
                                  cudaStream_t);
+template void dense_logistic_loss(const float*, const float*, uint32_t, uint32_t, const batch_csr&,
+                                  float, float*, float*, float*, float*, cudaStream_t);
+template void dense_logistic_loss(const __nv_bfloat16*, const float*, uint32_t, uint32_t,
+                                  const batch_csr&, float, __nv_bfloat16*, float*, float*, float*,
+                                  cudaStream_t);
 
 }  // namespace hslide::gpu

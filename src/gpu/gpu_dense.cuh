@@ -45,7 +45,8 @@ inline uint32_t dense_leading_dimension(uint32_t rows) {
     return (rows + 7u) / 8u * 8u;
 }
 
-/// Floats of scratch dense_softmax_loss needs for a batch of `batch` samples.
+/// Floats of scratch dense_softmax_loss (and dense_logistic_loss) needs for a batch of `batch`
+/// samples.
 size_t dense_softmax_work_floats(uint32_t batch, uint32_t rows);
 
 /// The fused softmax + cross-entropy over every column: logits (batch x ld, bias not added,
@@ -57,5 +58,15 @@ template <class T>
 void dense_softmax_loss(const T* logits, const float* bias, uint32_t rows, uint32_t ld,
                         const batch_csr& batch, float inv_batch, T* delta, float* bias_gradient,
                         float* loss, float* work, cudaStream_t stream);
+
+/// dense_softmax_loss's counterpart for --loss logistic (loss.hpp), the same three kernels,
+/// layout and arguments: delta = sigmoid(logit + bias) - 1 on each label column (a label
+/// listed twice counts twice), loss[s] = the sum of softplus(logit + bias) over the row less
+/// the labels' logit + bias (the partials sum the chunks' softplus, the combine adds them in
+/// chunk order); the same bias gradient. logistic_loss_gradient (the CPU's) is its reference.
+template <class T>
+void dense_logistic_loss(const T* logits, const float* bias, uint32_t rows, uint32_t ld,
+                         const batch_csr& batch, float inv_batch, T* delta, float* bias_gradient,
+                         float* loss, float* work, cudaStream_t stream);
 
 }  // namespace hslide::gpu

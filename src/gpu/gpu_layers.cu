@@ -163,6 +163,38 @@ __global__ void softmax_loss_kernel(float* logits, const float* bias, const uint
     if (threadIdx.x == 0) loss[s] = sample_loss;
 }
 
+__global__ void logistic_loss_kernel(float* logits, const float* bias, const uint32_t* offsets,
+                                     uint32_t n_columns, bool labels_first, batch_csr batch,
+                                     float* delta, float* loss) {
+    __shared__ float scratch[64];
+    const uint32_t s = blockIdx.x;
+    const uint64_t begin = offsets ? offsets[s] : uint64_t(s) * n_columns;
+    const uint64_t end = offsets ? offsets[s + 1] : begin + n_columns;
+    const uint32_t label_begin = batch.label_offsets[s];
+    const uint32_t n_labels = batch.label_offsets[s + 1] - label_begin;
+    if (n_labels == 0 || end == begin) {
+        for (uint64_t e = begin + threadIdx.x; e < end; e += blockDim.x) delta[e] = 0.0f;
+        if (threadIdx.x == 0) loss[s] = 0.0f;
+        return;
+    }
+    float sample_loss = 0.0f;
+    for (uint64_t e = begin + threadIdx.x; e < end; e += blockDim.x) {
+        float l = logits[e];
+        if (!offsets && bias) logits[e] = l = l + bias[e - begin];
+        // softplus(l) = log(1 + e^l), written so that neither side overflows.
+        sample_loss += fmaxf(l, 0.0f) + log1pf(__expf(-fabsf(l)));
+        delta[e] = 1.0f / (1.0f + __expf(-l));
+    }
+    __syncthreads();  // the labels' logits and deltas may be other threads' entries
+    for (uint32_t i = threadIdx.x; i < n_labels; i += blockDim.x) {
+        const uint64_t e = labels_first ? begin + i : begin + batch.label_ids[label_begin + i];
+        atomicAdd(&delta[e], -1.0f);  // a label listed twice counts twice, whichever thread
+        sample_loss -= logits[e];
+    }
+    sample_loss = block_sum(sample_loss, scratch);
+    if (threadIdx.x == 0) loss[s] = sample_loss;
+}
+
 // Most warps of a backward block (one block a sample).
 constexpr int backward_max_warps = 16;
 
@@ -502,6 +534,15 @@ void softmax_loss(float* logits, const float* bias, const uint32_t* offsets, uin
     if (batch.size == 0) return;
     softmax_loss_kernel<<<batch.size, block_threads, 0, stream>>>(logits, bias, offsets, n_columns,
                                                                   labels_first, batch, delta, loss);
+    HSLIDE_CUDA_LAUNCH();
+}
+
+void logistic_loss(float* logits, const float* bias, const uint32_t* offsets, uint32_t n_columns,
+                   bool labels_first, const batch_csr& batch, float* delta, float* loss,
+                   cudaStream_t stream) {
+    if (batch.size == 0) return;
+    logistic_loss_kernel<<<batch.size, block_threads, 0, stream>>>(
+        logits, bias, offsets, n_columns, labels_first, batch, delta, loss);
     HSLIDE_CUDA_LAUNCH();
 }
 

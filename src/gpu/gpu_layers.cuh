@@ -76,6 +76,15 @@ void softmax_loss(float* logits, const float* bias, const uint32_t* offsets, uin
                   bool labels_first, const batch_csr& batch, float* delta, float* loss,
                   cudaStream_t stream);
 
+/// softmax_loss's counterpart for --loss logistic (loss.hpp), over the same entries and labels
+/// (the bias added alike): delta = sigmoid(logit) - 1 on each label (a label listed twice
+/// counts twice), sigmoid(logit) on the other entries; loss[s] = the sum of the entries'
+/// softplus(logit) less the labels' logits (0 without labels, delta 0 then too). One pass.
+/// logistic_loss_gradient (the CPU's) is its reference.
+void logistic_loss(float* logits, const float* bias, const uint32_t* offsets, uint32_t n_columns,
+                   bool labels_first, const batch_csr& batch, float* delta, float* loss,
+                   cudaStream_t stream);
+
 /// d_hidden[s] = relu'(hidden[s]) * sum_e delta[e] W[ids[e]] over sample s's entries.
 void sparse_output_backward(const layer_view& layer, bool bf16, const uint32_t* offsets,
                             const uint32_t* ids, const float* delta, const float* hidden,

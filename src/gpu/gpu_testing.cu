@@ -345,7 +345,7 @@ void dense_softmax_loss(const std::vector<float>& logits, const std::vector<floa
                         uint32_t rows, uint32_t batch, const std::vector<uint32_t>& label_offsets,
                         const std::vector<uint32_t>& label_ids, bool bf16,
                         std::vector<float>& delta, std::vector<float>& bias_gradient,
-                        std::vector<float>& loss) {
+                        std::vector<float>& loss, bool logistic) {
     const uint32_t ld = dense_leading_dimension(rows);
     HSLIDE_CHECK(logits.size() == size_t(batch) * ld && bias.size() == rows &&
                      label_offsets.size() == size_t(batch) + 1,
@@ -368,9 +368,11 @@ void dense_softmax_loss(const std::vector<float>& logits, const std::vector<floa
         for (size_t i = 0; i < n; ++i) typed[i] = T(logits[i]);
         const auto d_logits = to_device(typed, "test logits");
         device_array<T> d_delta(n, "test deltas");
-        dense_softmax_loss(d_logits.data(), d_bias.data(), rows, ld, csr, 1.0f / float(batch),
-                           d_delta.data(), d_bias_gradient.data(), d_loss.data(), work.data(),
-                           nullptr);
+        (logistic ? &gpu::dense_logistic_loss<T>
+                  : &gpu::dense_softmax_loss<T>)(d_logits.data(), d_bias.data(), rows, ld, csr,
+                                                 1.0f / float(batch), d_delta.data(),
+                                                 d_bias_gradient.data(), d_loss.data(), work.data(),
+                                                 nullptr);
         HSLIDE_CUDA_CHECK(cudaDeviceSynchronize());
         const auto out = to_host(d_delta.data(), n);
         delta.assign(n, 0.0f);
@@ -381,6 +383,38 @@ void dense_softmax_loss(const std::vector<float>& logits, const std::vector<floa
     else
         run(float{});
     bias_gradient = to_host(d_bias_gradient.data(), rows);
+    loss = to_host(d_loss.data(), batch);
+}
+
+void set_loss(const std::vector<float>& logits, const std::vector<float>& bias,
+              const std::vector<uint32_t>& offsets, uint32_t n_columns,
+              const std::vector<uint32_t>& label_offsets, const std::vector<uint32_t>& label_ids,
+              bool logistic, std::vector<float>& delta, std::vector<float>& loss) {
+    const uint32_t batch = uint32_t(label_offsets.size() - 1);
+    HSLIDE_CHECK(
+        label_offsets.size() >= 1 &&
+            (offsets.empty()
+                 ? logits.size() == size_t(batch) * n_columns && bias.size() == n_columns
+                 : offsets.size() == label_offsets.size() && logits.size() == offsets.back()),
+        "set_loss: inconsistent test inputs");
+    auto d_logits = to_device(logits, "test logits");
+    const auto d_bias = to_device(bias, "test bias");
+    const auto d_offsets = to_device(offsets, "test offsets");
+    const auto d_label_offsets = to_device(label_offsets, "test labels");
+    const auto d_labels = to_device(label_ids, "test labels");
+    device_array<float> d_delta(std::max<size_t>(logits.size(), 1), "test deltas");
+    device_array<float> d_loss(std::max<uint32_t>(batch, 1), "test losses");
+    batch_csr csr{};
+    csr.label_offsets = d_label_offsets.data();
+    csr.label_ids = d_labels.data();
+    csr.size = batch;
+    const uint32_t* o = offsets.empty() ? nullptr : d_offsets.data();
+    const float* b = offsets.empty() ? d_bias.data() : nullptr;
+    (logistic ? &gpu::logistic_loss : &gpu::softmax_loss)(d_logits.data(), b, o, n_columns,
+                                                          /*labels_first=*/!offsets.empty(), csr,
+                                                          d_delta.data(), d_loss.data(), nullptr);
+    HSLIDE_CUDA_CHECK(cudaDeviceSynchronize());
+    delta = to_host(d_delta.data(), logits.size());
     loss = to_host(d_loss.data(), batch);
 }
 

@@ -119,11 +119,21 @@ std::vector<double> hidden_gradient_share(const host_layer& layer, uint32_t widt
                                           const std::vector<float>& delta, uint32_t batch);
 
 uint32_t dense_ld(uint32_t rows);
+/// With `logistic`: dense_logistic_loss (gpu_dense.cuh) instead, on the same inputs.
 void dense_softmax_loss(const std::vector<float>& logits, const std::vector<float>& bias,
                         uint32_t rows, uint32_t batch, const std::vector<uint32_t>& label_offsets,
                         const std::vector<uint32_t>& label_ids, bool bf16,
                         std::vector<float>& delta, std::vector<float>& bias_gradient,
-                        std::vector<float>& loss);
+                        std::vector<float>& loss, bool logistic = false);
+
+/// The set losses (gpu_layers.cuh) on host inputs: softmax_loss, or logistic_loss with
+/// `logistic`, over each sample's entries [offsets[s], offsets[s + 1]) of `logits` (labels
+/// first), or with `offsets` empty over n_columns a sample, bias added, the labels by column.
+/// Returns the deltas and the per-sample losses (label_offsets: batch + 1 values).
+void set_loss(const std::vector<float>& logits, const std::vector<float>& bias,
+              const std::vector<uint32_t>& offsets, uint32_t n_columns,
+              const std::vector<uint32_t>& label_offsets, const std::vector<uint32_t>& label_ids,
+              bool logistic, std::vector<float>& delta, std::vector<float>& loss);
 
 /// score_top_k_fused's pilot_rows for "chosen from k and the layer" (gpu::fused_auto_pilot).
 constexpr uint32_t fused_auto_pilot = 0xffffffffu;

@@ -240,6 +240,13 @@ void validate(const model_config& model) {
     }
 }
 
+void validate(const model_config& model, const train_config& train) {
+    HSLIDE_CHECK(train.loss != output_loss::logistic || model.layers.empty() ||
+                     model.layers.back().fill_correction == 0.0f,
+                 "--fill-correction corrects the softmax over a set; with --loss logistic (the "
+                 "CPU's --loss auto) leave it at 0, or use --loss softmax");
+}
+
 void validate(const train_config& train) {
     HSLIDE_CHECK(train.epochs > 0, "--epochs must be at least 1 (in total, when resuming)");
     HSLIDE_CHECK(train.loss != output_loss::automatic,
