@@ -623,7 +623,7 @@ run_mpi_check() {
     [[ -f $work/data-tiny/test.txt ]] || "$root/bin/hslide" gen --preset tiny --out "$work/data-tiny" -q
     tiny=(--train "$work/data-tiny/train.txt" --test "$work/data-tiny/test.txt" --hidden 64 --seed 5
         --epochs 2 --threads 1 --no-progress --output-sparsity topk --top-k-search exact
-        --top-k 16 --min-active 64 --loss softmax)  # ranks train the softmax (--loss auto there)
+        --top-k 16 --min-active 64 --loss softmax)  # the loss these rows were first compared at
     rm -f "$work"/mpi-*.jsonl "$work"/mpi-strace*
     timeout -k 5 60 "$root/bin/hslide" train "${tiny[@]}" --metrics-out "$work/mpi-one.jsonl" \
         >"$work/mpi-one.log" 2>&1 || echo "one process: exit $? (mpi-one.log)" >>"$summary"
