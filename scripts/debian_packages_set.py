@@ -8,6 +8,8 @@ where seen in at least 2 packages; labels are kept where seen in at least 2 trai
 packages, and points left without a label are dropped; the split is 80/20 by a hash of the
 package name. `../shared/data/debian-recs` is this recipe over Recommends and Suggests
 (`--field Recommends+Suggests`, from another snapshot of the index and another split hash).
+`--field Tag` predicts a package's debtags instead (a few hundred labels, many a point; the
+tags are then left out of the features).
 
 Depends over bookworm main amd64 (2026-12): 43,408 train / 10,566 test points, 25,089
 features, 15,591 labels, 4.7 labels a point: the shape of the held-out power-law set issue 30
@@ -62,10 +64,18 @@ def stanzas(text):
         yield fields
 
 
+def tags_of(fields):
+    return {t.strip() for t in fields.get("Tag", "").split(",") if t.strip()}
+
+
 def packages_named(fields, names):
-    """The package names in the fields `names` ("a (>= 1) | b:any, c"): every alternative."""
+    """The package names in the fields `names` ("a (>= 1) | b:any, c"): every alternative;
+    for Tag, the debtags ("role::program, use::editing")."""
     out = set()
     for name in names:
+        if name == "Tag":
+            out |= tags_of(fields)
+            continue
         for relation in fields.get(name, "").split(","):
             for alternative in relation.split("|"):
                 package = alternative.strip().split(" ")[0].split(":")[0].split("(")[0]
@@ -74,14 +84,15 @@ def packages_named(fields, names):
     return out
 
 
-def features_of(fields):
+def features_of(fields, with_tags=True):
     name = fields["Package"]
     out = {"n=" + w for w in WORD.findall(name.lower().replace("-", " "))}
     out |= {"d=" + w for w in WORD.findall(fields.get("Description", "").lower())}
     for key, prefix in (("Section", "s="), ("Priority", "p="), ("Architecture", "a="),
                         ("Maintainer", "m=")):
         out.add(prefix + fields.get(key, ""))
-    out |= {"t=" + t.strip() for t in fields.get("Tag", "").split(",") if t.strip()}
+    if with_tags:
+        out |= {"t=" + t for t in tags_of(fields)}
     return out
 
 
@@ -96,7 +107,7 @@ def build(text, field_names):
             continue
         name = fields["Package"]
         test = int(hashlib.md5(name.encode()).hexdigest(), 16) % 5 == 0
-        rows.append((test, features_of(fields), labels))
+        rows.append((test, features_of(fields, "Tag" not in field_names), labels))
     feature_count = collections.Counter(f for _, fs, _ in rows for f in fs)
     label_count = collections.Counter(l for test, _, ls in rows if not test for l in ls)
     feature_id = {f: i for i, f in enumerate(sorted(f for f, c in feature_count.items() if c >= 2))}
