@@ -750,6 +750,20 @@ TEST(ShardTraining, GpuRanksOfADenseLayerTrainTheOneGpuRanksModel) {
                                            train, test, 3, precision_mode::bf16);
 }
 
+TEST(ShardTraining, GpuRanksWithTheLogisticLossTrainTheOneGpuRanksModel) {
+    // The members' deltas through sharded_set_logistic on the host, as the CPU ranks'.
+    HSLIDE_REQUIRE_GPU();
+    const dataset train = random_dataset(600, 60, 97, 11, 7),
+                  test = random_dataset(200, 60, 97, 12);
+    train_config logistic = small_training();
+    logistic.loss = output_loss::logistic;
+    logistic.learning_rate = logistic_learning_rate;
+    expect_gpu_ranks_train_one_ranks_model(small_model(sparsity_mode::topk), logistic, train, test,
+                                           2);
+    expect_gpu_ranks_train_one_ranks_model(small_model(sparsity_mode::dense), logistic, train, test,
+                                           3);
+}
+
 TEST(ShardTraining, GpuRanksOfAnExactTopKLayerTrainTheOneGpuRanksModel) {
     HSLIDE_REQUIRE_GPU();
     const dataset train = random_dataset(600, 60, 97, 11, 7),
