@@ -57,7 +57,8 @@
 #   scripts/gpu_check.sh peers              # on the GPU machine: the hardware comparison a
 #                                           # user would make (issue 30): napkinXC's default
 #                                           # label trees on all the host's cores beside hslide
-#                                           # --backend gpu with its defaults, on Debian-recs,
+#                                           # --backend gpu with its defaults and with --loss
+#                                           # logistic (the CPU's auto), on Debian-recs,
 #                                           # Bibtex and Corel5k; P@1, train seconds and
 #                                           # hslide's time to napkinXC's P@1 (the pack carries
 #                                           # napkinXC when packed with NAPKINXC=/path/to/nxc;
