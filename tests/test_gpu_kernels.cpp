@@ -467,6 +467,22 @@ dense_case make_dense_case(uint32_t rows, uint32_t batch, bool bf16, rng& gen) {
     return c;
 }
 
+/// Calls check(rows, batch, bf16, case) for each size the dense losses' tests cover (crossing
+/// the kernels' chunks: 8,192 columns a partial, 1,024 a gradient block, samples in groups of
+/// 4), in fp32 and bf16, with cases drawn from `seed`.
+template <class Check>
+void for_each_dense_case(uint64_t seed, Check&& check) {
+    rng gen(seed);
+    for (const uint32_t rows : {1u, 15u, 17u, 33u, 1001u, 8193u, 20011u})
+        for (const uint32_t batch : {1u, 6u, 9u})
+            for (const bool bf16 : {false, true}) {
+                SCOPED_TRACE("rows " + std::to_string(rows) + ", batch " + std::to_string(batch) +
+                             (bf16 ? ", bf16" : ", fp32"));
+                ASSERT_GE(gpu::testing::dense_ld(rows), rows);
+                check(rows, batch, bf16, make_dense_case(rows, batch, bf16, gen));
+            }
+}
+
 TEST(GpuDenseSoftmax, MatchesASoftmaxInDoublePrecisionOnAwkwardSizes) {
     // The dense output layer's fused softmax (gpu_dense.cuh): per sample the loss, per entry
     // delta = softmax(logit + bias) - (1/|y|) on labels, per column the batch-mean bias
@@ -476,67 +492,56 @@ TEST(GpuDenseSoftmax, MatchesASoftmaxInDoublePrecisionOnAwkwardSizes) {
     // sample with 300 labels takes more than one pass of its block's threads, one lists a label
     // twice (it counts twice, as in the shared softmax_loss).
     HSLIDE_REQUIRE_GPU();
-    rng gen(33);
-    for (const uint32_t rows : {1u, 15u, 17u, 33u, 1001u, 8193u, 20011u}) {
-        for (const uint32_t batch : {1u, 6u, 9u}) {
-            for (const bool bf16 : {false, true}) {
-                SCOPED_TRACE("rows " + std::to_string(rows) + ", batch " + std::to_string(batch) +
-                             (bf16 ? ", bf16" : ", fp32"));
-                const uint32_t ld = gpu::testing::dense_ld(rows);
-                ASSERT_GE(ld, rows);
-                const dense_case c = make_dense_case(rows, batch, bf16, gen);
-                const std::vector<float>&logits = c.logits, &bias = c.bias;
-                const std::vector<uint32_t>&offsets = c.offsets, &labels = c.labels;
-                std::vector<float> delta, bias_gradient, loss;
-                gpu::testing::dense_softmax_loss(logits, bias, rows, batch, offsets, labels, bf16,
-                                                 delta, bias_gradient, loss);
-                ASSERT_EQ(delta.size(), size_t(batch) * ld);
-                ASSERT_EQ(bias_gradient.size(), size_t(rows));
-                ASSERT_EQ(loss.size(), size_t(batch));
-                std::vector<double> want_bias(rows, 0.0), bias_tolerance(rows, 0.0);
-                for (uint32_t s = 0; s < batch; ++s) {
-                    const float* l = &logits[size_t(s) * ld];
-                    const uint32_t n_labels = offsets[s + 1] - offsets[s];
-                    for (uint32_t j = rows; j < ld; ++j)
-                        ASSERT_EQ(delta[size_t(s) * ld + j], 0.0f) << "padding of sample " << s;
-                    if (n_labels == 0) {
-                        EXPECT_EQ(loss[s], 0.0f) << "sample " << s;
-                        for (uint32_t j = 0; j < rows; ++j)
-                            ASSERT_EQ(delta[size_t(s) * ld + j], 0.0f) << "sample " << s;
-                        continue;
-                    }
-                    double m = -INFINITY, z = 0;
-                    for (uint32_t j = 0; j < rows; ++j) m = std::max(m, double(l[j]) + bias[j]);
-                    for (uint32_t j = 0; j < rows; ++j) z += std::exp(double(l[j]) + bias[j] - m);
-                    const double log_z = m + std::log(z), target = 1.0 / n_labels;
-                    std::vector<double> want(rows);
-                    double want_loss = 0;
-                    for (uint32_t j = 0; j < rows; ++j)
-                        want[j] = std::exp(double(l[j]) + bias[j] - log_z);
-                    for (uint32_t i = offsets[s]; i < offsets[s + 1]; ++i) {
-                        want[labels[i]] -= target;
-                        want_loss -= target * (double(l[labels[i]]) + bias[labels[i]] - log_z);
-                    }
-                    EXPECT_NEAR(loss[s], want_loss, 1e-4 * std::max(1.0, std::abs(want_loss)))
-                        << "sample " << s;
-                    for (uint32_t j = 0; j < rows; ++j) {
-                        // __expf and float sums: about 1e-5 relative of the probability.
-                        const double p = std::exp(double(l[j]) + bias[j] - log_z);
-                        const double tolerance = 1e-6 + 1e-4 * (p + std::abs(want[j])) +
-                                                 (bf16 ? std::ldexp(std::abs(want[j]), -8) : 0.0);
-                        ASSERT_NEAR(delta[size_t(s) * ld + j], want[j], tolerance)
-                            << "sample " << s << ", column " << j;
-                        want_bias[j] += want[j] / batch;
-                        bias_tolerance[j] += (1e-6 + 1e-4 * (p + std::abs(want[j]))) / batch;
-                    }
-                }
-                // The bias gradient comes from the fp32 deltas, before any rounding to bf16.
+    for_each_dense_case(33, [](uint32_t rows, uint32_t batch, bool bf16, const dense_case& c) {
+        const uint32_t ld = gpu::testing::dense_ld(rows);
+        const std::vector<float>&logits = c.logits, &bias = c.bias;
+        const std::vector<uint32_t>&offsets = c.offsets, &labels = c.labels;
+        std::vector<float> delta, bias_gradient, loss;
+        gpu::testing::dense_softmax_loss(logits, bias, rows, batch, offsets, labels, bf16, delta,
+                                         bias_gradient, loss);
+        ASSERT_EQ(delta.size(), size_t(batch) * ld);
+        ASSERT_EQ(bias_gradient.size(), size_t(rows));
+        ASSERT_EQ(loss.size(), size_t(batch));
+        std::vector<double> want_bias(rows, 0.0), bias_tolerance(rows, 0.0);
+        for (uint32_t s = 0; s < batch; ++s) {
+            const float* l = &logits[size_t(s) * ld];
+            const uint32_t n_labels = offsets[s + 1] - offsets[s];
+            for (uint32_t j = rows; j < ld; ++j)
+                ASSERT_EQ(delta[size_t(s) * ld + j], 0.0f) << "padding of sample " << s;
+            if (n_labels == 0) {
+                EXPECT_EQ(loss[s], 0.0f) << "sample " << s;
                 for (uint32_t j = 0; j < rows; ++j)
-                    ASSERT_NEAR(bias_gradient[j], want_bias[j], bias_tolerance[j] + 1e-7)
-                        << "column " << j;
+                    ASSERT_EQ(delta[size_t(s) * ld + j], 0.0f) << "sample " << s;
+                continue;
+            }
+            double m = -INFINITY, z = 0;
+            for (uint32_t j = 0; j < rows; ++j) m = std::max(m, double(l[j]) + bias[j]);
+            for (uint32_t j = 0; j < rows; ++j) z += std::exp(double(l[j]) + bias[j] - m);
+            const double log_z = m + std::log(z), target = 1.0 / n_labels;
+            std::vector<double> want(rows);
+            double want_loss = 0;
+            for (uint32_t j = 0; j < rows; ++j) want[j] = std::exp(double(l[j]) + bias[j] - log_z);
+            for (uint32_t i = offsets[s]; i < offsets[s + 1]; ++i) {
+                want[labels[i]] -= target;
+                want_loss -= target * (double(l[labels[i]]) + bias[labels[i]] - log_z);
+            }
+            EXPECT_NEAR(loss[s], want_loss, 1e-4 * std::max(1.0, std::abs(want_loss)))
+                << "sample " << s;
+            for (uint32_t j = 0; j < rows; ++j) {
+                // __expf and float sums: about 1e-5 relative of the probability.
+                const double p = std::exp(double(l[j]) + bias[j] - log_z);
+                const double tolerance = 1e-6 + 1e-4 * (p + std::abs(want[j])) +
+                                         (bf16 ? std::ldexp(std::abs(want[j]), -8) : 0.0);
+                ASSERT_NEAR(delta[size_t(s) * ld + j], want[j], tolerance)
+                    << "sample " << s << ", column " << j;
+                want_bias[j] += want[j] / batch;
+                bias_tolerance[j] += (1e-6 + 1e-4 * (p + std::abs(want[j]))) / batch;
             }
         }
-    }
+        // The bias gradient comes from the fp32 deltas, before any rounding to bf16.
+        for (uint32_t j = 0; j < rows; ++j)
+            ASSERT_NEAR(bias_gradient[j], want_bias[j], bias_tolerance[j] + 1e-7) << "column " << j;
+    });
 }
 
 TEST(GpuDenseSoftmax, TheLogisticLossMatchesTheCpuReferenceOnAwkwardSizes) {
@@ -546,55 +551,45 @@ TEST(GpuDenseSoftmax, TheLogisticLossMatchesTheCpuReferenceOnAwkwardSizes) {
     // logistic_loss_gradient over each row + bias is the reference (__expf against std::exp:
     // about 1e-6 relative; the loss a float sum of up to 20,011 terms).
     HSLIDE_REQUIRE_GPU();
-    rng gen(35);
-    for (const uint32_t rows : {1u, 15u, 17u, 33u, 1001u, 8193u, 20011u}) {
-        for (const uint32_t batch : {1u, 6u, 9u}) {
-            for (const bool bf16 : {false, true}) {
-                SCOPED_TRACE("rows " + std::to_string(rows) + ", batch " + std::to_string(batch) +
-                             (bf16 ? ", bf16" : ", fp32"));
-                const uint32_t ld = gpu::testing::dense_ld(rows);
-                const dense_case c = make_dense_case(rows, batch, bf16, gen);
-                std::vector<float> delta, bias_gradient, loss;
-                gpu::testing::dense_softmax_loss(c.logits, c.bias, rows, batch, c.offsets, c.labels,
-                                                 bf16, delta, bias_gradient, loss,
-                                                 /*logistic=*/true);
-                ASSERT_EQ(delta.size(), size_t(batch) * ld);
-                std::vector<double> want_bias(rows, 0.0);
-                for (uint32_t s = 0; s < batch; ++s) {
-                    for (uint32_t j = rows; j < ld; ++j)
-                        ASSERT_EQ(delta[size_t(s) * ld + j], 0.0f) << "padding of sample " << s;
-                    const uint32_t n_labels = c.offsets[s + 1] - c.offsets[s];
-                    if (n_labels == 0) {
-                        EXPECT_EQ(loss[s], 0.0f) << "sample " << s;
-                        for (uint32_t j = 0; j < rows; ++j)
-                            ASSERT_EQ(delta[size_t(s) * ld + j], 0.0f) << "sample " << s;
-                        continue;
-                    }
-                    std::vector<float> z(rows), want(rows);
-                    double magnitude = 0;
-                    for (uint32_t j = 0; j < rows; ++j) {
-                        z[j] = c.logits[size_t(s) * ld + j] + c.bias[j];
-                        magnitude += std::abs(z[j]) + 1;
-                    }
-                    const double want_loss = logistic_loss_gradient(
-                        z.data(), rows, c.labels.data() + c.offsets[s], n_labels, want.data());
-                    EXPECT_NEAR(loss[s], want_loss, 1e-5 * magnitude) << "sample " << s;
-                    for (uint32_t j = 0; j < rows; ++j) {
-                        const double tolerance =
-                            2e-6 + 1e-5 * std::abs(want[j]) +
-                            (bf16 ? std::ldexp(std::abs(double(want[j])), -8) : 0.0);
-                        ASSERT_NEAR(delta[size_t(s) * ld + j], want[j], tolerance)
-                            << "sample " << s << ", column " << j;
-                        want_bias[j] += double(want[j]) / batch;
-                    }
-                }
+    for_each_dense_case(35, [](uint32_t rows, uint32_t batch, bool bf16, const dense_case& c) {
+        const uint32_t ld = gpu::testing::dense_ld(rows);
+        std::vector<float> delta, bias_gradient, loss;
+        gpu::testing::dense_softmax_loss(c.logits, c.bias, rows, batch, c.offsets, c.labels, bf16,
+                                         delta, bias_gradient, loss,
+                                         /*logistic=*/true);
+        ASSERT_EQ(delta.size(), size_t(batch) * ld);
+        std::vector<double> want_bias(rows, 0.0);
+        for (uint32_t s = 0; s < batch; ++s) {
+            for (uint32_t j = rows; j < ld; ++j)
+                ASSERT_EQ(delta[size_t(s) * ld + j], 0.0f) << "padding of sample " << s;
+            const uint32_t n_labels = c.offsets[s + 1] - c.offsets[s];
+            if (n_labels == 0) {
+                EXPECT_EQ(loss[s], 0.0f) << "sample " << s;
                 for (uint32_t j = 0; j < rows; ++j)
-                    ASSERT_NEAR(bias_gradient[j], want_bias[j],
-                                2e-6 + 1e-5 * std::abs(want_bias[j]))
-                        << "column " << j;
+                    ASSERT_EQ(delta[size_t(s) * ld + j], 0.0f) << "sample " << s;
+                continue;
+            }
+            std::vector<float> z(rows), want(rows);
+            double magnitude = 0;
+            for (uint32_t j = 0; j < rows; ++j) {
+                z[j] = c.logits[size_t(s) * ld + j] + c.bias[j];
+                magnitude += std::abs(z[j]) + 1;
+            }
+            const double want_loss = logistic_loss_gradient(
+                z.data(), rows, c.labels.data() + c.offsets[s], n_labels, want.data());
+            EXPECT_NEAR(loss[s], want_loss, 1e-5 * magnitude) << "sample " << s;
+            for (uint32_t j = 0; j < rows; ++j) {
+                const double tolerance = 2e-6 + 1e-5 * std::abs(want[j]) +
+                                         (bf16 ? std::ldexp(std::abs(double(want[j])), -8) : 0.0);
+                ASSERT_NEAR(delta[size_t(s) * ld + j], want[j], tolerance)
+                    << "sample " << s << ", column " << j;
+                want_bias[j] += double(want[j]) / batch;
             }
         }
-    }
+        for (uint32_t j = 0; j < rows; ++j)
+            ASSERT_NEAR(bias_gradient[j], want_bias[j], 2e-6 + 1e-5 * std::abs(want_bias[j]))
+                << "column " << j;
+    });
 }
 
 TEST(GpuLayers, SetLogisticLossMatchesTheCpuReferenceOnAwkwardSizes) {

@@ -126,27 +126,52 @@ __global__ void sparse_output_forward_kernel(const W* weights, const float* bias
     if (lane == 0) logits[e] = acc + bias[j];
 }
 
+// Block s's sample in the set losses' layout (softmax_loss in gpu_layers.cuh): its entries
+// [begin, end) and its labels. An untrained one (no labels, or no entries) gets deltas and loss
+// 0 here and trained() false.
+struct set_sample {
+    uint32_t s;
+    uint64_t begin, end;
+    uint32_t label_begin, n_labels;
+
+    __device__ set_sample(const uint32_t* offsets, uint32_t n_columns, const batch_csr& batch)
+        : s(blockIdx.x),
+          begin(offsets ? offsets[s] : uint64_t(s) * n_columns),
+          end(offsets ? offsets[s + 1] : begin + n_columns),
+          label_begin(batch.label_offsets[s]),
+          n_labels(batch.label_offsets[s + 1] - label_begin) {}
+
+    __device__ bool trained(float* delta, float* loss) const {
+        if (n_labels > 0 && end > begin) return true;
+        for (uint64_t e = begin + threadIdx.x; e < end; e += blockDim.x) delta[e] = 0.0f;
+        if (threadIdx.x == 0) loss[s] = 0.0f;
+        return false;
+    }
+    // Entry e's logit, the column's bias added first (stored back) where the entries are the
+    // dense columns; read once per entry, by the thread that owns it.
+    __device__ float logit(float* logits, const float* bias, const uint32_t* offsets,
+                           uint64_t e) const {
+        if (offsets || !bias) return logits[e];
+        return logits[e] += bias[e - begin];
+    }
+    // The entry of label i: the i-th entry with the labels first, else the label's column.
+    __device__ uint64_t label_entry(uint32_t i, bool labels_first, const batch_csr& batch) const {
+        return labels_first ? begin + i : begin + batch.label_ids[label_begin + i];
+    }
+};
+
 __global__ void softmax_loss_kernel(float* logits, const float* bias, const uint32_t* offsets,
                                     uint32_t n_columns, bool labels_first, batch_csr batch,
                                     float* delta, float* loss) {
     __shared__ float scratch[64];
-    const uint32_t s = blockIdx.x;
-    const uint64_t begin = offsets ? offsets[s] : uint64_t(s) * n_columns;
-    const uint64_t end = offsets ? offsets[s + 1] : begin + n_columns;
-    const uint32_t label_begin = batch.label_offsets[s];
-    const uint32_t n_labels = batch.label_offsets[s + 1] - label_begin;
-    if (n_labels == 0 || end == begin) {
-        for (uint64_t e = begin + threadIdx.x; e < end; e += blockDim.x) delta[e] = 0.0f;
-        if (threadIdx.x == 0) loss[s] = 0.0f;
-        return;
-    }
+    const set_sample x(offsets, n_columns, batch);
+    if (!x.trained(delta, loss)) return;
+    const uint64_t begin = x.begin, end = x.end;
+    const uint32_t n_labels = x.n_labels;
     // Online maximum: the maximum and the partition function in one pass over the logits.
     max_sum ms;
-    for (uint64_t e = begin + threadIdx.x; e < end; e += blockDim.x) {
-        float l = logits[e];
-        if (!offsets && bias) logits[e] = l = l + bias[e - begin];
-        ms = max_sum_add(ms, l);
-    }
+    for (uint64_t e = begin + threadIdx.x; e < end; e += blockDim.x)
+        ms = max_sum_add(ms, x.logit(logits, bias, offsets, e));
     ms = block_combine_shared(ms, scratch);
     const float m = ms.max, inv_sum = 1.0f / ms.sum, log_partition = m + logf(ms.sum);
     for (uint64_t e = begin + threadIdx.x; e < end; e += blockDim.x)
@@ -155,44 +180,36 @@ __global__ void softmax_loss_kernel(float* logits, const float* bias, const uint
     const float target = 1.0f / float(n_labels);
     float sample_loss = 0.0f;
     for (uint32_t i = threadIdx.x; i < n_labels; i += blockDim.x) {
-        const uint64_t e = labels_first ? begin + i : begin + batch.label_ids[label_begin + i];
+        const uint64_t e = x.label_entry(i, labels_first, batch);
         delta[e] -= target;
         sample_loss -= target * (logits[e] - log_partition);
     }
     sample_loss = block_sum(sample_loss, scratch);
-    if (threadIdx.x == 0) loss[s] = sample_loss;
+    if (threadIdx.x == 0) loss[x.s] = sample_loss;
 }
 
 __global__ void logistic_loss_kernel(float* logits, const float* bias, const uint32_t* offsets,
                                      uint32_t n_columns, bool labels_first, batch_csr batch,
                                      float* delta, float* loss) {
     __shared__ float scratch[64];
-    const uint32_t s = blockIdx.x;
-    const uint64_t begin = offsets ? offsets[s] : uint64_t(s) * n_columns;
-    const uint64_t end = offsets ? offsets[s + 1] : begin + n_columns;
-    const uint32_t label_begin = batch.label_offsets[s];
-    const uint32_t n_labels = batch.label_offsets[s + 1] - label_begin;
-    if (n_labels == 0 || end == begin) {
-        for (uint64_t e = begin + threadIdx.x; e < end; e += blockDim.x) delta[e] = 0.0f;
-        if (threadIdx.x == 0) loss[s] = 0.0f;
-        return;
-    }
+    const set_sample x(offsets, n_columns, batch);
+    if (!x.trained(delta, loss)) return;
+    const uint64_t begin = x.begin, end = x.end;
     float sample_loss = 0.0f;
     for (uint64_t e = begin + threadIdx.x; e < end; e += blockDim.x) {
-        float l = logits[e];
-        if (!offsets && bias) logits[e] = l = l + bias[e - begin];
+        const float l = x.logit(logits, bias, offsets, e);
         // softplus(l) = log(1 + e^l), written so that neither side overflows.
         sample_loss += fmaxf(l, 0.0f) + log1pf(__expf(-fabsf(l)));
         delta[e] = 1.0f / (1.0f + __expf(-l));
     }
     __syncthreads();  // the labels' logits and deltas may be other threads' entries
-    for (uint32_t i = threadIdx.x; i < n_labels; i += blockDim.x) {
-        const uint64_t e = labels_first ? begin + i : begin + batch.label_ids[label_begin + i];
+    for (uint32_t i = threadIdx.x; i < x.n_labels; i += blockDim.x) {
+        const uint64_t e = x.label_entry(i, labels_first, batch);
         atomicAdd(&delta[e], -1.0f);  // a label listed twice counts twice, whichever thread
         sample_loss -= logits[e];
     }
     sample_loss = block_sum(sample_loss, scratch);
-    if (threadIdx.x == 0) loss[s] = sample_loss;
+    if (threadIdx.x == 0) loss[x.s] = sample_loss;
 }
 
 // Most warps of a backward block (one block a sample).
