@@ -282,6 +282,11 @@ expect_failure eval_missing_model "error on rank 1 of 2: missing.ckpt" \
 expect_failure other_seed "the ranks disagree on --seed (rank 0: 1, rank 1: 2)" \
     mpirun --oversubscribe -np 1 "$hslide" train "${one_rank[@]}" --seed 1 : \
     -np 1 "$hslide" train "${one_rank[@]}" --seed 2
+# --loss auto (the logistic loss on cpu ranks) beside a rank given the softmax: named, not hung
+# (the ranks' collective choice of auto is taken by every rank, whatever its --loss).
+expect_failure other_loss "the ranks disagree on --loss" \
+    mpirun --oversubscribe -np 1 "$hslide" train "${one_rank[@]}" : \
+    -np 1 "$hslide" train "${one_rank[@]}" --loss softmax
 expect_failure lsh_catch_up "--adam catch-up: an LSH output layer sharded" "${mpi2[@]}" \
     "$hslide" train "${one_rank[@]}" --output-sparsity lsh --adam catch-up
 expect_failure dense_backend "only --backend cpu and --backend gpu" "${mpi2[@]}" "$hslide" train \

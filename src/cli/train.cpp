@@ -169,12 +169,14 @@ int run_train(int argc, char** argv) {
     }
     check_model_dimensions(d.train);
     const bool automatic_batch = tc.batch_size == 0;
-    if (sharded && tc.loss == output_loss::automatic) {
+    if (sharded) {
         // MPMD ranks may run kinds that differ: auto is the logistic loss where it is every
-        // rank's backend's default.
+        // rank's backend's default. A collective every rank takes, whatever its --loss (a rank
+        // given another is named by the check of --loss below).
         float lacks_logistic = backend_entry_of(kind).caps.logistic_loss_by_default ? 0.0f : 1.0f;
         comm.all_reduce_max(&lacks_logistic, 1);
-        tc.loss = lacks_logistic == 0.0f ? output_loss::logistic : output_loss::softmax;
+        if (tc.loss == output_loss::automatic)
+            tc.loss = lacks_logistic == 0.0f ? output_loss::logistic : output_loss::softmax;
     }
     resolve_auto_training(tc, kind, sharded, d.train.size());
     validate(tc);
