@@ -29,8 +29,9 @@ struct model_state;  // model.hpp (which includes config.hpp, which includes thi
 enum class output_loss {
     softmax,   ///< cross-entropy of the set's softmax against the labels (1 / |Y| each)
     logistic,  ///< a binary cross-entropy per member: 1 for a label, 0 for the others
-    /// The front ends' default (--loss auto): logistic where the backend trains it (on every
-    /// rank of a sharded run: resolve_auto_training in backend_registry.hpp), else softmax.
+    /// The front ends' default (--loss auto): logistic where it is the backend's default (on
+    /// every rank of a sharded run: resolve_auto_training in backend_registry.hpp), else
+    /// softmax.
     automatic,
 };
 output_loss parse_output_loss(const std::string& name);

@@ -102,10 +102,10 @@ void gpu_backend::dense_softmax(uint32_t batch, const batch_csr& csr, float inv_
     dense_softmax_work_.reserve(dense_softmax_work_floats(batch, out.rows), "dense softmax");
     auto run = [&](const auto* logits, auto* delta) {
         using T = std::remove_pointer_t<decltype(delta)>;  // float or __nv_bfloat16
-        const auto loss =
+        const auto fused_loss =
             train_.loss == output_loss::logistic ? &dense_logistic_loss<T> : &dense_softmax_loss<T>;
-        loss(logits, out.bias.data(), out.rows, ld, csr, inv_batch, delta, bias_gradient_.data(),
-             loss_.data(), dense_softmax_work_.data(), stream_);
+        fused_loss(logits, out.bias.data(), out.rows, ld, csr, inv_batch, delta,
+                   bias_gradient_.data(), loss_.data(), dense_softmax_work_.data(), stream_);
     };
     if (use_bf16()) {
         delta16_.reserve(size_t(batch) * ld, "bf16 output gradients");

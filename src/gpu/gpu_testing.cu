@@ -390,13 +390,12 @@ void set_loss(const std::vector<float>& logits, const std::vector<float>& bias,
               const std::vector<uint32_t>& offsets, uint32_t n_columns,
               const std::vector<uint32_t>& label_offsets, const std::vector<uint32_t>& label_ids,
               bool logistic, std::vector<float>& delta, std::vector<float>& loss) {
+    HSLIDE_CHECK(!label_offsets.empty(), "set_loss: no label offsets");
     const uint32_t batch = uint32_t(label_offsets.size() - 1);
-    HSLIDE_CHECK(
-        label_offsets.size() >= 1 &&
-            (offsets.empty()
-                 ? logits.size() == size_t(batch) * n_columns && bias.size() == n_columns
-                 : offsets.size() == label_offsets.size() && logits.size() == offsets.back()),
-        "set_loss: inconsistent test inputs");
+    HSLIDE_CHECK((offsets.empty()
+                      ? logits.size() == size_t(batch) * n_columns && bias.size() == n_columns
+                      : offsets.size() == label_offsets.size() && logits.size() == offsets.back()),
+                 "set_loss: inconsistent test inputs");
     auto d_logits = to_device(logits, "test logits");
     const auto d_bias = to_device(bias, "test bias");
     const auto d_offsets = to_device(offsets, "test offsets");
