@@ -45,13 +45,14 @@ constexpr float softmax_learning_rate = 3e-3f;
 constexpr float logistic_learning_rate = 5e-3f;
 
 /// --batch-size's auto (0): the batch the rates above were measured at, 128, doubled to 256
-/// under the logistic loss on at least this many training points (64 steps of 256 an epoch).
-/// Measured (bench/peers.md, 2026-12-07, fourth session; seeds 1-3, the rate times sqrt(2)):
+/// under the logistic loss on at least this many training points (32 steps of 256 an epoch).
+/// Measured (bench/peers.md, 2026-12-07, fourth and fifth sessions; the rate times sqrt(2)):
 /// Debian's Depends (41k points) P@1 0.8506 -> 0.8521 in 5-6 epochs of 2.3 s instead of 6 of
-/// 2.8; the Amazon-670K shape at --scale 0.05 (23k) 0.7471 -> 0.7462 in 13% less time; on the
-/// small sets fewer steps an epoch lose (Bibtex 4.9k points: 0.6277 -> 0.6237, Corel5k 0.407
-/// -> 0.385) and Debian-recs (10k) gains nothing (0.5092 -> 0.5082).
-constexpr uint64_t large_batch_points = 16384;
+/// 2.8; the Amazon-670K shape at --scale 0.05 (23k) 0.7471 -> 0.7462 in 13% less time;
+/// Debian-recs (10k) the same P@1 over seeds 1-6 (0.5109 -> 0.5103) in 12-26% less time to
+/// the kept epoch; on the small sets fewer steps an epoch lose (Bibtex 4.6k points: 0.6277 ->
+/// 0.6237, Corel5k 4.3k: 0.407 -> 0.385).
+constexpr uint64_t large_batch_points = 8192;
 constexpr uint32_t base_batch_size = 128;
 
 /// The batch --batch-size auto resolves to for `loss` over `training_points` points: 256 for

@@ -107,7 +107,7 @@ std::vector<option_spec> make_table() {
              "model; or N: exactly N epochs on all the points (in total, when resuming)",
              HSLIDE_FIELD(epochs), {}, {}, both),
         spec("batch-size", group::essentials,
-             "samples per step (0 = auto: 256 with --loss logistic on 16,384 training points or "
+             "samples per step (0 = auto: 256 with --loss logistic on 8,192 training points or "
              "more, else 128; with --lr auto the rate then grows by the square-root rule)",
              HSLIDE_FIELD(train.batch_size), {}, non_negative(), both),
         // Range checked by validate(train_config), which names a non-finite value plainly.
