@@ -276,13 +276,14 @@ int run_train(int argc, char** argv) {
         shard = make_output_shard(comm, std::move(bounds));
         initial =
             model_state::create_shard(config, tc.seed, tc.adam_moments, shard.first, shard.count);
-        if (tc.loss == output_loss::logistic) start_at_label_prior(initial, d.train);
     } else {
         initial = model_state::create(make_model_config(mopt, uint32_t(d.train.n_features),
                                                         output_rows(d.train, rows), &output_choice),
                                       tc.seed, tc.adam_moments);
-        if (tc.loss == output_loss::logistic) start_at_label_prior(initial, d.train);
     }
+    // A new model under the logistic loss (a rank's shard too) starts at the labels' prior.
+    if (resume_path.empty() && tc.loss == output_loss::logistic)
+        start_at_label_prior(initial, d.train);
     // Every set in row ids from here on (a resumed run's training set already is).
     if (resume_path.empty()) labels_to_rows(d.train, rows);
     labels_to_rows(d.test, rows);

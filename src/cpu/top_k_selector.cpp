@@ -50,9 +50,9 @@ void top_k_selector::select(selection_batch& batch, stage_times& times) {
     HSLIDE_ASSERT(!shard_.sharded() || chunk == shard_merge_chunk(k));
     const bool with_log_partition = computes_log_partition();
     double merge_seconds = 0;  // the merges' collectives: the step's transfer, not this stage
+    const bool reuse = reuse_steps_ > 0 && batch.training;
     for (uint32_t begin = 0; begin < batch.size; begin += chunk) {
         const uint32_t n = std::min(chunk, batch.size - begin);
-        const bool reuse = reuse_steps_ > 0 && batch.training;
         searching_.clear();
         for (uint32_t j = 0; j < n; ++j)
             if (!reuse || !reusable(batch.samples[begin + j].key, batch.step))
@@ -111,12 +111,10 @@ void top_k_selector::import_candidates(const candidate_cache& cache) {
                  "the checkpoint's reused candidates are {} a point for {} points in {} ids, and "
                  "this output layer keeps {}",
                  cache.width, cache.points(), cache.ids.size(), top_k());
-    if (cache.empty()) {
-        kept_ = candidate_cache{};
-        kept_.width = top_k();
-    } else {
+    if (cache.empty())
+        set_candidate_reuse(reuse_steps_);  // nothing kept yet
+    else
         kept_ = cache;
-    }
 }
 
 bool top_k_selector::reusable(uint32_t key, uint64_t step) const {

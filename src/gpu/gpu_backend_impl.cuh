@@ -234,7 +234,7 @@ class gpu_backend final : public backend, public row_transfer {
     void dense_logits(uint32_t batch, void* logits, cudaDataType_t type, uint32_t ld);
     /// The dense step's loss, output deltas and bias gradient from its logits (rows of
     /// dense_leading_dimension values: logits_ and delta_, or logits16_ and delta16_ in bf16).
-    void dense_softmax(uint32_t batch, const batch_csr& csr, float inv_batch);
+    void dense_loss(uint32_t batch, const batch_csr& csr, float inv_batch);
     void dense_backward_and_update(uint32_t batch, float inv_batch, const adam_params& adam);
     /// Allocates what first_layer_update needs, before any update of the step is queued: an
     /// out-of-memory error then leaves the model as it was, never half a step.

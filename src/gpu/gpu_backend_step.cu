@@ -93,7 +93,7 @@ void gpu_backend::dense_logits(uint32_t batch, void* logits, cudaDataType_t type
     }
 }
 
-void gpu_backend::dense_softmax(uint32_t batch, const batch_csr& csr, float inv_batch) {
+void gpu_backend::dense_loss(uint32_t batch, const batch_csr& csr, float inv_batch) {
     const device_layer& out = layers_[1];
     const uint32_t ld = dense_leading_dimension(out.rows);
     // The gradient in the precision of the logits, which the backward products consume; the
@@ -122,14 +122,14 @@ void gpu_backend::dense_backward_and_update(uint32_t batch, float inv_batch,
     const float one = 1.0f, zero = 0.0f;
     const int rows = int(out.rows), width = int(out.width), stride = int(out.stride);
     const int hstride = int(layers_[0].stride), b = int(batch);
-    const int ld = int(dense_leading_dimension(out.rows));  // of the deltas (dense_softmax)
+    const int ld = int(dense_leading_dimension(out.rows));  // of the deltas (dense_loss)
     const size_t value_bytes = use_bf16() ? 2 : 4;          // of the deltas and the weight gradient
     // d_hidden (column-major stride x batch) = W^T . delta; the padding rows stay zero.
     d_hidden_.zero(stream_);
     void* gradient = nullptr;  // dW, column-major stride x rows
     if (use_bf16()) {
         // Mixed precision as AMP training does it: all three products on the tensor cores,
-        // the logits and deltas in bf16 (dense_softmax wrote them so), and the weight gradient
+        // the logits and deltas in bf16 (dense_loss wrote them so), and the weight gradient
         // written in bf16 for Adam, as autocast's linear layers produce theirs (half the bytes
         // of an fp32 one, written and read once a step: 2 x 171 MB at Amazon-670K). The CPU's
         // bf16 path keeps logits, deltas and gradients in fp32, so here the two differ by
@@ -161,7 +161,7 @@ void gpu_backend::dense_backward_and_update(uint32_t batch, float inv_batch,
         HSLIDE_CUDA_CHECK(cudaMemset2DAsync(
             static_cast<char*>(gradient) + width * value_bytes, size_t(stride) * value_bytes, 0,
             size_t(stride - width) * value_bytes, size_t(rows), stream_));
-    // The bias gradient came with the deltas (dense_softmax).
+    // The bias gradient came with the deltas (dense_loss).
     if (use_bf16())
         dense_adam(out.view(), dense_gradient16_.data(), bias_gradient_.data(), adam, stream_);
     else
@@ -321,7 +321,7 @@ step_report gpu_backend::train_batch(const batch_view& batch, float learning_rat
             logits_.reserve(size_t(b) * ld, "dense logits");
             dense_logits(b, logits_.data(), CUDA_R_32F, ld);
         }
-        dense_softmax(b, csr, inv_batch);
+        dense_loss(b, csr, inv_batch);
         HSLIDE_CUDA_CHECK(cudaEventRecord(events[5], stream_));
     }
 

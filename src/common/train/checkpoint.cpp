@@ -129,13 +129,13 @@ checkpoint_contents load_checkpoint(const std::string& path) {
         c.trainer.epochs_auto = t.value("epochs_auto", false);
         c.trainer.best_epoch = detail::json_integer_or<uint32_t>(t, "best_epoch", 0);
         c.trainer.best_value = t.value("best_value", 0.0);
-        c.candidates.width = detail::json_integer_or<uint32_t>(meta, "candidates_width", 0);
         c.trainer.improved_epoch =
             detail::json_integer_or<uint32_t>(t, "improved_epoch", c.trainer.best_epoch);
         c.trainer.improved_value = t.value("improved_value", c.trainer.best_value);
         c.trainer.lr_drops = detail::json_integer_or<uint32_t>(t, "lr_drops", 0);
         c.trainer.lr_dropped_after = detail::json_integer_or<uint32_t>(t, "lr_dropped_after", 0);
         c.train_points = detail::json_integer_or<uint64_t>(meta, "train_points", 0);
+        c.candidates.width = detail::json_integer_or<uint32_t>(meta, "candidates_width", 0);
         if (meta.contains("output_shard")) {
             // One rank's rows of the output layer: [first, first + count) of `rows`.
             const auto& shard = meta.at("output_shard");
