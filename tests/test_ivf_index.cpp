@@ -15,6 +15,8 @@
 #include "hslide/rng.hpp"
 #include "test_util.hpp"
 
+#include <fmt/format.h>
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -521,38 +523,46 @@ TEST(IvfScoring, ProbingEveryClusterPredictsAsExactScoring) {
     const dataset data = hslide::testing::random_dataset(160, 20, 30, 41);
     std::vector<uint32_t> rows(160);
     std::iota(rows.begin(), rows.end(), 0u);
-    for (const uint32_t probes : {7u, 2u}) {
-        model_config config = top_k_config(top_k_search::ivf, 7, probes);
-        // Refreshed at the last of the 10 steps below, so the index holds the rows as they are
-        // (every 4, the default, would leave two steps' moves of these fast rows unindexed).
-        config.layers.back().ivf_refresh = 2;
-        cpu_backend b(model_state::create(config, 43), train_config{}, 2);
-        for (uint32_t s = 0; s + 16 <= 160; s += 16)
-            b.train_batch({&data, rows.data() + s, 16}, 0.02f);
-        const uint32_t k = 5, n = 160;
-        std::vector<uint32_t> exact(n * k), ivf(n * k), automatic(n * k);
-        std::vector<float> exact_scores(n * k), ivf_scores(n * k), auto_scores(n * k);
-        b.predict({&data, rows.data(), n}, k, scoring_mode::exact, exact.data(),
-                  exact_scores.data());
-        b.predict({&data, rows.data(), n}, k, scoring_mode::ivf, ivf.data(), ivf_scores.data());
-        b.predict({&data, rows.data(), n}, k, scoring_mode::automatic, automatic.data(),
-                  auto_scores.data());
-        EXPECT_EQ(automatic, ivf);
-        if (probes == 7) {
-            EXPECT_EQ(ivf, exact);
-            EXPECT_EQ(ivf_scores, exact_scores);
-            continue;
+    const uint32_t k = 5, n = 160;
+    // Over five models: this layer's last hidden one is 10 units wide, so one model's points
+    // often share their best row, and two clusters find it for nearly all of them or nearly
+    // none (of the seeds 41-50, two models found under a fifth, whatever the initialisation).
+    uint32_t same_top = 0, points = 0;
+    for (const uint64_t seed : {41, 42, 43, 44, 45}) {
+        for (const uint32_t probes : {7u, 2u}) {
+            SCOPED_TRACE(fmt::format("seed {}, {} probes", seed, probes));
+            model_config config = top_k_config(top_k_search::ivf, 7, probes);
+            // Refreshed at the last of the 10 steps below, so the index holds the rows as they
+            // are (every 4, the default, would leave two steps' moves of these fast rows
+            // unindexed).
+            config.layers.back().ivf_refresh = 2;
+            cpu_backend b(model_state::create(config, seed), train_config{}, 2);
+            for (uint32_t s = 0; s + 16 <= 160; s += 16)
+                b.train_batch({&data, rows.data() + s, 16}, 0.02f);
+            std::vector<uint32_t> exact(n * k), ivf(n * k), automatic(n * k);
+            std::vector<float> exact_scores(n * k), ivf_scores(n * k), auto_scores(n * k);
+            b.predict({&data, rows.data(), n}, k, scoring_mode::exact, exact.data(),
+                      exact_scores.data());
+            b.predict({&data, rows.data(), n}, k, scoring_mode::ivf, ivf.data(), ivf_scores.data());
+            b.predict({&data, rows.data(), n}, k, scoring_mode::automatic, automatic.data(),
+                      auto_scores.data());
+            EXPECT_EQ(automatic, ivf);
+            if (probes == 7) {
+                EXPECT_EQ(ivf, exact);
+                EXPECT_EQ(ivf_scores, exact_scores);
+                continue;
+            }
+            // Two of seven clusters: a subset of the rows, so no score above the exact one.
+            for (uint32_t p = 0; p < n; ++p) {
+                EXPECT_LE(ivf_scores[p * k], exact_scores[p * k]) << "point " << p;
+                same_top += ivf[p * k] == exact[p * k];
+            }
+            points += n;
         }
-        // Two of seven clusters: a subset of the rows, so no score above the exact one, and
-        // most of the exact top-1 found.
-        uint32_t same_top = 0;
-        for (uint32_t p = 0; p < n; ++p) {
-            EXPECT_LE(ivf_scores[p * k], exact_scores[p * k]) << "point " << p;
-            same_top += ivf[p * k] == exact[p * k];
-        }
-        EXPECT_GT(same_top, n / 2);
-        EXPECT_LT(same_top, n);  // two clusters of seven do miss some
     }
+    // Most of the exact top-1 found, and some missed.
+    EXPECT_GT(same_top, points / 2);
+    EXPECT_LT(same_top, points);
 }
 
 TEST(IvfScoring, ALayerTrainedExactlyGetsAnIndexForThePrediction) {

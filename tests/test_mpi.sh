@@ -188,9 +188,11 @@ mixed 3 --resume mixed_ck --metrics-out mixed_resumed.jsonl >mixed_resume.log 2>
 [[ $(epochs_of mixed_resumed.jsonl) == "$(epochs_of two_mixed.jsonl | tail -1)" ]] ||
     fail "mixed, resumed: $(epochs_of mixed_resumed.jsonl), uninterrupted: $(epochs_of two_mixed.jsonl | tail -1)"
 echo "ok: the mixed run resumed: $(epochs_of mixed_resumed.jsonl)"
-# The tiny preset's P@1 climbs 0.3 in these 3 epochs: a looser bound there; Bibtex's is the issue's.
+# The tiny preset's P@1 climbs 0.3 in 3 epochs: a looser bound there; Bibtex's is the issue's.
 close_run tiny_lsh 0.05 "${tiny[@]}" --epochs 3 --output-sparsity lsh --min-active 64
-close_run tiny_ivf 0.05 "${tiny[@]}" --epochs 3 --output-sparsity topk --top-k-search ivf --top-k 16 \
+# IVF: each rank's index is another selection, which moves 3 epochs' P@1 by up to 0.2 either way
+# (seeds 1-6, 2 of 8 clusters probed); at 8 epochs, near the plateau, by at most 0.018.
+close_run tiny_ivf 0.05 "${tiny[@]}" --epochs 8 --output-sparsity topk --top-k-search ivf --top-k 16 \
     --min-active 64 --ivf-clusters 8 --ivf-probes 2
 
 if [[ -n $shared && -f $shared/bibtex/Bibtex_data.txt ]]; then

@@ -1112,22 +1112,30 @@ TEST(ShardMetrics, RankZerosRecordsHoldEveryRanksBytesAndTraffic) {
     }
 }
 
-/// Trains `config` as one plain process and as `ranks` ranks and checks the ranks' final P@1
-/// within `within` of the one process's, the replicated layers the same bits on every rank
-/// (the selections that are not exact: IVF, LSH).
-void expect_close_p_at_1(const model_config& config, const train_config& tc, const dataset& train,
-                         const dataset& test, int ranks, double within) {
+/// Trains `config` as one plain process and as `ranks` ranks, checks the replicated layers the
+/// same bits on every rank, and returns the ranks' final P@1 and the one process's.
+std::pair<double, double> ranks_and_one_p_at_1(const model_config& config, const train_config& tc,
+                                               const dataset& train, const dataset& test,
+                                               int ranks) {
     const rank_result plain =
         train_as_ranks(config, tc, train, test, 1, "", precision_mode::fp32, true).front();
     const std::vector<rank_result> many = train_as_ranks(config, tc, train, test, ranks);
     for (const rank_result& r : many) {
         EXPECT_EQ(r.checksum, many[0].checksum) << "rank " << r.rank;
         EXPECT_EQ(r.p_at_1, many[0].p_at_1) << "rank " << r.rank;
-        ASSERT_EQ(r.losses.size(), plain.losses.size());
+        EXPECT_EQ(r.losses.size(), plain.losses.size());
     }
-    EXPECT_NEAR(many[0].p_at_1, plain.p_at_1, within);
     std::printf("  %d ranks: P@1 %.4f, one process %.4f; losses %.4f, %.4f (last epoch)\n", ranks,
                 many[0].p_at_1, plain.p_at_1, many[0].losses.back(), plain.losses.back());
+    return {many[0].p_at_1, plain.p_at_1};
+}
+
+/// ranks_and_one_p_at_1 with the ranks' final P@1 within `within` of the one process's (the
+/// selections that are not exact: IVF, LSH).
+void expect_close_p_at_1(const model_config& config, const train_config& tc, const dataset& train,
+                         const dataset& test, int ranks, double within) {
+    const auto [many, plain] = ranks_and_one_p_at_1(config, tc, train, test, ranks);
+    EXPECT_NEAR(many, plain, within);
 }
 
 TEST(ShardTraining, IvfSearchOnTwoAndThreeRanks) {
@@ -1151,7 +1159,19 @@ TEST(ShardTraining, BibtexForcedSparseIvfOnTwoRanksWithinAHundredthOfOneRank) {
     c.config.layers.back().search = top_k_search::ivf;
     c.config.layers.back().ivf_clusters = 8;  // per rank: 2 of 8 clusters probed, not all rows
     c.config.layers.back().ivf_probes = 2;
-    expect_close_p_at_1(c.config, c.tc, c.train, c.test, 2, 0.01);
+    // Over seeds 1-6: each rank's index is another selection, and one seed's P@1 moves as much
+    // with it as with the seed (2 ranks against one process: -0.014 to +0.012 a seed, one
+    // process over the seeds 0.546 to 0.588; with normal rather than uniform initial weights
+    // -0.026 to +0.018). The mean is what the ranks change.
+    double many = 0, plain = 0;
+    const int seeds = 6;
+    for (int seed = 1; seed <= seeds; ++seed) {
+        c.tc.seed = uint64_t(seed);
+        const auto [m, p] = ranks_and_one_p_at_1(c.config, c.tc, c.train, c.test, 2);
+        many += m / seeds;
+        plain += p / seeds;
+    }
+    EXPECT_NEAR(many, plain, 0.01);
 }
 
 TEST(ShardTraining, LshOnTwoAndThreeRanks) {
