@@ -308,6 +308,36 @@ void weighted_vector_sum_bench(benchmark::State& state, const kernel_table& k, u
     report(state, bytes, 2.0 * n * width);
 }
 
+// weighted_vector_sum4 against four weighted_vector_sum calls (`four` false) over the same `n`
+// vectors of `w` floats: four rows of a dense layer (or a dense input's feature rows) in a
+// batch of 128, Yeast's 512-wide hidden layer. Counted as four sums either way.
+void weighted_vector_sum4_bench(benchmark::State& state, const kernel_table& k, uint32_t n,
+                                uint32_t w, bool four) {
+    const auto vectors = random_floats(size_t(n) * w, -1.0f, 1.0f, 38);
+    const auto coefs = random_floats(size_t(n) * 4, -1e-3f, 1e-3f, 39);
+    std::vector<const float*> pointers(n);
+    for (uint32_t i = 0; i < n; ++i) pointers[i] = vectors.data() + size_t(i) * w;
+    std::vector<float> out(size_t(4) * w, 0.0f);
+    const float* coef[4];
+    float* outs[4];
+    for (int j = 0; j < 4; ++j) {
+        coef[j] = coefs.data() + size_t(j) * n;
+        outs[j] = out.data() + size_t(j) * w;
+    }
+    for (auto _ : state) {
+        if (four) {
+            k.weighted_vector_sum4(pointers.data(), coef, n, w, outs);
+        } else {
+            for (int j = 0; j < 4; ++j)
+                k.weighted_vector_sum(pointers.data(), coef[j], n, w, outs[j]);
+        }
+        benchmark::DoNotOptimize(out.data());
+        benchmark::ClobberMemory();
+    }
+    const double bytes = (four ? 1.0 : 4.0) * double(n) * w * 4.0 + 4.0 * (n * 4.0 + 2.0 * w * 4.0);
+    report(state, bytes, 4 * 2.0 * n * w);
+}
+
 // weighted_row_sum of `n` random rows of a block of `rows` rows: the input layer's forward
 // (75 feature rows of 135,909) and the output layer's backward (4,096 rows of 670,091).
 template <class T>
@@ -660,6 +690,14 @@ void register_all() {
         "weighted_vector_sum", "n:128/width:256",
         [](benchmark::State& s, const kernel_table& k) { weighted_vector_sum_bench(s, k, 128); });
 
+    each_level("weighted_vector_sum_x4", "n:128/width:512",
+               [](benchmark::State& s, const kernel_table& k) {
+                   weighted_vector_sum4_bench(s, k, 128, 512, false);
+               });
+    each_level("weighted_vector_sum4", "n:128/width:512",
+               [](benchmark::State& s, const kernel_table& k) {
+                   weighted_vector_sum4_bench(s, k, 128, 512, true);
+               });
     each_level("weighted_row_sum", "rows:135909/active:75/width:256",
                [](benchmark::State& s, const kernel_table& k) {
                    weighted_row_sum_rows<float>(s, k, amazon_features, active_features);

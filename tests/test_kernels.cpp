@@ -806,6 +806,68 @@ TEST_P(kernel_level, weighted_row_sum) {
     check_weighted_row_sum<float>(k().weighted_row_sum, ref().weighted_row_sum, g);
 }
 
+TEST_P(kernel_level, weighted_sums_of_four) {
+    // Four outputs over the same rows (vectors) are each the bits the single kernel of the same
+    // level gives (the batched dense-input forward and the update rely on it: training is the
+    // same whichever path a step takes), on awkward widths; the single kernels are checked
+    // against the scalar definition above. Rows by id and in place; vectors in separate
+    // allocations with NaN guards.
+    rng g = gen(21);
+    for (uint32_t width : test_sizes) {
+        for (uint32_t n : row_counts) {
+            SCOPED_TRACE("width = " + std::to_string(width) + ", n = " + std::to_string(n));
+            const uint32_t rows = 2 * n + 3;
+            const rows_block<float> block = random_rows(rows, width, g);
+            const auto ids = distinct_ids(n, rows, g);
+            std::vector<guarded<float>> coefs, outs, singles;
+            for (int j = 0; j < 4; ++j) {
+                coefs.push_back(random_vector(n, g, nan_f));
+                outs.push_back(random_vector(width, g, canary_f));
+            }
+            const float* coef[4];
+            float* out[4];
+            for (int use_ids = 0; use_ids < 2; ++use_ids) {
+                SCOPED_TRACE(use_ids ? "ids" : "ids = nullptr");
+                const uint32_t* id_ptr = use_ids ? ids.data() : nullptr;
+                std::vector<guarded<float>> got, want;
+                for (int j = 0; j < 4; ++j) {
+                    got.push_back(copy_of(outs[size_t(j)]));
+                    want.push_back(copy_of(outs[size_t(j)]));
+                    coef[j] = coefs[size_t(j)].data();
+                    out[j] = got.back().data();
+                    k().weighted_row_sum(block.data.data(), block.stride, width, id_ptr, coef[j], n,
+                                         want.back().data());
+                }
+                k().weighted_row_sum4(block.data.data(), block.stride, width, id_ptr, coef, n, out);
+                for (int j = 0; j < 4; ++j) {
+                    for (uint32_t i = 0; i < width; ++i)
+                        ASSERT_EQ(bits_of(got[size_t(j)][i]), bits_of(want[size_t(j)][i]))
+                            << "row sum " << j << " differs from weighted_row_sum at " << i;
+                    EXPECT_TRUE(got[size_t(j)].guards_intact());
+                }
+            }
+            std::vector<guarded<float>> vectors;
+            std::vector<const float*> pointers;
+            for (uint32_t i = 0; i < n; ++i) vectors.push_back(random_vector(width, g, nan_f));
+            for (const auto& v : vectors) pointers.push_back(v.data());
+            std::vector<guarded<float>> got, want;
+            for (int j = 0; j < 4; ++j) {
+                got.push_back(copy_of(outs[size_t(j)]));  // canaries: overwritten, never read
+                want.push_back(copy_of(outs[size_t(j)]));
+                out[j] = got.back().data();
+                k().weighted_vector_sum(pointers.data(), coef[j], n, width, want.back().data());
+            }
+            k().weighted_vector_sum4(pointers.data(), coef, n, width, out);
+            for (int j = 0; j < 4; ++j) {
+                for (uint32_t i = 0; i < width; ++i)
+                    ASSERT_EQ(bits_of(got[size_t(j)][i]), bits_of(want[size_t(j)][i]))
+                        << "vector sum " << j << " differs from weighted_vector_sum at " << i;
+                EXPECT_TRUE(got[size_t(j)].guards_intact());
+            }
+        }
+    }
+}
+
 TEST_P(kernel_level, dots16) {
     // 16 inputs stored transposed against rows with NaN in their padding (a read past `width`
     // poisons the sums), the rows in place or by id (scattered, some twice: an IVF cluster's

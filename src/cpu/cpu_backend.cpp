@@ -53,7 +53,7 @@ cpu_backend::cpu_backend(model_state initial, const train_config& train, int thr
     }
     scratch_.resize(threads_);
     for (auto& s : scratch_) {
-        s.grad.resize(padded_stride(max_width));
+        s.grad.resize(4 * padded_stride(max_width));
         if (use_bf16()) s.input16.resize(max_width);
     }
     if (use_bf16()) {
@@ -151,25 +151,51 @@ void cpu_backend::ensure_buffers(uint32_t batch_size) {
 
 void cpu_backend::forward_input_layer(const dataset& data, uint32_t point, uint32_t s,
                                       thread_scratch& scratch) {
+    forward_input_layers(data, &point, s, 1, scratch);
+}
+
+void cpu_backend::forward_input_layers(const dataset& data, const uint32_t* points, uint32_t first,
+                                       uint32_t count, thread_scratch& scratch) {
+    HSLIDE_ASSERT(count >= 1 && count <= 4);
     const auto t0 = clock_type::now();
     const layer_state& layer = model_.layers[0];
-    layer_buffers& out = samples_[s].layers[0];
-    const feature_row x = data.features(point);
-    out.ids.clear();
-    out.act.assign(layer.bias.begin(), layer.bias.end());
-    for (uint32_t i = 0; i < x.count; ++i)
-        HSLIDE_CHECK(x.ids[i] < layer.rows,
-                     "{}: point {} has feature {} but the model has {} inputs", data.source, point,
-                     x.ids[i], layer.rows);
-    if (use_bf16()) {
-        const bf16_weights& w16 = weights16_[0];
-        k_.weighted_row_sum_bf16(w16.values.data(), w16.stride, layer.width, x.ids, x.values,
-                                 x.count, out.act.data());
-    } else {
-        k_.weighted_row_sum(layer.weights.data(), layer.stride, layer.width, x.ids, x.values,
-                            x.count, out.act.data());
+    feature_row x[4];
+    float* out[4];
+    // Four samples with the same features (a dense input's) read each row once for the four:
+    // the row reads bound this layer, and the sums are the bits each sample's alone would be.
+    bool shared = count == 4 && !use_bf16();
+    for (uint32_t j = 0; j < count; ++j) {
+        x[j] = data.features(points[j]);
+        layer_buffers& o = samples_[first + j].layers[0];
+        o.ids.clear();
+        o.act.assign(layer.bias.begin(), layer.bias.end());
+        out[j] = o.act.data();
+        for (uint32_t i = 0; i < x[j].count; ++i)
+            HSLIDE_CHECK(x[j].ids[i] < layer.rows,
+                         "{}: point {} has feature {} but the model has {} inputs", data.source,
+                         points[j], x[j].ids[i], layer.rows);
+        shared = shared && x[j].count == x[0].count &&
+                 (x[j].ids == x[0].ids || x[0].count == 0 ||
+                  std::memcmp(x[j].ids, x[0].ids, x[0].count * sizeof(uint32_t)) == 0);
     }
-    for (float& a : out.act) a = a > 0.0f ? a : 0.0f;
+    if (shared) {
+        const float* coef[4] = {x[0].values, x[1].values, x[2].values, x[3].values};
+        k_.weighted_row_sum4(layer.weights.data(), layer.stride, layer.width, x[0].ids, coef,
+                             x[0].count, out);
+    } else {
+        for (uint32_t j = 0; j < count; ++j) {
+            if (use_bf16()) {
+                const bf16_weights& w16 = weights16_[0];
+                k_.weighted_row_sum_bf16(w16.values.data(), w16.stride, layer.width, x[j].ids,
+                                         x[j].values, x[j].count, out[j]);
+            } else {
+                k_.weighted_row_sum(layer.weights.data(), layer.stride, layer.width, x[j].ids,
+                                    x[j].values, x[j].count, out[j]);
+            }
+        }
+    }
+    for (uint32_t j = 0; j < count; ++j)
+        for (float* a = out[j]; a != out[j] + layer.width; ++a) *a = *a > 0.0f ? *a : 0.0f;
     scratch.times.forward += seconds_since(t0);
 }
 
@@ -339,13 +365,17 @@ void cpu_backend::run_forward_backward(const batch_view& batch, step_report& rep
     // Layer by layer over the batch: each layer's active sets are chosen for the whole batch
     // (select_active_sets, the one seam for every selection), then its products computed.
     // Every sample draws its random fills, layer after layer, from its own generator.
+    // Layer 0 four samples at a time (those with the same features share the row reads).
+    const int64_t quads = (int64_t(batch.size) + 3) / 4;
 #pragma omp parallel num_threads(threads_)
     {
         thread_scratch& scratch = scratch_[omp_get_thread_num()];
-#pragma omp for schedule(dynamic, 2)
-        for (int64_t s = 0; s < int64_t(batch.size); ++s) {
-            samples_[s].gen.reseed(derive_seed(sample_seed, uint64_t(s)));
-            forward_input_layer(data, batch.rows[s], uint32_t(s), scratch);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t q = 0; q < quads; ++q) {
+            const uint32_t first = uint32_t(q) * 4, count = std::min(4u, batch.size - first);
+            for (uint32_t s = first; s < first + count; ++s)
+                samples_[s].gen.reseed(derive_seed(sample_seed, uint64_t(s)));
+            forward_input_layers(data, batch.rows + first, first, count, scratch);
         }
     }
     for (size_t l = 1; l < n_layers; ++l) {
@@ -496,6 +526,26 @@ void cpu_backend::for_each_row_gradient(const batch_view& batch, size_t l, Visit
     // than 16 made the 2-thread Amazon-670K update ~10% faster); at least 16 chunks a
     // thread keep small layers balanced.
     const int64_t chunk = std::clamp<int64_t>(n_rows / (16 * int64_t(threads_)), 16, 128);
+    // Whether every sample's vector for these rows is dense (layer 0's are its deltas).
+    bool dense_vectors = true;
+    if (l > 0)
+        for (uint32_t s = 0; s < batch.size; ++s)
+            dense_vectors =
+                dense_vectors && (!samples_[s].trained || samples_[s].layers[l - 1].ids.empty());
+    // Whether rows t..t+3 sum the same samples' vectors (a dense layer's rows; a dense input's
+    // feature rows): weighted_vector_sum4 then reads each vector once for the four.
+    auto same_samples = [&](int64_t t) {
+        if (!dense_vectors) return false;
+        if (all_rows) return true;
+        const uint32_t first = g.offsets[t], n = g.offsets[t + 1] - first;
+        for (int64_t j = t + 1; j < t + 4; ++j)
+            if (g.offsets[j + 1] - g.offsets[j] != n ||
+                (n > 0 && std::memcmp(&g.entry_sample[g.offsets[j]], &g.entry_sample[first],
+                                      n * sizeof(uint32_t)) != 0))
+                return false;
+        return true;
+    };
+    const size_t grad_stride = padded_stride(layer.width);
     // A row's gradient is a weighted sum of per-sample vectors (layer 0's deltas, or the
     // layer's input): weighted_vector_sum keeps the row in registers while the vectors stream
     // past, where an axpy per entry loaded and stored the whole row each time (which made small
@@ -506,17 +556,22 @@ void cpu_backend::for_each_row_gradient(const batch_view& batch, size_t l, Visit
         thread_scratch& scratch = scratch_[omp_get_thread_num()];
         float* grad = scratch.grad.data();
         scratch.sparse_entries.clear();
-#pragma omp for schedule(dynamic, chunk)
-        for (int64_t t = 0; t < n_rows; ++t) {
-            const uint32_t row = all_rows ? uint32_t(t) : g.touched[t];
+        auto reserve_entries = [&](size_t entries, size_t coefs) {
+            if (scratch.entry_vectors.size() < entries) scratch.entry_vectors.resize(entries);
+            if (scratch.entry_coefs.size() < coefs) scratch.entry_coefs.resize(coefs);
+        };
+        const auto row_of = [&](int64_t t) { return all_rows ? uint32_t(t) : g.touched[t]; };
+        const auto vector_of = [&](uint32_t s) {
+            return l == 0 ? samples_[s].layers[0].delta.data()
+                          : samples_[s].layers[l - 1].act.data();
+        };
+        auto one_row = [&](int64_t t) {
+            const uint32_t row = row_of(t);
             // The update's rows are scattered (a sixth of the output layer a step): their
             // weights and moments are requested while this row's gradient is summed.
-            if (t + 2 < n_rows) prefetch(all_rows ? uint32_t(t + 2) : g.touched[t + 2]);
+            if (t + 2 < n_rows) prefetch(row_of(t + 2));
             const size_t entries = all_rows ? batch.size : g.offsets[t + 1] - g.offsets[t];
-            if (scratch.entry_vectors.size() < entries) {
-                scratch.entry_vectors.resize(entries);
-                scratch.entry_coefs.resize(entries);
-            }
+            reserve_entries(entries, entries);
             float bias_grad = 0.0f;
             uint32_t n_dense = 0;
             // coef: layer 0, the feature's value x_f (row f gets x_f times the sample's
@@ -524,11 +579,9 @@ void cpu_backend::for_each_row_gradient(const batch_view& batch, size_t l, Visit
             // layer's input, its bias d).
             auto add_entry = [&](uint32_t s, float coef) {
                 const float c = coef * inv_batch;
-                const sample_buffers& sb = samples_[s];
                 bias_grad += c;
-                if (l == 0 || sb.layers[l - 1].ids.empty()) {
-                    scratch.entry_vectors[n_dense] =
-                        l == 0 ? sb.layers[0].delta.data() : sb.layers[l - 1].act.data();
+                if (l == 0 || samples_[s].layers[l - 1].ids.empty()) {
+                    scratch.entry_vectors[n_dense] = vector_of(s);
                     scratch.entry_coefs[n_dense++] = c;
                 } else {
                     scratch.sparse_entries.push_back({s, c});
@@ -551,6 +604,59 @@ void cpu_backend::for_each_row_gradient(const batch_view& batch, size_t l, Visit
             }
             scratch.sparse_entries.clear();
             visit(row, grad, bias_grad);
+        };
+        // Rows t..t+3 with the same samples: each row's coefficients and bias gradient as
+        // one_row forms them, its gradient the same bits.
+        auto four_rows = [&](int64_t t) {
+            for (int64_t j = t + 4; j < std::min(n_rows, t + 6); ++j) prefetch(row_of(j));
+            const size_t entries = all_rows ? batch.size : g.offsets[t + 1] - g.offsets[t];
+            reserve_entries(entries, 4 * entries);
+            const float* coef[4];
+            float* out[4];
+            float bias_grad[4] = {};
+            for (int j = 0; j < 4; ++j) {
+                coef[j] = scratch.entry_coefs.data() + j * entries;
+                out[j] = grad + j * grad_stride;
+            }
+            uint32_t n = 0;
+            auto add_entry = [&](uint32_t s, const float(&coefs)[4]) {
+                scratch.entry_vectors[n] = vector_of(s);
+                for (int j = 0; j < 4; ++j) {
+                    const float c = coefs[j] * inv_batch;
+                    bias_grad[j] += c;
+                    scratch.entry_coefs[j * entries + n] = c;
+                }
+                ++n;
+            };
+            if (all_rows) {
+                for (uint32_t s = 0; s < batch.size; ++s) {
+                    if (!samples_[s].trained) continue;
+                    const float* delta = samples_[s].layers[l].delta.data();
+                    add_entry(s, {delta[t], delta[t + 1], delta[t + 2], delta[t + 3]});
+                }
+            } else {
+                const uint32_t first = g.offsets[t];
+                for (uint32_t e = first; e < g.offsets[t + 1]; ++e) {
+                    const uint32_t i = e - first;
+                    add_entry(
+                        g.entry_sample[e],
+                        {g.entry_coef[e], g.entry_coef[g.offsets[t + 1] + i],
+                         g.entry_coef[g.offsets[t + 2] + i], g.entry_coef[g.offsets[t + 3] + i]});
+                }
+            }
+            k_.weighted_vector_sum4(scratch.entry_vectors.data(), coef, n, layer.width, out);
+            for (int j = 0; j < 4; ++j) visit(row_of(t + j), out[j], bias_grad[j]);
+        };
+        // Blocks of four rows, chunks of at least four blocks.
+        const int64_t blocks = (n_rows + 3) / 4;
+#pragma omp for schedule(dynamic, chunk / 4)
+        for (int64_t b = 0; b < blocks; ++b) {
+            const int64_t t = 4 * b;
+            if (t + 4 <= n_rows && same_samples(t)) {
+                four_rows(t);
+            } else {
+                for (int64_t u = t; u < std::min(n_rows, t + 4); ++u) one_row(u);
+            }
         }
     }
 }

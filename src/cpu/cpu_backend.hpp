@@ -229,6 +229,10 @@ class cpu_backend final : public backend, public row_transfer {
     /// Layer 0 of sample s: its feature rows' weighted sum plus the bias, then ReLU.
     void forward_input_layer(const dataset& data, uint32_t point, uint32_t s,
                              thread_scratch& scratch);
+    /// forward_input_layer for samples first..first+count-1 (count 1 to 4) of points
+    /// points[0..count): four with the same features are summed together (the same bits).
+    void forward_input_layers(const dataset& data, const uint32_t* points, uint32_t first,
+                              uint32_t count, thread_scratch& scratch);
     /// The seam: asks layer l's selector for the active sets of every sample of the batch
     /// (whose layer l-1 is computed); the output layer's labels are forced in when training.
     /// Under catch-up Adam, an LSH layer's chosen rows are then brought up to date.

@@ -146,6 +146,18 @@ struct kernel_table {
     /// times their coefficients, written over what `out` held (no zeroing pass first).
     void (*weighted_vector_sum)(const float* const* vectors, const float* coef, uint32_t n,
                                 uint32_t width, float* out);
+    /// Four weighted row sums over the same rows: out[j][0..width) += sum_i coef[j][i] *
+    /// row ids[i] for j = 0..3, each the same bits as weighted_row_sum gives it alone. The
+    /// input layer's forward of four samples with the same features (dense inputs): each row
+    /// is read once for the four.
+    void (*weighted_row_sum4)(const float* rows, size_t stride, uint32_t width, const uint32_t* ids,
+                              const float* const* coef, uint32_t n, float* const* out);
+    /// Four weighted vector sums over the same vectors: out[j][0..width) = sum_i coef[j][i] *
+    /// vectors[i][0..width) for j = 0..3, each the same bits as weighted_vector_sum gives it
+    /// alone. The gradients of four rows whose samples are the same (a dense input's feature
+    /// rows, a dense layer's rows): each vector is read once for the four.
+    void (*weighted_vector_sum4)(const float* const* vectors, const float* const* coef, uint32_t n,
+                                 uint32_t width, float* const* out);
 
     // --- BF16 (weights and activations stored as bf16, arithmetic in fp32) ---
     /// out[i] = float_to_bf16(x[i]) (round-to-nearest-even, the scalar definition exactly).

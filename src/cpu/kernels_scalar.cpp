@@ -121,6 +121,11 @@ float identity(float x) {
     return x;
 }
 
+void weighted_vector_sum4_scalar(const float* const* vectors, const float* const* coef, uint32_t n,
+                                 uint32_t width, float* const* out) {
+    for (uint32_t j = 0; j < 4; ++j) weighted_vector_sum_scalar(vectors, coef[j], n, width, out[j]);
+}
+
 void active_dots_scalar(const float* rows, size_t stride, uint32_t width, const uint32_t* ids,
                         uint32_t n, const float* x, const float* bias, float* out) {
     active_dots_impl(rows, stride, width, ids, n, x, bias, out, identity);
@@ -141,6 +146,12 @@ void dots16_scalar(const float* rows, size_t stride, uint32_t width, const uint3
 void weighted_row_sum_scalar(const float* rows, size_t stride, uint32_t width, const uint32_t* ids,
                              const float* coef, uint32_t n, float* out) {
     weighted_row_sum_impl(rows, stride, width, ids, coef, n, out, identity);
+}
+
+void weighted_row_sum4_scalar(const float* rows, size_t stride, uint32_t width, const uint32_t* ids,
+                              const float* const* coef, uint32_t n, float* const* out) {
+    for (uint32_t j = 0; j < 4; ++j)
+        weighted_row_sum_impl(rows, stride, width, ids, coef[j], n, out[j], identity);
 }
 
 void to_bf16_scalar(const float* x, bf16* out, uint32_t n) {
@@ -229,6 +240,8 @@ const kernel_table& scalar_kernels() {
                                     dots16_scalar,
                                     weighted_row_sum_scalar,
                                     weighted_vector_sum_scalar,
+                                    weighted_row_sum4_scalar,
+                                    weighted_vector_sum4_scalar,
                                     to_bf16_scalar,
                                     active_dots_bf16_scalar,
                                     dots16_bf16_scalar,
