@@ -153,14 +153,35 @@ std::vector<double> reference_logits(const ref_params& p, const model_config& c,
     return {};
 }
 
+/// random_dataset's labels, with every one of the `features` features on every point (fresh
+/// values in [-1, 1)): a dense input, as Yeast's.
+dataset dense_features_dataset(uint32_t n, uint32_t features, uint32_t labels, uint64_t seed) {
+    const dataset sparse = random_dataset(n, features, labels, seed);
+    dataset d;
+    d.source = "dense features";
+    d.n_features = features;
+    d.n_labels = labels;
+    rng gen(seed + 1);
+    std::vector<uint32_t> ids(features);
+    std::iota(ids.begin(), ids.end(), 0u);
+    std::vector<float> values(features);
+    for (uint32_t p = 0; p < n; ++p) {
+        for (float& v : values) v = 2.0f * gen.uniform() - 1.0f;
+        const label_row y = sparse.labels(p);
+        d.push_back(ids.data(), values.data(), features, y.ids, y.count);
+    }
+    return d;
+}
+
 void check_gradient(sparsity_mode hidden, sparsity_mode output, uint64_t seed,
                     const cpu::kernel_table& kernels = cpu::best_kernels(),
-                    float fill_correction = 0.0f) {
+                    float fill_correction = 0.0f, bool dense_features = false) {
     SCOPED_TRACE(kernels.name);
     model_config config = small_config(hidden, output);
     config.layers.back().fill_correction = fill_correction;
     if (fill_correction != 0.0f) config.layers.back().active.min_active = 16;  // a real fill
-    const dataset data = random_dataset(40, 20, 30, seed);
+    const dataset data = dense_features ? dense_features_dataset(40, 20, 30, seed)
+                                        : random_dataset(40, 20, 30, seed);
     const model_state initial = model_state::create(config, seed);
     train_config tc;
     tc.seed = seed;
@@ -269,6 +290,17 @@ bool same_parameters(const model_state& a, const model_state& b) {
 
 TEST(CpuBackendGradient, DenseLayersMatchFiniteDifferences) {
     check_gradient(sparsity_mode::dense, sparsity_mode::dense, 11);
+}
+
+TEST(CpuBackendGradient, DenseFeaturesMatchFiniteDifferences) {
+    // Every point has every feature: the forward sums four samples' input layer together and
+    // the update four feature rows' gradients together (weighted_row_sum4,
+    // weighted_vector_sum4), on every level.
+    for (const isa_level level : {isa_level::scalar, isa_level::avx2, isa_level::avx512,
+                                  isa_level::avx512bf16, isa_level::amx})
+        if (isa_supported(level))
+            check_gradient(sparsity_mode::dense, sparsity_mode::dense, 17, cpu::kernels_for(level),
+                           0.0f, /*dense_features=*/true);
 }
 
 TEST(CpuBackendGradient, SparseOutputMatchesFiniteDifferences) {
