@@ -362,10 +362,10 @@ void cpu_backend::run_forward_backward(const batch_view& batch, step_report& rep
     const size_t n_layers = model_.layers.size();
     const uint64_t sample_seed =
         step_seed(train_.seed, seed_stream::train_sample, model_.adam_step);
-    // Layer by layer over the batch: each layer's active sets are chosen for the whole batch
+    // Layer 0 four samples at a time (those with the same features share the row reads), then
+    // layer by layer over the batch: each layer's active sets are chosen for the whole batch
     // (select_active_sets, the one seam for every selection), then its products computed.
     // Every sample draws its random fills, layer after layer, from its own generator.
-    // Layer 0 four samples at a time (those with the same features share the row reads).
     const int64_t quads = (int64_t(batch.size) + 3) / 4;
 #pragma omp parallel num_threads(threads_)
     {
