@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstring>
+#include <regex>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -143,9 +144,9 @@ TEST(EpochsAuto, TheHoldOutIsAFewSeededPointsCappedWhateverTheSize) {
 
 TEST(EpochsAuto, StopsOncePatienceRunsOutAndEndsWithTheBestModel) {
     const dataset train = labelled_points(40), valid = labelled_points(20);
-    // Validation P@1 0.3, 0.7 (best), 0.5, 0.6, then better: the default patience (1; 2 would
-    // do the same an epoch later) stops after epoch 3, well before the cap, and the model of
-    // epoch 2 is kept.
+    // Validation P@1 0.3, 0.7 (best), 0.5, 0.6, then better: the default patience (2 on this
+    // 20-point hold-out; 1 on 200 points or more) stops after epoch 4, well before the cap,
+    // and the model of epoch 2 is kept.
     scripted_backend be({3, 7, 5, 6, 9, 9, 9}, 40);
     trainer_options o = auto_options();
     o.validation.valid = &valid;
@@ -153,13 +154,16 @@ TEST(EpochsAuto, StopsOncePatienceRunsOutAndEndsWithTheBestModel) {
     trainer run(be, train, nullptr, o);
     EXPECT_TRUE(run.options().validation.keep_best) << "auto keeps the best";
     EXPECT_EQ(to_string(run.options().validation.metric), "ndcg@5");
-    EXPECT_EQ(run.options().validation.patience, auto_epochs_defaults::patience);
+    const uint32_t patience = auto_epochs_defaults::patience_for(valid.size());
+    EXPECT_EQ(patience, auto_epochs_defaults::small_holdout_patience);
+    EXPECT_EQ(run.options().validation.patience, patience);
     const auto records = run.run();
-    static_assert(auto_epochs_defaults::patience <= 2, "the script has two worse epochs");
-    ASSERT_EQ(records.size(), 2u + auto_epochs_defaults::patience);
+    static_assert(auto_epochs_defaults::small_holdout_patience <= 2,
+                  "the script has two worse epochs");
+    ASSERT_EQ(records.size(), 2u + patience);
     EXPECT_EQ(run.best_epoch(), 2u);
     EXPECT_DOUBLE_EQ(run.best_value(), 0.7);
-    EXPECT_EQ(run.epochs_run(), 2u + auto_epochs_defaults::patience);
+    EXPECT_EQ(run.epochs_run(), 2u + patience);
     ASSERT_EQ(be.imported, std::vector<uint64_t>{2});
     EXPECT_EQ(run.state().epochs_done, 2u);
     EXPECT_EQ(run.state().best_epoch, 2u);
@@ -200,7 +204,8 @@ TEST(EpochsAuto, APlateauGoesBackToTheBestModelAtATenthOfTheRate) {
     scripted_backend be({3, 7, 5, 6, 9}, 40);
     trainer_options o = auto_options();
     o.validation.valid = &valid;
-    o.train.batch_size = 40;  // a batch an epoch
+    o.validation.patience = 1;  // a plateau after one epoch (this 20-point hold-out's default: 2)
+    o.train.batch_size = 40;    // a batch an epoch
     trainer run(be, train, nullptr, o);
     EXPECT_EQ(run.options().validation.lr_drops, auto_epochs_defaults::lr_drops);
     const auto records = run.run();
@@ -232,7 +237,8 @@ TEST(EpochsAuto, ADropTrainsItsEpochsAtTheLowerRateAndThenStops) {
     const std::vector<int> quality{3, 7, 5, 6, 6}, lower{0, 0, 8, 9, 9};
     trainer_options o = auto_options();
     o.validation.valid = &valid;
-    o.train.batch_size = 40;  // a batch an epoch
+    o.validation.patience = 1;  // a plateau after one epoch (this 20-point hold-out's default: 2)
+    o.train.batch_size = 40;    // a batch an epoch
 
     // Auto's default: one epoch at the dropped rate, which improves and ends the run.
     scripted_backend one(quality, 40, lower);
@@ -283,7 +289,8 @@ TEST(EpochsAuto, TheDropsEpochWinsUnlessTheHoldOutFindsItWorseBeyondItsNoise) {
         const dataset valid = labelled_points(points);
         trainer_options o = auto_options();
         o.validation.valid = &valid;
-        o.train.batch_size = 40;  // a batch an epoch
+        o.validation.patience = 1;  // a plateau after one epoch (a 20-point hold-out's default: 2)
+        o.train.batch_size = 40;    // a batch an epoch
         scripted_backend be({3, 7, 5, 6}, 40, {0, 0, after, 0});
         trainer run(be, train, nullptr, o);
         const auto records = run.run();
@@ -428,7 +435,7 @@ TEST(EpochsAuto, TheCpuBackendEndsWithTheModelOfARunOfBestEpochEpochs) {
     const uint32_t best = run.best_epoch();
     ASSERT_GE(best, 1u);
     EXPECT_LT(run.epochs_run(), tc.epochs) << "this learning rate overfits: auto stops early";
-    EXPECT_EQ(run.epochs_run(), best + auto_epochs_defaults::patience);
+    EXPECT_EQ(run.epochs_run(), best + auto_epochs_defaults::patience_for(parts.second.size()));
     EXPECT_EQ(records.size(), run.epochs_run());
 
     // Validated every epoch too (nothing kept, no stop): predictions catch up the input
@@ -549,10 +556,18 @@ TEST(EpochsAutoCli, TheDefaultHoldsOutStopsAndSaysWhichEpochWon) {
     const uint32_t undone = final_record.value("epochs_undone", 0u);
     EXPECT_EQ(lines.size(), size_t(ran) + undone + 1);
     EXPECT_LT(ran, auto_epochs_defaults::max_epochs);
-    // It ends at a plateau, or after the epoch at the dropped rate (which may be the best).
-    EXPECT_TRUE(ran == best + auto_epochs_defaults::patience || (undone > 0 && ran == best))
+    // It ends at a plateau, or after the epoch at the dropped rate (which may be the best),
+    // with the patience of its hold-out's size.
+    const std::smatch held = [&] {
+        std::smatch m;
+        std::regex_search(r.output, m, std::regex("holding out ([0-9]+) of"));
+        return m;
+    }();
+    ASSERT_EQ(held.size(), 2u) << r.output;
+    const uint32_t patience = auto_epochs_defaults::patience_for(std::stoul(held[1].str()));
+    EXPECT_TRUE(ran == best + patience || (undone > 0 && ran == best))
         << "best " << best << " of " << ran;
-    EXPECT_LE(undone, auto_epochs_defaults::patience * uint32_t(auto_epochs_defaults::lr_drops));
+    EXPECT_LE(undone, patience * uint32_t(auto_epochs_defaults::lr_drops));
     // The epochs score the validation set, not the test set: only the kept model is tested.
     for (size_t i = 0; i + 1 < lines.size(); ++i) {
         const auto j = nlohmann::json::parse(lines[i]);

@@ -104,7 +104,7 @@ trainer::trainer(backend& engine, const dataset& train, const dataset* test,
         // explicit metric or patience replaces the default).
         if (!v.keep_best) v.metric = auto_epochs_defaults::metric();
         v.keep_best = true;
-        if (v.patience == 0) v.patience = auto_epochs_defaults::patience;
+        if (v.patience == 0) v.patience = auto_epochs_defaults::patience_for(v.valid->size());
         if (v.lr_drops < 0)
             v.lr_drops = average_keep_ > 0 ? auto_epochs_defaults::lr_drops_with_average
                                            : auto_epochs_defaults::lr_drops;
