@@ -261,6 +261,8 @@ class cpu_backend final : public backend, public row_transfer {
     /// unless the output layer is asked for every neuron), or the hidden layers only.
     void forward_sample(const dataset& data, uint32_t point, uint32_t s, output_pass output,
                         uint64_t sample_seed, thread_scratch& scratch);
+    /// forward_sample's layers past the input one, for sample s whose layer 0 is computed.
+    void forward_above_input(uint32_t s, output_pass output, thread_scratch& scratch);
     /// The hidden layers (forward_sample, output skipped) of points batch.rows[begin..+n) into
     /// sample buffers 0..n-1, point i drawing from derive_seed(seed, i).
     void forward_hidden_chunk(const batch_view& batch, uint32_t begin, uint32_t n, uint64_t seed);

@@ -70,10 +70,15 @@ void cpu_backend::predict_rows(const batch_view& batch, uint32_t k, scoring_mode
 void cpu_backend::forward_sample(const dataset& data, uint32_t point, uint32_t s,
                                  output_pass output_mode, uint64_t sample_seed,
                                  thread_scratch& scratch) {
-    const size_t n_layers = model_.layers.size();
-    const size_t layers_to_run = n_layers - (output_mode == output_pass::skip ? 1 : 0);
     samples_[s].gen.reseed(sample_seed);
     forward_input_layer(data, point, s, scratch);
+    forward_above_input(s, output_mode, scratch);
+}
+
+void cpu_backend::forward_above_input(uint32_t s, output_pass output_mode,
+                                      thread_scratch& scratch) {
+    const size_t n_layers = model_.layers.size();
+    const size_t layers_to_run = n_layers - (output_mode == output_pass::skip ? 1 : 0);
     for (size_t l = 1; l < layers_to_run; ++l) {
         const bool every_neuron = l + 1 == n_layers && output_mode == output_pass::every_neuron;
         if (model_.config.uses_lsh(l) && !every_neuron) {
@@ -88,13 +93,20 @@ void cpu_backend::forward_sample(const dataset& data, uint32_t point, uint32_t s
 
 void cpu_backend::forward_hidden_chunk(const batch_view& batch, uint32_t begin, uint32_t n,
                                        uint64_t seed) {
+    // Four points at a time: those with the same features share layer 0's row reads.
+    const int64_t quads = (int64_t(n) + 3) / 4;
 #pragma omp parallel num_threads(threads_)
     {
         thread_scratch& scratch = scratch_[omp_get_thread_num()];
-#pragma omp for schedule(dynamic, 4)
-        for (int64_t s = 0; s < int64_t(n); ++s)
-            forward_sample(*batch.data, batch.rows[begin + s], uint32_t(s), output_pass::skip,
-                           derive_seed(seed, uint64_t(begin) + uint64_t(s)), scratch);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t q = 0; q < quads; ++q) {
+            const uint32_t first = uint32_t(q) * 4, count = std::min(4u, n - first);
+            for (uint32_t s = first; s < first + count; ++s)
+                samples_[s].gen.reseed(derive_seed(seed, uint64_t(begin) + uint64_t(s)));
+            forward_input_layers(*batch.data, batch.rows + begin + first, first, count, scratch);
+            for (uint32_t s = first; s < first + count; ++s)
+                forward_above_input(s, output_pass::skip, scratch);
+        }
     }
 }
 
