@@ -102,10 +102,10 @@ std::vector<option_spec> make_table() {
              "auto: train until nDCG@5 (--keep-best) on a validation set (--valid..., else 5% of "
              "the training points, at most 2,000, held out by --seed) has not improved (by more "
              "than --min-gain) for --patience (1; 2 on a hold-out under 200 points) epochs, going "
-             "back to the best epoch at a tenth "
-             "of the learning rate --lr-drops times first (0 with a weight average, as on the "
-             "cpu backends by default, else 1), at most 30 epochs, and keep the best epoch's "
-             "model; or N: exactly N epochs on all the points (in total, when resuming)",
+             "back to the best epoch at a tenth of the learning rate --lr-drops times first (0 "
+             "with a weight average, as on the cpu backends by default, else 1), at most 30 "
+             "epochs, and keep the best epoch's model; or N: exactly N epochs on all the points "
+             "(in total, when resuming)",
              HSLIDE_FIELD(epochs), {}, {}, both),
         spec("batch-size", group::essentials,
              "samples per step (0 = auto: 256 with --loss logistic on 8,192 training points or "
@@ -160,8 +160,7 @@ std::vector<option_spec> make_table() {
         spec("patience", group::essentials,
              "stop after this many epochs without improvement on the validation set (by "
              "--keep-best's metric, else p@1; 0 = never, or under --epochs auto its default: 1, or "
-             "2 "
-             "on a hold-out under 200 points)",
+             "2 on a hold-out under 200 points)",
              HSLIDE_FIELD(trainer.validation.patience), {}, {}, both),
         spec("lr-drops", group::essentials,
              "at a plateau (patience run out) go back to the best epoch's model and go on at a "

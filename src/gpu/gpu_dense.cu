@@ -5,6 +5,7 @@
 #include "hslide/error.hpp"
 #include "launch.cuh"
 #include "load4.cuh"
+#include "logistic.hpp"
 #include "online_softmax.hpp"
 
 #include <cfloat>
@@ -50,10 +51,6 @@ __device__ float4 load_bias4(const float* bias, uint32_t col, uint32_t rows) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) b[i] = col + i < rows ? __ldg(bias + col + i) : 0.0f;
     return make_float4(b[0], b[1], b[2], b[3]);
-}
-
-__device__ float softplus(float x) {
-    return fmaxf(x, 0.0f) + log1pf(__expf(-fabsf(x)));  // log(1 + e^x), neither side overflows
 }
 
 // One block per (chunk, sample): the chunk's max_sum pair of logit + bias; Logistic: the
@@ -219,7 +216,7 @@ __global__ void __launch_bounds__(gradient_threads, gradient_blocks_per_sm)
                 for (int i = 0; i < 4; ++i) {
                     if (col + i >= rows) continue;  // padding: 0
                     const float x = get(l[g], i) + get(b, i);
-                    d[i] = Logistic ? 1.0f / (1.0f + __expf(-x)) : __expf(x - m) * inv_sum;
+                    d[i] = Logistic ? sigmoid(x) : __expf(x - m) * inv_sum;
                     for (int k = marks[g][local + i]; k > 0; --k) d[i] -= target;
                     marks[g][local + i] = 0;
                     acc[i] += d[i];

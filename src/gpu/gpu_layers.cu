@@ -3,6 +3,7 @@
 #include "gpu_layers.cuh"
 #include "launch.cuh"
 #include "load4.cuh"
+#include "logistic.hpp"
 #include "online_softmax.hpp"
 
 #include <algorithm>
@@ -198,9 +199,8 @@ __global__ void logistic_loss_kernel(float* logits, const float* bias, const uin
     float sample_loss = 0.0f;
     for (uint64_t e = begin + threadIdx.x; e < end; e += blockDim.x) {
         const float l = x.logit(logits, bias, offsets, e);
-        // softplus(l) = log(1 + e^l), written so that neither side overflows.
-        sample_loss += fmaxf(l, 0.0f) + log1pf(__expf(-fabsf(l)));
-        delta[e] = 1.0f / (1.0f + __expf(-l));
+        sample_loss += softplus(l);
+        delta[e] = sigmoid(l);
     }
     __syncthreads();  // the labels' logits and deltas may be other threads' entries
     for (uint32_t i = threadIdx.x; i < x.n_labels; i += blockDim.x) {
