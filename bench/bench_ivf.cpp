@@ -3,9 +3,13 @@
 // random rows in the model's storage: building it (two-level spherical k-means, the automatic
 // 409 clusters), refreshing it (a whole pass with its Lloyd step, or a third of the rows
 // reassigned), and searching a chunk of 256 ReLU queries for their top 64 with a few probe
-// counts. bench/topk.md has the numbers.
+// counts. bench/topk.md has the numbers. `exact` is the exact search it competes with, at a
+// smaller layer (Debian's Depends: 15,591 rows of 256, 256 queries for their top 16) in the int8
+// copy the CPU searches where it has 8-bit products: its row scores a second beside the
+// kernel's alone (bench_kernels' dots16_u8s8) say what the blocking and the offers cost.
 //
 // Run: build/bench_ivf --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
+#include "cpu/exact_scoring.hpp"
 #include "cpu/ivf_index.hpp"
 #include "hslide/model.hpp"
 #include "hslide/rng.hpp"
@@ -98,6 +102,41 @@ void search(benchmark::State& state) {
     state.SetItemsProcessed(int64_t(state.iterations()) * chunk);
 }
 
+/// The exact search of a chunk of 256 ReLU queries over `rows` random rows of `width`, for
+/// their top 16, through the int8 copy where the kernels have 8-bit products.
+void exact(benchmark::State& state) {
+    const uint32_t n_rows = uint32_t(state.range(0)), width = uint32_t(state.range(1));
+    constexpr uint32_t k = 16;
+    const kernel_table& kernels = best_kernels();
+    rng gen(3);
+    aligned_array<float> weights(size_t(n_rows) * padded_stride(width));
+    for (size_t i = 0; i < weights.size(); ++i) weights[i] = float(gen.normal()) * 0.05f;
+    std::vector<float> bias(n_rows, 0.0f);
+    const layer_rows view{weights.data(), padded_stride(width), bias.data(), n_rows, width,
+                          nullptr, 0};
+    int8_copy copy;
+    int8_rows copy8;
+    if (searches_int8_copy(kernels)) {
+        copy = int8_copy(n_rows, width);
+        copy8 = copy.view();
+        quantize_rows_to_int8(view, kernels, copy8, nullptr, n_rows, omp_get_max_threads());
+    }
+    std::vector<std::vector<float>> q(chunk, std::vector<float>(width));
+    std::vector<const float*> qp;
+    for (auto& v : q) {
+        for (float& x : v) x = std::max(0.0f, float(gen.normal()));
+        qp.push_back(v.data());
+    }
+    std::vector<uint32_t> labels(size_t(chunk) * k);
+    std::vector<float> scores(size_t(chunk) * k);
+    exact_scoring scorer;
+    for (auto _ : state)
+        scorer.score(view, kernels, omp_get_max_threads(), qp.data(), chunk, k, labels.data(),
+                     scores.data(), nullptr, copy8 ? &copy8 : nullptr);
+    state.counters["row_scores_per_s"] = benchmark::Counter(
+        double(state.iterations()) * chunk * n_rows, benchmark::Counter::kIsRate);
+}
+
 BENCHMARK(build)->ArgName("width")->Arg(128)->Unit(benchmark::kMillisecond);
 BENCHMARK(refresh)->ArgName("width")->Arg(128)->Arg(256)->Unit(benchmark::kMillisecond);
 BENCHMARK(reassign)->ArgName("width")->Arg(128)->Arg(256)->Unit(benchmark::kMillisecond);
@@ -107,6 +146,11 @@ BENCHMARK(search)
     ->Args({48, 128})
     ->Args({96, 128})
     ->Args({48, 256})
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(exact)
+    ->ArgNames({"rows", "width"})
+    ->Args({15591, 256})
+    ->Args({2048, 256})
     ->Unit(benchmark::kMillisecond);
 
 }  // namespace

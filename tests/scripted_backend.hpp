@@ -41,6 +41,9 @@ class scripted_backend final : public backend {
           points_(points) {}
     std::vector<uint64_t> imported;  // the epochs import_state brought back
     std::vector<float> rates;        // the learning rate of every batch
+    // Whether each export_state / import_state call asked for the Adam state.
+    mutable std::vector<bool> exported_with_optimizer;
+    std::vector<bool> imported_with_optimizer;
 
     step_report train_batch(const batch_view& batch, float learning_rate) override {
         rates.push_back(learning_rate);
@@ -67,8 +70,12 @@ class scripted_backend final : public backend {
             labels[size_t(s) * k] = int(row % 10) < q ? truth : (truth + 1) % 3;
         }
     }
-    void export_state(model_state& out, bool) const override { out.adam_step = epoch(); }
-    void import_state(const model_state& in, bool) override {
+    void export_state(model_state& out, bool with_optimizer) const override {
+        exported_with_optimizer.push_back(with_optimizer);
+        out.adam_step = epoch();
+    }
+    void import_state(const model_state& in, bool with_optimizer) override {
+        imported_with_optimizer.push_back(with_optimizer);
         imported.push_back(in.adam_step);
         samples_ = in.adam_step * points_;
     }

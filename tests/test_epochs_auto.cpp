@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <regex>
 #include <string>
@@ -194,6 +195,37 @@ TEST(EpochsAuto, StopsOncePatienceRunsOutAndEndsWithTheBestModel) {
                   std::string::npos)
             << e.what();
     }
+}
+
+TEST(EpochsAuto, TheBestSnapshotKeepsAdamStateOnlyWhereSomethingTrainsOnFromIt) {
+    const dataset train = labelled_points(40), valid = labelled_points(20);
+    // Best at epoch 2, then two worse: the run goes back to epoch 2's snapshot at its end.
+    struct flags {
+        std::vector<bool> exported, imported;  // with_optimizer of each export and import
+    };
+    auto run_with = [&](bool after_run, int32_t drops) {
+        scripted_backend be({3, 7, 5, 6, 9, 9, 9}, 40);
+        trainer_options o = auto_options();
+        o.validation.valid = &valid;
+        o.validation.lr_drops = drops;
+        o.optimizer_after_run = after_run;
+        trainer(be, train, nullptr, o).run();
+        EXPECT_FALSE(be.imported.empty()) << "the run went back to its best epoch";
+        return flags{be.exported_with_optimizer, be.imported_with_optimizer};
+    };
+    auto all_are = [](const std::vector<bool>& f, bool value) {
+        return !f.empty() && std::all_of(f.begin(), f.end(), [&](bool x) { return x == value; });
+    };
+    // The command line's case: nothing trains on from the snapshot, which holds weights alone.
+    const flags bare = run_with(false, 0);
+    EXPECT_TRUE(all_are(bare.exported, false));
+    EXPECT_TRUE(all_are(bare.imported, false));
+    // A caller that may save or train on after run(), or a drop: with Adam state.
+    const flags caller = run_with(true, 0), dropping = run_with(false, 1);
+    EXPECT_TRUE(all_are(caller.exported, true));
+    EXPECT_TRUE(all_are(caller.imported, true));
+    EXPECT_TRUE(all_are(dropping.exported, true));
+    EXPECT_TRUE(all_are(dropping.imported, true));
 }
 
 TEST(EpochsAuto, APlateauGoesBackToTheBestModelAtATenthOfTheRate) {
@@ -448,6 +480,16 @@ TEST(EpochsAuto, TheCpuBackendEndsWithTheModelOfARunOfBestEpochEpochs) {
     auto exact = tiny_backend(fixed_tc);
     trainer(*exact, parts.first, nullptr, fixed).run();
     expect_identical(exported(*automatic), exported(*exact));
+
+    // The command line's run, whose snapshot keeps no Adam state: the same weights.
+    trainer_options bare = o;
+    bare.optimizer_after_run = false;
+    auto weights_only = tiny_backend(tc);
+    trainer bare_run(*weights_only, parts.first, nullptr, bare);
+    bare_run.run();
+    EXPECT_EQ(bare_run.best_epoch(), best);
+    EXPECT_GT(bare_run.epochs_run(), best) << "it went back to the best epoch";
+    expect_same_parameters(exported(*weights_only), exported(*exact));
 }
 
 static void resumes_as_uninterrupted(const train_config& tc);

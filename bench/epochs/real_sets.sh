@@ -2,7 +2,9 @@
 # `data` to `hslide train`'s data flags for bibtex, corel5k, debian or yeast, from $HSLIDE_DATA
 # (../shared/data), or deps, from $HSLIDE_DEPS (/tmp/debian-depends: written by
 # scripts/debian_packages_set.py from this machine's apt index where it is missing), or tags, from
-# $HSLIDE_TAGS (/tmp/debian-tags: the same index's debtags as labels, --field Tag).
+# $HSLIDE_TAGS (/tmp/debian-tags: the same index's debtags as labels, --field Tag), or the two tiny
+# sets from the same index, prov ($HSLIDE_PROVIDES, /tmp/debian-provides: --field Provides) and brk
+# ($HSLIDE_BREAKS, /tmp/debian-breaks: --field Breaks+Replaces+Conflicts).
 real_set_flags() {
     local D=${HSLIDE_DATA:-../shared/data}
     case $1 in
@@ -19,6 +21,14 @@ real_set_flags() {
             local T=${HSLIDE_TAGS:-/tmp/debian-tags}
             [[ -f $T/test.txt ]] || "$(dirname "${BASH_SOURCE[0]}")/../../scripts/debian_packages_set.py" "$T" --field Tag >&2
             data=(--train $T/train.txt --test $T/test.txt) ;;
+        prov) debian_set_flags "${HSLIDE_PROVIDES:-/tmp/debian-provides}" Provides ;;
+        brk) debian_set_flags "${HSLIDE_BREAKS:-/tmp/debian-breaks}" Breaks+Replaces+Conflicts ;;
         *) echo "unknown set $1" >&2; exit 2 ;;
     esac
+}
+
+# debian_set_flags DIR FIELD: `data` for DIR's set of Debian's FIELD, written there when missing.
+debian_set_flags() {
+    [[ -f $1/test.txt ]] || "$(dirname "${BASH_SOURCE[0]}")/../../scripts/debian_packages_set.py" "$1" --field "$2" >&2
+    data=(--train $1/train.txt --test $1/test.txt)
 }

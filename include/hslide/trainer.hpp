@@ -155,6 +155,14 @@ struct trainer_options {
     /// abandon the run mid-epoch (the Python module raises KeyboardInterrupt there on Ctrl-C,
     /// which otherwise would wait for the epoch's end). Empty: nothing is called.
     std::function<void()> between_steps;
+    /// Whether the backend must hold the kept model's Adam state when run() returns, for a
+    /// caller that saves it or trains on (the Python module's fit). False (the command line,
+    /// which saves only through save_path): the best epoch's snapshot keeps the weights alone
+    /// unless a drop of the rate or a checkpoint needs its moments, a third of its memory
+    /// (peak memory 1.47 -> 1.08 GiB at the Amazon-670K shape, bench/peers.md); a run that
+    /// goes back to an earlier epoch then ends with that epoch's weights and the last
+    /// epoch's moments.
+    bool optimizer_after_run = true;
     /// Called after every checkpoint written to save_path (a sharded run's ranks each write
     /// their file there; the hook then writes the manifest). Empty: nothing is called.
     std::function<void()> after_checkpoint;
@@ -236,6 +244,10 @@ class trainer {
     /// The backend goes back to the best epoch's model (best_model_), and the average to the
     /// best epoch's.
     void restore_best_model();
+    /// Whether the best epoch's snapshot must hold its Adam state: for a drop (which trains on
+    /// from it), a checkpoint (which a resumed run trains on from) or the caller
+    /// (trainer_options::optimizer_after_run).
+    bool best_needs_optimizer() const;
     /// " by more than M x its hold-out noise (N)" where validation_options::min_gain is set,
     /// else "": what a plateau's message says the epochs fell short of.
     std::string gain_wanted() const;
@@ -264,6 +276,7 @@ class trainer {
     uint32_t best_epoch_ = 0;
     double best_value_ = 0;
     std::optional<model_state> best_model_;  // keep_best: the best epoch's model
+    bool best_has_optimizer_ = true;         // whether best_model_ holds its Adam state
     trainer_state best_state_;
     std::optional<epoch_record> best_record_;   // keep_best: the best epoch's record
     std::optional<epoch_record> final_record_;  // keep_best: the kept model's, after run()

@@ -112,6 +112,9 @@ int run_train(int argc, char** argv) {
     settings.apply_names();
     to.eval.show_progress = show_progress;
     to.show_progress = show_progress;
+    // The command saves only through --save: after the run the kept model's weights are
+    // evaluated and the process ends, so its Adam state need not be kept beside them.
+    to.optimizer_after_run = false;
     const backend_kind kind = parse_backend_kind(backend_name);
     validate_before_data(tc, kind, sharded);  // resolved after the split (the batch follows it)
     validate(to.eval.metrics);
