@@ -9,16 +9,22 @@ packages, and points left without a label are dropped; the split is 80/20 by a h
 package name. `../shared/data/debian-recs` is this recipe over Recommends and Suggests
 (`--field Recommends+Suggests`, from another snapshot of the index and another split hash).
 `--field Tag` predicts a package's debtags instead (a few hundred labels, many a point; the
-tags are then left out of the features).
+tags are then left out of the features). `--long-descriptions` adds the words of each package's
+long description (apt's Translation-en index) as features: a text-like set, with several times
+the features a point (the shape of XC's document sets, where the input layer costs more).
 
 Depends over bookworm main amd64 (2026-12): 43,408 train / 10,566 test points, 25,089
 features, 15,591 labels, 4.7 labels a point: the shape of the held-out power-law set issue 30
 quotes (15,658 labels, 43.6k points). bench/peers.md measures hslide and napkinXC on it.
 
 Usage: scripts/debian_packages_set.py OUT_DIR [--field Depends] [--packages FILE]
+                                      [--long-descriptions [FILE]]
   --packages: a Packages file (plain, or compressed: read through apt-helper cat-file);
   default: this machine's apt index of a Debian main amd64 suite
   (/var/lib/apt/lists/*_main_binary-amd64_Packages*, the largest; `apt-get update` fetches it).
+  --long-descriptions: a Translation-en file; default: the apt index's
+  (/var/lib/apt/lists/*_main_i18n_Translation-en*, the largest; `apt-get update -o
+  Acquire::Languages=en` fetches it where the system's apt leaves translations out).
 Writes OUT_DIR/train.txt and OUT_DIR/test.txt, and prints their shapes and the index's SHA-256
 (the set changes with the index: say which one a figure is of).
 """
@@ -84,10 +90,35 @@ def packages_named(fields, names):
     return out
 
 
-def features_of(fields, with_tags=True):
+def long_descriptions(text):
+    """Each described package's long description (Translation-en: "Description-en: short"
+    and its continuation lines), by Description-md5 and by package name."""
+    out = {}
+    fields, key, lines = {}, None, []
+    for line in text.splitlines() + [""]:
+        if not line:
+            if "Package" in fields and lines:
+                body = " ".join(lines)
+                out.setdefault(("md5", fields.get("Description-md5", "")), body)
+                out.setdefault(("name", fields["Package"]), body)
+            fields, key, lines = {}, None, []
+        elif line[0] in " \t":
+            if key == "Description-en" and line.strip() != ".":
+                lines.append(line.strip())
+        else:
+            key, _, value = line.partition(":")
+            fields[key] = value.strip()
+    return out
+
+
+def features_of(fields, with_tags=True, long=None):
     name = fields["Package"]
     out = {"n=" + w for w in WORD.findall(name.lower().replace("-", " "))}
     out |= {"d=" + w for w in WORD.findall(fields.get("Description", "").lower())}
+    if long is not None:
+        body = long.get(("md5", fields.get("Description-md5", "")),
+                        long.get(("name", name), ""))
+        out |= {"l=" + w for w in WORD.findall(body.lower())}
     for key, prefix in (("Section", "s="), ("Priority", "p="), ("Architecture", "a="),
                         ("Maintainer", "m=")):
         out.add(prefix + fields.get(key, ""))
@@ -96,8 +127,9 @@ def features_of(fields, with_tags=True):
     return out
 
 
-def build(text, field_names):
-    """(train, test, n_features, n_labels): points as (feature ids, label ids)."""
+def build(text, field_names, long=None):
+    """(train, test, n_features, n_labels): points as (feature ids, label ids); `long`:
+    long_descriptions' map, whose words join the features."""
     rows = []
     for fields in stanzas(text):
         if "Package" not in fields:
@@ -107,7 +139,7 @@ def build(text, field_names):
             continue
         name = fields["Package"]
         test = int(hashlib.md5(name.encode()).hexdigest(), 16) % 5 == 0
-        rows.append((test, features_of(fields, "Tag" not in field_names), labels))
+        rows.append((test, features_of(fields, "Tag" not in field_names, long), labels))
     feature_count = collections.Counter(f for _, fs, _ in rows for f in fs)
     label_count = collections.Counter(l for test, _, ls in rows if not test for l in ls)
     feature_id = {f: i for i, f in enumerate(sorted(f for f, c in feature_count.items() if c >= 2))}
@@ -137,24 +169,43 @@ def default_index():
     return max(found, key=os.path.getsize)
 
 
+def default_translations():
+    found = glob.glob("/var/lib/apt/lists/*_main_i18n_Translation-en*")
+    if not found:
+        sys.exit("debian_packages_set.py: no Translation-en index in /var/lib/apt/lists (run "
+                 "apt-get update -o Acquire::Languages=en, or pass --long-descriptions FILE)")
+    return max(found, key=os.path.getsize)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir")
     parser.add_argument("--field", default="Depends",
                         help="the relation(s) to predict, joined by + (default Depends)")
     parser.add_argument("--packages", help="a Packages file (default: the apt index)")
+    parser.add_argument("--long-descriptions", nargs="?", const="", metavar="FILE",
+                        help="add the words of the packages' long descriptions (a "
+                        "Translation-en file; default: the apt index's)")
     args = parser.parse_args()
     path = args.packages or default_index()
     data = read_index(path)
+    long, long_note = None, ""
+    if args.long_descriptions is not None:
+        long_path = args.long_descriptions or default_translations()
+        long_data = read_index(long_path)
+        long = long_descriptions(long_data.decode("utf-8", "replace"))
+        long_note = (f", long descriptions of {long_path} "
+                     f"(SHA-256 {hashlib.sha256(long_data).hexdigest()})")
     train, test, n_features, n_labels = build(data.decode("utf-8", "replace"),
-                                              args.field.split("+"))
+                                              args.field.split("+"), long)
     if not train or not test:
         sys.exit(f"debian_packages_set.py: {path}: no package with a kept {args.field} label "
                  "in the train or the test part")
     os.makedirs(args.out_dir, exist_ok=True)
     write(os.path.join(args.out_dir, "train.txt"), train, n_features, n_labels)
     write(os.path.join(args.out_dir, "test.txt"), test, n_features, n_labels)
-    print(f"{args.out_dir}: {args.field} of {path} (SHA-256 {hashlib.sha256(data).hexdigest()}): "
+    print(f"{args.out_dir}: {args.field} of {path} (SHA-256 {hashlib.sha256(data).hexdigest()})"
+          f"{long_note}: "
           f"{len(train)} train / {len(test)} test points, {n_features} features, "
           f"{n_labels} labels")
 

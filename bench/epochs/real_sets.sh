@@ -4,7 +4,9 @@
 # scripts/debian_packages_set.py from this machine's apt index where it is missing), or tags, from
 # $HSLIDE_TAGS (/tmp/debian-tags: the same index's debtags as labels, --field Tag), or the two tiny
 # sets from the same index, prov ($HSLIDE_PROVIDES, /tmp/debian-provides: --field Provides) and brk
-# ($HSLIDE_BREAKS, /tmp/debian-breaks: --field Breaks+Replaces+Conflicts).
+# ($HSLIDE_BREAKS, /tmp/debian-breaks: --field Breaks+Replaces+Conflicts); depslong and tagslong
+# ($HSLIDE_DEPS_LONG, $HSLIDE_TAGS_LONG) are deps and tags with the long descriptions' words
+# (--long-descriptions: text-like points, about 50 features each instead of 14).
 real_set_flags() {
     local D=${HSLIDE_DATA:-../shared/data}
     case $1 in
@@ -21,14 +23,17 @@ real_set_flags() {
             local T=${HSLIDE_TAGS:-/tmp/debian-tags}
             [[ -f $T/test.txt ]] || "$(dirname "${BASH_SOURCE[0]}")/../../scripts/debian_packages_set.py" "$T" --field Tag >&2
             data=(--train $T/train.txt --test $T/test.txt) ;;
+        depslong) debian_set_flags "${HSLIDE_DEPS_LONG:-/tmp/debian-depends-long}" Depends --long-descriptions ;;
+        tagslong) debian_set_flags "${HSLIDE_TAGS_LONG:-/tmp/debian-tags-long}" Tag --long-descriptions ;;
         prov) debian_set_flags "${HSLIDE_PROVIDES:-/tmp/debian-provides}" Provides ;;
         brk) debian_set_flags "${HSLIDE_BREAKS:-/tmp/debian-breaks}" Breaks+Replaces+Conflicts ;;
         *) echo "unknown set $1" >&2; exit 2 ;;
     esac
 }
 
-# debian_set_flags DIR FIELD: `data` for DIR's set of Debian's FIELD, written there when missing.
+# debian_set_flags DIR FIELD [FLAG]: `data` for DIR's set of Debian's FIELD, written there (with
+# debian_packages_set.py's FLAG) when missing.
 debian_set_flags() {
-    [[ -f $1/test.txt ]] || "$(dirname "${BASH_SOURCE[0]}")/../../scripts/debian_packages_set.py" "$1" --field "$2" >&2
+    [[ -f $1/test.txt ]] || "$(dirname "${BASH_SOURCE[0]}")/../../scripts/debian_packages_set.py" "$1" --field "$2" ${3:-} >&2
     data=(--train $1/train.txt --test $1/test.txt)
 }

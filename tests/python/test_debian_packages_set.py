@@ -62,3 +62,35 @@ def test_a_bad_index_is_named(tmp_path):
                           str(tmp_path / "out"), "--packages", str(packages)],
                          capture_output=True, text=True)
     assert run.returncode != 0 and str(packages) in run.stderr and "Depends" in run.stderr
+
+
+def test_long_descriptions_add_their_words(tmp_path):
+    # Packages match their translation by Description-md5, else by name; a "." line is a
+    # paragraph break, not a word.
+    translations = ("Package: pkg-1\nDescription-md5: 0123\nDescription-en: short\n"
+                    " paragraph about widgets\n .\n more widgets\n\n"
+                    "Package: pkg-3\nDescription-en: short\n widgets too\n")
+    long = script.long_descriptions(translations)
+    assert long[("md5", "0123")] == "paragraph about widgets more widgets"
+    assert long[("name", "pkg-3")] == "widgets too"
+    fields = {"Package": "pkg-1", "Description": "tool", "Description-md5": "0123"}
+    words = script.features_of(fields, long=long)
+    assert {"l=paragraph", "l=widgets", "l=more"} <= words and "l=." not in words
+    assert script.features_of(fields) == {f for f in words if not f.startswith("l=")}
+
+    # Every package of the small index described: "widgets" is in every point's features.
+    text = "".join(f"Package: pkg-{i}\nDescription-en: x\n widgets for {i}\n\n" for i in range(60))
+    (tmp_path / "Translation-en").write_text(text)
+    (tmp_path / "Packages").write_text(index_text())
+    plain, _, n_plain, _ = script.build(index_text(), ["Depends"])
+    train, _, n_features, _ = script.build(index_text(), ["Depends"],
+                                           script.long_descriptions(text))
+    assert n_features > n_plain
+    assert all(len(a) > len(b) for (a, _), (b, _) in zip(train, plain))
+    out = tmp_path / "set"
+    run = subprocess.run(["python3", str(REPO / "scripts" / "debian_packages_set.py"), str(out),
+                          "--packages", str(tmp_path / "Packages"), "--long-descriptions",
+                          str(tmp_path / "Translation-en")], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert "long descriptions of" in run.stdout
+    assert (out / "train.txt").read_text().splitlines()[0].split()[1] == str(n_features)
