@@ -82,23 +82,31 @@ void reassign(benchmark::State& state) {
                           omp_get_max_threads());
 }
 
+/// A chunk of ReLU'd normal queries of `width`, drawn from `seed`.
+struct relu_queries {
+    std::vector<std::vector<float>> values;
+    std::vector<const float*> pointers;
+    relu_queries(uint32_t width, uint64_t seed) : values(chunk, std::vector<float>(width)) {
+        rng gen(seed);
+        for (auto& v : values) {
+            for (float& x : v) x = std::max(0.0f, float(gen.normal()));
+            pointers.push_back(v.data());
+        }
+    }
+};
+
 void search(benchmark::State& state) {
     ivf_index index;
     const uint32_t width = uint32_t(state.range(1));
     const layer& l = the_layer(width);
     build_ivf_index(index, l.view, 0, 7, best_kernels(), omp_get_max_threads());
-    rng gen(2);
-    std::vector<std::vector<float>> q(chunk, std::vector<float>(width));
-    std::vector<const float*> qp;
-    for (auto& v : q) {
-        for (float& x : v) x = std::max(0.0f, float(gen.normal()));
-        qp.push_back(v.data());
-    }
+    const relu_queries q(width, 2);
     std::vector<uint32_t> labels(size_t(chunk) * top);
     std::vector<float> scores(size_t(chunk) * top);
     for (auto _ : state)
-        ivf_search(index, l.view, best_kernels(), qp.data(), chunk, uint32_t(state.range(0)), top,
-                   labels.data(), scores.data(), omp_get_max_threads());
+        ivf_search(index, l.view, best_kernels(), q.pointers.data(), chunk,
+                   uint32_t(state.range(0)), top, labels.data(), scores.data(),
+                   omp_get_max_threads());
     state.SetItemsProcessed(int64_t(state.iterations()) * chunk);
 }
 
@@ -112,8 +120,8 @@ void exact(benchmark::State& state) {
     aligned_array<float> weights(size_t(n_rows) * padded_stride(width));
     for (size_t i = 0; i < weights.size(); ++i) weights[i] = float(gen.normal()) * 0.05f;
     std::vector<float> bias(n_rows, 0.0f);
-    const layer_rows view{weights.data(), padded_stride(width), bias.data(), n_rows, width,
-                          nullptr, 0};
+    const layer_rows view{
+        weights.data(), padded_stride(width), bias.data(), n_rows, width, nullptr, 0};
     int8_copy copy;
     int8_rows copy8;
     if (searches_int8_copy(kernels)) {
@@ -121,18 +129,13 @@ void exact(benchmark::State& state) {
         copy8 = copy.view();
         quantize_rows_to_int8(view, kernels, copy8, nullptr, n_rows, omp_get_max_threads());
     }
-    std::vector<std::vector<float>> q(chunk, std::vector<float>(width));
-    std::vector<const float*> qp;
-    for (auto& v : q) {
-        for (float& x : v) x = std::max(0.0f, float(gen.normal()));
-        qp.push_back(v.data());
-    }
+    const relu_queries q(width, 4);
     std::vector<uint32_t> labels(size_t(chunk) * k);
     std::vector<float> scores(size_t(chunk) * k);
     exact_scoring scorer;
     for (auto _ : state)
-        scorer.score(view, kernels, omp_get_max_threads(), qp.data(), chunk, k, labels.data(),
-                     scores.data(), nullptr, copy8 ? &copy8 : nullptr);
+        scorer.score(view, kernels, omp_get_max_threads(), q.pointers.data(), chunk, k,
+                     labels.data(), scores.data(), nullptr, copy8 ? &copy8 : nullptr);
     state.counters["row_scores_per_s"] = benchmark::Counter(
         double(state.iterations()) * chunk * n_rows, benchmark::Counter::kIsRate);
 }

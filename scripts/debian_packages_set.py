@@ -161,20 +161,22 @@ def write(path, points, n_features, n_labels):
                       " ".join(f"{f}:{value:.6f}" for f in features) + "\n")
 
 
-def default_index():
-    found = glob.glob("/var/lib/apt/lists/*_main_binary-amd64_Packages*")
+def largest_list(pattern, missing):
+    """The largest of apt's lists matching `pattern`; exits saying `missing` where none does."""
+    found = glob.glob("/var/lib/apt/lists/" + pattern)
     if not found:
-        sys.exit("debian_packages_set.py: no apt index of a main amd64 suite in "
-                 "/var/lib/apt/lists (run apt-get update, or pass --packages FILE)")
+        sys.exit(f"debian_packages_set.py: no {missing} in /var/lib/apt/lists")
     return max(found, key=os.path.getsize)
+
+
+def default_index():
+    return largest_list("*_main_binary-amd64_Packages*", "apt index of a main amd64 suite (run "
+                        "apt-get update, or pass --packages FILE)")
 
 
 def default_translations():
-    found = glob.glob("/var/lib/apt/lists/*_main_i18n_Translation-en*")
-    if not found:
-        sys.exit("debian_packages_set.py: no Translation-en index in /var/lib/apt/lists (run "
-                 "apt-get update -o Acquire::Languages=en, or pass --long-descriptions FILE)")
-    return max(found, key=os.path.getsize)
+    return largest_list("*_main_i18n_Translation-en*", "Translation-en index (run apt-get "
+                        "update -o Acquire::Languages=en, or pass --long-descriptions FILE)")
 
 
 def main():
