@@ -134,13 +134,10 @@ __global__ void dense_combine_kernel(const T* logits, const float* bias, uint32_
     for (uint32_t c = threadIdx.x; c < n_chunks; c += blockDim.x)
         ms = max_sum_combine(
             ms, {part_max[size_t(s) * n_chunks + c], part_sum[size_t(s) * n_chunks + c]});
-    ms = block_combine(ms, scratch);
-    if (threadIdx.x == 0) {
-        scratch[0] = ms.max;
-        scratch[1] = ms.sum;
-    }
-    __syncthreads();
-    const float m = scratch[0], z = scratch[1], log_partition = m + logf(z);
+    // Every thread's pair is thread 0's (block_combine_shared): no write to scratch while
+    // other warps may still read it.
+    ms = block_combine_shared(ms, scratch);
+    const float m = ms.max, z = ms.sum, log_partition = m + logf(z);
     const float target = 1.0f / float(n_labels);
     float sample_loss = 0.0f;
     for (uint32_t i = threadIdx.x; i < n_labels; i += blockDim.x) {

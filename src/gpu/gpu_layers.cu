@@ -182,7 +182,8 @@ __global__ void softmax_loss_kernel(float* logits, const float* bias, const uint
     float sample_loss = 0.0f;
     for (uint32_t i = threadIdx.x; i < n_labels; i += blockDim.x) {
         const uint64_t e = x.label_entry(i, labels_first, batch);
-        delta[e] -= target;
+        // Atomic: over dense columns (labels_first false) a label listed twice is one entry.
+        atomicAdd(&delta[e], -target);
         sample_loss -= target * (logits[e] - log_partition);
     }
     sample_loss = block_sum(sample_loss, scratch);
