@@ -15,14 +15,8 @@ real_set_flags() {
         corel5k) data=(--train $D/corel5k/corel5k_train.txt --test $D/corel5k/corel5k_test.txt) ;;
         debian) data=(--train $D/debian-recs/train.txt --test $D/debian-recs/test.txt) ;;
         yeast) data=(--train $D/yeast/yeast_train.txt --test $D/yeast/yeast_test.txt) ;;
-        deps)
-            local P=${HSLIDE_DEPS:-/tmp/debian-depends}
-            [[ -f $P/test.txt ]] || "$(dirname "${BASH_SOURCE[0]}")/../../scripts/debian_packages_set.py" "$P" >&2
-            data=(--train $P/train.txt --test $P/test.txt) ;;
-        tags)
-            local T=${HSLIDE_TAGS:-/tmp/debian-tags}
-            [[ -f $T/test.txt ]] || "$(dirname "${BASH_SOURCE[0]}")/../../scripts/debian_packages_set.py" "$T" --field Tag >&2
-            data=(--train $T/train.txt --test $T/test.txt) ;;
+        deps) debian_set_flags "${HSLIDE_DEPS:-/tmp/debian-depends}" Depends ;;
+        tags) debian_set_flags "${HSLIDE_TAGS:-/tmp/debian-tags}" Tag ;;
         depslong) debian_set_flags "${HSLIDE_DEPS_LONG:-/tmp/debian-depends-long}" Depends --long-descriptions ;;
         tagslong) debian_set_flags "${HSLIDE_TAGS_LONG:-/tmp/debian-tags-long}" Tag --long-descriptions ;;
         prov) debian_set_flags "${HSLIDE_PROVIDES:-/tmp/debian-provides}" Provides ;;
