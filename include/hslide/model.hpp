@@ -126,9 +126,9 @@ struct model_state {
 
     /// Allocates every layer for `config` and initialises the weights from `seed`: uniform,
     /// with He's standard deviation for ReLU layers and a smaller one for the output layer
-    /// (biases zero). With
-    /// bf16 `moments` the layers past the input one get no fp32 Adam moments (the CPU backend
-    /// keeps them in bf16 and starts them at zero), so they never take memory.
+    /// (biases zero). With bf16 `moments` the layers past the input one get no fp32 Adam
+    /// moments (the CPU backend keeps them in bf16 and starts them at zero), so they never take
+    /// memory.
     static model_state create(const model_config& config, uint64_t seed,
                               moment_storage moments = moment_storage::fp32);
     /// create() holding only rows [first, first + count) of the output layer (a rank's shard,

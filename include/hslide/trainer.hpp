@@ -244,9 +244,9 @@ class trainer {
     /// The backend goes back to the best epoch's model (best_model_), and the average to the
     /// best epoch's.
     void restore_best_model();
-    /// Whether the best epoch's snapshot must hold its Adam state: for a drop (which trains on
-    /// from it), a checkpoint (which a resumed run trains on from) or the caller
-    /// (trainer_options::optimizer_after_run).
+    /// Whether the best epoch's snapshot holds its Adam state: for a drop (which trains on from
+    /// it), a checkpoint (which a resumed run trains on from) or the caller
+    /// (trainer_options::optimizer_after_run). The same all run: the options are resolved once.
     bool best_needs_optimizer() const;
     /// " by more than M x its hold-out noise (N)" where validation_options::min_gain is set,
     /// else "": what a plateau's message says the epochs fell short of.
@@ -276,7 +276,6 @@ class trainer {
     uint32_t best_epoch_ = 0;
     double best_value_ = 0;
     std::optional<model_state> best_model_;  // keep_best: the best epoch's model
-    bool best_has_optimizer_ = true;         // whether best_model_ holds its Adam state
     trainer_state best_state_;
     std::optional<epoch_record> best_record_;   // keep_best: the best epoch's record
     std::optional<epoch_record> final_record_;  // keep_best: the kept model's, after run()

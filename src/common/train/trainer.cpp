@@ -170,8 +170,7 @@ trainer::trainer(backend& engine, const dataset& train, const dataset* test,
                          "its best, epoch {}",
                          state_.improved_epoch, state_.best_epoch);
             best_model_.emplace();
-            best_has_optimizer_ = best_needs_optimizer();
-            backend_.export_state(*best_model_, best_has_optimizer_);
+            backend_.export_state(*best_model_, best_needs_optimizer());
             best_state_ = state_;
         } else {
             // A fixed run's checkpoint is its last epoch's model: the best is tracked afresh.
@@ -258,7 +257,7 @@ void trainer::restore_best_model() {
     hide_average();
     // Without its Adam state the backend keeps the moments it has (best_needs_optimizer: no
     // step is taken from them).
-    backend_.import_state(*best_model_, best_has_optimizer_);
+    backend_.import_state(*best_model_, best_needs_optimizer());
     if (average_keep_ == 0) return;
     // best_model_ holds the best epoch's average; the backend trains on from the weights it
     // had then where they were kept (else from the average: the run is ending).
@@ -585,8 +584,7 @@ void trainer::validate_epoch(epoch_record& record) {
         state_.best_value = best_value_;
         if (v.keep_best) {
             if (!best_model_) best_model_.emplace();
-            best_has_optimizer_ = best_needs_optimizer();
-            backend_.export_state(*best_model_, best_has_optimizer_);
+            backend_.export_state(*best_model_, best_needs_optimizer());
             // With an average, best_model_ holds it. The weights training was at are kept only
             // for a drop (which trains on from them) and a checkpoint (which a resumed run
             // does): at the Amazon-670K shape they are 212 MB.
