@@ -54,8 +54,10 @@ TEST(Cli, TrainEvalPredictOnSyntheticData) {
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find("final: P@1"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("(LSH)"), std::string::npos) << r.output;
-    // --hidden auto says what it chose: the tiny preset's 500 labels are a small layer.
-    EXPECT_NE(r.output.find("hidden width: auto: 512 (500 output rows"), std::string::npos)
+    // --hidden auto says what it chose: the tiny preset's 500 labels over 2,000 features are
+    // a small model.
+    EXPECT_NE(r.output.find("hidden width: auto: 512 (2000 input features, 500 output rows"),
+              std::string::npos)
         << r.output;
 
     // One JSON record per epoch with the documented keys.

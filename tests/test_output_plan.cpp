@@ -13,13 +13,19 @@
 
 using namespace hslide;
 
-TEST(OutputPlan, AutomaticHiddenWidthIsWideOnlyUnderASmallOutputLayer) {
-    // 512 up to wide_hidden_max_rows output rows (Bibtex, Corel5k, Yeast), 256 above
-    // (Debian-recs, the Amazon-670K shape: bench/peers.md).
-    for (uint32_t rows : {1u, 14u, 159u, 374u, wide_hidden_max_rows})
-        EXPECT_EQ(automatic_hidden_width(rows), wide_hidden_width) << rows;
-    for (uint32_t rows : {wide_hidden_max_rows + 1, 6118u, 69410u})
-        EXPECT_EQ(automatic_hidden_width(rows), narrow_hidden_width) << rows;
+TEST(OutputPlan, AutomaticHiddenWidthIsWideOnlyUnderASmallOutputLayerOverFewFeatures) {
+    // 512 up to wide_hidden_max_rows output rows over up to wide_hidden_max_features features
+    // (Bibtex, Corel5k, Yeast), 256 above either (Debian-recs, the Amazon-670K shape; Debian's
+    // Provides and debtags: bench/peers.md).
+    for (uint32_t features : {1u, 103u, 1836u, wide_hidden_max_features}) {
+        for (uint32_t rows : {1u, 14u, 159u, 374u, wide_hidden_max_rows})
+            EXPECT_EQ(automatic_hidden_width(features, rows), wide_hidden_width) << rows;
+        for (uint32_t rows : {wide_hidden_max_rows + 1, 6118u, 69410u})
+            EXPECT_EQ(automatic_hidden_width(features, rows), narrow_hidden_width) << rows;
+    }
+    for (uint32_t features : {wide_hidden_max_features + 1, 7406u, 15941u})
+        for (uint32_t rows : {1u, 480u, 575u, 6118u})
+            EXPECT_EQ(automatic_hidden_width(features, rows), narrow_hidden_width) << features;
     // make_model_config: the default (0) resolves per layer; a given width is kept, also
     // beside an automatic one; the output layer is the labels' rows whatever the width.
     model_options o;
@@ -27,6 +33,7 @@ TEST(OutputPlan, AutomaticHiddenWidthIsWideOnlyUnderASmallOutputLayer) {
     EXPECT_EQ(make_model_config(o, 100, 159).layers[0].size, 512u);
     EXPECT_EQ(make_model_config(o, 100, 6118).layers[0].size, 256u);
     EXPECT_EQ(make_model_config(o, 100, 6118).layers.back().size, 6118u);
+    EXPECT_EQ(make_model_config(o, 7406, 480).layers[0].size, 256u);
     o.hidden = {0, 64};
     const model_config mixed = make_model_config(o, 100, 159);
     ASSERT_EQ(mixed.layers.size(), 3u);

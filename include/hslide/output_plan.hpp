@@ -51,17 +51,25 @@ constexpr uint32_t output_lr_scale_rows = 12288;
 /// 0.177); synthetic sets of 18k and 6k carried labels gain too.
 float automatic_output_lr_scale(uint32_t rows);
 
-/// Output rows up to which --hidden 0 (auto) is wide_hidden_width, else narrow_hidden_width.
+/// Output rows and input features up to which --hidden 0 (auto) is wide_hidden_width, else
+/// narrow_hidden_width.
 constexpr uint32_t wide_hidden_max_rows = 1024;
+constexpr uint32_t wide_hidden_max_features = 4096;
 constexpr uint32_t wide_hidden_width = 512;
 constexpr uint32_t narrow_hidden_width = 256;
-/// A hidden layer's automatic width (--hidden 0) under an output layer of `rows` rows: 512 up
-/// to wide_hidden_max_rows rows, else 256. Measured (bench/peers.md, 2026-12-07, fourth
-/// session; test P@1, means over seeds): at 512 Bibtex (159 rows, seeds 1-12) 0.6289 -> 0.6371,
-/// Yeast (14, seeds 1-6) 0.7567 -> 0.7661, Corel5k (374, seeds 1-12) 0.3970 either way, in well
-/// under a second; Debian-recs (6,118) gains too (0.5092 -> 0.5154, seeds 1-3) but at 1.8x the
-/// time, past napkinXC's, and a step over a larger layer costs in proportion to the width.
-uint32_t automatic_hidden_width(uint32_t rows);
+/// A hidden layer's automatic width (--hidden 0) in a model of `input_features` features and
+/// `rows` output rows: 512 up to wide_hidden_max_rows rows and wide_hidden_max_features
+/// features, else 256. Measured (test P@1, means over seeds): at 512 Bibtex (1,836 features,
+/// 159 rows, seeds 1-12) 0.6289 -> 0.6371, Yeast (103, 14, seeds 1-6) 0.7567 -> 0.7661, Corel5k
+/// (499, 374) level, Debian's Pre-Depends (1,202, 26, seeds 1-8) 0.8202 -> 0.8449, in well under
+/// a second; Debian-recs (6,118 rows) gains too (0.5092 -> 0.5154, seeds 1-3) but at 1.8x the
+/// time, past napkinXC's, and a step over a larger layer costs in proportion to the width
+/// (bench/peers.md, 2026-12-07, fourth session). Over a wide input layer 512 gains nothing and
+/// costs a third to two fifths of the time (bench/peers.md, eighth session, seeds 1-8 or 1-4):
+/// Debian's Provides (7,406 features, 480 rows) 0.9312 against 0.9316 at 256, debtags (15,941,
+/// 575) 0.9476 against 0.9471, its long-description set (50,179) 0.9410 against 0.9416, the
+/// Section set (28,276, 58 classes) 0.9097 against 0.9101.
+uint32_t automatic_hidden_width(uint32_t input_features, uint32_t rows);
 /// The plan for an output layer of `rows` rows whose sparsity is `asked` (automatic or topk;
 /// automatic becomes topk or dense), trained in steps of `batch` samples, with --top-k `top_k`
 /// and --min-active `min_active` as given (0: automatic, sized from the rows and the batch).

@@ -96,7 +96,7 @@ std::vector<option_spec> make_table() {
              HSLIDE_FIELD(data.test_split), {}, {}, cli),
         spec("hidden", group::essentials,
              "hidden layer sizes, e.g. 128 or 256,128 (given once); 0 = auto: 512 up to 1,024 "
-             "output rows, else 256",
+             "output rows and 4,096 input features, else 256",
              HSLIDE_FIELD(model.hidden), {}, {}, both),
         spec("epochs", group::essentials,
              "auto: train until nDCG@5 (--keep-best) on a validation set (--valid..., else 5% of "

@@ -349,9 +349,11 @@ int run_train(int argc, char** argv) {
                      initial.parameter_count() / 1e6, human_bytes(double(initial.memory_bytes())));
     }
     if (resume_path.empty() && std::count(mopt.hidden.begin(), mopt.hidden.end(), 0u) > 0)
-        spdlog::info("hidden width: auto: {} ({} output rows: {} up to {}, else {})",
-                     automatic_hidden_width(mc.output_dim()), mc.output_dim(), wide_hidden_width,
-                     wide_hidden_max_rows, narrow_hidden_width);
+        spdlog::info(
+            "hidden width: auto: {} ({} input features, {} output rows: {} up to {} features "
+            "and {} rows, else {})",
+            automatic_hidden_width(mc.input_dim, mc.output_dim()), mc.input_dim, mc.output_dim(),
+            wide_hidden_width, wide_hidden_max_features, wide_hidden_max_rows, narrow_hidden_width);
     if (!output_choice.empty()) spdlog::info("output layer: {}", output_choice);
     for (size_t l = 0; l < mc.layers.size(); ++l)
         if (mc.uses_lsh(l))

@@ -39,7 +39,7 @@ model_config make_model_config(const model_options& o, uint32_t input_dim, uint3
         const bool output = l + 1 == n_layers;
         layer_config layer;
         layer.size = output             ? output_dim
-                     : o.hidden[l] == 0 ? automatic_hidden_width(output_dim)
+                     : o.hidden[l] == 0 ? automatic_hidden_width(input_dim, output_dim)
                                         : o.hidden[l];
         layer.sparsity = l == 0   ? sparsity_mode::dense
                          : output ? parse_sparsity(o.output_sparsity)

@@ -41,8 +41,10 @@ uint32_t automatic_top_k(uint32_t set_size) {
     return std::clamp<uint32_t>(set_size / 4, 16, 64);
 }
 
-uint32_t automatic_hidden_width(uint32_t rows) {
-    return rows <= wide_hidden_max_rows ? wide_hidden_width : narrow_hidden_width;
+uint32_t automatic_hidden_width(uint32_t input_features, uint32_t rows) {
+    return rows <= wide_hidden_max_rows && input_features <= wide_hidden_max_features
+               ? wide_hidden_width
+               : narrow_hidden_width;
 }
 
 float automatic_output_lr_scale(uint32_t rows) {
