@@ -331,6 +331,93 @@ TEST(Cli, BadInputIsAClearErrorWithExitCode2) {
     EXPECT_EQ(r.exit_code, 2) << r.output;
 }
 
+TEST(Cli, ANumberIsCheckedAsItsTypeAndAnEmptyValueIsRefused) {
+    // CLI11 alone took -1 for an unsigned seed as 2^64 - 1, a seed past 64 bits as the same,
+    // and NaN through every range check (--min-gain nan stopped a run that improved).
+    const std::string data = " --train " + generated_data_dir() + "/train.txt --no-cache -q ";
+    const std::pair<const char*, const char*> cases[] = {
+        {"--seed -1", "--seed: must be a whole number from 0 to 18446744073709551615, not '-1'"},
+        {"--seed 99999999999999999999999", "--seed: must be a whole number"},
+        {"--batch-size 1.5", "--batch-size: must be a whole number"},
+        {"--hidden 256,x", "--hidden: must be a whole number from 0 to 4294967295, not 'x'"},
+        {"--min-gain nan", "--min-gain: must be a finite number, not nan"},
+        {"--valid-fraction nan", "--valid-fraction: must be a finite number, not nan"},
+        {"--lr 1e400", "--lr: must be a finite number, not 1e400"},
+        {"--lr x", "--lr: must be a number, not 'x'"},
+        {"--threads -1", "--threads: must be 0 or more, not -1"},
+        {"--split-column 0", "--split-column: must be more than 0, not 0"},
+        {"--valid-fraction 2", "--valid-fraction: must be from 0 to 1, not 2"},
+        {"--save ''", "--save: an empty value (leave the option out for none)"},
+    };
+    for (const auto& [flags, message] : cases) {
+        const auto r = run_hslide("train" + data + flags);
+        EXPECT_EQ(r.exit_code, 2) << flags << "\n" << r.output;
+        EXPECT_NE(r.output.find(std::string("hslide train: error: ") + message), std::string::npos)
+            << flags << "\n" << r.output;
+    }
+    auto r = run_hslide("gen --preset tiny --seed -1 --out " + temp_dir().file("g"));
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("--seed: must be a whole number"), std::string::npos) << r.output;
+    // Negative values stay where a signed option takes them (-1: auto).
+    r = run_hslide("train" + data + "--epochs 1 --ema -1 --epochs-per-drop -1 --lr 0.01");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+TEST(Cli, NoOutputIsWrittenOverAnInputOrAnotherOutput) {
+    temp_dir dir;
+    const std::string model = dir.file("model.ckpt"), data = generated_data_dir() + "/test.txt";
+    auto r = run_hslide("train" + tiny_args() + "--epochs 1 -q --save " + model);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::string model_bytes = hslide::testing::read_text(model);
+    const std::string data_bytes = hslide::testing::read_text(data);
+    // Each would have replaced (or appended to) what the user gave; each names both flags.
+    const std::pair<std::string, std::string> cases[] = {
+        {"predict --model " + model + " --data " + data + " --out " + model,
+         "--out " + model + " is the --model file"},
+        {"predict --model " + model + " --data " + data + " --out " + dir.path() +
+             "/../" + dir.path().substr(dir.path().rfind('/') + 1) + "/model.ckpt",
+         "is the --model file"},
+        {"predict --model " + model + " --data " + data + " --out " + data, "is the --data file"},
+        {"eval --model " + model + " --test " + data + " --metrics-out " + model,
+         "is the --model file"},
+        {"train --train " + data + " --no-cache --epochs 1 --save " + data, "is the --train file"},
+        {"train --train " + data + " --no-cache --epochs 1 --save " + dir.file("a") +
+             " --metrics-out " + dir.file("a"),
+         "--metrics-out " + dir.file("a") + " is the --save file too"},
+        {"train --train " + data + " --no-cache --epochs 2 --resume " + model + " --metrics-out " +
+             model,
+         "is the --resume file"},
+    };
+    for (const auto& [command, message] : cases) {
+        r = run_hslide(command + " -q");
+        EXPECT_EQ(r.exit_code, 2) << command << "\n" << r.output;
+        EXPECT_NE(r.output.find(message), std::string::npos) << command << "\n" << r.output;
+    }
+    EXPECT_EQ(hslide::testing::read_text(model), model_bytes);
+    EXPECT_EQ(hslide::testing::read_text(data), data_bytes);
+    // Saving where the run resumed from is how a run goes on: allowed.
+    r = run_hslide("train" + tiny_args() + "--epochs 2 -q --resume " + model + " --save " + model);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+TEST(Cli, AResumedRunNeedsItsOwnDataAndAnEvaluationSomePoints) {
+    temp_dir dir;
+    const std::string model = dir.file("model.ckpt");
+    auto r = run_hslide("train" + tiny_args() + "--epochs 1 -q --save " + model);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    // The tiny preset's test file has the training file's shape and a quarter of its points.
+    r = run_hslide("train --train " + generated_data_dir() + "/test.txt --no-cache -q --epochs 2 "
+                   "--resume " + model);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("the checkpoint's run trained on 2000 points and this data has 500"),
+              std::string::npos)
+        << r.output;
+    hslide::testing::write_text(dir.file("none.txt"), "0 2000 500\n");
+    r = run_hslide("eval --model " + model + " --test " + dir.file("none.txt") + " --no-cache -q");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("none.txt: no points to evaluate"), std::string::npos) << r.output;
+}
+
 TEST(Cli, ACheckpointThatDoesNotFitTheDataIsAnError) {
     temp_dir dir;
     const std::string model = dir.file("model.ckpt");

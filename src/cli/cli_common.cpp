@@ -15,8 +15,14 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
+#include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <limits>
 #include <cstring>
 #include <sstream>
 #include <type_traits>
@@ -86,6 +92,108 @@ loaded_data load_data(const data_options& o) {
     return out;
 }
 
+// CLI11 would take "-1" for an unsigned option as its largest value, saturate a value past
+// the type's range and let "nan" through every range check.
+template <class T>
+CLI::Validator number_of_type() {
+    return CLI::Validator(
+        [](std::string& text) -> std::string {
+            const char* begin = text.c_str();
+            const char* end = begin + text.size();
+            if constexpr (std::is_floating_point_v<T>) {
+                char* stop = nullptr;
+                errno = 0;
+                const double value = std::strtod(begin, &stop);
+                if (text.empty() || stop != end || std::isspace(static_cast<unsigned char>(*begin)))
+                    return fmt::format("must be a number, not '{}'", text);
+                if (!std::isfinite(value) || errno == ERANGE ||
+                    std::abs(value) > double(std::numeric_limits<T>::max()))
+                    return fmt::format("must be a finite number, not {}", text);
+            } else {
+                T value{};
+                const auto [stop, error] = std::from_chars(begin, end, value);
+                if (text.empty() || error != std::errc() || stop != end)
+                    return fmt::format("must be a whole number from {} to {}, not '{}'",
+                                       std::numeric_limits<T>::min(),
+                                       std::numeric_limits<T>::max(), text);
+            }
+            return {};
+        },
+        "", "number");
+}
+
+CLI::Validator number_in(double low, double high) {
+    return CLI::Validator(
+        [low, high](std::string& text) -> std::string {
+            const double value = std::strtod(text.c_str(), nullptr);
+            if (value >= low && value <= high) return {};
+            if (high == std::numeric_limits<double>::max())
+                return low == 0 ? fmt::format("must be 0 or more, not {}", text)
+                                : fmt::format("must be {:g} or more, not {}", low, text);
+            return fmt::format("must be from {:g} to {:g}, not {}", low, high, text);
+        },
+        "", "range");
+}
+
+CLI::Validator positive_number() {
+    return CLI::Validator(
+        [](std::string& text) -> std::string {
+            if (std::strtod(text.c_str(), nullptr) > 0) return {};
+            return fmt::format("must be more than 0, not {}", text);
+        },
+        "", "positive");
+}
+
+CLI::Validator not_empty() {
+    return CLI::Validator(
+        [](std::string& text) -> std::string {
+            return text.empty() ? "an empty value (leave the option out for none)" : "";
+        },
+        "", "not empty");
+}
+
+template CLI::Validator number_of_type<int>();
+template CLI::Validator number_of_type<uint32_t>();
+template CLI::Validator number_of_type<uint64_t>();
+template CLI::Validator number_of_type<float>();
+template CLI::Validator number_of_type<double>();
+
+namespace {
+/// Whether two paths name one file: the same file where both exist (links, relative spellings),
+/// else the same path once made absolute.
+bool same_file(const std::string& a, const std::string& b) {
+    namespace fs = std::filesystem;
+    std::error_code ec_a, ec_b;
+    if (fs::exists(a, ec_a) && fs::exists(b, ec_b)) return fs::equivalent(a, b, ec_a) && !ec_a;
+    const fs::path canonical_a = fs::weakly_canonical(a, ec_a);
+    const fs::path canonical_b = fs::weakly_canonical(b, ec_b);
+    return ec_a || ec_b ? a == b : canonical_a == canonical_b;
+}
+}  // namespace
+
+std::string config_path(const CLI::App& app) {
+    const CLI::Option* config = app.get_config_ptr();
+    return config && config->count() ? config->as<std::string>() : "";
+}
+
+void check_outputs_apart(const std::vector<named_path>& inputs,
+                         const std::vector<named_path>& outputs) {
+    for (size_t o = 0; o < outputs.size(); ++o) {
+        const named_path& out = outputs[o];
+        if (out.path.empty()) continue;
+        for (const named_path& in : inputs)
+            HSLIDE_CHECK(in.path.empty() || !same_file(out.path, in.path),
+                         "{} {} is the {} file: writing there would destroy what it holds (give "
+                         "another path)",
+                         out.flag, out.path, in.flag);
+        for (size_t other = 0; other < o; ++other)
+            HSLIDE_CHECK(outputs[other].path.empty() || !same_file(out.path, outputs[other].path),
+                         "{} {} is the {} file too: one would overwrite the other (give another "
+                         "path)",
+                         out.flag, out.path, outputs[other].flag);
+    }
+}
+
 namespace {
 // A list option's default as it is typed (`4` or `256,128`): CLI11 would print "[4]", which
 // --print-config writes as a quoted string.
@@ -122,18 +230,22 @@ CLI::Option* add_table_option(CLI::App& app, const option_spec& o, train_setting
             } else {
                 added = app.add_option(flags, *target, o.help)->capture_default_str();
             }
-            if (o.check.which == option_check::kind::range) {
-                using number = typename element_of<T>::type;
-                if constexpr (std::is_arithmetic_v<number>)
-                    added->check(CLI::Range(number(o.check.low), number(o.check.high)));
+            using element = typename element_of<T>::type;
+            if constexpr (std::is_arithmetic_v<element> && !std::is_same_v<element, bool>) {
+                added->check(number_of_type<element>());
+                if (o.check.which == option_check::kind::range)
+                    added->check(number_in(o.check.low, o.check.high));
+                if (o.check.which == option_check::kind::non_negative)
+                    added->check(number_in(0, std::numeric_limits<double>::max()));
+                if (o.check.which == option_check::kind::positive) added->check(positive_number());
+            } else if constexpr (std::is_same_v<element, std::string>) {
+                added->check(not_empty());
             }
             return added;
         },
         o.target(s));
     option->group(title(o.group));
     if (!o.choices.empty()) option->check(CLI::IsMember(o.choices));
-    if (o.check.which == option_check::kind::positive) option->check(CLI::PositiveNumber);
-    if (o.check.which == option_check::kind::non_negative) option->check(CLI::NonNegativeNumber);
     return option;
 }
 
@@ -363,8 +475,7 @@ std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv, bool
         return std::nullopt;
     } catch (const CLI::ConfigError& e) {
         // CLI11 says "INI was not able to parse KEY": name the file and what keys it takes.
-        const CLI::Option* config = app.get_config_ptr();
-        const std::string path = config && config->count() ? config->as<std::string>() : "";
+        const std::string path = config_path(app);
         std::fprintf(stderr, "%s: error: %s%s (config keys are the long flag names; see --help)\n",
                      app.get_name().c_str(), path.empty() ? "" : (path + ": ").c_str(), e.what());
         return 2;
@@ -377,6 +488,13 @@ std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv, bool
             return 2;
         }
         return app.exit(e) == 0 ? 0 : 2;
+    } catch (const CLI::ValidationError& e) {
+        // "--batch-size: must be more than 0, not -5", in the form of the command's other errors.
+        std::fprintf(stderr, "%s: error: %s; see --help\n", app.get_name().c_str(), e.what());
+        return 2;
+    } catch (const CLI::ConversionError& e) {
+        std::fprintf(stderr, "%s: error: %s; see --help\n", app.get_name().c_str(), e.what());
+        return 2;
     } catch (const CLI::ParseError& e) {
         return app.exit(e) == 0 ? 0 : 2;
     }

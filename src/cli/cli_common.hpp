@@ -76,6 +76,31 @@ void restrict_backends(CLI::App& app, bool (*keep)(const backend_entry&));
 void add_config_option(CLI::App& app,
                        const std::string& help = "config file mirroring these flags");
 
+/// Checks of an option's text, before CLI11 converts it (the table's options have them; an
+/// option added by hand adds them): a number of type T (whole and in T's range for an integer:
+/// "-1" is no unsigned value; finite for a floating type: "nan" passes every range check); one
+/// in [low, high]; one above 0; a value given explicitly that is not empty (--save "", an
+/// unset shell variable, would quietly save nothing).
+template <class T>
+CLI::Validator number_of_type();
+CLI::Validator number_in(double low, double high);
+CLI::Validator positive_number();
+CLI::Validator not_empty();
+
+/// A file a command reads or writes, and the flag that named it.
+struct named_path {
+    std::string flag;
+    std::string path;
+};
+/// Refuses (hslide::error) an output that is one of the inputs or another output, by the file
+/// it names (links and relative spellings included): writing it would destroy what the user
+/// gave (`predict --out` onto its --model, `train --save` onto its --train). Empty paths are
+/// none.
+void check_outputs_apart(const std::vector<named_path>& inputs,
+                         const std::vector<named_path>& outputs);
+/// The --config file given ("" = none).
+std::string config_path(const CLI::App& app);
+
 /// Parses the command line; returns the exit code when the command should stop here (--help:
 /// 0, a usage error: 2, after CLI11 or this has printed it), nothing when it should go on.
 /// A list option (--hidden 256,128) given twice is refused rather than appended to. With

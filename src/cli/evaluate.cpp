@@ -138,10 +138,17 @@ int run_eval(int argc, char** argv) {
     eo.scoring = parse_scoring(so.settings.scoring);
     validate(eo.metrics);
     HSLIDE_CHECK(!data.test.empty(), "hslide eval needs --test FILE");
+    check_outputs_apart({{"--model", so.model_path},
+                         {"--test", data.test},
+                         {"--test-split", data.test_split},
+                         {"--config", config_path(app)}},
+                        {{"--metrics-out", so.settings.trainer.metrics_out}});
     dataset file = load_file(data, data.test);
     dataset test = data.test_split.empty()
                        ? std::move(file)
                        : subset(file, read_split(data.test_split, data.split_column, file.size()));
+    HSLIDE_CHECK(test.size() > 0, "{}{}: no points to evaluate", data.test,
+                 data.test_split.empty() ? "" : " (" + data.test_split + ")");
     checkpoint_contents ck;
     auto engine = open_backend(so, test, ck, comm);
     const std::vector<double> inv_prop = saved_inverse_propensities(
@@ -176,15 +183,17 @@ int run_predict(int argc, char** argv) {
     app.add_option("--data", input, "data file to predict for (XC or LibSVM; labels are ignored)")
         ->required();
     app.add_option("--labels-per-point", labels_per_point, "labels written per point, best first")
-        ->check(CLI::PositiveNumber)
+        ->check(number_of_type<uint32_t>())
+        ->check(positive_number())
         ->capture_default_str();
     // The old spelling, easily read as train's --top-k (the selection): hidden, still taken.
     uint32_t deprecated_topk = 0;
     CLI::Option* topk_alias =
         app.add_option("--topk", deprecated_topk, "deprecated: --labels-per-point")
-            ->check(CLI::PositiveNumber)
+            ->check(number_of_type<uint32_t>())
+            ->check(positive_number())
             ->group("");
-    app.add_option("--out", out_path, "output file")->required();
+    app.add_option("--out", out_path, "output file")->required()->check(not_empty());
     if (const auto exit_code = parse_command_line(app, argc, argv)) return *exit_code;
     data_options& data = so.settings.data;
     bool show_progress = apply_output_options(so.settings.output);
@@ -201,6 +210,8 @@ int run_predict(int argc, char** argv) {
         labels_per_point = deprecated_topk;
     }
     const uint32_t topk = labels_per_point;
+    check_outputs_apart({{"--model", so.model_path}, {"--data", input}, {"--config", config_path(app)}},
+                        {{"--out", out_path}});
     dataset points = load_file(data, input);
     checkpoint_contents ck;
     auto engine = open_backend(so, points, ck, comm);

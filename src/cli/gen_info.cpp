@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <limits>
 
 namespace hslide::cli {
 
@@ -30,13 +31,20 @@ int run_gen(int argc, char** argv) {
                    "amazon670k, delicious200k, wikilshtc325k, amazon3m or tiny")
         ->capture_default_str();
     app.add_option("--scale", sc.scale, "multiplies the preset's point counts")
-        ->check(CLI::PositiveNumber)
+        ->check(number_of_type<decltype(sc.scale)>())
+        ->check(positive_number())
         ->capture_default_str();
-    app.add_option("--labels", sc.n_labels, "number of labels (0 = the preset's)");
-    app.add_option("--features", sc.n_features, "number of features (0 = the preset's)");
-    app.add_option("--seed", sc.seed, "generator seed")->capture_default_str();
-    app.add_option("--out", out_dir, "output folder")->required();
-    app.add_option("--threads", threads, "threads (0 = all)")->check(CLI::NonNegativeNumber);
+    app.add_option("--labels", sc.n_labels, "number of labels (0 = the preset's)")
+        ->check(number_of_type<decltype(sc.n_labels)>());
+    app.add_option("--features", sc.n_features, "number of features (0 = the preset's)")
+        ->check(number_of_type<decltype(sc.n_features)>());
+    app.add_option("--seed", sc.seed, "generator seed")
+        ->check(number_of_type<decltype(sc.seed)>())
+        ->capture_default_str();
+    app.add_option("--out", out_dir, "output folder")->required()->check(not_empty());
+    app.add_option("--threads", threads, "threads (0 = all)")
+        ->check(number_of_type<int>())
+        ->check(number_in(0, std::numeric_limits<double>::max()));
     train_settings settings;
     add_table_options(app, settings, {"quiet", "no-progress", "log-level"});
     if (const auto exit_code = parse_command_line(app, argc, argv)) return *exit_code;

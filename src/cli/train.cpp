@@ -136,6 +136,14 @@ int run_train(int argc, char** argv) {
             settings.shard_weights);
     }
 
+    // --save may be the --resume file: a run saves where it resumed from (atomically).
+    const std::vector<named_path> inputs = {
+        {"--train", data.train},        {"--test", data.test},
+        {"--valid", valid_path},        {"--train-split", data.train_split},
+        {"--test-split", data.test_split}, {"--valid-split", valid_split},
+        {"--config", config_path(app)}};
+    check_outputs_apart(inputs, {{"--save", to.save_path}, {"--metrics-out", to.metrics_out}});
+    check_outputs_apart({{"--resume", resume_path}}, {{"--metrics-out", to.metrics_out}});
     HSLIDE_CHECK(
         int(!valid_path.empty()) + int(!valid_split.empty()) + int(valid_fraction > 0) <= 1,
         "give one of --valid, --valid-split and --valid-fraction");
@@ -228,6 +236,13 @@ int run_train(int argc, char** argv) {
         to.resume_training_weights = std::move(ck.training_weights);
         resumed_candidates = std::move(ck.candidates);
         check_resume_epochs(tc, ck.trainer, resume_path);
+        // A resumed run goes on with the saved one (its shuffles, its schedule, its counts of
+        // the labels): on other data it would be neither that run nor a new one.
+        HSLIDE_CHECK(ck.train_points == 0 || ck.train_points == d.train.size(),
+                     "{}: the checkpoint's run trained on {} points and this data has {}{}: "
+                     "--resume goes on with the run it saved, on the same data and flags",
+                     resume_path, ck.train_points, d.train.size(),
+                     valid.size() > 0 ? " after its hold-out" : "");
         spdlog::info("resuming from {}", resume_path);
         // The checkpoint fixes the network; --probes only steers its evaluation, so it applies.
         std::string ignored;
