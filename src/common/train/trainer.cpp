@@ -1,6 +1,7 @@
 // The shared training loop (see trainer.hpp).
 #include "hslide/trainer.hpp"
 #include "hslide/clock.hpp"
+#include "hslide/memory.hpp"
 
 #include "hslide/checkpoint.hpp"
 #include "hslide/error.hpp"
@@ -73,9 +74,17 @@ trainer::trainer(backend& engine, const dataset& train, const dataset* test,
     state_.rebuild_period = double(options_.train.rebuild_every);
     state_.next_rebuild = options_.train.rebuild_every;
     state_.next_rehash = options_.train.rehash_every;
-    label_counts_ = label_counts(train_);
     validation_options& v = options_.validation;
     const bool validating = v.valid && v.valid->size() > 0;
+    // The labels' counts and (for PSP@k) their propensities, together, before either: a header
+    // that declares 4 billion labels for a few points is refused at once, where the counts
+    // alone would fit and take half a minute to fill before the propensities fail.
+    const bool propensities = (test_ && test_->size() > 0) || validating;
+    check_host_allocation(
+        fmt::format("the labels' counts{} ({} declares {} labels)",
+                    propensities ? " and propensities" : "", train_.source, train_.n_labels),
+        train_.n_labels * (sizeof(uint32_t) + (propensities ? sizeof(double) : 0)));
+    label_counts_ = label_counts(train_);
     HSLIDE_CHECK(validating || !options_.train.epochs_auto,
                  "--epochs auto needs a validation set (the command line and hslide.Model hold "
                  "one out of the training data when none is given)");
@@ -123,7 +132,7 @@ trainer::trainer(backend& engine, const dataset& train, const dataset* test,
     HSLIDE_CHECK(v.lr_drops == 0 || (v.keep_best && v.patience > 0),
                  "--lr-drops goes back to the best epoch at a plateau: it needs --keep-best and "
                  "--patience (or --epochs auto)");
-    if ((test_ && test_->size() > 0) || validating)
+    if (propensities)
         inverse_propensities_ =
             inverse_propensities(label_counts_, train_.size(), options_.eval.metrics.propensity_a,
                                  options_.eval.metrics.propensity_b);
