@@ -418,6 +418,31 @@ TEST(Cli, AResumedRunNeedsItsOwnDataAndAnEvaluationSomePoints) {
     EXPECT_NE(r.output.find("none.txt: no points to evaluate"), std::string::npos) << r.output;
 }
 
+TEST(Cli, SplitsOfOneFileThatShareRowsAreNamed) {
+    temp_dir dir;
+    hslide::testing::write_text(dir.file("train.split"), "1\n2\n3\n4\n");
+    hslide::testing::write_text(dir.file("test.split"), "5\n3\n4\n");
+    hslide::testing::write_text(dir.file("valid.split"), "6\n7\n");
+    const std::string data = generated_data_dir() + "/train.txt";
+    auto r = run_hslide("train --train " + data + " --train-split " + dir.file("train.split") +
+                        " --test-split " + dir.file("test.split") + " --valid-split " +
+                        dir.file("valid.split") + " --no-cache --no-progress --epochs 1");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("test.split share 2 of their rows (the first: row 3): the test "
+                            "scores points the model trains on"),
+              std::string::npos)
+        << r.output;
+    EXPECT_EQ(r.output.find("valid.split share"), std::string::npos) << r.output;
+    r = run_hslide("train --train " + data + " --train-split " + dir.file("train.split") +
+                   " --valid-split " + dir.file("test.split") + " --no-cache --no-progress "
+                   "--epochs 1");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("test.split share 2 of their rows (the first: row 3): the "
+                            "validation scores points the model trains on"),
+              std::string::npos)
+        << r.output;
+}
+
 TEST(Cli, ACheckpointThatDoesNotFitTheDataIsAnError) {
     temp_dir dir;
     const std::string model = dir.file("model.ckpt");

@@ -192,6 +192,11 @@ const bad_case bad_cases[] = {
     {"libsvm_negative", reader::libsvm, "0 -3:1\n", 1, "negative feature id"},
     {"libsvm_truncated", reader::libsvm, "0 1:1\n1 2:\n", 2, "truncated"},
     {"libsvm_duplicate_label", reader::libsvm, "0,0 1:1\n", 1, "duplicate label"},
+    // LibSVM's ids are 1-based: the id named is the one written, not the one stored.
+    {"libsvm_duplicate_feature", reader::libsvm, "0,1 3:1 3:0.5\n", 1,
+     "duplicate feature id 3 (column 9)"},
+    {"libsvm_duplicate_feature_unsorted", reader::libsvm, "0 7:1 2:1 7:2\n", 1,
+     "duplicate feature id 7 (column 11)"},
     {"libsvm_empty", reader::libsvm, "", 0, "empty"},
     {"libsvm_blank", reader::libsvm, "\n\n", 0, "empty"},
     {"libsvm_missing", reader::libsvm, nullptr, 0, "cannot open"},
@@ -205,6 +210,7 @@ const bad_case bad_cases[] = {
     {"split_ragged", reader::split, "1 2\n3 4 5\n", 2, "ragged"},
     {"split_ragged_short", reader::split, "1 2\n\n3\n", 3, "ragged"},
     {"split_empty", reader::split, "", 0, "empty"},
+    {"split_repeated_row", reader::split, "1 4\n2 9\n3 4\n", 3, "'4' repeats line 1's"},
     {"split_missing", reader::split, nullptr, 0, "cannot open"},
 };
 
@@ -371,6 +377,35 @@ TEST(DatasetFormat, Detection) {
     EXPECT_EQ(hslide::detect_format("3 10 -5\n"), data_format::libsvm);
     EXPECT_EQ(hslide::detect_format("3 10 5 6\n"), data_format::libsvm);
     EXPECT_EQ(hslide::detect_format(""), data_format::libsvm);
+}
+
+TEST(DatasetFormat, AFirstLineOfNumbersThatIsNoHeaderIsReportedAsAHeader) {
+    // Detected as LibSVM (an XC header is three whole numbers), such a line failed on a LibSVM
+    // complaint ("truncated feature '6'"): the user wrote a header, and the error says so.
+    temp_dir dir;
+    hslide::load_options opt;
+    opt.use_cache = false;
+    const std::pair<const char*, size_t> headers[] = {
+        {"10 6\n0 1:1\n", 1}, {"10 6.0 4\n0 1:1\n", 1}, {"\n\n10 -6 4\n0 1:1\n", 3}};
+    for (const auto& [text, line] : headers) {
+        write_text(dir.file("d.txt"), text);
+        try {
+            hslide::load_dataset(dir.file("d.txt"), opt);
+            FAIL() << text;
+        } catch (const hslide::input_error& e) {
+            EXPECT_EQ(e.line(), line) << e.what();
+            EXPECT_NE(e.reason().find("bad header"), std::string::npos) << e.what();
+        }
+    }
+    // A LibSVM file whose first line is a point of labels alone fails later on its own error.
+    write_text(dir.file("d.txt"), "1\n0 1:1\n0 x\n");
+    try {
+        hslide::load_dataset(dir.file("d.txt"), opt);
+        FAIL();
+    } catch (const hslide::input_error& e) {
+        EXPECT_EQ(e.line(), 3u) << e.what();
+        EXPECT_NE(e.reason().find("feature id"), std::string::npos) << e.what();
+    }
 }
 
 TEST(DatasetSplit, ReadsTheColumnAsZeroBasedRows) {

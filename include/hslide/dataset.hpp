@@ -136,7 +136,8 @@ data_format detect_format(std::string_view text);
 
 /// Reads column `column` (1-based) of an XC split file and returns 0-based point indices,
 /// each checked to be < n_points. A column the file lacks, a non-numeric or negative entry,
-/// 0 or a row number > n_points, and rows with differing column counts are input_errors;
+/// 0 or a row number > n_points, a row number listed twice in the column, and rows with
+/// differing column counts are input_errors;
 /// blank lines are skipped. column < 1 is an hslide::error (invalid argument).
 std::vector<uint32_t> read_split(const std::string& path, int column, size_t n_points);
 

@@ -46,6 +46,19 @@ dataset load_file(const data_options& o, const std::string& path) {
     return d;
 }
 
+void warn_shared_rows(const std::string& flag_a, const std::vector<uint32_t>& a,
+                      const std::string& flag_b, const std::vector<uint32_t>& b,
+                      const std::string& consequence) {
+    std::vector<uint32_t> sorted_a = a, sorted_b = b, shared;
+    std::sort(sorted_a.begin(), sorted_a.end());
+    std::sort(sorted_b.begin(), sorted_b.end());
+    std::set_intersection(sorted_a.begin(), sorted_a.end(), sorted_b.begin(), sorted_b.end(),
+                          std::back_inserter(shared));
+    if (!shared.empty())
+        spdlog::warn("{} and {} share {} of their rows (the first: row {}): {}", flag_a, flag_b,
+                     shared.size(), shared.front() + 1, consequence);
+}
+
 loaded_data load_data(const data_options& o) {
     loaded_data out;
     if (o.train.empty()) {
@@ -74,16 +87,24 @@ loaded_data load_data(const data_options& o) {
     const std::string test_path = !o.test.empty() ? o.test : (!o.test_split.empty() ? o.train : "");
     dataset test_file;
     if (!test_path.empty()) test_file = test_path == o.train ? train_file : load_file(o, test_path);
+    std::vector<uint32_t> train_rows;
     if (!o.train_split.empty()) {
-        out.train =
-            subset(train_file, read_split(o.train_split, o.split_column, train_file.size()));
+        train_rows = read_split(o.train_split, o.split_column, train_file.size());
+        out.train = subset(train_file, train_rows);
     } else {
         out.train = std::move(train_file);
     }
-    if (!o.test_split.empty())
-        out.test = subset(test_file, read_split(o.test_split, o.split_column, test_file.size()));
-    else
+    if (!o.test_split.empty()) {
+        const std::vector<uint32_t> test_rows =
+            read_split(o.test_split, o.split_column, test_file.size());
+        if (!o.train_split.empty() && test_path == o.train)
+            warn_shared_rows("--train-split " + o.train_split, train_rows,
+                             "--test-split " + o.test_split, test_rows,
+                             "the test scores points the model trains on");
+        out.test = subset(test_file, test_rows);
+    } else {
         out.test = std::move(test_file);
+    }
     // Files without a header (LibSVM) only know the largest id they saw: use one size for both.
     const uint64_t d = std::max(out.train.n_features, out.test.n_features);
     const uint64_t l = std::max(out.train.n_labels, out.test.n_labels);

@@ -26,6 +26,12 @@ loaded_data load_data(const data_options& options);
 /// Loads one file with the options' format and cache settings.
 dataset load_file(const data_options& options, const std::string& path);
 
+/// Warns where two splits of one file list the same rows (a split made wrong leaks the test or
+/// validation points into training): how many, the first, and `consequence`.
+void warn_shared_rows(const std::string& flag_a, const std::vector<uint32_t>& a,
+                      const std::string& flag_b, const std::vector<uint32_t>& b,
+                      const std::string& consequence);
+
 /// Registers the table's options (option_table.hpp) bound to `settings`, each in its --help
 /// group: `names` (the flags' spellings) in the table's order, or with no names every one the
 /// command line takes. Returns them in that order.

@@ -175,7 +175,14 @@ int run_train(int argc, char** argv) {
         valid = load_file(data, valid_path);
     } else if (!valid_split.empty()) {
         const dataset file = load_file(data, data.train);
-        valid = subset(file, read_split(valid_split, data.split_column, file.size()));
+        const std::vector<uint32_t> valid_rows =
+            read_split(valid_split, data.split_column, file.size());
+        if (!data.train_split.empty())
+            warn_shared_rows("--train-split " + data.train_split,
+                             read_split(data.train_split, data.split_column, file.size()),
+                             "--valid-split " + valid_split, valid_rows,
+                             "the validation scores points the model trains on");
+        valid = subset(file, valid_rows);
     } else if (valid_fraction > 0 || tc.epochs_auto) {
         // --epochs auto with no validation set of the user's: a small seeded hold-out.
         auto parts = valid_fraction > 0 ? hold_out(d.train, valid_fraction, tc.seed)

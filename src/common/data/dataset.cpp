@@ -376,7 +376,7 @@ class point_parser {
             const float value = parse_value(tok, p, e, p);
             const uint32_t id = check_feature(v, tok, id_end);
             if (out_.feature_ids.size() > start) {
-                if (id == prev) fail(tok, fmt::format("duplicate feature id {}", id));
+                if (id == prev) fail(tok, fmt::format("duplicate feature id {}", v));  // as written
                 sorted &= id > prev;
             }
             prev = id;
@@ -674,6 +674,7 @@ std::vector<uint32_t> read_split(const std::string& path, int column, size_t n_p
     const char* p = text.data();
     const char* end = p + text.size();
     std::vector<uint32_t> rows;
+    std::vector<uint32_t> line_of_row;  // each row's line in the file (0: not listed yet)
     size_t line_no = 0, columns = 0;
     while (p < end) {
         const line_view lv = next_line(p, end);
@@ -712,6 +713,14 @@ std::vector<uint32_t> read_split(const std::string& path, int column, size_t n_p
                                               "1-based and the data has {} points",
                                               quote(b, e), n_points));
             }
+            // A row listed twice trains (or is scored) twice: a split made wrong, not a weight.
+            if (line_of_row.empty()) line_of_row.assign(n_points, 0);
+            if (line_of_row[v - 1] != 0)
+                throw input_error(path, line_no,
+                                  fmt::format("row number {} repeats line {}'s: a split lists "
+                                              "each point once",
+                                              quote(b, e), line_of_row[v - 1]));
+            line_of_row[v - 1] = uint32_t(std::min<size_t>(line_no, UINT32_MAX));
             rows.push_back(static_cast<uint32_t>(v - 1));
         }
     }

@@ -194,6 +194,39 @@ dataset parse_text(std::string_view text, const std::string& path, data_format f
     return parse_libsvm(text, path, options.min_features, options.min_labels, &bar);
 }
 
+// parse_text in the format asked for, or the one detect_format finds. A first line of numbers
+// alone that is no XC header ("10 6", "10 6.0 4") reads as LibSVM and fails there on a
+// LibSVM complaint ("truncated feature '6'"); what the user wrote was a header, so the XC
+// reader's complaint about it is the one to give. `format`: the one the text was read in.
+dataset parse_text_as(std::string_view text, const std::string& path, const load_options& options,
+                      data_format& format) {
+    format = options.format;
+    if (format != data_format::automatic) return parse_text(text, path, format, options);
+    const data_format detected = detect_format(text);
+    format = detected;
+    try {
+        return parse_text(text, path, detected, options);
+    } catch (const input_error& libsvm_error) {
+        if (detected != data_format::libsvm) throw;
+        // The first line that is not blank, and its number.
+        std::string_view rest = text, first;
+        if (rest.substr(0, 3) == "\xEF\xBB\xBF") rest.remove_prefix(3);
+        size_t line = 0;
+        while (!rest.empty() && first.empty()) {
+            const size_t end = std::min(rest.find('\n'), rest.size());
+            first = rest.substr(0, end);
+            rest.remove_prefix(std::min(end + 1, rest.size()));
+            ++line;
+            if (first.find_first_not_of(" \t\r") == std::string_view::npos) first = {};
+        }
+        const bool numbers_alone = !first.empty() && first.find_first_not_of(
+                                                         "0123456789+-.eE \t\r") == std::string_view::npos;
+        if (!numbers_alone || libsvm_error.line() != line) throw;
+        parse_text(text, path, data_format::xc, options);  // throws the header's error
+        throw;
+    }
+}
+
 // XXH3-64 of every byte of an open file of `size` bytes (false on a read error or short read).
 bool hash_whole_file(int fd, uint64_t size, uint64_t& hash) {
     xxh3_state st;
@@ -466,9 +499,8 @@ dataset load_dataset(const std::string& path, const load_options& options) {
         // Pipes and devices have no stable identity to cache against.
         const detail::text_buffer text =
             detail::read_all(src.fd, path, regular ? static_cast<size_t>(st.st_size) : 0);
-        const data_format f =
-            options.format == data_format::automatic ? detect_format(text.view()) : options.format;
-        return parse_text(text.view(), path, f, options);
+        data_format format;
+        return parse_text_as(text.view(), path, options, format);
     }
 
     const std::string cpath = cache_path_for(path, options);
@@ -491,9 +523,8 @@ dataset load_dataset(const std::string& path, const load_options& options) {
 
     const detail::text_buffer buf = detail::read_all(src.fd, path, static_cast<size_t>(st.st_size));
     const std::string_view text = buf.view();
-    const data_format f =
-        options.format == data_format::automatic ? detect_format(text) : options.format;
-    dataset data = parse_text(text, path, f, options);
+    data_format f;
+    dataset data = parse_text_as(text, path, options, f);
 
     // Record what was parsed; skip the cache when the file changed while it was read.
     struct stat after {};
