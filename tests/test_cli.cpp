@@ -450,7 +450,8 @@ TEST(Cli, ACheckpointThatDoesNotFitTheDataIsAnError) {
     // scores labels it has no row for (test_label_map.cpp).
     auto r = run_hslide("train" + tiny_args() + "--epochs 1 -q --label-rows all --save " + model);
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    // More labels than the model has: resuming, evaluating and predicting all refuse.
+    // More labels than the model has: resuming and evaluating refuse; predicting reads no
+    // labels, and scores the points.
     r = run_hslide("gen --preset tiny --labels 900 --seed 5 -q --out " + dir.file("wide"));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const std::string wide = dir.file("wide") + "/test.txt";
@@ -462,7 +463,15 @@ TEST(Cli, ACheckpointThatDoesNotFitTheDataIsAnError) {
     EXPECT_NE(r.output.find("900 labels"), std::string::npos) << r.output;
     r = run_hslide("predict --model " + model + " --data " + wide + " --no-cache -q --out " +
                    dir.file("p.txt"));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(hslide::testing::read_lines(dir.file("p.txt")).size(), 500u);
+    // More features than the model takes: predicting refuses too.
+    r = run_hslide("gen --preset tiny --features 2500 --seed 5 -q --out " + dir.file("deep"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = run_hslide("predict --model " + model + " --data " + dir.file("deep") +
+                   "/test.txt --no-cache -q --out " + dir.file("q.txt"));
     EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("2500 features"), std::string::npos) << r.output;
 }
 
 TEST(Cli, HybridWorkerBatchesDefaultToTheirKind) {

@@ -20,6 +20,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -245,6 +246,47 @@ TEST(FuzzReaders, CheckpointMetadataWithChecksumsRecomputed) {
         });
     EXPECT_GT(accepted, 0u);
     RecordProperty("inputs", int(inputs));
+}
+
+TEST(FuzzReaders, ACheckpointWhoseValuesAreNotFiniteIsRefused) {
+    // Checksums over a NaN written as it was: the model would score every label NaN and
+    // evaluate to P@1 0 without a word. Each section, with one value made NaN or infinite.
+    temp_dir dir;
+    const std::string seed_path = dir.file("seed.ck");
+    write_text(seed_path, tiny_checkpoint(dir));
+    const hslide::checkpoint_reader seed(seed_path);
+    const std::string path = dir.file("m.ck");
+    for (const char* section : {"layer0.weights", "layer1.adam_m", "layer1.adam_v", "layer1.bias",
+                                "layer0.bias_v"}) {
+        for (const float bad : {std::numeric_limits<float>::quiet_NaN(),
+                                -std::numeric_limits<float>::infinity()}) {
+            {
+                hslide::checkpoint_writer w(path);
+                for (const std::string& name : seed.names()) {
+                    const auto v = seed.get(name);
+                    std::string bytes(reinterpret_cast<const char*>(v.data), v.size);
+                    if (name == section) {
+                        ASSERT_GE(bytes.size(), 3 * sizeof(float)) << name;
+                        std::memcpy(bytes.data() + 2 * sizeof(float), &bad, sizeof bad);
+                    }
+                    w.add(name, bytes.data(), bytes.size());
+                }
+                w.commit();
+            }
+            try {
+                hslide::load_checkpoint(path);
+                FAIL() << section << " holds " << bad;
+            } catch (const hslide::input_error& e) {
+                EXPECT_EQ(e.file(), path);
+                EXPECT_NE(e.reason().find(std::string("section '") + section + "' holds"),
+                          std::string::npos)
+                    << e.what();
+                EXPECT_NE(e.reason().find("at index 2"), std::string::npos) << e.what();
+            }
+        }
+    }
+    // The untouched copy loads.
+    EXPECT_NO_THROW(hslide::load_checkpoint(seed_path));
 }
 
 // The cache header's fields this test forges (see dataset_cache.cpp's cache_header).

@@ -54,14 +54,16 @@ void add_scoring_options(CLI::App& app, scoring_options& o, std::vector<std::str
     restrict_backends(app, [](const backend_entry& e) { return e.create != nullptr; });
 }
 
-/// The checkpoint's model on the --backend, checked against the data's dimensions;
+/// The checkpoint's model on the --backend, checked against the data's dimensions (its labels
+/// only where `labels_scored`: eval's, not predict's);
 /// scales `data` as the model's training inputs were and rewrites its labels into the model's
 /// row ids (label_map.hpp). Under mpirun -np N (N > 1, `comm`) each
 /// rank holds and scores a share of the output layer's rows and the ranks merge their top k
 /// (cpu_backend's sharded prediction); in one process a sharded checkpoint is assembled whole
 /// (load_for_scoring, shard_checkpoint.hpp).
 std::unique_ptr<backend> open_backend(const scoring_options& o, dataset& data,
-                                      checkpoint_contents& ck, shard_comm& comm) {
+                                      checkpoint_contents& ck, shard_comm& comm,
+                                      bool labels_scored) {
     const bool ranks = comm.size() > 1;
     output_shard shard;
     ck = load_for_scoring(comm, o.model_path, shard);
@@ -72,7 +74,9 @@ std::unique_ptr<backend> open_backend(const scoring_options& o, dataset& data,
                  o.model_path, ck.model.config.input_dim);
     // A model with rows for some labels only (label_map.hpp) scores any label id: those it
     // has no row for count as true labels it never predicts.
-    HSLIDE_CHECK(!ck.rows.identity() || data.n_labels <= ck.model.config.output_dim(),
+    // (predict reads no labels: a file's labels beyond the model's are no concern of its.)
+    HSLIDE_CHECK(!labels_scored || !ck.rows.identity() ||
+                     data.n_labels <= ck.model.config.output_dim(),
                  "{} has {} labels but the model {} has {}", data.source, data.n_labels,
                  o.model_path, ck.model.config.output_dim());
     labels_to_rows(data, ck.rows);
@@ -150,7 +154,7 @@ int run_eval(int argc, char** argv) {
     HSLIDE_CHECK(test.size() > 0, "{}{}: no points to evaluate", data.test,
                  data.test_split.empty() ? "" : " (" + data.test_split + ")");
     checkpoint_contents ck;
-    auto engine = open_backend(so, test, ck, comm);
+    auto engine = open_backend(so, test, ck, comm, /*labels_scored=*/true);
     const std::vector<double> inv_prop = saved_inverse_propensities(
         std::move(ck.label_counts), ck.train_points, test.n_labels, !ck.rows.identity(),
         eo.metrics.propensity_a, eo.metrics.propensity_b);
@@ -214,7 +218,7 @@ int run_predict(int argc, char** argv) {
                         {{"--out", out_path}});
     dataset points = load_file(data, input);
     checkpoint_contents ck;
-    auto engine = open_backend(so, points, ck, comm);
+    auto engine = open_backend(so, points, ck, comm, /*labels_scored=*/false);
     const scoring_mode scoring = parse_scoring(so.settings.scoring);
 
     std::optional<output_file> out;

@@ -167,16 +167,33 @@ checkpoint_contents load_checkpoint(const std::string& path) {
                                       averaged ? " and its training weights" : ""),
                           model_allocation_bytes(c.model, true) +
                               (averaged ? model_allocation_bytes(c.model, false) : 0));
+    // The checksums say the bytes are those written; a NaN written (a run that diverged, a
+    // file made elsewhere) would score every label NaN and evaluate to P@1 0 without a word.
+    const auto check_finite = [&](const auto& values, const std::string& name) {
+        for (size_t i = 0; i < values.size(); ++i)
+            if (!std::isfinite(values[i]))
+                throw input_error(path, 0,
+                                  fmt::format("section '{}' holds {} at index {}: the model "
+                                              "diverged before it was saved, or the file is "
+                                              "damaged",
+                                              name, values[i], i));
+    };
     for (size_t l = 0; l < c.model.layers.size(); ++l) {
         layer_state& layer = c.model.layers[l];
         const size_t n = size_t(layer.rows) * layer.stride;
-        read_floats(r, section(l, "weights"), layer.weights, n);
-        read_floats(r, section(l, "adam_m"), layer.adam_m, n);
-        read_floats(r, section(l, "adam_v"), layer.adam_v, n);
         const size_t neurons = l == 0 ? c.model.neurons(0) : layer.rows;  // a shard's rows
-        read_floats(r, section(l, "bias"), layer.bias, neurons);
-        read_floats(r, section(l, "bias_m"), layer.bias_m, neurons);
-        read_floats(r, section(l, "bias_v"), layer.bias_v, neurons);
+        const std::pair<const char*, aligned_floats*> rows[] = {
+            {"weights", &layer.weights}, {"adam_m", &layer.adam_m}, {"adam_v", &layer.adam_v}};
+        for (const auto& [name, values] : rows) {
+            read_floats(r, section(l, name), *values, n);
+            check_finite(*values, section(l, name));
+        }
+        const std::pair<const char*, std::vector<float>*> biases[] = {
+            {"bias", &layer.bias}, {"bias_m", &layer.bias_m}, {"bias_v", &layer.bias_v}};
+        for (const auto& [name, values] : biases) {
+            read_floats(r, section(l, name), *values, neurons);
+            check_finite(*values, section(l, name));
+        }
     }
     if (averaged) {  // every layer has its training weights
         c.training_weights = model_state::layout(c.model.config);
@@ -190,6 +207,8 @@ checkpoint_contents load_checkpoint(const std::string& path) {
             read_floats(r, section(l, "training_weights"), layer.weights,
                         size_t(layer.rows) * layer.stride);
             read_floats(r, section(l, "training_bias"), layer.bias, c.model.layers[l].bias.size());
+            check_finite(layer.weights, section(l, "training_weights"));
+            check_finite(layer.bias, section(l, "training_bias"));
         }
     }
     if (r.has("label_counts")) c.label_counts = r.get_vector<uint32_t>("label_counts");
