@@ -443,6 +443,39 @@ TEST(Cli, SplitsOfOneFileThatShareRowsAreNamed) {
         << r.output;
 }
 
+TEST(Cli, AConfigFilesMistakesAreNamedByLine) {
+    // CLI11 named no line, took an unclosed list as a value and let a key override itself.
+    temp_dir dir;
+    const std::pair<const char*, const char*> cases[] = {
+        {"lr = 0.01\nhidden = [8, 16\nepochs = 1\n", ":2: a '[' never closed"},
+        {"lr = 0.01\n# a comment\nlr = 0.02\n", ":3: 'lr' is given again (first on line 1)"},
+        {"epochs = 1\nhidden 8\n", ":2: 'hidden 8' is no 'key = value' line"},
+        {"save = \"/tmp/x\n", ":1: a \" quote never closed"},
+        {"hidden = 8]\n", ":1: a ']' that closes no '['"},
+        {"epochs = 1\nsave = \"/tmp/a#b\"\n", ":2: a '#' inside a quoted value"},
+        {"hidden = [8,\n  16]  # two layers\nepochs = 1\n",
+         ":2: text after the ']' that ends the list of line 1"},
+    };
+    for (const auto& [text, message] : cases) {
+        hslide::testing::write_text(dir.file("c.toml"), text);
+        const auto r = run_hslide("train --config " + dir.file("c.toml") + tiny_args());
+        EXPECT_EQ(r.exit_code, 2) << text << r.output;
+        EXPECT_NE(r.output.find(dir.file("c.toml") + message), std::string::npos)
+            << text << r.output;
+    }
+    auto r = run_hslide("train --config " + dir.file("none.toml") + tiny_args());
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("none.toml: --config: cannot open"), std::string::npos) << r.output;
+    // A list over lines, comments and a quoted path are a config file's own.
+    hslide::testing::write_text(dir.file("c.toml"),
+                                "hidden = [8,  # two layers\n  16]\n; old style\nepochs = 1\n"
+                                "metrics-out = \"" + dir.file("m x.jsonl") + "\"\n");
+    r = run_hslide("train --config " + dir.file("c.toml") + tiny_args());
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("-> 8 -> 16 ->"), std::string::npos) << r.output;
+    EXPECT_EQ(hslide::testing::read_lines(dir.file("m x.jsonl")).size(), 1u);
+}
+
 TEST(Cli, ACheckpointThatDoesNotFitTheDataIsAnError) {
     temp_dir dir;
     const std::string model = dir.file("model.ckpt");

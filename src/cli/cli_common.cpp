@@ -22,7 +22,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <limits>
+#include <map>
 #include <cstring>
 #include <sstream>
 #include <type_traits>
@@ -483,7 +485,93 @@ const CLI::Option* repeated_list(const CLI::App& app, int argc, char** argv) {
 }
 }  // namespace
 
+namespace {
+/// The --config file a command line names ("" = none), read before CLI11 parses it.
+std::string config_argument(int argc, char** argv) {
+    for (int i = 1; i < argc; ++i) {
+        const std::string arg = argv[i];
+        if (arg == "--") break;
+        if (arg == "--config" && i + 1 < argc) return argv[i + 1];
+        if (arg.rfind("--config=", 0) == 0) return arg.substr(9);
+    }
+    return "";
+}
+
+/// Checks a config file's lines before CLI11 reads it: CLI11 names no line in its errors, took
+/// `hidden = [8, 16` (a bracket never closed) as a value, and let a key given twice override
+/// itself. Each line is blank, a comment (# or ;), a [section] or key = value; a value's
+/// brackets and quotes close (brackets may span lines); no key is given twice.
+void check_config_lines(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw input_error(path, 0, fmt::format("--config: cannot open ({})", std::strerror(errno)));
+    std::map<std::string, size_t> seen;
+    size_t line_no = 0, open_line = 0;
+    int depth = 0;
+    for (std::string line; std::getline(in, line);) {
+        ++line_no;
+        if (!line.empty() && line.back() == '\r') line.pop_back();
+        if (line.find('\0') != std::string::npos)
+            throw input_error(path, line_no, "a NUL byte: a config file is text");
+        const size_t start = line.find_first_not_of(" \t");
+        if (depth == 0) {
+            if (start == std::string::npos || line[start] == '#' || line[start] == ';') continue;
+            if (line[start] == '[') continue;  // a section (CLI11 reads [name] as a prefix)
+            const size_t eq = line.find('=');
+            if (eq == std::string::npos)
+                throw input_error(path, line_no,
+                                  fmt::format("'{}' is no 'key = value' line", line.substr(start)));
+            std::string key = line.substr(start, eq - start);
+            key.erase(key.find_last_not_of(" \t") + 1);
+            if (const auto [at, fresh] = seen.emplace(key, line_no); !fresh)
+                throw input_error(path, line_no,
+                                  fmt::format("'{}' is given again (first on line {})", key,
+                                              at->second));
+            open_line = line_no;
+            line = line.substr(eq + 1);
+        }
+        char quote = 0;
+        for (size_t i = 0; i < line.size(); ++i) {
+            const char c = line[i];
+            if (quote) {
+                if (c == quote) quote = 0;
+                // CLI11 ends the value there, quotes or not: "/data/a#b" would name "/data/a".
+                if (c == '#')
+                    throw input_error(path, line_no,
+                                      "a '#' inside a quoted value, which the config reader "
+                                      "takes for a comment: give that value as a flag");
+            } else if (c == '"' || c == '\'') {
+                quote = c;
+            } else if (c == '#' && depth == 0) {
+                break;
+            } else if (c == '[') {
+                ++depth;
+            } else if (c == ']') {
+                if (--depth < 0)
+                    throw input_error(path, line_no, "a ']' that closes no '['");
+                // CLI11 reads the lines after such a list as its values.
+                if (depth == 0 && line_no != open_line &&
+                    line.find_first_not_of(" \t", i + 1) != std::string::npos)
+                    throw input_error(path, line_no,
+                                      fmt::format("text after the ']' that ends the list of line "
+                                                  "{}: put a comment on a line of its own",
+                                                  open_line));
+            }
+        }
+        if (quote) throw input_error(path, line_no, fmt::format("a {} quote never closed", quote));
+    }
+    if (depth > 0)
+        throw input_error(path, open_line, "a '[' never closed (a list is [a, b])");
+}
+}  // namespace
+
 std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv, bool train_table) {
+    try {
+        const std::string config = config_argument(argc, argv);
+        if (!config.empty() && app.get_config_ptr()) check_config_lines(config);
+    } catch (const input_error& e) {
+        std::fprintf(stderr, "%s: error: %s\n", app.get_name().c_str(), e.what());
+        return 2;
+    }
     if (const CLI::Option* twice = repeated_list(app, argc, argv)) {
         std::fprintf(
             stderr,
