@@ -408,6 +408,24 @@ TEST(DatasetFormat, AFirstLineOfNumbersThatIsNoHeaderIsReportedAsAHeader) {
     }
 }
 
+TEST(DatasetFormat, ANulByteEndsTheReadAtOnceEvenFromADeviceThatNeverEnds) {
+    // /dev/zero was read until the memory ran out, before the parser saw its first line.
+    temp_dir dir;
+    write_text(dir.file("nul.txt"), std::string("1 10 5\n0 1:1\0 2:1\n", 17));
+    hslide::load_options opt;
+    opt.use_cache = false;
+    for (const auto& [path, line] :
+         {std::pair<std::string, size_t>{dir.file("nul.txt"), 2}, {"/dev/zero", 1}}) {
+        try {
+            hslide::load_dataset(path, opt);
+            FAIL() << path;
+        } catch (const hslide::input_error& e) {
+            EXPECT_EQ(e.line(), line) << e.what();
+            EXPECT_NE(e.reason().find("a NUL byte"), std::string::npos) << e.what();
+        }
+    }
+}
+
 TEST(DatasetSplit, ReadsTheColumnAsZeroBasedRows) {
     temp_dir dir;
     const auto path = dir.file("split.txt");

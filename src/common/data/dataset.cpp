@@ -69,6 +69,9 @@ text_buffer& text_buffer::operator=(text_buffer&& other) noexcept {
     return *this;
 }
 
+// The bytes read_all checks for a NUL as it reads them.
+constexpr size_t text_check_bytes = size_t(1) << 20;
+
 text_buffer read_all(int fd, const std::string& path, size_t size_hint) {
     // One spare byte, so that reading a file of exactly the expected size ends with a read
     // of 0 bytes rather than a reallocation.
@@ -95,6 +98,17 @@ text_buffer read_all(int fd, const std::string& path, size_t size_hint) {
             throw input_error(path, 0, fmt::format("cannot read: {}", std::strerror(errno)));
         }
         if (n == 0) break;
+        // A device that never ends (/dev/zero, /dev/urandom) would fill the memory before the
+        // parser saw its first line: its first bytes already say it is no text file.
+        if (used < text_check_bytes) {
+            const char* begin = buf.data();
+            const char* nul =
+                static_cast<const char*>(std::memchr(begin + used, '\0', size_t(n)));
+            if (nul)
+                throw input_error(path, size_t(std::count(begin, nul, '\n')) + 1,
+                                  fmt::format("a NUL byte (byte {}): not a text file",
+                                              size_t(nul - begin) + 1));
+        }
         used += static_cast<size_t>(n);
     }
     buf.set_size(used);
