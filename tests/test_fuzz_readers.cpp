@@ -289,6 +289,27 @@ TEST(FuzzReaders, ACheckpointWhoseValuesAreNotFiniteIsRefused) {
     EXPECT_NO_THROW(hslide::load_checkpoint(seed_path));
 }
 
+TEST(FuzzReaders, ACheckpointCountingTooFewLabelsIsRefused) {
+    // Its PSP@k would fail in the middle of an evaluation, naming no file.
+    temp_dir dir;
+    const std::string path = dir.file("m.ck");
+    hslide::model_config mc =
+        hslide::testing::two_layer_model(20, 8, 10, hslide::sparsity_mode::dense);
+    const hslide::model_state m = hslide::model_state::create(mc, 7);
+    hslide::save_checkpoint(path, m, hslide::trainer_state{}, std::vector<uint32_t>(2, 1), 3);
+    try {
+        hslide::load_checkpoint(path);
+        FAIL();
+    } catch (const hslide::input_error& e) {
+        EXPECT_EQ(e.file(), path);
+        EXPECT_NE(e.reason().find("'label_counts' holds 2 counts, and the model's labels need 10"),
+                  std::string::npos)
+            << e.what();
+    }
+    hslide::save_checkpoint(path, m, hslide::trainer_state{}, std::vector<uint32_t>(10, 1), 3);
+    EXPECT_EQ(hslide::load_checkpoint(path).label_counts.size(), 10u);
+}
+
 // The cache header's fields this test forges (see dataset_cache.cpp's cache_header).
 constexpr size_t cache_header_size = 128, payload_hash_at = 104, header_hash_at = 120;
 

@@ -223,6 +223,14 @@ checkpoint_contents load_checkpoint(const std::string& path) {
                                           "one for each output row",
                                           c.model.config.output_dim()));
     }
+    // The counts are of every label the model knows: PSP@k looks each true label up in them.
+    const uint64_t labels_known =
+        c.rows.identity() ? c.model.config.output_dim() : uint64_t(c.rows.labels.back()) + 1;
+    if (!c.label_counts.empty() && c.label_counts.size() < labels_known)
+        throw input_error(path, 0,
+                          fmt::format("section 'label_counts' holds {} counts, and the model's "
+                                      "labels need {}",
+                                      c.label_counts.size(), labels_known));
     if (!c.candidates.empty()) {
         c.candidates.ids = r.get_vector<uint32_t>("candidates_ids");
         c.candidates.steps = r.get_vector<uint64_t>("candidates_steps");
