@@ -353,7 +353,8 @@ TEST(Cli, ANumberIsCheckedAsItsTypeAndAnEmptyValueIsRefused) {
         const auto r = run_hslide("train" + data + flags);
         EXPECT_EQ(r.exit_code, 2) << flags << "\n" << r.output;
         EXPECT_NE(r.output.find(std::string("hslide train: error: ") + message), std::string::npos)
-            << flags << "\n" << r.output;
+            << flags << "\n"
+            << r.output;
     }
     auto r = run_hslide("gen --preset tiny --seed -1 --out " + temp_dir().file("g"));
     EXPECT_EQ(r.exit_code, 2) << r.output;
@@ -374,8 +375,8 @@ TEST(Cli, NoOutputIsWrittenOverAnInputOrAnotherOutput) {
     const std::pair<std::string, std::string> cases[] = {
         {"predict --model " + model + " --data " + data + " --out " + model,
          "--out " + model + " is the --model file"},
-        {"predict --model " + model + " --data " + data + " --out " + dir.path() +
-             "/../" + dir.path().substr(dir.path().rfind('/') + 1) + "/model.ckpt",
+        {"predict --model " + model + " --data " + data + " --out " + dir.path() + "/../" +
+             dir.path().substr(dir.path().rfind('/') + 1) + "/model.ckpt",
          "is the --model file"},
         {"predict --model " + model + " --data " + data + " --out " + data, "is the --data file"},
         {"eval --model " + model + " --test " + data + " --metrics-out " + model,
@@ -406,8 +407,10 @@ TEST(Cli, AResumedRunNeedsItsOwnDataAndAnEvaluationSomePoints) {
     auto r = run_hslide("train" + tiny_args() + "--epochs 1 -q --save " + model);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     // The tiny preset's test file has the training file's shape and a quarter of its points.
-    r = run_hslide("train --train " + generated_data_dir() + "/test.txt --no-cache -q --epochs 2 "
-                   "--resume " + model);
+    r = run_hslide("train --train " + generated_data_dir() +
+                   "/test.txt --no-cache -q --epochs 2 "
+                   "--resume " +
+                   model);
     EXPECT_EQ(r.exit_code, 2) << r.output;
     EXPECT_NE(r.output.find("the checkpoint's run trained on 2000 points and this data has 500"),
               std::string::npos)
@@ -434,7 +437,8 @@ TEST(Cli, SplitsOfOneFileThatShareRowsAreNamed) {
         << r.output;
     EXPECT_EQ(r.output.find("valid.split share"), std::string::npos) << r.output;
     r = run_hslide("train --train " + data + " --train-split " + dir.file("train.split") +
-                   " --valid-split " + dir.file("test.split") + " --no-cache --no-progress "
+                   " --valid-split " + dir.file("test.split") +
+                   " --no-cache --no-progress "
                    "--epochs 1");
     EXPECT_EQ(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find("test.split share 2 of their rows (the first: row 3): the "
@@ -469,7 +473,8 @@ TEST(Cli, AConfigFilesMistakesAreNamedByLine) {
     // A list over lines, comments and a quoted path are a config file's own.
     hslide::testing::write_text(dir.file("c.toml"),
                                 "hidden = [8,  # two layers\n  16]\n; old style\nepochs = 1\n"
-                                "metrics-out = \"" + dir.file("m x.jsonl") + "\"\n");
+                                "metrics-out = \"" +
+                                    dir.file("m x.jsonl") + "\"\n");
     r = run_hslide("train --config " + dir.file("c.toml") + tiny_args());
     EXPECT_EQ(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find("-> 8 -> 16 ->"), std::string::npos) << r.output;

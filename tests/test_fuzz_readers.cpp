@@ -256,10 +256,10 @@ TEST(FuzzReaders, ACheckpointWhoseValuesAreNotFiniteIsRefused) {
     write_text(seed_path, tiny_checkpoint(dir));
     const hslide::checkpoint_reader seed(seed_path);
     const std::string path = dir.file("m.ck");
-    for (const char* section : {"layer0.weights", "layer1.adam_m", "layer1.adam_v", "layer1.bias",
-                                "layer0.bias_v"}) {
-        for (const float bad : {std::numeric_limits<float>::quiet_NaN(),
-                                -std::numeric_limits<float>::infinity()}) {
+    for (const char* section :
+         {"layer0.weights", "layer1.adam_m", "layer1.adam_v", "layer1.bias", "layer0.bias_v"}) {
+        for (const float bad :
+             {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
             {
                 hslide::checkpoint_writer w(path);
                 for (const std::string& name : seed.names()) {

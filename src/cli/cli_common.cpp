@@ -21,11 +21,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
-#include <cstring>
 #include <sstream>
 #include <type_traits>
 #include <variant>
@@ -137,8 +137,8 @@ CLI::Validator number_of_type() {
                 const auto [stop, error] = std::from_chars(begin, end, value);
                 if (text.empty() || error != std::errc() || stop != end)
                     return fmt::format("must be a whole number from {} to {}, not '{}'",
-                                       std::numeric_limits<T>::min(),
-                                       std::numeric_limits<T>::max(), text);
+                                       std::numeric_limits<T>::min(), std::numeric_limits<T>::max(),
+                                       text);
             }
             return {};
         },
@@ -503,7 +503,8 @@ std::string config_argument(int argc, char** argv) {
 /// brackets and quotes close (brackets may span lines); no key is given twice.
 void check_config_lines(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
-    if (!in) throw input_error(path, 0, fmt::format("--config: cannot open ({})", std::strerror(errno)));
+    if (!in)
+        throw input_error(path, 0, fmt::format("--config: cannot open ({})", std::strerror(errno)));
     std::map<std::string, size_t> seen;
     size_t line_no = 0, open_line = 0;
     int depth = 0;
@@ -523,9 +524,9 @@ void check_config_lines(const std::string& path) {
             std::string key = line.substr(start, eq - start);
             key.erase(key.find_last_not_of(" \t") + 1);
             if (const auto [at, fresh] = seen.emplace(key, line_no); !fresh)
-                throw input_error(path, line_no,
-                                  fmt::format("'{}' is given again (first on line {})", key,
-                                              at->second));
+                throw input_error(
+                    path, line_no,
+                    fmt::format("'{}' is given again (first on line {})", key, at->second));
             open_line = line_no;
             line = line.substr(eq + 1);
         }
@@ -546,8 +547,7 @@ void check_config_lines(const std::string& path) {
             } else if (c == '[') {
                 ++depth;
             } else if (c == ']') {
-                if (--depth < 0)
-                    throw input_error(path, line_no, "a ']' that closes no '['");
+                if (--depth < 0) throw input_error(path, line_no, "a ']' that closes no '['");
                 // CLI11 reads the lines after such a list as its values.
                 if (depth == 0 && line_no != open_line &&
                     line.find_first_not_of(" \t", i + 1) != std::string::npos)
@@ -559,8 +559,7 @@ void check_config_lines(const std::string& path) {
         }
         if (quote) throw input_error(path, line_no, fmt::format("a {} quote never closed", quote));
     }
-    if (depth > 0)
-        throw input_error(path, open_line, "a '[' never closed (a list is [a, b])");
+    if (depth > 0) throw input_error(path, open_line, "a '[' never closed (a list is [a, b])");
 }
 }  // namespace
 

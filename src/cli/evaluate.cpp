@@ -75,10 +75,10 @@ std::unique_ptr<backend> open_backend(const scoring_options& o, dataset& data,
     // A model with rows for some labels only (label_map.hpp) scores any label id: those it
     // has no row for count as true labels it never predicts.
     // (predict reads no labels: a file's labels beyond the model's are no concern of its.)
-    HSLIDE_CHECK(!labels_scored || !ck.rows.identity() ||
-                     data.n_labels <= ck.model.config.output_dim(),
-                 "{} has {} labels but the model {} has {}", data.source, data.n_labels,
-                 o.model_path, ck.model.config.output_dim());
+    HSLIDE_CHECK(
+        !labels_scored || !ck.rows.identity() || data.n_labels <= ck.model.config.output_dim(),
+        "{} has {} labels but the model {} has {}", data.source, data.n_labels, o.model_path,
+        ck.model.config.output_dim());
     labels_to_rows(data, ck.rows);
     const train_settings& s = o.settings;
     if (check_thread_count(s.train.threads, "--threads") > 0) omp_set_num_threads(s.train.threads);
@@ -214,8 +214,9 @@ int run_predict(int argc, char** argv) {
         labels_per_point = deprecated_topk;
     }
     const uint32_t topk = labels_per_point;
-    check_outputs_apart({{"--model", so.model_path}, {"--data", input}, {"--config", config_path(app)}},
-                        {{"--out", out_path}});
+    check_outputs_apart(
+        {{"--model", so.model_path}, {"--data", input}, {"--config", config_path(app)}},
+        {{"--out", out_path}});
     dataset points = load_file(data, input);
     checkpoint_contents ck;
     auto engine = open_backend(so, points, ck, comm, /*labels_scored=*/false);

@@ -71,13 +71,14 @@ void check_run_memory(const model_config& config, const train_config& tc, size_t
     const uint64_t copies = uint64_t(tc.ema_epochs != 0) + uint64_t(keeps_best);
     uint64_t hidden = 0;
     for (size_t l = 0; l + 1 < config.layers.size(); ++l) hidden += config.layers[l].size;
-    const uint64_t step = std::min<uint64_t>(tc.batch_size, train_points) * hidden *
-                          sizeof(float) * 4;  // activations and gradients, in and out of a layer
+    // A step's activations and their gradients, into and out of each hidden layer.
+    const uint64_t step_bytes =
+        std::min<uint64_t>(tc.batch_size, train_points) * hidden * sizeof(float) * 4;
     check_host_allocation(
         fmt::format("the run ({}, {} cop{} of its weights and a step's activations)",
                     describe_model_allocation(shape, true), copies, copies == 1 ? "y" : "ies"),
         model_allocation_bytes(shape, true) + copies * model_allocation_bytes(shape, false) +
-            step);
+            step_bytes);
 }
 
 }  // namespace
@@ -159,8 +160,8 @@ int run_train(int argc, char** argv) {
 
     // --save may be the --resume file: a run saves where it resumed from (atomically).
     const std::vector<named_path> inputs = {
-        {"--train", data.train},        {"--test", data.test},
-        {"--valid", valid_path},        {"--train-split", data.train_split},
+        {"--train", data.train},           {"--test", data.test},
+        {"--valid", valid_path},           {"--train-split", data.train_split},
         {"--test-split", data.test_split}, {"--valid-split", valid_split},
         {"--config", config_path(app)}};
     check_outputs_apart(inputs, {{"--save", to.save_path}, {"--metrics-out", to.metrics_out}});

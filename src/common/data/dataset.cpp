@@ -102,12 +102,11 @@ text_buffer read_all(int fd, const std::string& path, size_t size_hint) {
         // parser saw its first line: its first bytes already say it is no text file.
         if (used < text_check_bytes) {
             const char* begin = buf.data();
-            const char* nul =
-                static_cast<const char*>(std::memchr(begin + used, '\0', size_t(n)));
+            const char* nul = static_cast<const char*>(std::memchr(begin + used, '\0', size_t(n)));
             if (nul)
-                throw input_error(path, size_t(std::count(begin, nul, '\n')) + 1,
-                                  fmt::format("a NUL byte (byte {}): not a text file",
-                                              size_t(nul - begin) + 1));
+                throw input_error(
+                    path, size_t(std::count(begin, nul, '\n')) + 1,
+                    fmt::format("a NUL byte (byte {}): not a text file", size_t(nul - begin) + 1));
         }
         used += static_cast<size_t>(n);
     }

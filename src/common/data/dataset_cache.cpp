@@ -219,8 +219,9 @@ dataset parse_text_as(std::string_view text, const std::string& path, const load
             ++line;
             if (first.find_first_not_of(" \t\r") == std::string_view::npos) first = {};
         }
-        const bool numbers_alone = !first.empty() && first.find_first_not_of(
-                                                         "0123456789+-.eE \t\r") == std::string_view::npos;
+        const bool numbers_alone =
+            !first.empty() &&
+            first.find_first_not_of("0123456789+-.eE \t\r") == std::string_view::npos;
         if (!numbers_alone || libsvm_error.line() != line) throw;
         parse_text(text, path, data_format::xc, options);  // throws the header's error
         throw;

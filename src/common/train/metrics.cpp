@@ -42,10 +42,10 @@ std::vector<double> inverse_propensities(const std::vector<uint32_t>& label_coun
     HSLIDE_CHECK(n_points > 0, "inverse propensities need at least one training point");
     validate(metrics_config{0, a, b});
     const double c = (std::log(static_cast<double>(n_points)) - 1.0) * std::pow(b + 1.0, a);
-    std::vector<double> inv = allocate_checked(
-        fmt::format("the inverse propensities of {} labels", label_counts.size()),
-        label_counts.size() * sizeof(double),
-        [&] { return std::vector<double>(label_counts.size()); });
+    std::vector<double> inv =
+        allocate_checked(fmt::format("the inverse propensities of {} labels", label_counts.size()),
+                         label_counts.size() * sizeof(double),
+                         [&] { return std::vector<double>(label_counts.size()); });
     for (size_t l = 0; l < label_counts.size(); ++l)
         inv[l] = 1.0 + c * std::pow(static_cast<double>(label_counts[l]) + b, -a);
     return inv;
