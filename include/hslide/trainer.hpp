@@ -35,6 +35,15 @@ struct evaluation_options {
 metrics_result evaluate(backend& engine, const dataset& test, const evaluation_options& options,
                         const std::vector<double>& inverse_propensities = {});
 
+/// Refuses (out_of_memory_error) a run that cannot fit in the host's memory, before its model
+/// is made: the model with Adam state (which model_state::create checks alone), the copies of
+/// its weights training keeps (the weight average unless train.ema_epochs is 0, the best
+/// epoch's snapshot where `keeps_best`) and a step's hidden activations and their gradients.
+/// Without it a hidden layer of 10^8 passed the model's own check and was killed by the
+/// kernel partway through its first step, with whatever else ran on the machine.
+void check_training_memory(const model_config& config, const train_config& train,
+                           size_t train_points, bool keeps_best);
+
 /// The trainer's own state: what a checkpoint needs besides the model to resume exactly.
 struct trainer_state {
     uint32_t epochs_done = 0;

@@ -146,23 +146,21 @@ CLI::Validator number_of_type() {
 }
 
 CLI::Validator number_in(double low, double high) {
+    const option_check check = high == std::numeric_limits<double>::max() && low == 0
+                                   ? option_check{option_check::kind::non_negative}
+                                   : option_check{option_check::kind::range, low, high};
     return CLI::Validator(
-        [low, high](std::string& text) -> std::string {
-            const double value = std::strtod(text.c_str(), nullptr);
-            if (value >= low && value <= high) return {};
-            if (high == std::numeric_limits<double>::max())
-                return low == 0 ? fmt::format("must be 0 or more, not {}", text)
-                                : fmt::format("must be {:g} or more, not {}", low, text);
-            return fmt::format("must be from {:g} to {:g}, not {}", low, high, text);
+        [check](std::string& text) {
+            return option_value_problem(check, std::strtod(text.c_str(), nullptr));
         },
         "", "range");
 }
 
 CLI::Validator positive_number() {
     return CLI::Validator(
-        [](std::string& text) -> std::string {
-            if (std::strtod(text.c_str(), nullptr) > 0) return {};
-            return fmt::format("must be more than 0, not {}", text);
+        [](std::string& text) {
+            return option_value_problem({option_check::kind::positive},
+                                        std::strtod(text.c_str(), nullptr));
         },
         "", "positive");
 }

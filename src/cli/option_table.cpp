@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <utility>
 
 namespace hslide::cli {
@@ -55,6 +56,27 @@ namespace {
 using group = option_group;
 using check = option_check;
 using spec = option_spec;
+
+}  // namespace
+
+std::string option_value_problem(const option_check& c, double value) {
+    if (!std::isfinite(value)) return fmt::format("must be a finite number, not {}", value);
+    switch (c.which) {
+        case check::kind::none:
+            return "";
+        case check::kind::positive:
+            return value > 0 ? "" : fmt::format("must be more than 0, not {:g}", value);
+        case check::kind::non_negative:
+            return value >= 0 ? "" : fmt::format("must be 0 or more, not {:g}", value);
+        case check::kind::range:
+            return value >= c.low && value <= c.high
+                       ? ""
+                       : fmt::format("must be from {:g} to {:g}, not {:g}", c.low, c.high, value);
+    }
+    return "";
+}
+
+namespace {
 
 check positive() {
     return {check::kind::positive};

@@ -130,6 +130,9 @@ struct option_check {
     enum class kind { none, positive, non_negative, range } which = kind::none;
     double low = 0, high = 0;  ///< kind::range: [low, high]
 };
+/// What is wrong with `value` under `check` ("must be from 0 to 1, not 2"), or "" when
+/// nothing: a non-finite value never passes. The CLI's validators and hslide.Model say the same.
+std::string option_value_problem(const option_check& check, double value);
 
 /// The setting an option fills.
 using option_target =

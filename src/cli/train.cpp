@@ -10,7 +10,6 @@
 #include "hslide/hybrid.hpp"
 #include "hslide/input_check.hpp"
 #include "hslide/label_map.hpp"
-#include "hslide/memory.hpp"
 #include "hslide/model.hpp"
 #include "hslide/output_plan.hpp"
 #include "hslide/output_shard.hpp"
@@ -58,27 +57,6 @@ void print_worker(const worker_stats& w, bool whole_run) {
 /// The output layer's rows for `train`'s labels under `rows`.
 uint32_t output_rows(const dataset& train, const label_map& rows) {
     return uint32_t(rows.identity() ? train.n_labels : rows.labels.size());
-}
-
-/// Refuses at once a run that cannot fit in the host's memory: its model with Adam state
-/// (which model_state::create checks alone), the copies of its weights training keeps (the
-/// weight average, the best epoch's snapshot) and a step's hidden activations and their
-/// gradients. Without it a --hidden of 10^8 passed the model's own check and was killed by the
-/// kernel partway through its first step, taking whatever else ran on the machine with it.
-void check_run_memory(const model_config& config, const train_config& tc, size_t train_points,
-                      bool keeps_best) {
-    const model_state shape = model_state::layout(config);
-    const uint64_t copies = uint64_t(tc.ema_epochs != 0) + uint64_t(keeps_best);
-    uint64_t hidden = 0;
-    for (size_t l = 0; l + 1 < config.layers.size(); ++l) hidden += config.layers[l].size;
-    // A step's activations and their gradients, into and out of each hidden layer.
-    const uint64_t step_bytes =
-        std::min<uint64_t>(tc.batch_size, train_points) * hidden * sizeof(float) * 4;
-    check_host_allocation(
-        fmt::format("the run ({}, {} cop{} of its weights and a step's activations)",
-                    describe_model_allocation(shape, true), copies, copies == 1 ? "y" : "ies"),
-        model_allocation_bytes(shape, true) + copies * model_allocation_bytes(shape, false) +
-            step_bytes);
 }
 
 }  // namespace
@@ -326,7 +304,7 @@ int run_train(int argc, char** argv) {
     } else {
         const model_config config = make_model_config(mopt, uint32_t(d.train.n_features),
                                                       output_rows(d.train, rows), &output_choice);
-        check_run_memory(config, tc, d.train.size(), tc.epochs_auto || !keep_best.empty());
+        check_training_memory(config, tc, d.train.size(), tc.epochs_auto || !keep_best.empty());
         initial = model_state::create(config, tc.seed, tc.adam_moments);
     }
     // A new model under the logistic loss (a rank's shard too) starts at the labels' prior.

@@ -30,6 +30,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <functional>
 #include <limits>
 #include <map>
@@ -38,6 +39,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <variant>
 #include <vector>
@@ -192,6 +194,24 @@ options parse_options(const py::dict& given) {
                             cli::unknown_option_message(flag, cli::option_surface::python, '_')));
         try {
             set_option(spec->target(o.settings), item.second);
+            // The command line's range checks (the table's), and no NaN anywhere.
+            std::string problem;
+            std::visit(
+                [&](auto* field) {
+                    using T = std::remove_pointer_t<decltype(field)>;
+                    if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
+                        problem = cli::option_value_problem(spec->check, double(*field));
+                    } else if constexpr (std::is_same_v<T, std::vector<uint32_t>> ||
+                                         std::is_same_v<T, std::vector<int>>) {
+                        for (const auto value : *field)
+                            if (problem.empty())
+                                problem = cli::option_value_problem(spec->check, double(value));
+                    }
+                },
+                spec->target(o.settings));
+            if (!problem.empty())
+                throw error(error_kind::invalid_argument,
+                            fmt::format("hslide.Model: option '{}': {}", name, problem));
         } catch (const std::out_of_range& e) {
             throw error(error_kind::invalid_argument,
                         fmt::format("hslide.Model: option '{}': {}", name, e.what()));
@@ -215,6 +235,15 @@ options parse_options(const py::dict& given) {
     return o;
 }
 
+/// OpenMP's team size when the module was loaded (OMP_NUM_THREADS, else every CPU): what
+/// threads=0 means, whatever an earlier model with threads=N set the process to.
+const int default_threads = omp_get_max_threads();
+
+/// The threads a model runs on: `threads`, or with 0 the process's default.
+void use_threads(uint32_t threads) {
+    omp_set_num_threads(threads > 0 ? int(threads) : default_threads);
+}
+
 /// A model: its options, and once fitted or loaded, a backend holding it.
 class model {
   public:
@@ -236,6 +265,7 @@ class model {
     /// `epochs`: None (the model's option), "auto" or a count, as the option takes.
     py::list fit(const dataset& train_in, const dataset* valid_in, py::object epochs,
                  py::object callback) {
+        const in_use guard(*this, /*training=*/true);
         train_config tc = options_.train();
         if (!epochs.is_none()) {
             const bool number =
@@ -271,7 +301,7 @@ class model {
                      "keep_best and patience need a validation set: X_valid/Y_valid or "
                      "valid_fraction");
         if (options_.isa() != "auto") set_active_isa(parse_isa(options_.isa()));
-        if (tc.threads > 0) omp_set_num_threads(tc.threads);
+        use_threads(tc.threads);
 
         engine_.reset();
         // Rows for the labels the training points carry (label_map.hpp), as `hslide train`.
@@ -287,6 +317,7 @@ class model {
                         options_.eval().scoring);
         backend_options bo = options_.device;
         bo.threads = tc.threads;
+        check_training_memory(config, tc, train.size(), tc.epochs_auto || vo.keep_best);
         model_state initial = model_state::create(config, tc.seed, tc.adam_moments);
         if (tc.loss == output_loss::logistic) start_at_label_prior(initial, train);
         engine_ = create_backend(bo, std::move(initial), tc);
@@ -308,10 +339,18 @@ class model {
             if (PyErr_CheckSignals() != 0) throw py::error_already_set();
         };
         trainer run(*engine_, train, nullptr, to);
+        // The model's counts and state are the new run's from here on, also where it ends by
+        // an exception (Ctrl-C mid-epoch) or a callback saves it: the backend holds its model.
+        label_counts_ = label_counts(train);
+        train_points_ = train.size();
+        state_ = run.state();
+        best_epoch_ = 0;
         py::list history;
         std::exception_ptr failure;
         auto on_epoch = [&](const epoch_record& r) {
             py::gil_scoped_acquire gil;
+            state_ = run.state();
+            best_epoch_ = run.best_epoch();
             py::object record = py::module_::import("json").attr("loads")(run.record_json(r));
             history.append(record);
             if (callback.is_none()) return;
@@ -328,12 +367,14 @@ class model {
                 run.request_stop();
             }
         };
-        {
+        try {
             py::gil_scoped_release release;
             run.run(on_epoch);
+        } catch (...) {
+            state_ = run.state();
+            best_epoch_ = run.best_epoch();
+            throw;
         }
-        label_counts_ = label_counts(train);
-        train_points_ = train.size();
         state_ = run.state();
         best_epoch_ = run.best_epoch();
         if (failure) std::rethrow_exception(failure);
@@ -341,6 +382,7 @@ class model {
     }
 
     py::tuple predict(const dataset& points_in, uint32_t k) {
+        const in_use guard(*this, /*training=*/false);
         HSLIDE_CHECK(k > 0, "k must be positive");
         dataset points = checked_input(points_in, false);
         const size_t n = points.size();
@@ -350,7 +392,7 @@ class model {
         float* out_scores = scores.mutable_data();
         {
             py::gil_scoped_release release;
-            const uint32_t batch = 1024;
+            const uint32_t batch = uint32_t(std::min<size_t>(1024, std::max<size_t>(n, 1)));
             std::vector<uint32_t> rows, top(size_t(batch) * k);
             for (size_t begin = 0; begin < n; begin += batch) {
                 const uint32_t size = uint32_t(std::min<size_t>(batch, n - begin));
@@ -367,7 +409,9 @@ class model {
     }
 
     py::dict evaluate(const dataset& test_in, int k) {
+        const in_use guard(*this, /*training=*/false);
         HSLIDE_CHECK(k >= 1, "k must be at least 1, got {}", k);
+        HSLIDE_CHECK(test_in.size() > 0, "X has no rows to evaluate");
         dataset test = checked_input(test_in, true);
         evaluation_options eo = options_.eval();
         eo.metrics.max_k = k;
@@ -389,7 +433,8 @@ class model {
         return out;
     }
 
-    void save(const std::string& path) const {
+    void save(const std::string& path) {
+        const in_use guard(*this, /*training=*/false);
         const backend& engine = fitted();
         if (const model_state* held = engine.host_state()) {
             save_checkpoint(path, *held, state_, label_counts_, train_points_, rows_);
@@ -410,6 +455,37 @@ class model {
     bool is_fitted() const { return engine_ != nullptr; }
 
   private:
+    /// A model is used by one thread at a time: fit releases the GIL while it trains, and a
+    /// second thread's fit or predict on the same backend crashed. Its own callbacks (on the
+    /// fitting thread) may predict, evaluate and save between epochs; a fit from one of them
+    /// would replace the backend the running fit trains.
+    class in_use {
+      public:
+        in_use(model& m, bool training) : m_(m) {
+            const std::thread::id me = std::this_thread::get_id();
+            std::thread::id user{};
+            if (m_.user_.compare_exchange_strong(user, me)) {
+                owner_ = true;
+                return;
+            }
+            if (user == me && !training) return;  // a callback of this thread's fit
+            throw error(error_kind::invalid_argument,
+                        user == me ? "fit() called from a callback of the model's own fit(): "
+                                     "stop it (return False) and fit again after it returns"
+                                   : "the model is in use by another thread (a fit, predict, "
+                                     "evaluate or save): use a model from one thread at a time");
+        }
+        ~in_use() {
+            if (owner_) m_.user_.store(std::thread::id{});
+        }
+        in_use(const in_use&) = delete;
+        in_use& operator=(const in_use&) = delete;
+
+      private:
+        model& m_;
+        bool owner_ = false;
+    };
+
     const backend& fitted() const {
         HSLIDE_CHECK(engine_, "the model is not trained: call fit() or hslide.load() first");
         return *engine_;
@@ -436,7 +512,7 @@ class model {
 
     void open(model_state state) {
         if (options_.isa() != "auto") set_active_isa(parse_isa(options_.isa()));
-        if (options_.train().threads > 0) omp_set_num_threads(options_.train().threads);
+        use_threads(options_.train().threads);
         config_ = state.config;
         train_config scoring_only;
         scoring_only.adam = adam_mode::sparse;
@@ -453,6 +529,7 @@ class model {
     uint64_t train_points_ = 0;
     label_map rows_;  // the label each output row stands for
     uint32_t best_epoch_ = 0;
+    std::atomic<std::thread::id> user_{};  // the thread using the model (in_use), or none
 };
 
 }  // namespace

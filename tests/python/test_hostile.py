@@ -55,7 +55,9 @@ def test_fractional_label_ids_are_refused():
 
 def test_validation_fraction_out_of_range_is_refused():
     for bad in (-0.5, 1.0, 2.0, float("nan")):
-        with pytest.raises(hslide.InvalidArgumentError, match="validation fraction"):
+        # The table's range [0, 1] first (as on the command line), then (0, 1).
+        with pytest.raises(hslide.InvalidArgumentError,
+                           match="validation fraction|option 'valid_fraction': must be"):
             hslide.Model(valid_fraction=bad)
 
 
@@ -104,3 +106,119 @@ def test_ctrl_c_stops_fit_within_a_step_not_at_the_epochs_end():
     finally:
         timer.cancel()
     assert time.monotonic() - start < 8.0
+
+
+def test_a_malformed_label_matrix_is_refused_not_a_crash():
+    # scipy merged a forged Y through its indptr before anything checked it: a double free.
+    X, _ = small()
+    Y = sp.csr_matrix(np.eye(40, 5, dtype=np.float32))
+    Y.indptr[5] = 10**6
+    with pytest.raises(hslide.InvalidArgumentError, match="Y: malformed CSR"):
+        hslide.Model(**FAST).fit(X, Y)
+    Y = sp.csr_matrix(np.eye(40, 5, dtype=np.float32))
+    Y.indices[0] = -1
+    with pytest.raises(hslide.InvalidArgumentError, match="Y: malformed CSR"):
+        hslide.Model(**FAST).fit(X, Y)
+
+
+def test_a_model_is_used_by_one_thread_and_never_refitted_from_its_own_callback():
+    import threading
+
+    X, Y = small()
+    model = hslide.Model(**FAST)
+    # A fit from its callback would replace the backend the running fit trains: refused, and
+    # the error ends the fit. Predicting from the callback is the callback's to do.
+    seen = []
+
+    def callback(record):
+        seen.append(model.predict(X[:3], 2)[0].shape)
+        model.fit(X, Y)
+
+    with pytest.raises(hslide.InvalidArgumentError, match="called from a callback"):
+        model.fit(X, Y, callback=callback)
+    assert seen == [(3, 2)]
+    # Another thread's call while a fit runs is refused; the fit goes on to its end.
+    started, errors = threading.Event(), []
+
+    def slow(record):
+        started.set()
+        threading.Event().wait(0.3)  # the fit holds the model meanwhile
+
+    def other():
+        started.wait(10)
+        try:
+            model.predict(X[:3], 2)
+        except hslide.InvalidArgumentError as e:
+            errors.append(str(e))
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    model.fit(X, Y, callback=slow)
+    thread.join()
+    assert errors and "in use by another thread" in errors[0]
+    assert model.predict(X[:3], 2)[0].shape == (3, 2)  # free again once the fit returned
+
+
+def test_an_interrupted_refit_leaves_a_model_whose_counts_match_it(tmp_path):
+    # Ctrl-C in a refit on more labels left the new network with the old run's counts: its
+    # evaluation failed and its checkpoint would not load.
+    import _thread
+    import threading
+
+    rng = np.random.default_rng(0)
+    n, labels = 20000, 20000
+    X = sp.random(n, 500, density=0.02, format="csr", dtype=np.float32, random_state=1)
+    Y = [[int(v)] for v in rng.integers(0, labels, n)]
+    Y[0] = [labels - 1]
+    model = hslide.Model(hidden=64, epochs=3, output_sparsity="dense", threads=2, seed=1)
+    model.fit(X[:400], [[i % 8] for i in range(400)])
+    timer = threading.Timer(0.5, _thread.interrupt_main)
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            model.fit(X, Y)
+    finally:
+        timer.cancel()
+    assert model.n_labels == labels
+    assert model.epochs_done == 0
+    assert model.evaluate(X[:50], Y[:50])["points"] == 50
+    model.save(tmp_path / "m.ckpt")
+    assert hslide.load(tmp_path / "m.ckpt").n_labels == labels
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("output_lr_scale", float("nan"), "must be a finite number"),
+    ("lr_drops", -2, "must be from -1 to"),
+    ("epochs_per_drop", -7, "must be from -1 to"),
+    ("L", 100000, "must be from 1 to 4096"),
+    ("valid_fraction", float("nan"), "must be a finite number"),
+])
+def test_model_options_are_checked_as_the_command_line_checks_them(option, value, message):
+    with pytest.raises(hslide.InvalidArgumentError, match=f"option '{option}': {message}"):
+        hslide.Model(**{option: value})
+
+
+def test_threads_zero_is_the_whole_machine_after_a_model_of_one_thread():
+    X, Y = small()
+    hslide.Model(**dict(FAST, threads=1)).fit(X, Y)
+    import os
+
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one CPU: threads=0 and threads=1 are the same")
+    counts = []
+    hslide.Model(**dict(FAST, threads=0)).fit(
+        X, Y, callback=lambda r: counts.append(r.get("threads")))
+    # The epoch record names the process's OpenMP team: the machine's, not the last model's.
+    assert counts and all(c == os.cpu_count() or (c or 0) > 1 for c in counts), counts
+
+
+def test_evaluate_needs_labels_and_points_and_write_xc_a_line_for_every_point(tmp_path):
+    X, Y = small()
+    model = hslide.Model(**FAST).fit(X, Y)
+    with pytest.raises(TypeError, match="evaluate needs the labels Y"):
+        model.evaluate(X, None)
+    with pytest.raises(hslide.InvalidArgumentError, match="no rows to evaluate"):
+        model.evaluate(X[:0], [])
+    with pytest.raises(hslide.InvalidArgumentError, match="point 0 has no labels and no features"):
+        hslide.write_xc(tmp_path / "d.txt", sp.csr_matrix((3, 5), dtype=np.float32), [[], [1], []])
+    assert not (tmp_path / "d.txt").exists()

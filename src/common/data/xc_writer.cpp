@@ -53,6 +53,13 @@ void write_xc(const dataset& data, const std::string& path) {
     // What the readers would refuse is refused here, before a file is made (a NaN would be
     // written as "nan").
     check_dataset(data, data.source.empty() ? std::string("write_xc") : data.source);
+    // Its line would be blank, which the readers skip: the file would hold a point fewer than
+    // its header says.
+    for (size_t p = 0; p < data.size(); ++p)
+        HSLIDE_CHECK(data.features(p).count > 0 || data.labels(p).count > 0,
+                     "write_xc: point {} has no labels and no features, which an XC line cannot "
+                     "hold (it would be a blank line, which readers skip)",
+                     p);
     output_file file(path);
     file.write(fmt::format("{} {} {}\n", data.size(), data.n_features, data.n_labels));
 

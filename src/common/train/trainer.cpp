@@ -15,6 +15,8 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -62,6 +64,22 @@ metrics_result evaluate(backend& engine, const dataset& test, const evaluation_o
     }
     bar.finish();
     return acc.result();
+}
+
+void check_training_memory(const model_config& config, const train_config& train,
+                           size_t train_points, bool keeps_best) {
+    const model_state shape = model_state::layout(config);
+    const uint64_t copies = uint64_t(train.ema_epochs != 0) + uint64_t(keeps_best);
+    uint64_t hidden = 0;
+    for (size_t l = 0; l + 1 < config.layers.size(); ++l) hidden += config.layers[l].size;
+    // A step's activations and their gradients, into and out of each hidden layer.
+    const uint64_t step_bytes =
+        std::min<uint64_t>(train.batch_size, train_points) * hidden * sizeof(float) * 4;
+    check_host_allocation(
+        fmt::format("the run ({}, {} cop{} of its weights and a step's activations)",
+                    describe_model_allocation(shape, true), copies, copies == 1 ? "y" : "ies"),
+        model_allocation_bytes(shape, true) + copies * model_allocation_bytes(shape, false) +
+            step_bytes);
 }
 
 trainer::trainer(backend& engine, const dataset& train, const dataset* test,
@@ -438,7 +456,8 @@ std::string trainer::record_json(const epoch_record& r) const {
                           {"mean_set_size", r.selection->mean_set_size},
                           {"seconds", r.selection_seconds}};
     const backend_info bi = backend_.info();
-    j["backend"] = bi.kind;  // its name in the registry
+    j["backend"] = bi.kind;                // its name in the registry
+    j["threads"] = omp_get_max_threads();  // the process's OpenMP team
     j["peak_rss_bytes"] = peak_rss_bytes();
     if (bi.output_rows > 0) j["output_layer_bytes"] = bi.output_layer_bytes;  // this process's
     // Per step averages over the epoch's training steps (the bytes this rank received).

@@ -61,6 +61,10 @@ def _label_arrays(Y, n_rows, name="Y"):
     """(indptr, ids, n_labels) of labels given as a CSR indicator matrix or label lists."""
     if _sp.issparse(Y):
         Y = _sp.csr_matrix(Y)
+        try:  # scipy reads through indptr as it merges: a forged one must not get that far
+            Y.check_format(full_check=True)
+        except ValueError as e:
+            raise InvalidArgumentError(f"{name}: malformed CSR matrix: {e}") from None
         if Y.shape[0] != n_rows:
             raise ValueError(f"X has {n_rows} rows but {name} has {Y.shape[0]}")
         Y = Y.copy()
@@ -162,6 +166,8 @@ class Model:
     def evaluate(self, X, Y, k=5):
         """P@i, nDCG@i and PSP@i for i = 1..k (PSP from the training label counts), by the code
         `hslide eval` runs; 'points': how many rows were scored."""
+        if Y is None:
+            raise TypeError("evaluate needs the labels Y of X (predict scores without them)")
         return dict(self._core.evaluate(_dataset(X, Y, n_labels=0), int(k)))
 
     def save(self, path):
