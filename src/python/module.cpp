@@ -117,8 +117,12 @@ struct options {
 
 template <class T>
 std::vector<T> list_of(py::handle value) {
-    if (py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value))
-        return value.cast<std::vector<T>>();
+    const bool list = py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value);
+    // True is no width or count (Python would take it for 1).
+    if constexpr (std::is_arithmetic_v<T>)
+        for (py::handle item : list ? py::iter(value) : py::iter(py::make_tuple(value)))
+            if (py::isinstance<py::bool_>(item)) throw py::cast_error("a bool");
+    if (list) return value.cast<std::vector<T>>();
     return {value.cast<T>()};
 }
 
@@ -149,6 +153,9 @@ void set_option(const cli::option_target& target, py::handle value) {
                     throw py::cast_error("None for a setting that has a value");
                 }
             } else {
+                // True is no count, rate or width (Python would take it for 1).
+                if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>)
+                    if (py::isinstance<py::bool_>(value)) throw py::cast_error("a bool");
                 if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
                     // A Python int is unbounded: one past the setting's range is a range
                     // error, not "the wrong type" (what the cast would report).
@@ -188,6 +195,13 @@ options parse_options(const py::dict& given) {
         std::replace(flag.begin(), flag.end(), '_', '-');
         const cli::option_spec* spec =
             name.find('-') == std::string::npos ? cli::find_option(flag) : nullptr;
+        if (name.find('-') != std::string::npos && cli::find_option(flag))
+            throw py::type_error(
+                fmt::format("hslide.Model: option '{}' is spelt '{}' in Python", name, [&] {
+                    std::string python = name;
+                    std::replace(python.begin(), python.end(), '-', '_');
+                    return python;
+                }()));
         if (!spec || spec->surface == cli::option_surface::cli)
             throw py::type_error(
                 fmt::format("hslide.Model: {}; hslide.option_names() lists the options",

@@ -222,3 +222,21 @@ def test_evaluate_needs_labels_and_points_and_write_xc_a_line_for_every_point(tm
     with pytest.raises(hslide.InvalidArgumentError, match="point 0 has no labels and no features"):
         hslide.write_xc(tmp_path / "d.txt", sp.csr_matrix((3, 5), dtype=np.float32), [[], [1], []])
     assert not (tmp_path / "d.txt").exists()
+
+
+def test_numpy_scalars_are_numbers_and_bools_or_floats_are_no_counts():
+    X, Y = small()
+    model = hslide.Model(**dict(FAST, epochs=np.int64(1), hidden=np.int64(16))).fit(
+        X, Y, epochs=np.int64(1))
+    assert model.epochs_done == 1
+    assert model.predict(X[:2], np.int64(3))[0].shape == (2, 3)
+    for k in (2.7, True):
+        with pytest.raises(TypeError, match="k must be an int"):
+            model.predict(X[:2], k)
+    for options in ({"hidden": True}, {"hidden": [64, True]}, {"lr": True}):
+        with pytest.raises(TypeError, match="wrong type"):
+            hslide.Model(**options)
+    with pytest.raises(TypeError, match="option 'top-k' is spelt 'top_k' in Python"):
+        hslide.Model(**{"top-k": 8})
+    with pytest.raises(ValueError, match="X_valid has 10 rows but Y_valid has 3"):
+        hslide.Model(**FAST).fit(X, Y, X_valid=X[:10], Y_valid=Y[:3])

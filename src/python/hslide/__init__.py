@@ -35,6 +35,18 @@ def _existing(path):
     return path
 
 
+def _python_scalar(value):
+    """A numpy scalar as the Python number it holds (np.int64(3) is an int option's 3)."""
+    return value.item() if isinstance(value, _np.generic) else value
+
+
+def _count(value, name):
+    """A whole number (an int, or a numpy integer), never a float truncated or a bool."""
+    if isinstance(value, (bool, _np.bool_)) or not isinstance(value, (int, _np.integer)):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    return int(value)
+
+
 def option_names():
     """The names hslide.Model takes (the `hslide train` flags, '-' written '_')."""
     return list(_core.option_names())
@@ -57,7 +69,7 @@ def _features(X, name="X"):
     return X
 
 
-def _label_arrays(Y, n_rows, name="Y"):
+def _label_arrays(Y, n_rows, name="Y", rows_name="X"):
     """(indptr, ids, n_labels) of labels given as a CSR indicator matrix or label lists."""
     if _sp.issparse(Y):
         Y = _sp.csr_matrix(Y)
@@ -66,7 +78,7 @@ def _label_arrays(Y, n_rows, name="Y"):
         except ValueError as e:
             raise InvalidArgumentError(f"{name}: malformed CSR matrix: {e}") from None
         if Y.shape[0] != n_rows:
-            raise ValueError(f"X has {n_rows} rows but {name} has {Y.shape[0]}")
+            raise ValueError(f"{rows_name} has {n_rows} rows but {name} has {Y.shape[0]}")
         Y = Y.copy()
         Y.eliminate_zeros()
         Y.sum_duplicates()
@@ -80,7 +92,7 @@ def _label_arrays(Y, n_rows, name="Y"):
         raise TypeError(f"{name} must be a scipy.sparse indicator matrix or a list of label "
                         f"lists, got {type(Y).__name__}") from None
     if len(rows) != n_rows:
-        raise ValueError(f"X has {n_rows} rows but {name} has {len(rows)}")
+        raise ValueError(f"{rows_name} has {n_rows} rows but {name} has {len(rows)}")
     lengths = _np.fromiter((len(r) for r in rows), dtype=_np.int64, count=len(rows))
     indptr = _np.zeros(len(rows) + 1, dtype=_np.int64)
     _np.cumsum(lengths, out=indptr[1:])
@@ -106,7 +118,7 @@ def _dataset(X, Y=None, name="X", n_labels=0):
     if Y is None:
         indptr, ids, labels = _np.zeros(X.shape[0] + 1, dtype=_np.int64), _np.zeros(0, _np.uint32), 0
     else:
-        indptr, ids, labels = _label_arrays(Y, X.shape[0], "Y" + name[1:])
+        indptr, ids, labels = _label_arrays(Y, X.shape[0], "Y" + name[1:], name)
     return _core.make_dataset(X.indptr.astype(_np.int64), X.indices.astype(_np.uint32),
                               X.data.astype(_np.float32), X.shape[1], indptr, ids,
                               max(labels, n_labels), name)
@@ -133,7 +145,7 @@ class Model:
     """
 
     def __init__(self, **options):
-        self._options = dict(options)
+        self._options = {name: _python_scalar(value) for name, value in options.items()}
         self._core = _core.Model(self._options)
         self.history_ = []
 
@@ -155,20 +167,20 @@ class Model:
             if valid.n_features != train.n_features:
                 raise ValueError(f"X has {train.n_features} features but X_valid has "
                                  f"{valid.n_features}")
-        self.history_ = self._core.fit(train, valid, epochs, callback)
+        self.history_ = self._core.fit(train, valid, _python_scalar(epochs), callback)
         return self
 
     def predict(self, X, k=5):
         """The top-k labels of every row of X, best first: (labels int64 [n, k], scores
         float32 [n, k]); fewer than k scored labels are padded with -1 / -inf."""
-        return self._core.predict(_dataset(X), int(k))
+        return self._core.predict(_dataset(X), _count(k, "k"))
 
     def evaluate(self, X, Y, k=5):
         """P@i, nDCG@i and PSP@i for i = 1..k (PSP from the training label counts), by the code
         `hslide eval` runs; 'points': how many rows were scored."""
         if Y is None:
             raise TypeError("evaluate needs the labels Y of X (predict scores without them)")
-        return dict(self._core.evaluate(_dataset(X, Y, n_labels=0), int(k)))
+        return dict(self._core.evaluate(_dataset(X, Y, n_labels=0), _count(k, "k")))
 
     def save(self, path):
         """Writes the model as an `hslide train --save` checkpoint (`hslide eval --model`)."""
@@ -196,7 +208,7 @@ def load(path, **options):
     """A model from a checkpoint (`hslide train --save`, or Model.save). Options as Model's
     (backend, threads, scoring, ...) say how it predicts."""
     m = Model.__new__(Model)
-    m._options = dict(options)
+    m._options = {name: _python_scalar(value) for name, value in options.items()}
     m._core = _core.Model.load(_existing(path), m._options)
     m.history_ = []
     return m
