@@ -14,6 +14,30 @@ def small():
     return X, Y
 
 
+def many_labels(n, labels, features, density):
+    """n rows of one random label each; the largest label, which sets the layer's size, on
+    the first."""
+    rng = np.random.default_rng(0)
+    X = sp.random(n, features, density=density, format="csr", dtype=np.float32, random_state=1)
+    Y = [[int(v)] for v in rng.integers(0, labels, n)]
+    Y[0] = [labels - 1]
+    return X, Y
+
+
+def fit_interrupted(model, X, Y, after=0.5):
+    """model.fit(X, Y) with a SIGINT `after` seconds in: it must end in KeyboardInterrupt."""
+    import _thread
+    import threading
+
+    timer = threading.Timer(after, _thread.interrupt_main)
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            model.fit(X, Y)
+    finally:
+        timer.cancel()
+
+
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_non_finite_features_are_refused(bad):
     X, Y = small()
@@ -87,24 +111,12 @@ def test_ctrl_c_stops_fit_within_a_step_not_at_the_epochs_end():
     # One epoch of ~240 steps over a dense 50,000-label output layer takes tens of seconds on
     # 2 cores; a SIGINT half a second in must end fit() with KeyboardInterrupt within a step
     # or two (it used to wait for the end of the epoch).
-    import _thread
-    import threading
     import time
 
-    rng = np.random.default_rng(0)
-    n, labels = 30000, 50000
-    X = sp.random(n, 1000, density=0.01, format="csr", dtype=np.float32, random_state=1)
-    Y = [[int(v)] for v in rng.integers(0, labels, n)]
-    Y[0] = [labels - 1]  # the largest label sets the layer's size
+    X, Y = many_labels(30000, 50000, 1000, 0.01)
     model = hslide.Model(hidden=256, epochs=1, output_sparsity="dense", threads=2, seed=1)
-    timer = threading.Timer(0.5, _thread.interrupt_main)
     start = time.monotonic()
-    timer.start()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            model.fit(X, Y)
-    finally:
-        timer.cancel()
+    fit_interrupted(model, X, Y)
     assert time.monotonic() - start < 8.0
 
 
@@ -162,23 +174,11 @@ def test_a_model_is_used_by_one_thread_and_never_refitted_from_its_own_callback(
 def test_an_interrupted_refit_leaves_a_model_whose_counts_match_it(tmp_path):
     # Ctrl-C in a refit on more labels left the new network with the old run's counts: its
     # evaluation failed and its checkpoint would not load.
-    import _thread
-    import threading
-
-    rng = np.random.default_rng(0)
-    n, labels = 20000, 20000
-    X = sp.random(n, 500, density=0.02, format="csr", dtype=np.float32, random_state=1)
-    Y = [[int(v)] for v in rng.integers(0, labels, n)]
-    Y[0] = [labels - 1]
+    labels = 20000
+    X, Y = many_labels(20000, labels, 500, 0.02)
     model = hslide.Model(hidden=64, epochs=3, output_sparsity="dense", threads=2, seed=1)
     model.fit(X[:400], [[i % 8] for i in range(400)])
-    timer = threading.Timer(0.5, _thread.interrupt_main)
-    timer.start()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            model.fit(X, Y)
-    finally:
-        timer.cancel()
+    fit_interrupted(model, X, Y)
     assert model.n_labels == labels
     assert model.epochs_done == 0
     assert model.evaluate(X[:50], Y[:50])["points"] == 50
