@@ -23,6 +23,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace {
@@ -205,6 +206,22 @@ std::string tiny_checkpoint(const temp_dir& dir) {
     return read_text(path);
 }
 
+// `seed`'s sections written to `path` as a valid container (checksums recomputed), with
+// section `name`'s bytes replaced by `bytes`: a forged file.
+void write_with_section(const hslide::checkpoint_reader& seed, const std::string& path,
+                        const std::string& name, std::string_view bytes) {
+    hslide::checkpoint_writer w(path);
+    for (const std::string& section : seed.names()) {
+        if (section == name) {
+            w.add_string(section, bytes);
+        } else {
+            const auto v = seed.get(section);
+            w.add(section, v.data, v.size);
+        }
+    }
+    w.commit();
+}
+
 TEST(FuzzReaders, CheckpointBytes) {
     temp_dir dir;
     const std::string seed = tiny_checkpoint(dir);
@@ -230,18 +247,7 @@ TEST(FuzzReaders, CheckpointMetadataWithChecksumsRecomputed) {
     const auto [inputs, accepted] = fuzz(
         {meta, "{\"x\":" + deep + "}", meta.substr(0, meta.size() - 1) + ",\"d\":" + deep + "}"}, 5,
         [&](const std::string& text) {
-            {
-                hslide::checkpoint_writer w(path);
-                for (const std::string& name : seed.names()) {
-                    if (name == "meta") {
-                        w.add_string(name, text);
-                    } else {
-                        const auto v = seed.get(name);
-                        w.add(name, v.data, v.size);
-                    }
-                }
-                w.commit();
-            }
+            write_with_section(seed, path, "meta", text);
             hslide::load_checkpoint(path);
         });
     EXPECT_GT(accepted, 0u);
@@ -260,19 +266,10 @@ TEST(FuzzReaders, ACheckpointWhoseValuesAreNotFiniteIsRefused) {
          {"layer0.weights", "layer1.adam_m", "layer1.adam_v", "layer1.bias", "layer0.bias_v"}) {
         for (const float bad :
              {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
-            {
-                hslide::checkpoint_writer w(path);
-                for (const std::string& name : seed.names()) {
-                    const auto v = seed.get(name);
-                    std::string bytes(reinterpret_cast<const char*>(v.data), v.size);
-                    if (name == section) {
-                        ASSERT_GE(bytes.size(), 3 * sizeof(float)) << name;
-                        std::memcpy(bytes.data() + 2 * sizeof(float), &bad, sizeof bad);
-                    }
-                    w.add(name, bytes.data(), bytes.size());
-                }
-                w.commit();
-            }
+            std::string bytes = seed.get_string(section);
+            ASSERT_GE(bytes.size(), 3 * sizeof(float)) << section;
+            std::memcpy(bytes.data() + 2 * sizeof(float), &bad, sizeof bad);
+            write_with_section(seed, path, section, bytes);
             try {
                 hslide::load_checkpoint(path);
                 FAIL() << section << " holds " << bad;

@@ -89,10 +89,9 @@ loaded_data load_data(const data_options& o) {
     const std::string test_path = !o.test.empty() ? o.test : (!o.test_split.empty() ? o.train : "");
     dataset test_file;
     if (!test_path.empty()) test_file = test_path == o.train ? train_file : load_file(o, test_path);
-    std::vector<uint32_t> train_rows;
     if (!o.train_split.empty()) {
-        train_rows = read_split(o.train_split, o.split_column, train_file.size());
-        out.train = subset(train_file, train_rows);
+        out.train_rows = read_split(o.train_split, o.split_column, train_file.size());
+        out.train = subset(train_file, out.train_rows);
     } else {
         out.train = std::move(train_file);
     }
@@ -100,7 +99,7 @@ loaded_data load_data(const data_options& o) {
         const std::vector<uint32_t> test_rows =
             read_split(o.test_split, o.split_column, test_file.size());
         if (!o.train_split.empty() && test_path == o.train)
-            warn_shared_rows("--train-split " + o.train_split, train_rows,
+            warn_shared_rows("--train-split " + o.train_split, out.train_rows,
                              "--test-split " + o.test_split, test_rows,
                              "the test scores points the model trains on");
         out.test = subset(test_file, test_rows);
@@ -145,24 +144,12 @@ CLI::Validator number_of_type() {
         "", "number");
 }
 
-CLI::Validator number_in(double low, double high) {
-    const option_check check = high == std::numeric_limits<double>::max() && low == 0
-                                   ? option_check{option_check::kind::non_negative}
-                                   : option_check{option_check::kind::range, low, high};
+CLI::Validator meets(const option_check& check) {
     return CLI::Validator(
         [check](std::string& text) {
             return option_value_problem(check, std::strtod(text.c_str(), nullptr));
         },
-        "", "range");
-}
-
-CLI::Validator positive_number() {
-    return CLI::Validator(
-        [](std::string& text) {
-            return option_value_problem({option_check::kind::positive},
-                                        std::strtod(text.c_str(), nullptr));
-        },
-        "", "positive");
+        "", "check");
 }
 
 CLI::Validator not_empty() {
@@ -254,11 +241,7 @@ CLI::Option* add_table_option(CLI::App& app, const option_spec& o, train_setting
             using element = typename element_of<T>::type;
             if constexpr (std::is_arithmetic_v<element> && !std::is_same_v<element, bool>) {
                 added->check(number_of_type<element>());
-                if (o.check.which == option_check::kind::range)
-                    added->check(number_in(o.check.low, o.check.high));
-                if (o.check.which == option_check::kind::non_negative)
-                    added->check(number_in(0, std::numeric_limits<double>::max()));
-                if (o.check.which == option_check::kind::positive) added->check(positive_number());
+                if (o.check.which != option_check::kind::none) added->check(meets(o.check));
             } else if constexpr (std::is_same_v<element, std::string>) {
                 added->check(not_empty());
             }

@@ -20,6 +20,7 @@ namespace hslide::cli {
 
 struct loaded_data {
     dataset train, test;
+    std::vector<uint32_t> train_rows;  ///< --train-split's rows of the --train file (or none)
 };
 
 loaded_data load_data(const data_options& options);
@@ -85,12 +86,11 @@ void add_config_option(CLI::App& app,
 /// Checks of an option's text, before CLI11 converts it (the table's options have them; an
 /// option added by hand adds them): a number of type T (whole and in T's range for an integer:
 /// "-1" is no unsigned value; finite for a floating type: "nan" passes every range check); one
-/// in [low, high]; one above 0; a value given explicitly that is not empty (--save "", an
-/// unset shell variable, would quietly save nothing).
+/// that meets an option_check (option_value_problem's message); a value given explicitly that
+/// is not empty (--save "", an unset shell variable, would quietly save nothing).
 template <class T>
 CLI::Validator number_of_type();
-CLI::Validator number_in(double low, double high);
-CLI::Validator positive_number();
+CLI::Validator meets(const option_check& check);
 CLI::Validator not_empty();
 
 /// A file a command reads or writes, and the flag that named it.

@@ -188,14 +188,14 @@ int run_predict(int argc, char** argv) {
         ->required();
     app.add_option("--labels-per-point", labels_per_point, "labels written per point, best first")
         ->check(number_of_type<uint32_t>())
-        ->check(positive_number())
+        ->check(meets({option_check::kind::positive}))
         ->capture_default_str();
     // The old spelling, easily read as train's --top-k (the selection): hidden, still taken.
     uint32_t deprecated_topk = 0;
     CLI::Option* topk_alias =
         app.add_option("--topk", deprecated_topk, "deprecated: --labels-per-point")
             ->check(number_of_type<uint32_t>())
-            ->check(positive_number())
+            ->check(meets({option_check::kind::positive}))
             ->group("");
     app.add_option("--out", out_path, "output file")->required()->check(not_empty());
     if (const auto exit_code = parse_command_line(app, argc, argv)) return *exit_code;

@@ -15,7 +15,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <limits>
 
 namespace hslide::cli {
 
@@ -32,7 +31,7 @@ int run_gen(int argc, char** argv) {
         ->capture_default_str();
     app.add_option("--scale", sc.scale, "multiplies the preset's point counts")
         ->check(number_of_type<decltype(sc.scale)>())
-        ->check(positive_number())
+        ->check(meets({option_check::kind::positive}))
         ->capture_default_str();
     app.add_option("--labels", sc.n_labels, "number of labels (0 = the preset's)")
         ->check(number_of_type<decltype(sc.n_labels)>());
@@ -44,7 +43,7 @@ int run_gen(int argc, char** argv) {
     app.add_option("--out", out_dir, "output folder")->required()->check(not_empty());
     app.add_option("--threads", threads, "threads (0 = all)")
         ->check(number_of_type<int>())
-        ->check(number_in(0, std::numeric_limits<double>::max()));
+        ->check(meets({option_check::kind::non_negative}));
     train_settings settings;
     add_table_options(app, settings, {"quiet", "no-progress", "log-level"});
     if (const auto exit_code = parse_command_line(app, argc, argv)) return *exit_code;

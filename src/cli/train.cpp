@@ -157,8 +157,7 @@ int run_train(int argc, char** argv) {
         const std::vector<uint32_t> valid_rows =
             read_split(valid_split, data.split_column, file.size());
         if (!data.train_split.empty())
-            warn_shared_rows("--train-split " + data.train_split,
-                             read_split(data.train_split, data.split_column, file.size()),
+            warn_shared_rows("--train-split " + data.train_split, d.train_rows,
                              "--valid-split " + valid_split, valid_rows,
                              "the validation scores points the model trains on");
         valid = subset(file, valid_rows);

@@ -197,13 +197,11 @@ dataset parse_text(std::string_view text, const std::string& path, data_format f
 // parse_text in the format asked for, or the one detect_format finds. A first line of numbers
 // alone that is no XC header ("10 6", "10 6.0 4") reads as LibSVM and fails there on a
 // LibSVM complaint ("truncated feature '6'"); what the user wrote was a header, so the XC
-// reader's complaint about it is the one to give. `format`: the one the text was read in.
-dataset parse_text_as(std::string_view text, const std::string& path, const load_options& options,
-                      data_format& format) {
-    format = options.format;
-    if (format != data_format::automatic) return parse_text(text, path, format, options);
+// reader's complaint about it is the one to give.
+dataset parse_text_as(std::string_view text, const std::string& path, const load_options& options) {
+    if (options.format != data_format::automatic)
+        return parse_text(text, path, options.format, options);
     const data_format detected = detect_format(text);
-    format = detected;
     try {
         return parse_text(text, path, detected, options);
     } catch (const input_error& libsvm_error) {
@@ -500,8 +498,7 @@ dataset load_dataset(const std::string& path, const load_options& options) {
         // Pipes and devices have no stable identity to cache against.
         const detail::text_buffer text =
             detail::read_all(src.fd, path, regular ? static_cast<size_t>(st.st_size) : 0);
-        data_format format;
-        return parse_text_as(text.view(), path, options, format);
+        return parse_text_as(text.view(), path, options);
     }
 
     const std::string cpath = cache_path_for(path, options);
@@ -524,8 +521,7 @@ dataset load_dataset(const std::string& path, const load_options& options) {
 
     const detail::text_buffer buf = detail::read_all(src.fd, path, static_cast<size_t>(st.st_size));
     const std::string_view text = buf.view();
-    data_format f;
-    dataset data = parse_text_as(text, path, options, f);
+    dataset data = parse_text_as(text, path, options);
 
     // Record what was parsed; skip the cache when the file changed while it was read.
     struct stat after {};
@@ -539,6 +535,9 @@ dataset load_dataset(const std::string& path, const load_options& options) {
     h.source_mtime_ns = mtime_ns(st);
     h.source_xxh3 = source_fingerprint(text);
     h.source_full_xxh3 = std::max<uint64_t>(1, XXH3_64bits(text.data(), text.size()));
+    // The format it was read in (detection reads the first line alone).
+    const data_format f =
+        options.format == data_format::automatic ? detect_format(text) : options.format;
     h.format = format_code(f);
     h.min_features = f == data_format::libsvm ? options.min_features : 0;
     h.min_labels = f == data_format::libsvm ? options.min_labels : 0;
