@@ -6,7 +6,10 @@
 # sets from the same index, prov ($HSLIDE_PROVIDES, /tmp/debian-provides: --field Provides) and brk
 # ($HSLIDE_BREAKS, /tmp/debian-breaks: --field Breaks+Replaces+Conflicts); depslong and tagslong
 # ($HSLIDE_DEPS_LONG, $HSLIDE_TAGS_LONG) are deps and tags with the long descriptions' words
-# (--long-descriptions: text-like points, about 50 features each instead of 14).
+# (--long-descriptions: text-like points, about 50 features each instead of 14); depsfiles and
+# tagsfiles ($HSLIDE_DEPS_FILES, $HSLIDE_TAGS_FILES) add the words of the paths each package
+# installs (--file-words, from $HSLIDE_CONTENTS: the suite's Contents-amd64.gz and
+# Contents-all.gz, fetched from deb.debian.org: about 66 features a point, 144K-188K features).
 real_set_flags() {
     local D=${HSLIDE_DATA:-../shared/data}
     case $1 in
@@ -19,6 +22,8 @@ real_set_flags() {
         tags) debian_set_flags "${HSLIDE_TAGS:-/tmp/debian-tags}" Tag ;;
         depslong) debian_set_flags "${HSLIDE_DEPS_LONG:-/tmp/debian-depends-long}" Depends --long-descriptions ;;
         tagslong) debian_set_flags "${HSLIDE_TAGS_LONG:-/tmp/debian-tags-long}" Tag --long-descriptions ;;
+        depsfiles) debian_set_flags "${HSLIDE_DEPS_FILES:-/tmp/debian-depends-files}" Depends --file-words ;;
+        tagsfiles) debian_set_flags "${HSLIDE_TAGS_FILES:-/tmp/debian-tags-files}" Tag --file-words ;;
         prov) debian_set_flags "${HSLIDE_PROVIDES:-/tmp/debian-provides}" Provides ;;
         brk) debian_set_flags "${HSLIDE_BREAKS:-/tmp/debian-breaks}" Breaks+Replaces+Conflicts ;;
         *) echo "unknown set $1" >&2; exit 2 ;;
@@ -26,8 +31,10 @@ real_set_flags() {
 }
 
 # debian_set_flags DIR FIELD [FLAG]: `data` for DIR's set of Debian's FIELD, written there (with
-# debian_packages_set.py's FLAG) when missing.
+# debian_packages_set.py's FLAG; --file-words reads $HSLIDE_CONTENTS) when missing.
 debian_set_flags() {
-    [[ -f $1/test.txt ]] || "$(dirname "${BASH_SOURCE[0]}")/../../scripts/debian_packages_set.py" "$1" --field "$2" ${3:-} >&2
+    local flags=(${3:-})
+    [[ ${3:-} == --file-words ]] && flags+=(${HSLIDE_CONTENTS:?set HSLIDE_CONTENTS to the Contents-amd64.gz and Contents-all.gz paths})
+    [[ -f $1/test.txt ]] || "$(dirname "${BASH_SOURCE[0]}")/../../scripts/debian_packages_set.py" "$1" --field "$2" "${flags[@]}" >&2
     data=(--train $1/train.txt --test $1/test.txt)
 }
