@@ -9,11 +9,14 @@
 #include "hslide/checkpoint_file.hpp"
 #include "hslide/dataset.hpp"
 #include "hslide/input_check.hpp"
+#include "hslide/lsh.hpp"
 #include "test_util.hpp"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <spdlog/spdlog.h>
 #include <xxhash.h>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cstdlib>
@@ -305,6 +308,37 @@ TEST(FuzzReaders, ACheckpointCountingTooFewLabelsIsRefused) {
     }
     hslide::save_checkpoint(path, m, hslide::trainer_state{}, std::vector<uint32_t>(10, 1), 3);
     EXPECT_EQ(hslide::load_checkpoint(path).label_counts.size(), 10u);
+}
+
+TEST(FuzzReaders, ACheckpointAskingForMoreHashTablesThanTheCommandLineAllowsIsRefused) {
+    // The command line stops --L at lsh_max_tables; a forged checkpoint's L went on to the
+    // tables' construction, L tables of every output row.
+    temp_dir dir;
+    const std::string seed_path = dir.file("seed.ck");
+    hslide::model_config mc =
+        hslide::testing::two_layer_model(20, 8, 10, hslide::sparsity_mode::lsh);
+    hslide::save_checkpoint(seed_path, hslide::model_state::create(mc, 7), hslide::trainer_state{},
+                            std::vector<uint32_t>(10, 1), 3);
+    const hslide::checkpoint_reader seed(seed_path);
+    nlohmann::json meta = nlohmann::json::parse(seed.get_string("meta"));
+    const std::string path = dir.file("m.ck");
+    for (const int tables : {hslide::lsh_max_tables + 1, 1000000}) {
+        meta["model"]["layers"][1]["L"] = tables;
+        write_with_section(seed, path, "meta", meta.dump());
+        try {
+            hslide::load_checkpoint(path);
+            FAIL() << tables;
+        } catch (const hslide::input_error& e) {
+            EXPECT_EQ(e.file(), path);
+            EXPECT_NE(e.reason().find(fmt::format("L (number of tables) must be at most {}",
+                                                  hslide::lsh_max_tables)),
+                      std::string::npos)
+                << e.what();
+        }
+    }
+    meta["model"]["layers"][1]["L"] = hslide::lsh_max_tables;
+    write_with_section(seed, path, "meta", meta.dump());
+    EXPECT_EQ(hslide::load_checkpoint(path).model.config.layers[1].lsh.L, hslide::lsh_max_tables);
 }
 
 // The cache header's fields this test forges (see dataset_cache.cpp's cache_header).

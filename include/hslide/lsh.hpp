@@ -75,8 +75,11 @@ struct lsh_config {
     insertion_policy policy = insertion_policy::fifo;
 };
 
-/// Throws hslide::error when a configuration cannot work: K < 1, L < 1, bits_per_hash < 1,
-/// K * bits_per_hash > 32, bucket_capacity < 1.
+/// The most hash tables a layer may have (--L's range; a checkpoint's L is held to it too).
+constexpr int lsh_max_tables = 4096;
+
+/// Throws hslide::error when a configuration cannot work: K < 1, L < 1 or over
+/// lsh_max_tables, bits_per_hash < 1, K * bits_per_hash > 32, bucket_capacity < 1.
 void validate(const lsh_config& config);
 
 /// A family's functions as plain arrays, for a device that evaluates them itself (the GPU

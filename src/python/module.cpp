@@ -317,6 +317,7 @@ class model {
         if (options_.isa() != "auto") set_active_isa(parse_isa(options_.isa()));
         use_threads(tc.threads);
 
+        ++fits_begun_;  // the model fitted before is gone from here on
         engine_.reset();
         // Rows for the labels the training points carry (label_map.hpp), as `hslide train`.
         rows_ = output_label_rows(train, options_.settings.model.label_rows);
@@ -467,6 +468,9 @@ class model {
     uint32_t epochs_done() const { return state_.epochs_done; }
     uint32_t best_epoch() const { return best_epoch_; }
     bool is_fitted() const { return engine_ != nullptr; }
+    /// fit() calls that got as far as dropping the model before them (hslide.Model.fit keeps
+    /// its history where a fit fails before that).
+    uint64_t fits_begun() const { return fits_begun_; }
 
   private:
     /// A model is used by one thread at a time: fit releases the GIL while it trains, and a
@@ -541,6 +545,7 @@ class model {
     trainer_state state_;
     std::vector<uint32_t> label_counts_;  // by the ids labels_to_rows gives, as the trainer
     uint64_t train_points_ = 0;
+    uint64_t fits_begun_ = 0;
     label_map rows_;  // the label each output row stands for
     uint32_t best_epoch_ = 0;
     std::atomic<std::thread::id> user_{};  // the thread using the model (in_use), or none
@@ -639,5 +644,6 @@ PYBIND11_MODULE(_core, m) {
         .def_property_readonly("n_labels", &model::n_labels)
         .def_property_readonly("epochs_done", &model::epochs_done)
         .def_property_readonly("best_epoch", &model::best_epoch)
-        .def_property_readonly("is_fitted", &model::is_fitted);
+        .def_property_readonly("is_fitted", &model::is_fitted)
+        .def_property_readonly("fits_begun", &model::fits_begun);
 }

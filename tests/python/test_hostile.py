@@ -233,6 +233,12 @@ def test_numpy_scalars_are_numbers_and_bools_or_floats_are_no_counts():
     for k in (2.7, True):
         with pytest.raises(TypeError, match="k must be an int"):
             model.predict(X[:2], k)
+    # Out of the core's range: a message naming the argument, not pybind11's bare TypeError.
+    for k in (-1, 0, 2**40):
+        with pytest.raises(hslide.InvalidArgumentError, match=rf"k must be in \[1, 4294967295\], got {k}"):
+            model.predict(X[:2], k)
+        with pytest.raises(hslide.InvalidArgumentError, match="k must be in"):
+            model.evaluate(X[:2], Y[:2], k)
     for options in ({"hidden": True}, {"hidden": [64, True]}, {"lr": True}):
         with pytest.raises(TypeError, match="wrong type"):
             hslide.Model(**options)
@@ -240,3 +246,36 @@ def test_numpy_scalars_are_numbers_and_bools_or_floats_are_no_counts():
         hslide.Model(**{"top-k": 8})
     with pytest.raises(ValueError, match="X_valid has 10 rows but Y_valid has 3"):
         hslide.Model(**FAST).fit(X, Y, X_valid=X[:10], Y_valid=Y[:3])
+
+
+def test_read_split_names_an_argument_out_of_range(tmp_path):
+    split = tmp_path / "split.txt"
+    split.write_text("1\n3\n")
+    assert list(hslide.read_split(split, 4)) == [0, 2]
+    with pytest.raises(hslide.InvalidArgumentError, match=r"n_points must be in \[0, .*\], got -1"):
+        hslide.read_split(split, -1)
+    with pytest.raises(hslide.InvalidArgumentError, match=r"column must be in \[1, 2147483647\], got 0"):
+        hslide.read_split(split, 4, column=0)
+
+
+def test_a_fit_ended_by_an_exception_leaves_the_history_of_its_own_epochs():
+    X, Y = small()
+    model = hslide.Model(**FAST).fit(X, Y, epochs=3)
+    assert [r["epoch"] for r in model.history_] == [1, 2, 3]
+
+    def fail_after_two(record):
+        if record["epoch"] == 2:
+            raise RuntimeError("stop here")
+
+    with pytest.raises(RuntimeError, match="stop here"):
+        model.fit(X, Y, epochs=5, callback=fail_after_two)
+    # The model is the interrupted run's (two epochs), and so is its history, not the last
+    # complete fit's three.
+    assert model.epochs_done == 2
+    assert [r["epoch"] for r in model.history_] == [1, 2]
+    # A fit refused before it starts leaves the model and its history as they were.
+    held_out = hslide.Model(**dict(FAST, valid_fraction=0.2)).fit(X, Y, epochs=2)
+    with pytest.raises(hslide.InvalidArgumentError, match="not both"):
+        held_out.fit(X, Y, epochs=3, X_valid=X[:5], Y_valid=Y[:5])
+    assert [r["epoch"] for r in held_out.history_] == [1, 2]
+    assert held_out.predict(X[:2], 1)[0].shape == (2, 1)

@@ -53,6 +53,8 @@ std::vector<std::string> names_of(insertion_policy) {
 void validate(const lsh_config& config) {
     HSLIDE_CHECK(config.K >= 1, "LSH K (hashes per table) must be at least 1, got {}", config.K);
     HSLIDE_CHECK(config.L >= 1, "LSH L (number of tables) must be at least 1, got {}", config.L);
+    HSLIDE_CHECK(config.L <= lsh_max_tables, "LSH L (number of tables) must be at most {}, got {}",
+                 lsh_max_tables, config.L);
     HSLIDE_CHECK(config.bits_per_hash >= 1, "LSH bits per hash must be at least 1, got {}",
                  config.bits_per_hash);
     HSLIDE_CHECK(static_cast<int64_t>(config.K) * config.bits_per_hash <= 32,

@@ -40,10 +40,13 @@ def _python_scalar(value):
     return value.item() if isinstance(value, _np.generic) else value
 
 
-def _count(value, name):
-    """A whole number (an int, or a numpy integer), never a float truncated or a bool."""
+def _count(value, name, low=1, high=2**32 - 1):
+    """A whole number (an int, or a numpy integer) in [low, high], never a float truncated or
+    a bool; out of range an InvalidArgumentError naming it (not pybind11's bare TypeError)."""
     if isinstance(value, (bool, _np.bool_)) or not isinstance(value, (int, _np.integer)):
         raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if not low <= value <= high:
+        raise InvalidArgumentError(f"{name} must be in [{low}, {high}], got {value}")
     return int(value)
 
 
@@ -167,7 +170,21 @@ class Model:
             if valid.n_features != train.n_features:
                 raise ValueError(f"X has {train.n_features} features but X_valid has "
                                  f"{valid.n_features}")
-        self.history_ = self._core.fit(train, valid, _python_scalar(epochs), callback)
+        # The records are kept as they come: a fit that ends by an exception (Ctrl-C, a
+        # callback's error) once it has dropped the model before it leaves the model of its
+        # own epochs, and history_ says which; one refused before that leaves both as they were.
+        records = []
+
+        def collect(record):
+            records.append(record)
+            return None if callback is None else callback(record)
+
+        begun = self._core.fits_begun
+        try:
+            self._core.fit(train, valid, _python_scalar(epochs), collect)
+        finally:
+            if self._core.fits_begun != begun:
+                self.history_ = records
         return self
 
     def predict(self, X, k=5):
@@ -228,7 +245,8 @@ def synthetic(preset="amazon670k", scale=0.05, labels=0, features=0, seed=2024):
 
 def read_split(path, n_points, column=1):
     """0-based rows of column `column` (1-based) of an XC split file, as a numpy array."""
-    return _np.asarray(_core.read_split(_existing(path), int(column), int(n_points)),
+    return _np.asarray(_core.read_split(_existing(path), _count(column, "column", high=2**31 - 1),
+                                        _count(n_points, "n_points", low=0, high=2**63 - 1)),
                        dtype=_np.int64)
 
 
