@@ -2,6 +2,7 @@
 index written here (the recipe's rules: relations parsed, rare features and labels dropped,
 points without a label dropped, the split by name), and `hslide train` reads what it writes."""
 
+import gzip
 import hashlib
 import importlib.util
 import math
@@ -93,4 +94,38 @@ def test_long_descriptions_add_their_words(tmp_path):
                           str(tmp_path / "Translation-en")], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert "long descriptions of" in run.stdout
+    assert (out / "train.txt").read_text().splitlines()[0].split()[1] == str(n_features)
+
+
+def test_file_words_add_the_words_of_the_paths_a_package_installs(tmp_path):
+    # A Contents line is "path   section/package,section/other": every owner gets the path's
+    # words (lower case, two characters or more, starting with a letter); gzip or plain.
+    contents = ("usr/bin/Widget-Tool                         utils/pkg-1,utils/pkg-3\n"
+                "usr/share/doc/pkg-1/x.gz                    utils/pkg-1\n")
+    (tmp_path / "Contents-all").write_text(contents)
+    with gzip.open(tmp_path / "Contents-amd64.gz", "wt") as f:
+        f.write("usr/lib/x86_64-linux-gnu/libwidget.so.1     libs/pkg-3\n")
+    files = script.file_words([str(tmp_path / "Contents-all"), str(tmp_path / "Contents-amd64.gz")])
+    assert files["pkg-1"] == {"usr", "bin", "widget", "tool", "share", "doc", "pkg", "gz"}
+    assert {"widget", "tool", "lib", "x86", "linux", "gnu", "libwidget", "so"} <= files["pkg-3"]
+    fields = {"Package": "pkg-1", "Description": "tool"}
+    words = script.features_of(fields, files=files)
+    assert {"f=widget", "f=doc"} <= words
+    assert script.features_of(fields) == {f for f in words if not f.startswith("f=")}
+
+    # Every package of the small index installs a file: its words join every point.
+    text = "".join(f"usr/share/widgets/w{i}.txt  utils/pkg-{i}\n" for i in range(60))
+    (tmp_path / "Contents").write_text(text)
+    (tmp_path / "Packages").write_text(index_text())
+    plain, _, n_plain, _ = script.build(index_text(), ["Depends"])
+    train, _, n_features, _ = script.build(index_text(), ["Depends"], None,
+                                           script.file_words([str(tmp_path / "Contents")]))
+    assert n_features > n_plain
+    assert all(len(a) > len(b) for (a, _), (b, _) in zip(train, plain))
+    out = tmp_path / "set"
+    run = subprocess.run(["python3", str(REPO / "scripts" / "debian_packages_set.py"), str(out),
+                          "--packages", str(tmp_path / "Packages"), "--file-words",
+                          str(tmp_path / "Contents")], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert "path words of" in run.stdout
     assert (out / "train.txt").read_text().splitlines()[0].split()[1] == str(n_features)
