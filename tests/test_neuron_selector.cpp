@@ -563,17 +563,25 @@ TEST(NeuronSelector, AutomaticSearchIsExactWhereAnIndexWouldProbeEveryCluster) {
         layer.size = rows;
         EXPECT_EQ(cpu_top_k_search(layer, isa_level::amx), want) << rows << " rows on amx";
     }
-    // The other SIMD levels score 4 (int8 or bf16 products): exact while 48 x 4 probes reach
-    // the clusters (192 clusters from 148,000 rows; 193 from 149,000).
-    for (isa_level level : {isa_level::avx2, isa_level::avx512, isa_level::avx512bf16})
+    // The AVX-512 levels whose exact search is in vpdpbusd's int8 products (a CPU with
+    // AVX512_VNNI) score 8 as AMX does; the other SIMD levels 4 (avx2's int8, bf16 products):
+    // exact while 48 x 4 probes reach the clusters (192 clusters from 148,000 rows; 193 from
+    // 149,000).
+    for (isa_level level : {isa_level::avx2, isa_level::avx512, isa_level::avx512bf16}) {
+        const bool vnni = level >= isa_level::avx512 && cpu_exact_search_in_int8(level);
+        EXPECT_EQ(cpu_exact_rows_per_ivf_row(level), vnni ? 8u : 4u) << to_string(level);
         for (const auto& [rows, want] :
              {std::pair{9409u, top_k_search::exact}, std::pair{72295u, top_k_search::exact},
-              std::pair{148000u, top_k_search::exact}, std::pair{149000u, top_k_search::ivf},
-              std::pair{670091u, top_k_search::ivf}}) {
+              std::pair{148000u, top_k_search::exact},
+              std::pair{149000u, vnni ? top_k_search::exact : top_k_search::ivf},
+              std::pair{205443u, vnni ? top_k_search::exact : top_k_search::ivf},
+              std::pair{589000u, vnni ? top_k_search::exact : top_k_search::ivf},
+              std::pair{600000u, top_k_search::ivf}, std::pair{670091u, top_k_search::ivf}}) {
             layer.size = rows;
             EXPECT_EQ(cpu_top_k_search(layer, level), want)
-                << rows << " rows on " << to_string(level);
+                << rows << " rows on " << to_string(level) << (vnni ? " with VNNI" : "");
         }
+    }
     layer.size = 6118;
     layer.ivf_clusters = 100;  // given clusters count as given
     EXPECT_EQ(cpu_top_k_search(layer, fp32), top_k_search::ivf);

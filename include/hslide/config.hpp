@@ -151,15 +151,17 @@ bool cpu_exact_search_in_int8(isa_level level);
 /// How many rows an exact top-k search scores on kernels of `level` in the time an IVF search
 /// scores one of the rows it probes and keeps its index current: 8 in AMX tiles (bench/
 /// peers.md: at 670,091 rows, 48 of 409 clusters probed, the two searches cost the same an
-/// epoch), 4 on the other SIMD levels: in vdpbf16ps products (bench/peers.md, 2026-12-05, a
-/// 2-core Zen 5: exact 1.31 s an epoch against IVF's 1.68 at 30,000 rows, 3.14 against 3.89 at
-/// 100,000, with the same or a higher P@1; at 670,091 IVF costs about half of exact), and on
-/// avx2 (2026-12-06, a 2-core Zen 3, the Amazon-670K shape's 72,295 rows: exact over the int8
-/// copy 8-10 s an epoch against IVF's 9-13 at 48 of 134 clusters, P@1 0.667 against 0.592 after
-/// 3 epochs; exact in fp32 11.5 s, as fast as IVF already). 1 on the scalar reference.
-constexpr uint32_t cpu_exact_rows_per_ivf_row(isa_level level) {
-    return level >= isa_level::amx ? 8 : level >= isa_level::avx2 ? 4 : 1;
-}
+/// epoch) and in vpdpbusd's int8 products (the AVX-512 levels where the CPU has AVX512_VNNI,
+/// cpu_exact_search_in_int8: twice vdpbf16ps' products an instruction; bench/topk.md,
+/// 2026-12-08, a 2-core Zen 4: the Delicious-200K shape's 205,443 rows, 3 epochs in 0.64x IVF's
+/// time, and IVF's P@1 collapsing where exact's rose to 0.28), 4 on the other SIMD levels: in
+/// vdpbf16ps products (bench/peers.md, 2026-12-05, a 2-core Zen 5: exact 1.31 s an epoch
+/// against IVF's 1.68 at 30,000 rows, 3.14 against 3.89 at 100,000, with the same or a higher
+/// P@1; at 670,091 IVF costs about half of exact), and on avx2 (2026-12-06, a 2-core Zen 3, the
+/// Amazon-670K shape's 72,295 rows: exact over the int8 copy 8-10 s an epoch against IVF's 9-13
+/// at 48 of 134 clusters, P@1 0.667 against 0.592 after 3 epochs; exact in fp32 11.5 s, as
+/// fast as IVF already). 1 on the scalar reference.
+uint32_t cpu_exact_rows_per_ivf_row(isa_level level);
 
 /// The search a CPU backend whose kernels are of `level` runs for top-k layer `layer`: its
 /// `search`, where automatic is a cost model in rows scored: the IVF index scores the share
@@ -167,8 +169,8 @@ constexpr uint32_t cpu_exact_rows_per_ivf_row(isa_level level) {
 /// cpu_exact_rows_per_ivf_row(level) times faster than the IVF scores a row (over the
 /// selection's int8 or bf16 copy of the rows, exact_top_k, where the kernels have those
 /// products). So exact where ivf_probes * that >= the clusters: at the defaults below 9,409
-/// rows on the scalar reference, below 148,225 on avx2, avx512 and avx512bf16, and below
-/// 590,000 on amx; else ivf.
+/// rows on the scalar reference, below 148,225 on avx2 (and avx512 levels without VNNI), and
+/// below 590,000 on amx and the avx512 levels with VNNI; else ivf.
 top_k_search cpu_top_k_search(const layer_config& layer, isa_level level);
 
 /// The network: sparse input of `input_dim` features, ReLU hidden layers, a softmax output

@@ -154,6 +154,12 @@ uint32_t ivf_cluster_count(uint32_t given, uint32_t rows) {
     return std::min(given ? given : automatic_ivf_clusters(rows), rows);
 }
 
+uint32_t cpu_exact_rows_per_ivf_row(isa_level level) {
+    if (level >= isa_level::amx) return 8;
+    if (level >= isa_level::avx512 && cpu_exact_search_in_int8(level)) return 8;
+    return level >= isa_level::avx2 ? 4 : 1;
+}
+
 top_k_search cpu_top_k_search(const layer_config& layer, isa_level level) {
     if (layer.search != top_k_search::automatic) return layer.search;
     const uint32_t clusters = ivf_cluster_count(layer.ivf_clusters, layer.size);
