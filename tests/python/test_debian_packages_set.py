@@ -82,18 +82,25 @@ def test_long_descriptions_add_their_words(tmp_path):
     # Every package of the small index described: "widgets" is in every point's features.
     text = "".join(f"Package: pkg-{i}\nDescription-en: x\n widgets for {i}\n\n" for i in range(60))
     (tmp_path / "Translation-en").write_text(text)
+    words_join_every_point(tmp_path, (script.long_descriptions(text),), "--long-descriptions",
+                           tmp_path / "Translation-en", "long descriptions of")
+
+
+def words_join_every_point(tmp_path, extra, flag, path, says):
+    """Over the small index, build with `extra` (its arguments after the field names) has more
+    features, and more in every point, than without; the script run with `flag path` writes as
+    many features and says `says`."""
     (tmp_path / "Packages").write_text(index_text())
     plain, _, n_plain, _ = script.build(index_text(), ["Depends"])
-    train, _, n_features, _ = script.build(index_text(), ["Depends"],
-                                           script.long_descriptions(text))
+    train, _, n_features, _ = script.build(index_text(), ["Depends"], *extra)
     assert n_features > n_plain
     assert all(len(a) > len(b) for (a, _), (b, _) in zip(train, plain))
     out = tmp_path / "set"
     run = subprocess.run(["python3", str(REPO / "scripts" / "debian_packages_set.py"), str(out),
-                          "--packages", str(tmp_path / "Packages"), "--long-descriptions",
-                          str(tmp_path / "Translation-en")], capture_output=True, text=True)
+                          "--packages", str(tmp_path / "Packages"), flag, str(path)],
+                         capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
-    assert "long descriptions of" in run.stdout
+    assert says in run.stdout
     assert (out / "train.txt").read_text().splitlines()[0].split()[1] == str(n_features)
 
 
@@ -116,16 +123,5 @@ def test_file_words_add_the_words_of_the_paths_a_package_installs(tmp_path):
     # Every package of the small index installs a file: its words join every point.
     text = "".join(f"usr/share/widgets/w{i}.txt  utils/pkg-{i}\n" for i in range(60))
     (tmp_path / "Contents").write_text(text)
-    (tmp_path / "Packages").write_text(index_text())
-    plain, _, n_plain, _ = script.build(index_text(), ["Depends"])
-    train, _, n_features, _ = script.build(index_text(), ["Depends"], None,
-                                           script.file_words([str(tmp_path / "Contents")]))
-    assert n_features > n_plain
-    assert all(len(a) > len(b) for (a, _), (b, _) in zip(train, plain))
-    out = tmp_path / "set"
-    run = subprocess.run(["python3", str(REPO / "scripts" / "debian_packages_set.py"), str(out),
-                          "--packages", str(tmp_path / "Packages"), "--file-words",
-                          str(tmp_path / "Contents")], capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr
-    assert "path words of" in run.stdout
-    assert (out / "train.txt").read_text().splitlines()[0].split()[1] == str(n_features)
+    words_join_every_point(tmp_path, (None, script.file_words([str(tmp_path / "Contents")])),
+                           "--file-words", tmp_path / "Contents", "path words of")
