@@ -277,7 +277,8 @@ class model {
     }
 
     /// `epochs`: None (the model's option), "auto" or a count, as the option takes.
-    py::list fit(const dataset& train_in, const dataset* valid_in, py::object epochs,
+    /// `callback` gets each epoch's record (hslide.Model.fit keeps them as history_).
+    void fit(const dataset& train_in, const dataset* valid_in, py::object epochs,
                  py::object callback) {
         const in_use guard(*this, /*training=*/true);
         train_config tc = options_.train();
@@ -360,15 +361,13 @@ class model {
         train_points_ = train.size();
         state_ = run.state();
         best_epoch_ = 0;
-        py::list history;
         std::exception_ptr failure;
         auto on_epoch = [&](const epoch_record& r) {
             py::gil_scoped_acquire gil;
             state_ = run.state();
             best_epoch_ = run.best_epoch();
-            py::object record = py::module_::import("json").attr("loads")(run.record_json(r));
-            history.append(record);
             if (callback.is_none()) return;
+            py::object record = py::module_::import("json").attr("loads")(run.record_json(r));
             try {
                 py::object result = callback(record);
                 // Python truth ([] stops, as False does), not a cast that refuses a list.
@@ -393,7 +392,6 @@ class model {
         state_ = run.state();
         best_epoch_ = run.best_epoch();
         if (failure) std::rethrow_exception(failure);
-        return history;
     }
 
     py::tuple predict(const dataset& points_in, uint32_t k) {
