@@ -279,7 +279,7 @@ class model {
     /// `epochs`: None (the model's option), "auto" or a count, as the option takes.
     /// `callback` gets each epoch's record (hslide.Model.fit keeps them as history_).
     void fit(const dataset& train_in, const dataset* valid_in, py::object epochs,
-                 py::object callback) {
+             py::object callback) {
         const in_use guard(*this, /*training=*/true);
         train_config tc = options_.train();
         if (!epochs.is_none()) {
