@@ -193,6 +193,45 @@ TEST(Cli, AResumedRunReusesTheCheckpointsCandidatesAsTheUninterruptedRun) {
     EXPECT_FALSE(hslide::checkpoint_reader(dir.file("fp32.ckpt")).has("candidates_ids"));
 }
 
+TEST(Cli, AnIndexThatLosesTheTopGivesWayToTheExactSearchForGood) {
+    temp_dir dir;
+    // One probe of 20 clusters: `auto` searches through the index, which misses some of the
+    // top; above --ivf-min-recall 1 the first epoch's probe replaces it by the exact search.
+    const std::string common =
+        tiny_args() + "--output-sparsity topk --ivf-clusters 20 --ivf-probes 1 ";
+    auto r = run_hslide("train" + common + "--ivf-min-recall 1 --epochs 3 --save " +
+                        dir.file("straight.ckpt"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("IVF: 1 probes"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("epoch 1: the output layer's IVF index held"), std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find("searched exactly from the next step on"), std::string::npos);
+    const auto layers =
+        hslide::checkpoint_reader(dir.file("straight.ckpt")).get_json("meta")["model"]["layers"];
+    EXPECT_GE(layers.back()["ivf_probes"].get<int>(), 20) << layers.dump();
+    // A run resumed from the first epoch's checkpoint searches exactly too, as the
+    // uninterrupted run did from there.
+    r = run_hslide("train" + common + "--ivf-min-recall 1 --epochs 1 -q --save " +
+                   dir.file("half.ckpt"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = run_hslide("train" + common + "--ivf-min-recall 1 --epochs 3 --resume " +
+                   dir.file("half.ckpt") + " --save " + dir.file("resumed.ckpt"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    expect_same_model(dir.file("straight.ckpt"), dir.file("resumed.ckpt"));
+    // 0 keeps the index, whatever its recall.
+    r = run_hslide("train" + common + "--ivf-min-recall 0 --epochs 2 --save " +
+                   dir.file("kept.ckpt"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(r.output.find("searched exactly"), std::string::npos) << r.output;
+    EXPECT_EQ(hslide::checkpoint_reader(dir.file("kept.ckpt"))
+                  .get_json("meta")["model"]["layers"]
+                  .back()["ivf_probes"],
+              1);
+    r = run_hslide("train" + common + "--ivf-min-recall 1.5 --epochs 1");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("--ivf-min-recall"), std::string::npos) << r.output;
+}
+
 TEST(Cli, AResumedRunTakesProbesAndSaysWhichModelFlagsItIgnores) {
     temp_dir dir;
     const std::string common = tiny_args() + "--output-sparsity lsh --min-active 32 -q ";

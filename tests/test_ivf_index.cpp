@@ -469,6 +469,55 @@ TEST(IvfTopK, TrainingDoesNotDependOnTheThreadCount) {
     EXPECT_LE(a.top_recall, 1.0);
 }
 
+TEST(IvfTopK, AnAutomaticIndexUnderTheMinimumRecallGivesWayToTheExactSearch) {
+    // One probe of 20 clusters: `auto` searches through the index on every kernel level.
+    const model_config config = top_k_config(top_k_search::automatic, 20, 1);
+    ASSERT_EQ(cpu_top_k_search(config.layers.back(), best_kernels().level), top_k_search::ivf);
+    const dataset data = hslide::testing::random_dataset(96, 20, 30, 31);
+    const model_state initial = model_state::create(config, 33);
+    train_config never, strict;
+    strict.ivf_min_recall = 1.0;
+    model_state forced_initial = initial;
+    forced_initial.config.layers.back().search = top_k_search::ivf;
+    cpu_backend kept(initial, never, 2), replaced(initial, strict, 2),
+        forced(forced_initial, strict, 2);
+    std::vector<uint32_t> rows(96);
+    std::iota(rows.begin(), rows.end(), 0u);
+    auto train = [&](cpu_backend& be, uint32_t first, uint32_t end) {
+        for (uint32_t b = first; b < end; b += 16) be.train_batch({&data, rows.data() + b, 16}, 0.02f);
+    };
+    for (cpu_backend* be : {&kept, &replaced, &forced}) train(*be, 0, 48);
+
+    const selection_quality k = kept.measure_selection({&data, rows.data(), 40}, 6);
+    const selection_quality r = replaced.measure_selection({&data, rows.data(), 40}, 6);
+    const selection_quality f = forced.measure_selection({&data, rows.data(), 40}, 6);
+    ASSERT_LT(r.top_recall, 1.0);  // one cluster of twenty misses some of the top
+    EXPECT_EQ(k.top_recall, r.top_recall);
+    EXPECT_FALSE(k.index_given_up);  // 0: never
+    EXPECT_FALSE(f.index_given_up);  // the user's --top-k-search ivf is kept
+    EXPECT_TRUE(r.index_given_up);
+    EXPECT_FALSE(kept.selection_is_exact());
+    EXPECT_FALSE(forced.selection_is_exact());
+    EXPECT_TRUE(replaced.selection_is_exact());
+    // The model's config says exact, so a checkpoint of it searches exactly when resumed:
+    // a backend made from its state trains on bit for bit as the one that gave the index up.
+    const layer_config& out = replaced.model().config.layers.back();
+    EXPECT_EQ(out.search, top_k_search::automatic);
+    EXPECT_GE(out.ivf_probes, 20u);
+    EXPECT_EQ(cpu_top_k_search(out, best_kernels().level), top_k_search::exact);
+    model_state saved;
+    replaced.export_state(saved, /*with_optimizer=*/true);
+    cpu_backend resumed(saved, strict, 2);
+    EXPECT_TRUE(resumed.selection_is_exact());
+    train(replaced, 48, 96);
+    train(resumed, 48, 96);
+    EXPECT_EQ(hslide::testing::max_parameter_difference(replaced.model(), resumed.model()), 0.0);
+    // Exact now: the probe finds the whole top and gives nothing up again.
+    const selection_quality again = replaced.measure_selection({&data, rows.data(), 40}, 6);
+    EXPECT_EQ(again.top_recall, 1.0);
+    EXPECT_FALSE(again.index_given_up);
+}
+
 TEST(IvfTopK, SettingsRoundTripAndOldConfigsSearchExactly) {
     const model_config config = top_k_config(top_k_search::ivf, 77, 5);
     const model_config back = model_config_from_json(model_config_to_json(config));

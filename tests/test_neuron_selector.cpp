@@ -544,39 +544,41 @@ TEST(NeuronSelector, AutomaticSearchIsExactWhereAnIndexWouldProbeEveryCluster) {
     layer_config layer;
     layer.search = top_k_search::automatic;
     layer.ivf_probes = 48;
-    // automatic_ivf_clusters(rows) = round(sqrt(rows) / 2): 48 clusters from 9,025 rows (48
-    // probes scan them all), 49 from 9,409.
+    // automatic_ivf_clusters(rows) = round(sqrt(rows) / 2), and the index must save half the
+    // products (ivf_min_product_saving): exact while 48 x 2 probes reach the clusters, 96
+    // clusters from 37,248 rows, 97 from 37,249.
+    ASSERT_EQ(ivf_min_product_saving, 2u);
     const isa_level fp32 = isa_level::scalar;
     for (const auto& [rows, want] :
          {std::pair{1u, top_k_search::exact}, std::pair{6118u, top_k_search::exact},
-          std::pair{9024u, top_k_search::exact}, std::pair{9409u, top_k_search::ivf},
-          std::pair{670091u, top_k_search::ivf}}) {
+          std::pair{9409u, top_k_search::exact}, std::pair{37248u, top_k_search::exact},
+          std::pair{37249u, top_k_search::ivf}, std::pair{670091u, top_k_search::ivf}}) {
         layer.size = rows;
         EXPECT_EQ(cpu_top_k_search(layer, fp32), want) << rows << " rows";
     }
-    // AMX tiles score 8 rows in an IVF row's time: exact while 48 x 8 probes reach the clusters
-    // (384 clusters from 589,000 rows; 387 from 600,000).
+    // AMX tiles score 8 rows in an IVF row's time: exact while 48 x 8 x 2 probes reach the
+    // clusters (768 clusters from 2,362,368 rows; 769 from 2,362,369).
     for (const auto& [rows, want] :
          {std::pair{9409u, top_k_search::exact}, std::pair{15658u, top_k_search::exact},
-          std::pair{589000u, top_k_search::exact}, std::pair{600000u, top_k_search::ivf},
-          std::pair{670091u, top_k_search::ivf}}) {
+          std::pair{670091u, top_k_search::exact}, std::pair{2362368u, top_k_search::exact},
+          std::pair{2362369u, top_k_search::ivf}, std::pair{2812281u, top_k_search::ivf}}) {
         layer.size = rows;
         EXPECT_EQ(cpu_top_k_search(layer, isa_level::amx), want) << rows << " rows on amx";
     }
     // The AVX-512 levels whose exact search is in vpdpbusd's int8 products (a CPU with
     // AVX512_VNNI) score 8 as AMX does; the other SIMD levels 4 (avx2's int8, bf16 products):
-    // exact while 48 x 4 probes reach the clusters (192 clusters from 148,000 rows; 193 from
-    // 149,000).
+    // exact while 48 x 4 x 2 probes reach the clusters (384 clusters from 591,360 rows; 385
+    // from 591,361).
     for (isa_level level : {isa_level::avx2, isa_level::avx512, isa_level::avx512bf16}) {
         const bool vnni = level >= isa_level::avx512 && cpu_exact_search_in_int8(level);
         EXPECT_EQ(cpu_exact_rows_per_ivf_row(level), vnni ? 8u : 4u) << to_string(level);
         for (const auto& [rows, want] :
              {std::pair{9409u, top_k_search::exact}, std::pair{72295u, top_k_search::exact},
-              std::pair{148000u, top_k_search::exact},
-              std::pair{149000u, vnni ? top_k_search::exact : top_k_search::ivf},
-              std::pair{205443u, vnni ? top_k_search::exact : top_k_search::ivf},
-              std::pair{589000u, vnni ? top_k_search::exact : top_k_search::ivf},
-              std::pair{600000u, top_k_search::ivf}, std::pair{670091u, top_k_search::ivf}}) {
+              std::pair{205443u, top_k_search::exact}, std::pair{591360u, top_k_search::exact},
+              std::pair{591361u, vnni ? top_k_search::exact : top_k_search::ivf},
+              std::pair{670091u, vnni ? top_k_search::exact : top_k_search::ivf},
+              std::pair{2362368u, vnni ? top_k_search::exact : top_k_search::ivf},
+              std::pair{2362369u, top_k_search::ivf}}) {
             layer.size = rows;
             EXPECT_EQ(cpu_top_k_search(layer, level), want)
                 << rows << " rows on " << to_string(level) << (vnni ? " with VNNI" : "");
@@ -586,6 +588,8 @@ TEST(NeuronSelector, AutomaticSearchIsExactWhereAnIndexWouldProbeEveryCluster) {
     layer.ivf_clusters = 100;  // given clusters count as given
     EXPECT_EQ(cpu_top_k_search(layer, fp32), top_k_search::ivf);
     EXPECT_EQ(cpu_top_k_search(layer, isa_level::amx), top_k_search::exact);
+    layer.ivf_probes = 50;
+    EXPECT_EQ(cpu_top_k_search(layer, fp32), top_k_search::exact);
     layer.ivf_probes = 100;
     EXPECT_EQ(cpu_top_k_search(layer, fp32), top_k_search::exact);
     // A search that is not automatic is what it says.

@@ -163,14 +163,23 @@ bool cpu_exact_search_in_int8(isa_level level);
 /// fast as IVF already). 1 on the scalar reference.
 uint32_t cpu_exact_rows_per_ivf_row(isa_level level);
 
+/// How much fewer products an IVF search must cost than the exact search before `auto` takes
+/// it: the index is approximate, and its recall can fall where the exact search's cannot (at
+/// the Amazon-670K shape with every label a row, 670,091 rows on a 2-core Zen 4 with
+/// AVX512_VNNI, its products 0.94 of the exact search's: an epoch in 1.04x the exact search's
+/// time, `farm-bench -n 2`, recall@32 0.19 after it and P@1 0.20 against 0.31 after two;
+/// bench/topk.md, 2026-12-08).
+inline constexpr uint32_t ivf_min_product_saving = 2;
+
 /// The search a CPU backend whose kernels are of `level` runs for top-k layer `layer`: its
 /// `search`, where automatic is a cost model in rows scored: the IVF index scores the share
 /// ivf_probes / clusters of the rows (and must be built and refreshed), exact scoring every row,
 /// cpu_exact_rows_per_ivf_row(level) times faster than the IVF scores a row (over the
 /// selection's int8 or bf16 copy of the rows, exact_top_k, where the kernels have those
-/// products). So exact where ivf_probes * that >= the clusters: at the defaults below 9,409
-/// rows on the scalar reference, below 148,225 on avx2 (and avx512 levels without VNNI), and
-/// below 590,000 on amx and the avx512 levels with VNNI; else ivf.
+/// products). So exact unless the index saves ivf_min_product_saving of the products, that is
+/// where ivf_probes * that * ivf_min_product_saving >= the clusters: at the defaults below
+/// 37,249 rows on the scalar reference, below 591,361 on avx2 (and avx512 levels without
+/// VNNI), and below 2,362,369 on amx and the avx512 levels with VNNI; else ivf.
 top_k_search cpu_top_k_search(const layer_config& layer, isa_level level);
 
 /// The network: sparse input of `input_dim` features, ReLU hidden layers, a softmax output
@@ -337,6 +346,14 @@ struct train_config {
     /// reuse_candidates_min_rows rows or more, else 0. Searches of the first such period are
     /// not kept (the model moves fastest then).
     double reuse_candidates_epochs = 0;
+    /// An output layer whose top-k `auto` searches through an IVF index (on the CPU, in one
+    /// process) gives the index up for the exact search once the epoch's selection probe
+    /// (trainer_options::selection_probe_points) finds it holding less than this share of the
+    /// exact top (selection_quality::top_recall): a stale or lopsided index lets rows the sets
+    /// miss rise unchecked and take over the predictions (bench/topk.md). 0 = never; the front
+    /// ends default it to front_end_ivf_min_recall. A search the user chose (--top-k-search
+    /// ivf) is kept whatever its recall.
+    double ivf_min_recall = 0;
     uint64_t reuse_candidates_steps = 0;
     uint32_t reuse_candidates_min_rows = 0;
     /// The output layer's loss (loss.hpp): the set's softmax, or a logistic loss per member
@@ -383,6 +400,10 @@ std::vector<std::string> names_of(lr_batch_scaling);
 
 /// Throws hslide::error naming the setting when a configuration cannot work.
 void validate(const model_config& model);
+/// --ivf-min-recall's default on the command line and in hslide.Model: below it, an automatic
+/// IVF search has lost enough of the top that its run learns less than the exact search's.
+inline constexpr double front_end_ivf_min_recall = 0.95;
+
 void validate(const train_config& train);
 /// What a model and its training settings cannot do together (a backend's constructor checks
 /// it): the fill's log-Q correction under the logistic loss, which has no softmax to correct.

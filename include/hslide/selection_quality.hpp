@@ -14,6 +14,9 @@ struct selection_quality {
     double top_recall = 0;     ///< mean share of a point's exact top `top` in its set
     double label_recall = 0;   ///< mean share of a point's labels in its set (labelled points)
     double mean_set_size = 0;  ///< mean neurons in a set (labels not forced)
+    /// Whether the backend gave its automatic IVF search up for the exact one after this
+    /// measurement (train_config::ivf_min_recall): the sets from the next step on are exact.
+    bool index_given_up = false;
 };
 
 }  // namespace hslide

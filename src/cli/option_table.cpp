@@ -256,6 +256,11 @@ std::vector<option_spec> make_table() {
              "every step; -1 = auto: 1 on cpu in one process where the output layer has 4,096 rows "
              "or more, else 0; the first epoch's searches are not kept)",
              HSLIDE_FIELD(train.reuse_candidates_epochs), {}, range(-1.0, 1000.0), both),
+        spec("ivf-min-recall", group::selection,
+             "an automatic IVF search (--top-k-search auto on the cpu backend) gives way to the "
+             "exact search once the epoch's selection probe finds less than this share of the "
+             "exact top in its sets (0 = never)",
+             HSLIDE_FIELD(train.ivf_min_recall), {}, range(0.0, 1.0), both),
         spec("ivf-clusters", group::selection,
              "--top-k-search ivf: clusters of output rows (0: about sqrt(rows) / 2)",
              HSLIDE_FIELD(model.ivf_clusters), {}, {}, both),

@@ -76,6 +76,7 @@ inline train_config front_end_train_config() {
     train_config train;
     train.ema_epochs = -1;
     train.reuse_candidates_epochs = -1;
+    train.ivf_min_recall = front_end_ivf_min_recall;
     train.loss = output_loss::automatic;
     train.batch_size = 0;
     train.learning_rate = 0;

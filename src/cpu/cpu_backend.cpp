@@ -63,19 +63,7 @@ cpu_backend::cpu_backend(model_state initial, const train_config& train, int thr
     if (train_.adam_moments == moment_storage::bf16) take_moments();
     // The selections read the rows through rows_of, so they see the bf16 copies and any import.
     selections_.resize(n_layers);
-    for (size_t l = 1; l < n_layers; ++l) {
-        selections_[l] = make_selector(
-            model_.config, l, [this, l] { return rows_of(l); }, train_.seed, k_, threads_,
-            l + 1 == n_layers ? &shard_ : nullptr);
-        selections_[l]->refresh({model_.adam_step, model_.hash_seeds[l]});
-    }
-    // Candidate reuse: on an output layer searched exactly over a copy of its rows (the fp32
-    // search also gives the full softmax its log-partition every step), in one process.
-    if (train_.reuse_candidates_steps > 0 && !shard_.sharded() &&
-        model_.layers.back().rows >= train_.reuse_candidates_min_rows)
-        if (auto* top_k = dynamic_cast<top_k_selector*>(selections_.back().get()))
-            if (!top_k->searches_ivf() && !top_k->computes_log_partition())
-                top_k->set_candidate_reuse(train_.reuse_candidates_steps);
+    for (size_t l = 1; l < n_layers; ++l) make_selection(l);
     if (catches_up()) {
         catch_up_ = adam_catch_up(train_.adam_beta1, train_.adam_beta2, train_.adam_epsilon,
                                   model_.adam_step);

@@ -139,6 +139,9 @@ class cpu_backend final : public backend, public row_transfer {
     /// against each point's exact top `top` logits (selection_quality.hpp). Brings deferred
     /// rows up to date first, as predict does; draws its random fills from its own seed.
     /// points == 0 when the layer before the output has active sets (no exact scoring).
+    /// An automatic IVF search whose recall is under train_config::ivf_min_recall is replaced
+    /// here by the exact one (index_given_up), its model config's ivf_probes raised to every
+    /// cluster so that checkpoints and a resumed run search exactly too.
     selection_quality measure_selection(const batch_view& batch, uint32_t top) override;
     /// A dense output layer, or a top-k one searched by scoring every row (exact_top_k); not
     /// LSH, nor a top-k searched through an IVF index.
@@ -247,6 +250,12 @@ class cpu_backend final : public backend, public row_transfer {
     layer_rows rows_of(size_t l) const;
     neuron_selector& output_selection() { return *selections_.back(); }
     const neuron_selector& output_selection() const { return *selections_.back(); }
+    /// Makes layer l's selector from the model's config (and, on the output layer, its
+    /// candidates' reuse where train_ asks for it), built from the rows as they are.
+    void make_selection(size_t l);
+    /// Whether the output layer's automatic IVF search gives way to the exact one after a
+    /// probe that measured `q` (train_config::ivf_min_recall); does so if it does.
+    bool give_up_index(const selection_quality& q);
     /// Tells layer l's selector that rows ids[0..n) changed.
     void selection_rows_changed(size_t l, const uint32_t* ids, size_t n) {
         if (selections_[l]) selections_[l]->rows_changed(ids, n);

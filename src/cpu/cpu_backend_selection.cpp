@@ -21,6 +21,36 @@ void cpu_backend::refresh_selections(bool new_functions) {
     }
 }
 
+void cpu_backend::make_selection(size_t l) {
+    const bool output = l + 1 == model_.layers.size();
+    selections_[l] = make_selector(
+        model_.config, l, [this, l] { return rows_of(l); }, train_.seed, k_, threads_,
+        output ? &shard_ : nullptr);
+    selections_[l]->refresh({model_.adam_step, model_.hash_seeds[l]});
+    // Candidate reuse: on an output layer searched exactly over a copy of its rows (the fp32
+    // search also gives the full softmax its log-partition every step), in one process.
+    if (output && train_.reuse_candidates_steps > 0 && !shard_.sharded() &&
+        model_.layers.back().rows >= train_.reuse_candidates_min_rows)
+        if (auto* top_k = dynamic_cast<top_k_selector*>(selections_.back().get()))
+            if (!top_k->searches_ivf() && !top_k->computes_log_partition())
+                top_k->set_candidate_reuse(train_.reuse_candidates_steps);
+}
+
+bool cpu_backend::give_up_index(const selection_quality& q) {
+    const size_t out = model_.layers.size() - 1;
+    layer_config& layer = model_.config.layers[out];
+    if (train_.ivf_min_recall <= 0 || q.points == 0 || q.top_recall >= train_.ivf_min_recall ||
+        layer.search != top_k_search::automatic || !output_selection().searches_ivf())
+        return false;
+    // Probing every cluster is what cpu_top_k_search calls exact: the model's config says so,
+    // so a checkpoint saved from here on, and the run resumed from it, search exactly too.
+    layer.ivf_probes =
+        std::max(layer.ivf_probes, ivf_cluster_count(layer.ivf_clusters, layer.size));
+    HSLIDE_ASSERT(cpu_top_k_search(layer, k_.level) == top_k_search::exact);
+    make_selection(out);
+    return true;
+}
+
 layer_rows cpu_backend::rows_of(size_t l) const {
     const layer_state& layer = model_.layers[l];
     layer_rows rows;
@@ -179,6 +209,7 @@ selection_quality cpu_backend::measure_selection(const batch_view& batch, uint32
     q.top_recall /= batch.size;
     q.mean_set_size /= batch.size;
     q.label_recall = labelled ? q.label_recall / labelled : 0;
+    q.index_given_up = give_up_index(q);
     return q;
 }
 

@@ -163,7 +163,9 @@ uint32_t cpu_exact_rows_per_ivf_row(isa_level level) {
 top_k_search cpu_top_k_search(const layer_config& layer, isa_level level) {
     if (layer.search != top_k_search::automatic) return layer.search;
     const uint32_t clusters = ivf_cluster_count(layer.ivf_clusters, layer.size);
-    return uint64_t(layer.ivf_probes) * cpu_exact_rows_per_ivf_row(level) >= clusters
+    return uint64_t(layer.ivf_probes) * cpu_exact_rows_per_ivf_row(level) *
+                       ivf_min_product_saving >=
+                   clusters
                ? top_k_search::exact
                : top_k_search::ivf;
 }
@@ -263,6 +265,8 @@ void validate(const train_config& train) {
                  "--reuse-candidates must be a finite number of epochs >= 0 (or -1: auto), got "
                  "{:g}",
                  train.reuse_candidates_epochs);
+    HSLIDE_CHECK(train.ivf_min_recall >= 0 && train.ivf_min_recall <= 1,
+                 "--ivf-min-recall must be a share in [0, 1], got {:g}", train.ivf_min_recall);
     // {:g}: an infinite or huge value prints as "inf" or "3.4e+38", not 300 digits.
     HSLIDE_CHECK(train.learning_rate > 0 && std::isfinite(train.learning_rate),
                  "--lr must be a finite number > 0, got {:g}", train.learning_rate);

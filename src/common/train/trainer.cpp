@@ -454,6 +454,7 @@ std::string trainer::record_json(const epoch_record& r) const {
                           {"top_recall", r.selection->top_recall},
                           {"label_recall", r.selection->label_recall},
                           {"mean_set_size", r.selection->mean_set_size},
+                          {"index_given_up", r.selection->index_given_up},
                           {"seconds", r.selection_seconds}};
     const backend_info bi = backend_.info();
     j["backend"] = bi.kind;                // its name in the registry
@@ -660,6 +661,15 @@ std::vector<epoch_record> trainer::run(const std::function<void(const epoch_reco
                 record.selection_seconds = seconds_since(t0);
                 state_.seconds += record.selection_seconds;
                 record.seconds = state_.seconds;
+                if (q.index_given_up) {
+                    spdlog::warn(
+                        "epoch {}: the output layer's IVF index held {:.1f}% of the exact top {} "
+                        "(under --ivf-min-recall {:g}); the layer is searched exactly from the "
+                        "next step on",
+                        epoch, 100 * q.top_recall, q.top, options_.train.ivf_min_recall);
+                    // An exact search is what the automatic probe does not measure.
+                    if (options_.selection_probe_points < 0) probe_rows_.clear();
+                }
             } else {
                 probe_rows_.clear();  // the backend does not measure: stop asking
             }
