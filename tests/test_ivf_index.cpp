@@ -484,7 +484,8 @@ TEST(IvfTopK, AnAutomaticIndexUnderTheMinimumRecallGivesWayToTheExactSearch) {
     std::vector<uint32_t> rows(96);
     std::iota(rows.begin(), rows.end(), 0u);
     auto train = [&](cpu_backend& be, uint32_t first, uint32_t end) {
-        for (uint32_t b = first; b < end; b += 16) be.train_batch({&data, rows.data() + b, 16}, 0.02f);
+        for (uint32_t b = first; b < end; b += 16)
+            be.train_batch({&data, rows.data() + b, 16}, 0.02f);
     };
     for (cpu_backend* be : {&kept, &replaced, &forced}) train(*be, 0, 48);
 
