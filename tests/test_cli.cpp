@@ -232,6 +232,26 @@ TEST(Cli, AnIndexThatLosesTheTopGivesWayToTheExactSearchForGood) {
     EXPECT_NE(r.output.find("--ivf-min-recall"), std::string::npos) << r.output;
 }
 
+TEST(Cli, TheFirstEpochsIndexGivesWayWithinItAndItsProbesChangeNothingElse) {
+    temp_dir dir;
+    // Batches of 8: 250 steps an epoch, probed at steps 64 and 128 of the first.
+    const std::string common = tiny_args() +
+                               "--output-sparsity topk --ivf-clusters 20 --ivf-probes 1 "
+                               "--batch-size 8 --epochs 2 ";
+    auto r = run_hslide("train" + common + "--ivf-min-recall 1");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("epoch 1, step 64: the output layer's IVF index held"),
+              std::string::npos)
+        << r.output;
+    // Probes that find the recall above the minimum leave the run as it was without them.
+    r = run_hslide("train" + common + "-q --ivf-min-recall 0 --save " + dir.file("unprobed.ckpt"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = run_hslide("train" + common + "--ivf-min-recall 0.001 --save " + dir.file("probed.ckpt"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(r.output.find("searched exactly"), std::string::npos) << r.output;
+    expect_same_model(dir.file("unprobed.ckpt"), dir.file("probed.ckpt"));
+}
+
 TEST(Cli, AResumedRunTakesProbesAndSaysWhichModelFlagsItIgnores) {
     temp_dir dir;
     const std::string common = tiny_args() + "--output-sparsity lsh --min-active 32 -q ";

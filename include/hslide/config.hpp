@@ -347,9 +347,10 @@ struct train_config {
     /// not kept (the model moves fastest then).
     double reuse_candidates_epochs = 0;
     /// An output layer whose top-k `auto` searches through an IVF index (on the CPU, in one
-    /// process) gives the index up for the exact search once the epoch's selection probe
-    /// (trainer_options::selection_probe_points) finds it holding less than this share of the
-    /// exact top (selection_quality::top_recall): a stale or lopsided index lets rows the sets
+    /// process) gives the index up for the exact search once the selection probe
+    /// (trainer_options::selection_probe_points: after each epoch, and within the first at
+    /// steps 64, 128, 256, ...) finds it holding less than this share of the exact top
+    /// (selection_quality::top_recall): a stale or lopsided index lets rows the sets
     /// miss rise unchecked and take over the predictions (bench/topk.md). 0 = never; the front
     /// ends default it to front_end_ivf_min_recall. A search the user chose (--top-k-search
     /// ivf) is kept whatever its recall.

@@ -14,8 +14,11 @@ struct selection_quality {
     double top_recall = 0;     ///< mean share of a point's exact top `top` in its set
     double label_recall = 0;   ///< mean share of a point's labels in its set (labelled points)
     double mean_set_size = 0;  ///< mean neurons in a set (labels not forced)
+    /// Whether a recall under train_config::ivf_min_recall makes the backend give its search
+    /// up for the exact one (an automatic IVF search on the CPU, in one process).
+    bool index_may_give_way = false;
     /// Whether the backend gave its automatic IVF search up for the exact one after this
-    /// measurement (train_config::ivf_min_recall): the sets from the next step on are exact.
+    /// measurement: the sets from the next step on are exact.
     bool index_given_up = false;
 };
 

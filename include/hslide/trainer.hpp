@@ -282,6 +282,15 @@ class trainer {
     std::vector<uint32_t> label_counts_;  // of the training set: for PSP@k and checkpoints
     std::vector<double> inverse_propensities_;
     std::vector<uint32_t> probe_rows_;  // training points the selection is measured on
+    // Whether the first epoch still probes as it goes (until a probe says the backend's search
+    // cannot give way: selection_quality::index_may_give_way).
+    bool probes_within_epoch_ = true;
+    /// Whether the first epoch probes the selection after `steps` steps of its `total`: at
+    /// 64, 128, 256, ... steps, before its last, while an automatic index may give way.
+    bool probe_due_within_epoch(uint64_t steps, uint64_t total) const;
+    /// Says that the backend gave its index up after a probe `q` (at `when`), and stops the
+    /// automatic probe: an exact search is what it does not measure.
+    void index_given_up(const selection_quality& q, const std::string& when);
     uint32_t best_epoch_ = 0;
     double best_value_ = 0;
     std::optional<model_state> best_model_;  // keep_best: the best epoch's model

@@ -258,8 +258,9 @@ std::vector<option_spec> make_table() {
              HSLIDE_FIELD(train.reuse_candidates_epochs), {}, range(-1.0, 1000.0), both),
         spec("ivf-min-recall", group::selection,
              "an automatic IVF search (--top-k-search auto on the cpu backend) gives way to the "
-             "exact search once the epoch's selection probe finds less than this share of the "
-             "exact top in its sets (0 = never)",
+             "exact search once the selection probe (after each epoch; within the first at "
+             "steps 64, 128, 256, ...) finds less than this share of the exact top in its sets "
+             "(0 = never)",
              HSLIDE_FIELD(train.ivf_min_recall), {}, range(0.0, 1.0), both),
         spec("ivf-clusters", group::selection,
              "--top-k-search ivf: clusters of output rows (0: about sqrt(rows) / 2)",

@@ -136,8 +136,9 @@ class cpu_backend final : public backend, public row_transfer {
     void rows_written(const row_sets& rows) override;
 
     /// The output layer's sets for `batch` as training would choose them without the labels,
-    /// against each point's exact top `top` logits (selection_quality.hpp). Brings deferred
-    /// rows up to date first, as predict does; draws its random fills from its own seed.
+    /// against each point's exact top `top` logits (selection_quality.hpp), over the rows as
+    /// they are (input rows behind under catch-up Adam stay so: the run's bits do not depend
+    /// on when it measures); draws its random fills from its own seed.
     /// points == 0 when the layer before the output has active sets (no exact scoring).
     /// An automatic IVF search whose recall is under train_config::ivf_min_recall is replaced
     /// here by the exact one (index_given_up), its model config's ivf_probes raised to every
@@ -253,8 +254,10 @@ class cpu_backend final : public backend, public row_transfer {
     /// Makes layer l's selector from the model's config (and, on the output layer, its
     /// candidates' reuse where train_ asks for it), built from the rows as they are.
     void make_selection(size_t l);
-    /// Whether the output layer's automatic IVF search gives way to the exact one after a
-    /// probe that measured `q` (train_config::ivf_min_recall); does so if it does.
+    /// Whether the output layer's search is an automatic IVF one that gives way to the exact
+    /// one under train_config::ivf_min_recall (> 0).
+    bool index_may_give_way() const;
+    /// Whether it does after a probe that measured `q`; gives it up if so.
     bool give_up_index(const selection_quality& q);
     /// Tells layer l's selector that rows ids[0..n) changed.
     void selection_rows_changed(size_t l, const uint32_t* ids, size_t n) {

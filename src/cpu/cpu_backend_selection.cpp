@@ -36,12 +36,17 @@ void cpu_backend::make_selection(size_t l) {
                 top_k->set_candidate_reuse(train_.reuse_candidates_steps);
 }
 
+bool cpu_backend::index_may_give_way() const {
+    return train_.ivf_min_recall > 0 &&
+           model_.config.layers.back().search == top_k_search::automatic &&
+           output_selection().searches_ivf();
+}
+
 bool cpu_backend::give_up_index(const selection_quality& q) {
+    if (!index_may_give_way() || q.points == 0 || q.top_recall >= train_.ivf_min_recall)
+        return false;
     const size_t out = model_.layers.size() - 1;
     layer_config& layer = model_.config.layers[out];
-    if (train_.ivf_min_recall <= 0 || q.points == 0 || q.top_recall >= train_.ivf_min_recall ||
-        layer.search != top_k_search::automatic || !output_selection().searches_ivf())
-        return false;
     // Probing every cluster is what cpu_top_k_search calls exact: the model's config says so,
     // so a checkpoint saved from here on, and the run resumed from it, search exactly too.
     layer.ivf_probes =
@@ -138,7 +143,10 @@ selection_quality cpu_backend::measure_selection(const batch_view& batch, uint32
     q.top = std::min(top, rows);
     // Exact scoring needs the output layer's input dense (an LSH hidden layer before it: no).
     if (model_.config.has_active_sets(out_layer - 1)) return q;
-    complete_deferred_updates();  // the rows as the next step reads them
+    // The rows as they are: the input layer's that no step has read since may be behind (a
+    // top-k output layer's never are). Bringing them up to date here would apply their
+    // deferred steps in two parts, which changes their bits: the probe, asked within an epoch
+    // too, would change the run it measures.
     neuron_selector& selector = output_selection();
     const neuron_selection selection = selector.kind();
     const uint32_t top_k = std::min(model_.config.layers[out_layer].top_k, rows);
@@ -209,6 +217,7 @@ selection_quality cpu_backend::measure_selection(const batch_view& batch, uint32
     q.top_recall /= batch.size;
     q.mean_set_size /= batch.size;
     q.label_recall = labelled ? q.label_recall / labelled : 0;
+    q.index_may_give_way = index_may_give_way();
     q.index_given_up = give_up_index(q);
     return q;
 }

@@ -325,6 +325,21 @@ float trainer::learning_rate_now() const {
     return float(rate * std::max(left, 1e-3));
 }
 
+bool trainer::probe_due_within_epoch(uint64_t steps, uint64_t total) const {
+    return state_.epochs_done == 0 && probes_within_epoch_ && !probe_rows_.empty() &&
+           options_.train.ivf_min_recall > 0 && steps >= 64 && (steps & (steps - 1)) == 0 &&
+           steps < total;
+}
+
+void trainer::index_given_up(const selection_quality& q, const std::string& when) {
+    spdlog::warn(
+        "{}: the output layer's IVF index held {:.1f}% of the exact top {} (under "
+        "--ivf-min-recall {:g}); the layer is searched exactly from the next step on",
+        when, 100 * q.top_recall, q.top, options_.train.ivf_min_recall);
+    if (options_.selection_probe_points < 0) probe_rows_.clear();
+    probes_within_epoch_ = false;
+}
+
 epoch_record trainer::run_epoch(bool synchronize_at_end) {
     const train_config& tc = options_.train;
     epoch_record record;
@@ -393,6 +408,16 @@ epoch_record trainer::run_epoch(bool synchronize_at_end) {
             const auto t0 = clock_type::now();
             tick_average();
             record.times.average += seconds_since(t0);
+        }
+        // On a large set the first epoch is long: an index that loses the top there gives way
+        // within it, not after it (bench/topk.md, 2026-12-08).
+        if (probe_due_within_epoch(record.steps, steps)) {
+            const selection_quality q = backend_.measure_selection(
+                {&train_, probe_rows_.data(), uint32_t(probe_rows_.size())},
+                options_.selection_probe_top);
+            if (!q.index_may_give_way) probes_within_epoch_ = false;
+            if (q.index_given_up)
+                index_given_up(q, fmt::format("epoch {}, step {}", record.epoch, record.steps));
         }
         bar.add(size);
         if (reported > 0) bar.set_suffix(fmt::format("loss {:.4f}", loss_sum / double(reported)));
@@ -661,15 +686,7 @@ std::vector<epoch_record> trainer::run(const std::function<void(const epoch_reco
                 record.selection_seconds = seconds_since(t0);
                 state_.seconds += record.selection_seconds;
                 record.seconds = state_.seconds;
-                if (q.index_given_up) {
-                    spdlog::warn(
-                        "epoch {}: the output layer's IVF index held {:.1f}% of the exact top {} "
-                        "(under --ivf-min-recall {:g}); the layer is searched exactly from the "
-                        "next step on",
-                        epoch, 100 * q.top_recall, q.top, options_.train.ivf_min_recall);
-                    // An exact search is what the automatic probe does not measure.
-                    if (options_.selection_probe_points < 0) probe_rows_.clear();
-                }
+                if (q.index_given_up) index_given_up(q, fmt::format("epoch {}", epoch));
             } else {
                 probe_rows_.clear();  // the backend does not measure: stop asking
             }
