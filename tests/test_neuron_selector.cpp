@@ -584,6 +584,20 @@ TEST(NeuronSelector, AutomaticSearchIsExactWhereAnIndexWouldProbeEveryCluster) {
                 << rows << " rows on " << to_string(level) << (vnni ? " with VNNI" : "");
         }
     }
+    // A rank weighs the search over its shard, with its index's clusters: the whole layer's
+    // count times sqrt(its share of the rows).
+    EXPECT_EQ(ivf_shard_cluster_count(0, 670091, 670091), ivf_cluster_count(0, 670091));
+    EXPECT_EQ(ivf_shard_cluster_count(0, 4000000, 1000000), 500u);
+    EXPECT_EQ(ivf_shard_cluster_count(100, 4000000, 40000), 10u);  // a given count alike
+    EXPECT_EQ(ivf_shard_cluster_count(0, 4000000, 1), 1u);
+    layer.size = 670091;  // 409 clusters: ivf on avx2
+    EXPECT_EQ(cpu_top_k_search(layer, isa_level::avx2), top_k_search::ivf);
+    EXPECT_EQ(cpu_top_k_search(layer, isa_level::avx2, 670091), top_k_search::ivf);
+    // Two ranks of equal shares: 289 clusters each, 48 x 4 x 2 probes reach them.
+    EXPECT_EQ(cpu_top_k_search(layer, isa_level::avx2, 335046), top_k_search::exact);
+    layer.size = 2812281;  // the Amazon-3M shape's labels: 839 clusters
+    EXPECT_EQ(cpu_top_k_search(layer, isa_level::amx), top_k_search::ivf);
+    EXPECT_EQ(cpu_top_k_search(layer, isa_level::amx, 1406141), top_k_search::exact);
     layer.size = 6118;
     layer.ivf_clusters = 100;  // given clusters count as given
     EXPECT_EQ(cpu_top_k_search(layer, fp32), top_k_search::ivf);

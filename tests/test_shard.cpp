@@ -359,6 +359,30 @@ cpu::cpu_backend rank_backend(const model_config& config, const train_config& tc
         1, cpu::best_kernels(), precision_mode::fp32, shard);
 }
 
+TEST(ShardTraining, ARankWeighsTheAutomaticSearchOverItsOwnShard) {
+    // 100 clusters for the whole layer's 2,500 rows, 71 for a half (100 sqrt(1/2)): probes
+    // enough for the half's exact search but not the whole's, on this CPU's kernels.
+    model_config config = two_layer_model(30, 16, 2500, sparsity_mode::topk);
+    layer_config& out = config.layers.back();
+    out.search = top_k_search::automatic;
+    out.ivf_clusters = 100;
+    const isa_level level = cpu::best_kernels().level;
+    const uint32_t per_probe = cpu_exact_rows_per_ivf_row(level) * ivf_min_product_saving;
+    out.ivf_probes = (71 + per_probe - 1) / per_probe;
+    ASSERT_LT(out.ivf_probes * per_probe, 100u);
+    ASSERT_EQ(ivf_shard_cluster_count(100, 2500, 1250), 71u);
+    train_config tc;
+    tc.loss = output_loss::logistic;
+    const cpu::cpu_backend whole(model_state::create(config, 3), tc, 1);
+    EXPECT_FALSE(whole.selection_is_exact());  // IVF
+    std::atomic<int> exact{0};
+    on_ranks(2, [&](shard_comm& comm) {
+        const output_shard shard = make_output_shard(comm, config.output_dim(), "");
+        exact += rank_backend(config, tc, shard).selection_is_exact();
+    });
+    EXPECT_EQ(exact.load(), 2);
+}
+
 /// Trains `config` on `train` for `epochs` epochs as `ranks` ranks (threads of a local_group;
 /// one rank takes the sharded step over the whole layer, as N ranks do over their shares) and
 /// evaluates on `test` after each epoch. plain: one unsharded backend instead (ranks = 1), the

@@ -130,6 +130,11 @@ uint32_t automatic_ivf_clusters(uint32_t rows);
 /// The clusters of an IVF index over `rows` rows with `given` asked for (--ivf-clusters; 0:
 /// automatic_ivf_clusters): at most one a row.
 uint32_t ivf_cluster_count(uint32_t given, uint32_t rows);
+/// The clusters of the IVF index over `rows` of a layer's `total` rows (a rank's shard; all of
+/// them in one process): the whole layer's ivf_cluster_count(given, total) times
+/// sqrt(rows / total), what the automatic count gives the shard's rows (and a given count
+/// alike), at least 1.
+uint32_t ivf_shard_cluster_count(uint32_t given, uint32_t total, uint32_t rows);
 
 /// Whether a CPU backend's exact top-k search (top_k_search::automatic) scores a bf16 copy of
 /// the rows on kernels of `level`: where the CPU has bf16 products (vdpbf16ps, or AMX tiles).
@@ -179,8 +184,10 @@ inline constexpr uint32_t ivf_min_product_saving = 2;
 /// products). So exact unless the index saves ivf_min_product_saving of the products, that is
 /// where ivf_probes * that * ivf_min_product_saving >= the clusters: at the defaults below
 /// 37,249 rows on the scalar reference, below 591,361 on avx2 (and avx512 levels without
-/// VNNI), and below 2,362,369 on amx and the avx512 levels with VNNI; else ivf.
-top_k_search cpu_top_k_search(const layer_config& layer, isa_level level);
+/// VNNI), and below 2,362,369 on amx and the avx512 levels with VNNI; else ivf. `rows` is how
+/// many of the layer's rows the process searches (a rank's shard; 0: all, layer.size): a rank
+/// weighs its own search, over its shard and its index of ivf_shard_cluster_count clusters.
+top_k_search cpu_top_k_search(const layer_config& layer, isa_level level, uint32_t rows = 0);
 
 /// The network: sparse input of `input_dim` features, ReLU hidden layers, a softmax output
 /// layer of `output_dim` neurons (one per label). layers.back() is the output layer.

@@ -323,17 +323,20 @@ int run_train(int argc, char** argv) {
     normalize_inputs(d.test, mc);
     normalize_inputs(valid, mc);
     // What `auto` chose is said here: the search each top-k layer runs on this backend.
-    auto top_k_description = [&tc, kind](const layer_config& c) {
+    // A rank weighs the search over its own shard of the output layer (rank 0's is said).
+    auto top_k_description = [&tc, kind, &shard, sharded](const layer_config& c) {
         std::string text = " (top-k";
         const std::string ivf =
             fmt::format("IVF: {} probes, refresh every {} steps", c.ivf_probes, c.ivf_refresh);
-        const uint32_t clusters = ivf_cluster_count(c.ivf_clusters, c.size);
+        const uint32_t searched_rows = sharded && c.size == shard.total ? shard.count : 0;
+        const uint32_t clusters =
+            ivf_shard_cluster_count(c.ivf_clusters, c.size, searched_rows ? searched_rows : c.size);
         const char* in_bf16 = active_isa() >= isa_level::amx           ? " in AMX tiles"
                               : cpu_exact_search_in_int8(active_isa()) ? " in int8 products"
                               : cpu_exact_search_in_bf16(active_isa()) ? " in bf16 products"
                                                                        : "";
         const std::string cpu_search =
-            cpu_top_k_search(c, active_isa()) == top_k_search::ivf
+            cpu_top_k_search(c, active_isa(), searched_rows) == top_k_search::ivf
                 ? ivf
                 : fmt::format("exact{}: an index would probe {} of its {} clusters", in_bf16,
                               std::min(c.ivf_probes, clusters), clusters);

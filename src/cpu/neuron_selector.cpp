@@ -55,7 +55,8 @@ std::unique_ptr<neuron_selector> make_selector(const model_config& config, size_
             return lsh;
         }
         case neuron_selection::top_k:
-            if (cpu_top_k_search(layer, kernels.level) == top_k_search::exact) {
+            if (cpu_top_k_search(layer, kernels.level, sharded ? shard->count : 0) ==
+                top_k_search::exact) {
                 auto exact = std::make_unique<exact_top_k>(std::move(rows), layer, train_seed,
                                                            kernels, threads);
                 if (sharded) exact->set_shard(*shard);

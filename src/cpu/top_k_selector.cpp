@@ -280,11 +280,7 @@ void ivf_top_k::rows_changed(const uint32_t* ids, size_t n) {
 
 uint32_t ivf_top_k::index_clusters() const {
     if (!shard_.sharded()) return config_.ivf_clusters;  // 0: build_ivf_index's automatic count
-    // The whole layer's count scaled by the square root of the rank's share: what the
-    // automatic count gives the rank's rows (sqrt(rows) / 2), and a given count alike.
-    const double whole = ivf_cluster_count(config_.ivf_clusters, shard_.total);
-    return uint32_t(
-        std::max(1.0, std::round(whole * std::sqrt(double(shard_.count) / double(shard_.total)))));
+    return ivf_shard_cluster_count(config_.ivf_clusters, shard_.total, shard_.count);
 }
 
 void ivf_top_k::refresh(const refresh_point& at) {

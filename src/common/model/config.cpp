@@ -154,15 +154,24 @@ uint32_t ivf_cluster_count(uint32_t given, uint32_t rows) {
     return std::min(given ? given : automatic_ivf_clusters(rows), rows);
 }
 
+uint32_t ivf_shard_cluster_count(uint32_t given, uint32_t total, uint32_t rows) {
+    HSLIDE_ASSERT(rows > 0 && rows <= total);
+    const uint32_t whole = ivf_cluster_count(given, total);
+    if (rows == total) return whole;
+    return uint32_t(
+        std::max(1.0, std::round(double(whole) * std::sqrt(double(rows) / double(total)))));
+}
+
 uint32_t cpu_exact_rows_per_ivf_row(isa_level level) {
     if (level >= isa_level::amx) return 8;
     if (level >= isa_level::avx512 && cpu_exact_search_in_int8(level)) return 8;
     return level >= isa_level::avx2 ? 4 : 1;
 }
 
-top_k_search cpu_top_k_search(const layer_config& layer, isa_level level) {
+top_k_search cpu_top_k_search(const layer_config& layer, isa_level level, uint32_t rows) {
     if (layer.search != top_k_search::automatic) return layer.search;
-    const uint32_t clusters = ivf_cluster_count(layer.ivf_clusters, layer.size);
+    const uint32_t clusters =
+        ivf_shard_cluster_count(layer.ivf_clusters, layer.size, rows ? rows : layer.size);
     return uint64_t(layer.ivf_probes) * cpu_exact_rows_per_ivf_row(level) *
                        ivf_min_product_saving >=
                    clusters
