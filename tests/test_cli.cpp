@@ -238,11 +238,20 @@ TEST(Cli, TheFirstEpochsIndexGivesWayWithinItAndItsProbesChangeNothingElse) {
     const std::string common = tiny_args() +
                                "--output-sparsity topk --ivf-clusters 20 --ivf-probes 1 "
                                "--batch-size 8 --epochs 2 ";
-    auto r = run_hslide("train" + common + "--ivf-min-recall 1");
+    auto r = run_hslide("train" + common + "--ivf-min-recall 1 --metrics-out " +
+                        dir.file("metrics.jsonl"));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find("epoch 1, step 64: the output layer's IVF index held"),
               std::string::npos)
         << r.output;
+    // The first epoch's record holds the probe that gave the index up; the second none.
+    std::ifstream metrics(dir.file("metrics.jsonl"));
+    std::string first, second;
+    ASSERT_TRUE(std::getline(metrics, first) && std::getline(metrics, second));
+    const auto one = nlohmann::json::parse(first), two = nlohmann::json::parse(second);
+    EXPECT_EQ(one["selection"]["index_given_up"], true) << first;
+    EXPECT_LT(one["selection"]["top_recall"].get<double>(), 1.0);
+    EXPECT_FALSE(two.contains("selection")) << second;
     // Probes that find the recall above the minimum leave the run as it was without them.
     r = run_hslide("train" + common + "-q --ivf-min-recall 0 --save " + dir.file("unprobed.ckpt"));
     ASSERT_EQ(r.exit_code, 0) << r.output;

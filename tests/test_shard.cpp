@@ -600,6 +600,16 @@ TEST(ShardTraining, ExactTopKOnTwoAndThreeRanksTrainsTheOneRankModel) {
     expect_same_model(small_model(sparsity_mode::topk), small_training(), train, test, 3, "1,2,1");
 }
 
+TEST(ShardTraining, AutomaticExactTopKOnTwoRanksTrainsTheOneRankModel) {
+    // `auto`'s exact search, over each rank's int8 (or bf16) copy of its rows where the CPU
+    // has those products: the ranks' merged candidates are one process's.
+    const dataset train = random_dataset(600, 60, 97, 11, 7),
+                  test = random_dataset(200, 60, 97, 12);
+    model_config config = small_model(sparsity_mode::topk);
+    config.layers.back().search = top_k_search::automatic;
+    expect_same_model(config, small_training(), train, test, 2);
+}
+
 TEST(ShardTraining, TopKLargerThanAShardTrainsTheOneRankModel) {
     // 97 rows on 3 ranks (32 or 33 each) and a top 40: each rank's candidates are all its rows,
     // padded, and the merge still keeps the 40 best of the layer.

@@ -416,8 +416,10 @@ epoch_record trainer::run_epoch(bool synchronize_at_end) {
                 {&train_, probe_rows_.data(), uint32_t(probe_rows_.size())},
                 options_.selection_probe_top);
             if (!q.index_may_give_way) probes_within_epoch_ = false;
-            if (q.index_given_up)
+            if (q.index_given_up) {
+                record.selection = q;  // the epoch's record (the automatic probe ends here)
                 index_given_up(q, fmt::format("epoch {}, step {}", record.epoch, record.steps));
+            }
         }
         bar.add(size);
         if (reported > 0) bar.set_suffix(fmt::format("loss {:.4f}", loss_sum / double(reported)));
