@@ -288,6 +288,8 @@ class trainer {
     /// Whether the first epoch probes the selection after `steps` steps of its `total`: at
     /// 64, 128, 256, ... steps, before its last, while an automatic index may give way.
     bool probe_due_within_epoch(uint64_t steps, uint64_t total) const;
+    /// The backend's measure of its selection on probe_rows_.
+    selection_quality probe_selection();
     /// Says that the backend gave its index up after a probe `q` (at `when`), and stops the
     /// automatic probe: an exact search is what it does not measure.
     void index_given_up(const selection_quality& q, const std::string& when);

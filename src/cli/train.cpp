@@ -328,9 +328,8 @@ int run_train(int argc, char** argv) {
         std::string text = " (top-k";
         const std::string ivf =
             fmt::format("IVF: {} probes, refresh every {} steps", c.ivf_probes, c.ivf_refresh);
-        const uint32_t searched_rows = sharded && c.size == shard.total ? shard.count : 0;
-        const uint32_t clusters =
-            ivf_shard_cluster_count(c.ivf_clusters, c.size, searched_rows ? searched_rows : c.size);
+        const uint32_t searched_rows = sharded && c.size == shard.total ? shard.count : c.size;
+        const uint32_t clusters = ivf_shard_cluster_count(c.ivf_clusters, c.size, searched_rows);
         const char* in_bf16 = active_isa() >= isa_level::amx           ? " in AMX tiles"
                               : cpu_exact_search_in_int8(active_isa()) ? " in int8 products"
                               : cpu_exact_search_in_bf16(active_isa()) ? " in bf16 products"

@@ -331,6 +331,11 @@ bool trainer::probe_due_within_epoch(uint64_t steps, uint64_t total) const {
            steps < total;
 }
 
+selection_quality trainer::probe_selection() {
+    return backend_.measure_selection({&train_, probe_rows_.data(), uint32_t(probe_rows_.size())},
+                                      options_.selection_probe_top);
+}
+
 void trainer::index_given_up(const selection_quality& q, const std::string& when) {
     spdlog::warn(
         "{}: the output layer's IVF index held {:.1f}% of the exact top {} (under "
@@ -412,9 +417,7 @@ epoch_record trainer::run_epoch(bool synchronize_at_end) {
         // On a large set the first epoch is long: an index that loses the top there gives way
         // within it, not after it (bench/topk.md, 2026-12-08).
         if (probe_due_within_epoch(record.steps, steps)) {
-            const selection_quality q = backend_.measure_selection(
-                {&train_, probe_rows_.data(), uint32_t(probe_rows_.size())},
-                options_.selection_probe_top);
+            const selection_quality q = probe_selection();
             if (!q.index_may_give_way) probes_within_epoch_ = false;
             if (q.index_given_up) {
                 record.selection = q;  // the epoch's record (the automatic probe ends here)
@@ -680,9 +683,7 @@ std::vector<epoch_record> trainer::run(const std::function<void(const epoch_reco
         epoch_record record = run_epoch(synchronized);
         if (synchronized && !probe_rows_.empty()) {
             const auto t0 = clock_type::now();
-            const selection_quality q = backend_.measure_selection(
-                {&train_, probe_rows_.data(), uint32_t(probe_rows_.size())},
-                options_.selection_probe_top);
+            const selection_quality q = probe_selection();
             if (q.points > 0) {
                 record.selection = q;
                 record.selection_seconds = seconds_since(t0);
